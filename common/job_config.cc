@@ -1,0 +1,327 @@
+#include "common/job_config.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#define TOML_EXCEPTIONS 1
+#include <toml++/toml.h>
+
+namespace shardline {
+
+const char* StrategyName(Strategy s) {
+  switch (s) {
+    case Strategy::kNoShard: return "no_shard";
+    case Strategy::kZero1: return "zero1";
+    case Strategy::kShardGradOp: return "shard_grad_op";
+    case Strategy::kFullShard: return "full_shard";
+    case Strategy::kHybridShard: return "hybrid_shard";
+    case Strategy::kHybridShardZero2: return "hybrid_shard_zero2";
+  }
+  return "?";
+}
+
+absl::StatusOr<Strategy> ParseStrategy(const std::string& s) {
+  for (Strategy v : {Strategy::kNoShard, Strategy::kZero1, Strategy::kShardGradOp,
+                     Strategy::kFullShard, Strategy::kHybridShard, Strategy::kHybridShardZero2}) {
+    if (s == StrategyName(v)) return v;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown strategy \"", s,
+      "\" (expected no_shard, zero1, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2)"));
+}
+
+const char* DTypeName(DType d) { return d == DType::kFloat32 ? "fp32" : "bf16"; }
+int DTypeBytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+bool ShardsParams(Strategy s) { return s == Strategy::kFullShard || s == Strategy::kHybridShard; }
+bool ShardsGrads(Strategy s) {
+  return s == Strategy::kShardGradOp || s == Strategy::kHybridShardZero2 || ShardsParams(s);
+}
+bool IsHybrid(Strategy s) {
+  return s == Strategy::kHybridShard || s == Strategy::kHybridShardZero2;
+}
+
+int ShardGroupSize(const JobConfig& c, int world_size) {
+  if (c.parallelism.strategy == Strategy::kNoShard) return 1;
+  if (IsHybrid(c.parallelism.strategy) && c.parallelism.shard_group_size > 0) {
+    return c.parallelism.shard_group_size;
+  }
+  return world_size;
+}
+
+namespace {
+
+// Reads one TOML table into typed fields, remembering which keys it used so
+// that whatever is left over can be reported as unknown.
+class TableReader {
+ public:
+  TableReader(const toml::table* t, std::string section, std::string source)
+      : table_(t), section_(std::move(section)), source_(std::move(source)) {}
+
+  std::string Where(const std::string& key) const {
+    return absl::StrCat(source_, ": [", section_, "] ", key);
+  }
+  void Fail(const std::string& msg) {
+    if (status_.ok()) status_ = absl::InvalidArgumentError(msg);
+  }
+
+  template <typename T>
+  void Int(const std::string& key, T* out) {
+    const toml::node* n = Take(key);
+    if (!n) return;
+    if (auto v = n->value_exact<int64_t>()) {
+      *out = static_cast<T>(*v);
+    } else {
+      Fail(absl::StrCat(Where(key), " must be an integer"));
+    }
+  }
+  void Double(const std::string& key, double* out) {
+    const toml::node* n = Take(key);
+    if (!n) return;
+    if (auto v = n->value<double>()) {  // integers are accepted as numbers too
+      *out = *v;
+    } else {
+      Fail(absl::StrCat(Where(key), " must be a number"));
+    }
+  }
+  void Bool(const std::string& key, bool* out) {
+    const toml::node* n = Take(key);
+    if (!n) return;
+    if (auto v = n->value_exact<bool>()) {
+      *out = *v;
+    } else {
+      Fail(absl::StrCat(Where(key), " must be true or false"));
+    }
+  }
+  void String(const std::string& key, std::string* out) {
+    const toml::node* n = Take(key);
+    if (!n) return;
+    if (auto v = n->value_exact<std::string>()) {
+      *out = *v;
+    } else {
+      Fail(absl::StrCat(Where(key), " must be a string"));
+    }
+  }
+  // A string mapped through `parse`, whose error text is prefixed with the key.
+  template <typename T>
+  void Enum(const std::string& key, T* out,
+            const std::function<absl::StatusOr<T>(const std::string&)>& parse) {
+    std::string s;
+    const bool had = table_ && table_->contains(key);
+    String(key, &s);
+    if (!had || !status_.ok()) return;
+    auto v = parse(s);
+    if (v.ok()) {
+      *out = *v;
+    } else {
+      Fail(absl::StrCat(Where(key), ": ", v.status().message()));
+    }
+  }
+  void DoublePair(const std::string& key, std::array<double, 2>* out) {
+    const toml::node* n = Take(key);
+    if (!n) return;
+    const toml::array* a = n->as_array();
+    if (!a || a->size() != 2 || !(*a)[0].value<double>() || !(*a)[1].value<double>()) {
+      Fail(absl::StrCat(Where(key), " must be an array of two numbers"));
+      return;
+    }
+    (*out)[0] = *(*a)[0].value<double>();
+    (*out)[1] = *(*a)[1].value<double>();
+  }
+
+  absl::Status Finish() {
+    if (status_.ok() && table_) {
+      for (const auto& [k, v] : *table_) {
+        if (!used_.count(std::string(k.str()))) {
+          Fail(absl::StrCat(Where(std::string(k.str())), ": unknown key"));
+          break;
+        }
+      }
+    }
+    return status_;
+  }
+
+ private:
+  const toml::node* Take(const std::string& key) {
+    used_[key] = true;
+    return table_ ? table_->get(key) : nullptr;
+  }
+
+  const toml::table* table_;
+  std::string section_, source_;
+  std::map<std::string, bool> used_;
+  absl::Status status_;
+};
+
+absl::StatusOr<DType> ParseDType(const std::string& s) {
+  if (s == "fp32" || s == "float32") return DType::kFloat32;
+  if (s == "bf16" || s == "bfloat16") return DType::kBFloat16;
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype \"", s, "\" (expected fp32 or bf16)"));
+}
+absl::StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& s) {
+  if (s == "pre") return BackwardPrefetch::kPre;
+  if (s == "post") return BackwardPrefetch::kPost;
+  if (s == "none") return BackwardPrefetch::kNone;
+  return absl::InvalidArgumentError(absl::StrCat("unknown value \"", s, "\" (expected pre, post or none)"));
+}
+absl::StatusOr<DataFormat> ParseDataFormat(const std::string& s) {
+  if (s == "llmc") return DataFormat::kLlmc;
+  if (s == "text") return DataFormat::kText;
+  if (s == "synthetic") return DataFormat::kSynthetic;
+  return absl::InvalidArgumentError(absl::StrCat("unknown format \"", s, "\" (expected llmc, text or synthetic)"));
+}
+
+absl::Status ReadSections(const toml::table& root, const std::string& src, JobConfig& c) {
+  static const char* kSections[] = {"job", "model", "data", "train", "optimizer", "parallelism",
+                                    "precision", "memory", "prefetch", "checkpoint"};
+  for (const auto& [k, v] : root) {
+    const std::string key(k.str());
+    bool known = false;
+    for (const char* s : kSections) known |= key == s;
+    if (!known) return absl::InvalidArgumentError(absl::StrCat(src, ": [", key, "]: unknown section"));
+    if (!v.is_table()) {
+      return absl::InvalidArgumentError(absl::StrCat(src, ": ", key, " must be a [", key, "] table"));
+    }
+  }
+  auto table = [&](const char* s) { return root.get_as<toml::table>(s); };
+  TableReader job(table("job"), "job", src);
+  job.String("name", &c.name);
+  job.Int("workers", &c.workers);
+  TableReader model(table("model"), "model", src);
+  model.String("family", &c.model.family);
+  model.Int("n_layer", &c.model.n_layer);
+  model.Int("n_head", &c.model.n_head);
+  model.Int("n_embd", &c.model.n_embd);
+  model.Int("vocab_size", &c.model.vocab_size);
+  model.Int("block_size", &c.model.block_size);
+  model.String("init_from", &c.model.init_from);
+  TableReader data(table("data"), "data", src);
+  data.Enum<DataFormat>("format", &c.data.format, ParseDataFormat);
+  data.String("path", &c.data.path);
+  TableReader train(table("train"), "train", src);
+  train.Int("steps", &c.train.steps);
+  train.Int("batch_size", &c.train.batch_size);
+  train.Int("micro_batch_size", &c.train.micro_batch_size);
+  train.Int("seed", &c.train.seed);
+  TableReader opt(table("optimizer"), "optimizer", src);
+  opt.Double("lr", &c.optimizer.lr);
+  opt.Double("min_lr", &c.optimizer.min_lr);
+  opt.Int("warmup_steps", &c.optimizer.warmup_steps);
+  opt.DoublePair("betas", &c.optimizer.betas);
+  opt.Double("eps", &c.optimizer.eps);
+  opt.Double("weight_decay", &c.optimizer.weight_decay);
+  opt.Double("grad_clip", &c.optimizer.grad_clip);
+  TableReader par(table("parallelism"), "parallelism", src);
+  par.Enum<Strategy>("strategy", &c.parallelism.strategy, ParseStrategy);
+  par.Int("shard_group_size", &c.parallelism.shard_group_size);
+  TableReader prec(table("precision"), "precision", src);
+  prec.Enum<DType>("param_dtype", &c.precision.param_dtype, ParseDType);
+  prec.Enum<DType>("reduce_dtype", &c.precision.reduce_dtype, ParseDType);
+  prec.Enum<DType>("buffer_dtype", &c.precision.buffer_dtype, ParseDType);
+  TableReader mem(table("memory"), "memory", src);
+  mem.Bool("activation_checkpointing", &c.memory.activation_checkpointing);
+  mem.Bool("cpu_offload", &c.memory.cpu_offload);
+  TableReader pf(table("prefetch"), "prefetch", src);
+  pf.Bool("forward", &c.prefetch.forward);
+  pf.Enum<BackwardPrefetch>("backward", &c.prefetch.backward, ParseBackwardPrefetch);
+  pf.Int("max_inflight_all_gathers", &c.prefetch.max_inflight_all_gathers);
+  TableReader ck(table("checkpoint"), "checkpoint", src);
+  ck.String("dir", &c.checkpoint.dir);
+  ck.Int("interval", &c.checkpoint.interval);
+  ck.Int("keep_latest", &c.checkpoint.keep_latest);
+  ck.Bool("async", &c.checkpoint.async);
+  for (TableReader* r : {&job, &model, &data, &train, &opt, &par, &prec, &mem, &pf, &ck}) {
+    absl::Status s = r->Finish();
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", b.line, ":", b.column,
+                                                   ": malformed TOML: ", std::string(e.description())));
+  }
+  JobConfig c;
+  absl::Status s = ReadSections(root, source, c);
+  if (!s.ok()) return s;
+  return c;
+}
+
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open job file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseJobConfig(ss.str(), path);
+}
+
+absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string& src) {
+  auto bad = [&](const std::string& section, const std::string& msg) {
+    return absl::InvalidArgumentError(absl::StrCat(src, ": [", section, "] ", msg));
+  };
+  const ModelConfig& m = c.model;
+  if (m.family != "gpt2") return bad("model", absl::StrCat("family = \"", m.family, "\": only gpt2 is supported"));
+  if (m.n_layer < 1) return bad("model", "n_layer must be >= 1");
+  if (m.n_head < 1) return bad("model", "n_head must be >= 1");
+  if (m.n_embd < 1) return bad("model", "n_embd must be >= 1");
+  if (m.n_embd % m.n_head != 0) {
+    return bad("model", absl::StrCat("n_embd = ", m.n_embd, " is not divisible by n_head = ", m.n_head));
+  }
+  if (m.vocab_size < 2) return bad("model", "vocab_size must be >= 2");
+  if (m.block_size < 1) return bad("model", "block_size must be >= 1");
+  if (c.data.format != DataFormat::kSynthetic && c.data.path.empty()) {
+    return bad("data", "path is required unless format = \"synthetic\"");
+  }
+  if (c.data.format == DataFormat::kText && m.vocab_size < 256) {
+    return bad("model", "vocab_size must be >= 256 for format = \"text\" (bytes are tokens)");
+  }
+  const TrainConfig& t = c.train;
+  if (t.steps < 1) return bad("train", "steps must be >= 1");
+  if (t.batch_size < 1) return bad("train", "batch_size must be >= 1");
+  if (t.micro_batch_size < 1) return bad("train", "micro_batch_size must be >= 1");
+  if (world < 1) return bad("job", "workers must be >= 1");
+  if (t.batch_size % world != 0) {
+    return bad("train", absl::StrCat("batch_size = ", t.batch_size,
+                                     " is not divisible by the world size ", world));
+  }
+  if ((t.batch_size / world) % t.micro_batch_size != 0) {
+    return bad("train", absl::StrCat("micro_batch_size = ", t.micro_batch_size,
+                                     " does not divide the per-rank batch ", t.batch_size / world));
+  }
+  const OptimizerConfig& o = c.optimizer;
+  if (!(o.lr >= 0)) return bad("optimizer", "lr must be >= 0");
+  if (!(o.min_lr >= 0)) return bad("optimizer", "min_lr must be >= 0");
+  if (o.warmup_steps < 0) return bad("optimizer", "warmup_steps must be >= 0");
+  for (double b : o.betas) {
+    if (!(b >= 0 && b < 1)) return bad("optimizer", "betas must lie in [0, 1)");
+  }
+  if (!(o.eps > 0)) return bad("optimizer", "eps must be > 0");
+  if (!(o.weight_decay >= 0)) return bad("optimizer", "weight_decay must be >= 0");
+  if (!(o.grad_clip >= 0)) return bad("optimizer", "grad_clip must be >= 0 (0 disables clipping)");
+  const int g = c.parallelism.shard_group_size;
+  if (IsHybrid(c.parallelism.strategy)) {
+    if (g < 0 || (g > 0 && world % g != 0)) {
+      return bad("parallelism", absl::StrCat("shard_group_size = ", g,
+                                             " must divide the world size ", world));
+    }
+  }
+  if (c.prefetch.max_inflight_all_gathers < 1) {
+    return bad("prefetch", "max_inflight_all_gathers must be >= 1");
+  }
+  if (c.memory.cpu_offload) return bad("memory", "cpu_offload = true is not supported yet");
+  if (c.checkpoint.interval < 0) return bad("checkpoint", "interval must be >= 0");
+  if (c.checkpoint.keep_latest < 0) return bad("checkpoint", "keep_latest must be >= 0");
+  return absl::OkStatus();
+}
+
+}  // namespace shardline

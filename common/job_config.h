@@ -1,0 +1,100 @@
+// JobConfig: the job file (TOML) of DESIGN.md, parsed and validated.
+//
+// Contract: ParseJobConfig never throws. Every error is one line naming the
+// file and the key at fault ("job.toml: [model] n_embd = 100 is not divisible
+// by n_head = 3"). Unknown sections or keys are errors, so a typo never
+// silently falls back to a default.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace shardline {
+
+enum class Strategy { kNoShard, kZero1, kShardGradOp, kFullShard, kHybridShard, kHybridShardZero2 };
+enum class DType { kFloat32, kBFloat16 };
+enum class BackwardPrefetch { kPre, kPost, kNone };
+enum class DataFormat { kLlmc, kText, kSynthetic };
+
+const char* StrategyName(Strategy s);
+absl::StatusOr<Strategy> ParseStrategy(const std::string& s);
+const char* DTypeName(DType d);
+int DTypeBytes(DType d);
+
+// Parameters stay sharded between steps (ZeRO-3 family).
+bool ShardsParams(Strategy s);
+// Gradients are reduce-scattered per unit during backward (ZeRO-2 and 3).
+bool ShardsGrads(Strategy s);
+bool IsHybrid(Strategy s);
+
+struct ModelConfig {
+  std::string family = "gpt2";
+  int n_layer = 6, n_head = 8, n_embd = 512;
+  int vocab_size = 16384, block_size = 256;
+  std::string init_from;
+};
+struct DataConfig {
+  DataFormat format = DataFormat::kSynthetic;
+  std::string path;
+};
+struct TrainConfig {
+  int steps = 200, batch_size = 32, micro_batch_size = 8;
+  uint64_t seed = 1337;
+};
+struct OptimizerConfig {
+  double lr = 6e-4, min_lr = 6e-5;
+  int warmup_steps = 20;
+  std::array<double, 2> betas{0.9, 0.95};
+  double eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;  // grad_clip 0 disables
+};
+struct ParallelismConfig {
+  Strategy strategy = Strategy::kFullShard;
+  int shard_group_size = 0;  // hybrid only; 0 means "the whole world"
+};
+struct PrecisionConfig {
+  DType param_dtype = DType::kFloat32, reduce_dtype = DType::kFloat32, buffer_dtype = DType::kFloat32;
+};
+struct MemoryConfig {
+  bool activation_checkpointing = false, cpu_offload = false;
+};
+struct PrefetchConfig {
+  bool forward = true;
+  BackwardPrefetch backward = BackwardPrefetch::kPre;
+  int max_inflight_all_gathers = 2;
+};
+struct CheckpointConfig {
+  std::string dir;
+  int interval = 0, keep_latest = 3;
+  bool async = true;
+};
+
+struct JobConfig {
+  std::string name = "job";
+  int workers = 1;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+  ParallelismConfig parallelism;
+  PrecisionConfig precision;
+  MemoryConfig memory;
+  PrefetchConfig prefetch;
+  CheckpointConfig checkpoint;
+};
+
+// Parses TOML text; `source` names the file in error messages.
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source);
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+
+// Checks the values that only make sense together, for a world of `world_size`
+// ranks (n_embd % n_head, batch divisibility, shard group size, ...).
+absl::Status ValidateJobConfig(const JobConfig& c, int world_size, const std::string& source);
+
+// The shard group size G actually used: world for ZeRO strategies, 1 for
+// no_shard, shard_group_size (or the world) for the hybrid ones.
+int ShardGroupSize(const JobConfig& c, int world_size);
+
+}  // namespace shardline

@@ -1,0 +1,27 @@
+# Sourced by tests/run.sh, bench/ and deploy/local: installs what is missing.
+# Pinned: torch 2.11.0 (its Linux wheel is built for CUDA 13.0; the GPU
+# machines run the 2.11 series), safetensors and numpy for the Python oracle.
+SHARDLINE_TORCH_VERSION="2.11.0"
+SHARDLINE_APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libtomlplusplus-dev libcli11-dev libsqlite3-dev libgtest-dev libgmock-dev libgloo-dev)
+
+shardline_install_deps() {
+  local missing=()
+  for p in "${SHARDLINE_APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "installing Debian packages: ${missing[*]}"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  local venv="$root/.venv"
+  if ! "$venv/bin/python" -c "import torch,safetensors,numpy,sys; sys.exit(torch.__version__.split('+')[0] != '$SHARDLINE_TORCH_VERSION')" 2>/dev/null; then
+    echo "creating $venv with torch==$SHARDLINE_TORCH_VERSION"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q "torch==$SHARDLINE_TORCH_VERSION" numpy safetensors
+  fi
+}

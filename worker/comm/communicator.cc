@@ -1,0 +1,65 @@
+#include "worker/comm/communicator.h"
+
+namespace shardline::comm {
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kAllGather: return "all_gather";
+    case Op::kReduceScatter: return "reduce_scatter";
+    case Op::kAllReduce: return "all_reduce";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+namespace {
+
+class DoneWork : public Work {
+ public:
+  absl::Status Wait(absl::Duration) override { return absl::OkStatus(); }
+  bool Done() const override { return true; }
+};
+
+class SelfCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "self"; }
+  std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override { return Copy(out, in, Op::kAllGather); }
+  std::shared_ptr<Work> ReduceScatter(at::Tensor out, at::Tensor in) override {
+    return Copy(out, in, Op::kReduceScatter);
+  }
+  std::shared_ptr<Work> AllReduce(at::Tensor) override { return Count(Op::kAllReduce); }
+  std::shared_ptr<Work> Broadcast(at::Tensor, int) override { return Count(Op::kBroadcast); }
+  std::shared_ptr<Work> Barrier() override { return Count(Op::kBarrier); }
+  CommStats Stats() const override { return stats_; }
+
+ private:
+  std::shared_ptr<Work> Copy(at::Tensor& out, const at::Tensor& in, Op op) {
+    if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+    return Count(op);
+  }
+  std::shared_ptr<Work> Count(Op op) {
+    stats_.ops[static_cast<int>(op)].calls += 1;
+    stats_.last_completed_seq += 1;
+    return std::make_shared<DoneWork>();
+  }
+  CommStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> CreateSelfCommunicator() { return std::make_unique<SelfCommunicator>(); }
+
+int64_t RingAllGatherBytes(int64_t full_bytes, int n) { return full_bytes / n * (n - 1); }
+int64_t RingReduceScatterBytes(int64_t full_bytes, int n) { return full_bytes / n * (n - 1); }
+int64_t RingAllReduceBytes(int64_t bytes, int elem_size, int n) {
+  // The ring pads the buffer to a multiple of n elements, then reduce-scatters
+  // and all-gathers it.
+  const int64_t elems = bytes / elem_size;
+  const int64_t padded = (elems + n - 1) / n * n * elem_size;
+  return 2 * (padded / n * (n - 1));
+}
+
+}  // namespace shardline::comm

@@ -1,0 +1,91 @@
+// Communicator: the collectives one shard group (or replicate group) needs,
+// over whichever backend runs (Gloo on CPU ranks, NCCL on GPU ranks). Nothing
+// above comm/ knows which backend it talks to.
+//
+// Every collective is split-phase: the call starts it and returns a Work at
+// once; Work::Wait blocks until it finished or the deadline passed. Calls are
+// executed in the order they are made, and every rank of the group must make
+// the same calls in the same order (as with NCCL and Gloo).
+//
+// Buffers: the tensors passed in must stay alive and must not be touched by
+// the caller until Wait returned OK. All tensors are 1-D and contiguous.
+//
+// Errors: a collective that cannot complete (a peer died, a peer hung past
+// the op deadline) fails with a Status whose message starts with "[rank N]"
+// and names the op, its sequence number and, where known, the peer. After any
+// failure the communicator is aborted: every later call fails at once. An
+// aborted communicator is never reused; the job is torn down instead.
+//
+// Thread safety: calls may come from one thread at a time; Work::Wait and
+// Stats may be called from any thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace shardline::comm {
+
+enum class Op { kAllGather = 0, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+constexpr int kNumOps = 5;
+const char* OpName(Op op);
+
+// Per op kind: how many, how many bytes this rank sent, how long the
+// collective ran from the moment the backend started it until it finished.
+struct OpStats {
+  int64_t calls = 0;
+  int64_t bytes_sent = 0;
+  double seconds = 0;
+};
+struct CommStats {
+  std::array<OpStats, kNumOps> ops{};
+  int64_t last_completed_seq = 0;  // sequence number of the last finished op
+  const OpStats& of(Op op) const { return ops[static_cast<int>(op)]; }
+};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the op finished (its status) or `timeout` passed
+  // (DeadlineExceeded naming the op; the communicator is then aborted).
+  virtual absl::Status Wait(absl::Duration timeout) = 0;
+  virtual bool Done() const = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  // out[size * n] <- concatenation of every rank's in[n], in rank order.
+  virtual std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) = 0;
+  // out[n] <- sum over ranks of chunk `rank` of in[size * n]. `in` is scratch:
+  // its contents are undefined afterwards. `out` may alias in's own chunk.
+  virtual std::shared_ptr<Work> ReduceScatter(at::Tensor out, at::Tensor in) = 0;
+  // inout <- sum over ranks of inout (any length; padded internally).
+  virtual std::shared_ptr<Work> AllReduce(at::Tensor inout) = 0;
+  virtual std::shared_ptr<Work> Broadcast(at::Tensor inout, int root) = 0;
+  virtual std::shared_ptr<Work> Barrier() = 0;
+
+  virtual CommStats Stats() const = 0;
+};
+
+// A group of one: every collective completes at once and moves nothing.
+std::unique_ptr<Communicator> CreateSelfCommunicator();
+
+// The bytes a ring algorithm sends per rank, which is what both backends do:
+// all-gather and reduce-scatter move (n-1)/n of the full buffer, all-reduce
+// twice that. Tests compare the measured counters with these.
+int64_t RingAllGatherBytes(int64_t full_bytes, int n);
+int64_t RingReduceScatterBytes(int64_t full_bytes, int n);
+int64_t RingAllReduceBytes(int64_t bytes, int elem_size, int n);
+
+}  // namespace shardline::comm

@@ -1,0 +1,354 @@
+#include "worker/comm/gloo_communicator.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace shardline::comm {
+namespace {
+
+// The first line of an exception text (c10 errors carry a backtrace after it).
+std::string FirstLine(const std::exception& e) {
+  std::string s = e.what();
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+std::chrono::milliseconds Remaining(absl::Time deadline) {
+  const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  return std::chrono::milliseconds(std::max<int64_t>(ms, 1));
+}
+
+// Completion state shared by the caller (Wait) and the comm thread (Finish).
+class TaskWork : public Work {
+ public:
+  explicit TaskWork(std::function<void(const absl::Status&)> on_wait_timeout, std::string what)
+      : on_wait_timeout_(std::move(on_wait_timeout)), what_(std::move(what)) {}
+
+  absl::Status Wait(absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return done_; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+      absl::Status s = absl::DeadlineExceededError(
+          absl::StrCat(what_, " did not complete within ", absl::FormatDuration(timeout)));
+      mu_.Unlock();
+      on_wait_timeout_(s);  // aborts the communicator; must not hold mu_
+      mu_.Lock();
+      return s;
+    }
+    return status_;
+  }
+  bool Done() const override {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  void Finish(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(s);
+    done_ = true;
+  }
+
+ private:
+  std::function<void(const absl::Status&)> on_wait_timeout_;
+  const std::string what_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int size,
+                   GlooOptions options)
+      : pg_(std::move(pg)), rank_(rank), size_(size), options_(std::move(options)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  ~GlooCommunicator() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+    if (aborted()) {
+      // A Gloo context with a failed pair can block in its destructor; an
+      // aborted communicator is never reused, so it is dropped without one.
+      (void)pg_.release();
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "gloo"; }
+
+  std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override {
+    return Enqueue(Op::kAllGather, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
+      return RingAllGather(out, in, seq, deadline, sent);
+    });
+  }
+  std::shared_ptr<Work> ReduceScatter(at::Tensor out, at::Tensor in) override {
+    return Enqueue(Op::kReduceScatter, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
+      return RingReduceScatter(out, in, seq, deadline, sent);
+    });
+  }
+  std::shared_ptr<Work> AllReduce(at::Tensor inout) override {
+    return Enqueue(Op::kAllReduce, [this, inout](int64_t seq, absl::Time deadline, int64_t* sent) {
+      return RingAllReduce(inout, seq, deadline, sent);
+    });
+  }
+  std::shared_ptr<Work> Broadcast(at::Tensor inout, int root) override {
+    return Enqueue(Op::kBroadcast, [this, inout, root](int64_t seq, absl::Time deadline, int64_t* sent) {
+      if (size_ == 1) return absl::OkStatus();
+      std::vector<at::Tensor> ts{inout};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.timeout = Remaining(deadline);
+      if (rank_ == root) *sent = inout.nbytes();
+      return RunGloo(Op::kBroadcast, seq, deadline, [&] { return pg_->broadcast(ts, o); });
+    });
+  }
+  std::shared_ptr<Work> Barrier() override {
+    return Enqueue(Op::kBarrier, [this](int64_t seq, absl::Time deadline, int64_t*) {
+      if (size_ == 1) return absl::OkStatus();
+      c10d::BarrierOptions o;
+      o.timeout = Remaining(deadline);
+      return RunGloo(Op::kBarrier, seq, deadline, [&] { return pg_->barrier(o); });
+    });
+  }
+
+  CommStats Stats() const override {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+
+ private:
+  using Body = std::function<absl::Status(int64_t seq, absl::Time deadline, int64_t* bytes_sent)>;
+  struct Task {
+    Op op;
+    int64_t seq;
+    Body body;
+    std::shared_ptr<TaskWork> work;
+  };
+
+  std::string OpLabel(Op op, int64_t seq) const {
+    return absl::StrCat("[rank ", rank_, "] ", OpName(op), " #", seq);
+  }
+  bool aborted() const {
+    absl::MutexLock lock(&mu_);
+    return !abort_status_.ok();
+  }
+  void Abort(const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    if (abort_status_.ok()) abort_status_ = why;
+  }
+
+  std::shared_ptr<Work> Enqueue(Op op, Body body) {
+    absl::MutexLock lock(&mu_);
+    const int64_t seq = ++next_seq_;
+    auto work = std::make_shared<TaskWork>([this](const absl::Status& s) { Abort(s); },
+                                           OpLabel(op, seq));
+    queue_.push_back(Task{op, seq, std::move(body), work});
+    return work;
+  }
+
+  void Loop() {
+    for (;;) {
+      Task task;
+      absl::Status aborted_with;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;  // stopping, nothing left
+        task = std::move(queue_.front());
+        queue_.pop_front();
+        aborted_with = abort_status_;
+      }
+      if (!aborted_with.ok()) {
+        task.work->Finish(absl::AbortedError(absl::StrCat(
+            OpLabel(task.op, task.seq), ": communicator aborted after an earlier failure: ",
+            aborted_with.message())));
+        continue;
+      }
+      int64_t sent = 0;
+      const absl::Time t0 = absl::Now();
+      absl::Status s = task.body(task.seq, t0 + options_.op_timeout, &sent);
+      const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+      {
+        absl::MutexLock lock(&mu_);
+        OpStats& st = stats_.ops[static_cast<int>(task.op)];
+        st.calls += 1;
+        st.bytes_sent += sent;
+        st.seconds += secs;
+        if (s.ok()) stats_.last_completed_seq = task.seq;
+        else if (abort_status_.ok()) abort_status_ = s;
+      }
+      task.work->Finish(std::move(s));
+    }
+  }
+
+  // Runs one c10d Gloo collective and waits for it within the deadline.
+  absl::Status RunGloo(Op op, int64_t seq, absl::Time deadline,
+                       const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+    try {
+      auto w = start();
+      if (!w->wait(Remaining(deadline))) {
+        return absl::DeadlineExceededError(absl::StrCat(OpLabel(op, seq), " timed out"));
+      }
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " failed: ", FirstLine(e)));
+    }
+    return absl::OkStatus();
+  }
+
+  // One ring step: send `send` to the right neighbour while receiving `recv`
+  // from the left one, both within the op's deadline.
+  absl::Status Exchange(Op op, int64_t seq, int step, const at::Tensor& send, const at::Tensor& recv,
+                        absl::Time deadline, int64_t* sent) {
+    const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+    const uint32_t tag = static_cast<uint32_t>((seq * 1024 + step) & 0x7fffffff);
+    std::vector<at::Tensor> s{send}, r{recv};
+    c10::intrusive_ptr<c10d::Work> rw, sw;
+    try {
+      rw = pg_->recv(r, left, tag);
+      sw = pg_->send(s, right, tag);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " could not post step ", step,
+                                                 ": ", FirstLine(e)));
+    }
+    try {
+      if (!rw->wait(Remaining(deadline))) throw std::runtime_error("timed out");
+    } catch (const std::exception& e) {
+      const bool late = absl::Now() >= deadline;
+      const std::string msg = absl::StrCat(OpLabel(op, seq), " step ", step, ": no data from rank ",
+                                           left, late ? " before the deadline (" : " (",
+                                           FirstLine(e), ")");
+      return late ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);
+    }
+    try {
+      if (!sw->wait(Remaining(deadline))) throw std::runtime_error("timed out");
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step,
+                                                 ": sending to rank ", right, " failed (",
+                                                 FirstLine(e), ")"));
+    }
+    *sent += send.nbytes();
+    return absl::OkStatus();
+  }
+
+  // out = [chunk_0 .. chunk_{n-1}], chunk_rank = in. Step s forwards the chunk
+  // that arrived in step s-1 (initially our own) to the right.
+  absl::Status RingAllGather(at::Tensor out, const at::Tensor& in, int64_t seq, absl::Time deadline,
+                             int64_t* sent, int step0 = 0, Op op = Op::kAllGather) {
+    const int n = size_;
+    const int64_t c = out.numel() / n;
+    if (in.numel() != c || out.numel() != c * n) {
+      return absl::InvalidArgumentError(absl::StrCat(OpLabel(op, seq), ": output holds ", out.numel(),
+                                                     " elements, expected ", n, " x ", in.numel()));
+    }
+    auto chunk = [&](int i) { return out.narrow(0, ((i % n) + n) % n * c, c); };
+    if (in.data_ptr() != chunk(rank_).data_ptr()) chunk(rank_).copy_(in);
+    for (int s = 0; s < n - 1; ++s) {
+      absl::Status st = Exchange(op, seq, step0 + s, chunk(rank_ - s), chunk(rank_ - s - 1), deadline, sent);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  // After n-1 steps chunk `rank` of `in` holds the sum of every rank's chunk
+  // `rank`: step s sends the partial sum of chunk rank-s-1 to the right and
+  // adds what arrives from the left into chunk rank-s-2.
+  absl::Status RingReduceScatterInPlace(at::Tensor in, int64_t seq, absl::Time deadline,
+                                        int64_t* sent, Op op) {
+    const int n = size_;
+    const int64_t c = in.numel() / n;
+    auto chunk = [&](int i) { return in.narrow(0, ((i % n) + n) % n * c, c); };
+    at::Tensor tmp = n > 1 ? at::empty({c}, in.options()) : at::Tensor();
+    for (int s = 0; s < n - 1; ++s) {
+      absl::Status st = Exchange(op, seq, s, chunk(rank_ - s - 1), tmp, deadline, sent);
+      if (!st.ok()) return st;
+      chunk(rank_ - s - 2).add_(tmp);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RingReduceScatter(at::Tensor out, at::Tensor in, int64_t seq, absl::Time deadline,
+                                 int64_t* sent) {
+    if (in.numel() != out.numel() * size_) {
+      return absl::InvalidArgumentError(absl::StrCat(OpLabel(Op::kReduceScatter, seq), ": input holds ",
+                                                     in.numel(), " elements, expected ", size_, " x ",
+                                                     out.numel()));
+    }
+    absl::Status st = RingReduceScatterInPlace(in, seq, deadline, sent, Op::kReduceScatter);
+    if (!st.ok()) return st;
+    at::Tensor mine = in.narrow(0, rank_ * out.numel(), out.numel());
+    if (mine.data_ptr() != out.data_ptr()) out.copy_(mine);
+    return absl::OkStatus();
+  }
+
+  absl::Status RingAllReduce(at::Tensor inout, int64_t seq, absl::Time deadline, int64_t* sent) {
+    const int n = size_;
+    if (n == 1) return absl::OkStatus();
+    const int64_t padded = (inout.numel() + n - 1) / n * n;
+    at::Tensor buf = inout;
+    if (padded != inout.numel()) {
+      buf = at::zeros({padded}, inout.options());
+      buf.narrow(0, 0, inout.numel()).copy_(inout);
+    }
+    absl::Status st = RingReduceScatterInPlace(buf, seq, deadline, sent, Op::kAllReduce);
+    if (!st.ok()) return st;
+    const int64_t c = padded / n;
+    at::Tensor mine = buf.narrow(0, rank_ * c, c);
+    st = RingAllGather(buf, mine, seq, deadline, sent, /*step0=*/n, Op::kAllReduce);
+    if (!st.ok()) return st;
+    if (buf.data_ptr() != inout.data_ptr()) inout.copy_(buf.narrow(0, 0, inout.numel()));
+    return absl::OkStatus();
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  const int rank_, size_;
+  const GlooOptions options_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
+  CommStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    c10::intrusive_ptr<c10d::Store> store, const std::string& group_name, int rank, int size,
+    const GlooOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("group ", group_name, ": rank ", rank,
+                                                   " is outside a group of size ", size));
+  }
+  try {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(group_name, store);
+    auto opts = c10d::ProcessGroupGloo::Options::create(
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout)));
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+    opts->threads = 1;  // broadcast and barrier only; the rings run on our thread
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(pg), rank, size, options));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("[rank ", rank, "] group ", group_name,
+                                               ": Gloo rendezvous failed: ", FirstLine(e)));
+  }
+}
+
+}  // namespace shardline::comm

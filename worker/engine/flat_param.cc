@@ -1,0 +1,141 @@
+#include "worker/engine/flat_param.h"
+
+namespace shardline {
+
+const char* MemKindName(MemKind k) {
+  switch (k) {
+    case MemKind::kParams: return "params";
+    case MemKind::kGrads: return "grads";
+    case MemKind::kMaster: return "master";
+    case MemKind::kOptimizer: return "optimizer";
+    case MemKind::kActivations: return "activations";
+  }
+  return "?";
+}
+
+void MemoryLedger::Add(MemKind k, int64_t bytes) {
+  current_[static_cast<int>(k)] += bytes;
+  total_ += bytes;
+  peak_ = std::max(peak_, total_);
+}
+
+namespace {
+
+// Releases a storage's memory but keeps the StorageImpl every view shares.
+void ReleaseStorage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+// Gives a released storage fresh memory of its full size.
+void ReacquireStorage(const at::Tensor& t, int64_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+}  // namespace
+
+at::Tensor FlatParam::NewTensor(int64_t numel, at::ScalarType dtype, MemKind kind) {
+  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
+  ledger_->Add(kind, t.nbytes());
+  return t;
+}
+
+at::Tensor FlatParam::ViewOf(const at::Tensor& flat, int64_t offset, const std::vector<int64_t>& shape) {
+  // A fresh TensorImpl over the same storage: its own version counter.
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
+  at::Tensor v = at::empty({0}, flat.options());
+  v.set_(flat.storage(), flat.storage_offset() + offset, shape, strides);
+  return v;
+}
+
+FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options,
+                     MemoryLedger* ledger, const at::Tensor& init_full)
+    : layout_(std::move(layout)), shard_rank_(shard_rank), options_(options), ledger_(ledger) {
+  const int64_t shard = layout_.shard_numel, padded = layout_.padded_numel;
+  const at::Tensor own_init = init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard);
+  master = NewTensor(shard, at::kFloat, MemKind::kMaster);
+  master.copy_(own_init);
+  exp_avg = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
+  exp_avg_sq = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
+
+  // Leaves and grad views are made while the storages hold memory.
+  unsharded_ = NewTensor(padded, options_.param_dtype, MemKind::kParams);
+  unsharded_.copy_(init_full);
+  grad_full_ = NewTensor(padded, options_.param_dtype, MemKind::kGrads);
+  grad_full_.zero_();
+  for (const ParamSlot& slot : layout_.params) {
+    at::Tensor w = ViewOf(unsharded_, slot.offset, slot.spec.shape);
+    w.requires_grad_(true);
+    w.mutable_grad() = ViewOf(grad_full_, slot.offset, slot.spec.shape);
+    weights_.push_back(std::move(w));
+  }
+  if (options_.persistent_params) {
+    state = UnshardState::kUnsharded;
+  } else {
+    param_shard = options_.param_dtype == at::kFloat ? master
+                                                     : NewTensor(shard, options_.param_dtype, MemKind::kParams);
+    if (!param_shard.is_same(master)) param_shard.copy_(master);
+    FreeUnsharded();
+  }
+  // The optimizer reads grad_shard. Where grad_full persists in the reduce
+  // dtype, the reduce-scatter leaves the result in grad_full's own chunk.
+  if (options_.persistent_grads && options_.reduce_dtype == options_.param_dtype) {
+    grad_shard = OwnChunk(grad_full_);
+  } else {
+    grad_shard = NewTensor(shard, options_.reduce_dtype, MemKind::kGrads).zero_();
+    grad_shard_owned_ = true;
+  }
+  if (!options_.persistent_grads) FreeGrad();
+}
+
+FlatParam::~FlatParam() {
+  FreeUnsharded();
+  FreeGrad();
+}
+
+void FlatParam::AllocUnsharded() {
+  if (unsharded_allocated()) return;
+  ReacquireStorage(unsharded_, layout_.padded_numel * unsharded_.element_size());
+  ledger_->Add(MemKind::kParams, unsharded_.nbytes());
+}
+
+void FlatParam::FreeUnsharded() {
+  if (!unsharded_allocated()) return;
+  ledger_->Sub(MemKind::kParams, unsharded_.nbytes());
+  ReleaseStorage(unsharded_);
+  state = UnshardState::kSharded;
+}
+
+void FlatParam::EnsureGrad() {
+  if (grad_allocated()) return;
+  ReacquireStorage(grad_full_, layout_.padded_numel * grad_full_.element_size());
+  grad_full_.zero_();
+  ledger_->Add(MemKind::kGrads, grad_full_.nbytes());
+}
+
+void FlatParam::FreeGrad() {
+  if (!grad_allocated()) return;
+  ledger_->Sub(MemKind::kGrads, grad_full_.nbytes());
+  ReleaseStorage(grad_full_);
+}
+
+void FlatParam::ZeroGrad() {
+  if (options_.persistent_grads) {
+    grad_full_.zero_();
+  } else {
+    FreeGrad();
+  }
+}
+
+void FlatParam::PublishMaster() {
+  if (param_shard.defined()) {
+    if (!param_shard.is_same(master)) param_shard.copy_(master);
+  } else {
+    OwnChunk(unsharded_).copy_(master);
+  }
+}
+
+}  // namespace shardline

@@ -1,0 +1,116 @@
+// FlatParam: every tensor the engine keeps for one unit, and the explicit
+// state of its unsharded parameters.
+//
+//   master, exp_avg, exp_avg_sq   fp32 [shard]   this rank's optimizer state
+//   param_shard                   param dtype [shard]   all-gather input
+//                                 (ZeRO-3 family only; aliases master in fp32)
+//   unsharded                     param dtype [padded]  the gathered unit
+//   grad_full                     param dtype [padded]  autograd's target
+//   grad_shard                    reduce dtype [shard]  what the optimizer reads
+//
+// `weights` are autograd leaves that view `unsharded`'s storage, and their
+// .grad tensors view `grad_full`'s storage. Freeing releases the storage's
+// memory but keeps the storage object (FSDP's resize-to-zero), so the leaves,
+// and any autograd graph that saved them, see the data again once it is
+// re-gathered. The leaves have their own version counters, so refilling the
+// buffer does not look like an in-place edit to autograd.
+//
+// Every allocation and free is recorded in the MemoryLedger by kind.
+// Not thread-safe: owned and driven by the engine's step thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "common/job_config.h"
+#include "common/shard_layout.h"
+
+namespace shardline {
+
+enum class MemKind { kParams = 0, kGrads, kMaster, kOptimizer, kActivations };
+constexpr int kNumMemKinds = 5;
+const char* MemKindName(MemKind k);
+
+// Bytes held by kind, now and at peak (all kinds together).
+class MemoryLedger {
+ public:
+  void Add(MemKind k, int64_t bytes);
+  void Sub(MemKind k, int64_t bytes) { Add(k, -bytes); }
+  int64_t current(MemKind k) const { return current_[static_cast<int>(k)]; }
+  int64_t total() const { return total_; }
+  int64_t peak() const { return peak_; }
+  void ResetPeak() { peak_ = total_; }
+
+ private:
+  std::array<int64_t, kNumMemKinds> current_{};
+  int64_t total_ = 0, peak_ = 0;
+};
+
+enum class UnshardState { kSharded, kGathering, kUnsharded };
+
+struct FlatParamOptions {
+  at::ScalarType param_dtype = at::kFloat;
+  at::ScalarType reduce_dtype = at::kFloat;
+  bool persistent_params = true;  // unsharded kept between steps (ZeRO 0-2)
+  bool persistent_grads = true;   // grad_full kept between steps (ZeRO 0-1)
+};
+
+class FlatParam {
+ public:
+  // Allocates the persistent state for `shard_rank` of layout.group_size and
+  // fills master (and param_shard / unsharded) from `init_full` (fp32,
+  // layout.padded_numel), which the caller may free afterwards.
+  FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options, MemoryLedger* ledger,
+            const at::Tensor& init_full);
+  ~FlatParam();
+  FlatParam(const FlatParam&) = delete;
+  FlatParam& operator=(const FlatParam&) = delete;
+
+  const ShardLayout& layout() const { return layout_; }
+  int shard_rank() const { return shard_rank_; }
+  const FlatParamOptions& options() const { return options_; }
+
+  // Unsharded parameter storage: allocate (before an all-gather) or free.
+  void AllocUnsharded();
+  void FreeUnsharded();
+  bool unsharded_allocated() const { return unsharded_.storage().nbytes() > 0; }
+  UnshardState state = UnshardState::kSharded;
+
+  // Gradient storage: allocated zeroed on first use in a step.
+  void EnsureGrad();
+  void FreeGrad();
+  void ZeroGrad();
+  bool grad_allocated() const { return grad_full_.storage().nbytes() > 0; }
+
+  // The slice of the unsharded buffer this rank owns.
+  at::Tensor OwnChunk(const at::Tensor& full) const {
+    return full.narrow(0, layout_.ShardOffset(shard_rank_), layout_.shard_numel);
+  }
+  // After the optimizer changed master: refresh param_shard (ZeRO-3) or this
+  // rank's chunk of the persistent unsharded buffer (ZeRO 0-2).
+  void PublishMaster();
+
+  at::Tensor master, exp_avg, exp_avg_sq;
+  at::Tensor param_shard;  // defined for sharded-params strategies
+  at::Tensor grad_shard;
+  const at::Tensor& unsharded() const { return unsharded_; }
+  const at::Tensor& grad_full() const { return grad_full_; }
+  const std::vector<at::Tensor>& weights() const { return weights_; }
+
+ private:
+  at::Tensor NewTensor(int64_t numel, at::ScalarType dtype, MemKind kind);
+  static at::Tensor ViewOf(const at::Tensor& flat, int64_t offset, const std::vector<int64_t>& shape);
+
+  const ShardLayout layout_;
+  const int shard_rank_;
+  const FlatParamOptions options_;
+  MemoryLedger* const ledger_;
+  at::Tensor unsharded_, grad_full_;
+  std::vector<at::Tensor> weights_;
+  bool grad_shard_owned_ = false;
+};
+
+}  // namespace shardline

@@ -1,0 +1,43 @@
+// AdamW over one flat shard, with torch.optim.AdamW's semantics and update
+// order (decoupled weight decay first, lerp for the first moment, bias
+// corrections, eps added after the bias-corrected sqrt), fused into a single
+// pass over the shard. Clipping enters as a scale on the gradient.
+//
+// The learning-rate schedule of DESIGN.md: linear warmup, then cosine decay to
+// min_lr.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "common/job_config.h"
+#include "common/shard_layout.h"
+
+namespace shardline {
+
+double LearningRate(const OptimizerConfig& o, int64_t step, int64_t total_steps);
+
+// torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6));
+// 1 when clipping is off (max_norm == 0).
+double ClipCoefficient(double total_norm, double max_norm);
+
+// [begin, end) ranges of a shard whose elements get weight decay.
+struct DecayRange {
+  int64_t begin, end;
+};
+std::vector<DecayRange> DecayRanges(const ShardLayout& layout, int shard_rank);
+
+struct AdamWStep {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  int64_t step = 1;          // 1-based, as torch counts
+  double grad_scale = 1.0;   // the clipping coefficient
+};
+
+// Updates param, exp_avg, exp_avg_sq (fp32, same length) in place from grad
+// (fp32 or bf16).
+void AdamWUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::Tensor param,
+                 at::Tensor exp_avg, at::Tensor exp_avg_sq, const at::Tensor& grad);
+
+}  // namespace shardline

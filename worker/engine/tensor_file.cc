@@ -1,0 +1,95 @@
+#include "worker/engine/tensor_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardline {
+namespace {
+
+const char* SafetensorsDType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "F32";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    case at::kDouble: return "F64";
+    case at::kLong: return "I64";
+    case at::kInt: return "I32";
+    case at::kByte: return "U8";
+    default: return nullptr;
+  }
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(errno)));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  std::vector<std::string> entries;
+  std::vector<at::Tensor> data;
+  int64_t offset = 0;
+  if (!metadata.empty()) {
+    std::vector<std::string> kv;
+    for (const auto& [k, v] : metadata) kv.push_back(JsonString(k) + ":" + JsonString(v));
+    entries.push_back("\"__metadata__\":{" + absl::StrJoin(kv, ",") + "}");
+  }
+  for (const auto& [name, t] : tensors) {
+    const char* dtype = SafetensorsDType(t.scalar_type());
+    if (!dtype) return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, " has an unsupported dtype"));
+    at::Tensor c = t.contiguous().cpu();
+    const int64_t n = static_cast<int64_t>(c.nbytes());
+    entries.push_back(absl::StrCat(JsonString(name), ":{\"dtype\":\"", dtype, "\",\"shape\":[",
+                                   absl::StrJoin(c.sizes(), ","), "],\"data_offsets\":[", offset, ",",
+                                   offset + n, "]}"));
+    offset += n;
+    data.push_back(std::move(c));
+  }
+  std::string header = "{" + absl::StrJoin(entries, ",") + "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
+  uint64_t len = header.size();  // little-endian on every platform we build for
+  absl::Status s = WriteAll(fd, &len, sizeof(len), path);
+  if (s.ok()) s = WriteAll(fd, header.data(), header.size(), path);
+  for (const auto& c : data) {
+    if (s.ok()) s = WriteAll(fd, c.data_ptr(), c.nbytes(), path);
+  }
+  if (s.ok() && ::fsync(fd) != 0) s = absl::DataLossError(absl::StrCat(path, ": fsync failed"));
+  ::close(fd);
+  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(errno)));
+  }
+  if (!s.ok()) std::remove(tmp.c_str());
+  return s;
+}
+
+}  // namespace shardline

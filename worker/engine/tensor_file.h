@@ -1,0 +1,23 @@
+// Writes tensors as a safetensors file (8-byte little-endian header length, a
+// JSON header of name -> {dtype, shape, data_offsets}, then the raw bytes), so
+// that Python's safetensors/torch can load what the engine produced. The file
+// is written to "<path>.tmp", fsynced and renamed: a reader never sees half.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/status.h"
+
+namespace shardline {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace shardline

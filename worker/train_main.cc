@@ -1,0 +1,181 @@
+// shardline-train: runs one rank of a job from its TOML file, bootstrapping
+// Gloo through a TCP store that rank 0 hosts. This is how tests and
+// benchmarks run the engine as separate processes before (and besides) the
+// coordinator; the worker daemon runs the same Engine.
+//
+//   shardline-train --config job.toml --rank R --world N --store-port P [--out DIR]
+//
+// Prints one JSON object per step on stdout. With --out, rank r writes
+// DIR/rank-<r>.json (per-step results, memory by kind, bytes and seconds per
+// collective) and rank 0 writes DIR/params.safetensors (the final fp32
+// parameters, nanoGPT names). --dump-grads FILE (world 1) instead computes
+// the gradients of step 0 and writes weights, batch, loss and gradients.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/tensor_file.h"
+
+namespace shardline {
+namespace {
+
+struct Flags {
+  std::string config, out, dump_grads, store_host = "127.0.0.1";
+  int rank = 0, world = 1, store_port = 0, threads = 1, steps = 0;
+  double timeout_s = 60;
+  std::vector<std::string> overrides;
+};
+
+absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(c10::intrusive_ptr<c10d::Store> store,
+                                                            const std::string& name, int rank, int size,
+                                                            absl::Duration timeout) {
+  if (size == 1) return comm::CreateSelfCommunicator();
+  comm::GlooOptions o;
+  o.op_timeout = timeout;
+  o.connect_timeout = timeout;
+  return comm::CreateGlooCommunicator(store, name, rank, size, o);
+}
+
+std::string StatsJson(const comm::CommStats& s) {
+  std::string out = "{";
+  for (int i = 0; i < comm::kNumOps; ++i) {
+    const comm::OpStats& o = s.ops[i];
+    absl::StrAppendFormat(&out, "%s\"%s\":{\"calls\":%d,\"bytes\":%d,\"seconds\":%.6f}", i ? "," : "",
+                          comm::OpName(static_cast<comm::Op>(i)), o.calls, o.bytes_sent, o.seconds);
+  }
+  return out + "}";
+}
+
+// The full parameters by nanoGPT name, gathered one unit at a time.
+absl::StatusOr<NamedTensors> GatherParams(Engine& e) {
+  NamedTensors out;
+  for (int u = 0; u < static_cast<int>(e.layouts().size()); ++u) {
+    SL_ASSIGN_OR_RETURN(at::Tensor flat, e.GatherUnitMaster(u));
+    for (const ParamSlot& p : e.layouts()[u].params) {
+      out.emplace_back(p.spec.name, flat.narrow(0, p.offset, p.spec.numel()).view(p.spec.shape).clone());
+    }
+  }
+  return out;
+}
+
+absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& path) {
+  SL_ASSIGN_OR_RETURN(const double loss, e.ComputeGradients(0));
+  NamedTensors t;
+  SL_ASSIGN_OR_RETURN(NamedTensors params, GatherParams(e));
+  for (auto& p : params) t.push_back(p);
+  for (int u = 0; u < static_cast<int>(e.layouts().size()); ++u) {
+    const at::Tensor g = e.GradShard(u).to(at::kFloat);
+    for (const ParamSlot& p : e.layouts()[u].params) {
+      t.emplace_back("grad." + p.spec.name, g.narrow(0, p.offset, p.spec.numel()).view(p.spec.shape).clone());
+    }
+  }
+  // The batch of step 0 and the logits of the first sequence's forward pass.
+  auto data = TokenDataset::Open(c.data, c.model.vocab_size, c.model.block_size, c.train.seed);
+  if (!data.ok()) return data.status();
+  at::Tensor x, y;
+  (*data)->Batch(0, c.train.batch_size, 0, c.train.batch_size, &x, &y);
+  t.emplace_back("batch.inputs", x);
+  t.emplace_back("batch.targets", y);
+  t.emplace_back("loss", at::full({1}, loss, at::kDouble));
+  return WriteSafetensors(path, t);
+}
+
+absl::Status Run(const Flags& f) {
+  SL_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(f.config));
+  if (f.steps > 0) config.train.steps = f.steps;
+  SL_RETURN_IF_ERROR(ValidateJobConfig(config, f.world, f.config));
+  at::set_num_threads(f.threads);
+  const absl::Duration timeout = absl::Seconds(f.timeout_s);
+  c10::intrusive_ptr<c10d::Store> store;
+  if (f.world > 1) {
+    try {
+      c10d::TCPStoreOptions o;
+      o.port = static_cast<uint16_t>(f.store_port);
+      o.isServer = f.rank == 0;
+      o.numWorkers = f.world;
+      o.waitWorkers = false;
+      o.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+      store = c10::make_intrusive<c10d::TCPStore>(f.store_host, o);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("[rank ", f.rank, "] store ", f.store_host, ":", f.store_port,
+                                                 ": ", std::string(e.what()).substr(0, 200)));
+    }
+  }
+  const GroupPlan plan = PlanGroups(config, f.rank, f.world);
+  Communicators comms;
+  SL_ASSIGN_OR_RETURN(comms.shard, Connect(store, plan.shard_name, plan.shard_rank, plan.shard_size, timeout));
+  SL_ASSIGN_OR_RETURN(comms.replicate,
+                      Connect(store, plan.replicate_name, plan.shard_index, plan.replicate_size, timeout));
+  SL_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, f.rank, f.world, std::move(comms), timeout));
+  if (!f.dump_grads.empty()) return DumpGradients(*engine, config, f.dump_grads);
+
+  std::string steps_json;
+  for (int s = 0; s < config.train.steps; ++s) {
+    SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
+    const std::string line = absl::StrFormat(
+        "{\"step\":%d,\"loss\":%.17g,\"grad_norm\":%.17g,\"lr\":%.10g,\"seconds\":%.6f,"
+        "\"exposed_comm_seconds\":%.6f,\"tokens_per_s\":%.2f}",
+        r.step, r.loss, r.grad_norm, r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds);
+    if (f.rank == 0) std::cout << line << std::endl;
+    absl::StrAppend(&steps_json, steps_json.empty() ? "" : ",", line);
+  }
+  if (f.out.empty()) return absl::OkStatus();
+  SL_ASSIGN_OR_RETURN(NamedTensors params, GatherParams(*engine));
+  if (f.rank == 0) SL_RETURN_IF_ERROR(WriteSafetensors(f.out + "/params.safetensors", params));
+  const MemoryReport m = engine->Memory();
+  std::string mem = "{";
+  for (int k = 0; k < kNumMemKinds; ++k) {
+    absl::StrAppendFormat(&mem, "\"%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.bytes[k]);
+  }
+  absl::StrAppendFormat(&mem, "\"state\":%d,\"peak\":%d,\"activation_peak\":%d}", m.state_bytes, m.peak_bytes,
+                        m.activation_peak_bytes);
+  std::string units = "[";
+  for (const ShardLayout& l : engine->layouts()) {
+    absl::StrAppendFormat(&units, "%s{\"unit\":\"%s\",\"numel\":%d,\"padded\":%d,\"shard\":%d}",
+                          units.size() > 1 ? "," : "", l.unit, l.numel, l.padded_numel, l.shard_numel);
+  }
+  units += "]";
+  const std::string path = absl::StrCat(f.out, "/rank-", f.rank, ".json");
+  std::ofstream out(path);
+  out << absl::StrFormat(
+      "{\"rank\":%d,\"world\":%d,\"shard_group_size\":%d,\"steps\":[%s],\"memory\":%s,\"units\":%s,"
+      "\"comm\":{\"shard\":%s,\"replicate\":%s}}\n",
+      f.rank, f.world, engine->shard_group_size(), steps_json, mem, units, StatsJson(engine->ShardCommStats()),
+      StatsJson(engine->ReplicateCommStats()));
+  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace shardline
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardline-train: run one rank of a job"};
+  shardline::Flags f;
+  app.add_option("--config", f.config, "job file (TOML)")->required();
+  app.add_option("--rank", f.rank, "this process's rank");
+  app.add_option("--world", f.world, "number of ranks");
+  app.add_option("--store-host", f.store_host, "host of the TCP store (rank 0 serves it)");
+  app.add_option("--store-port", f.store_port, "port of the TCP store");
+  app.add_option("--threads", f.threads, "intra-op threads");
+  app.add_option("--steps", f.steps, "override [train] steps");
+  app.add_option("--timeout", f.timeout_s, "deadline of rendezvous and of every collective, seconds");
+  app.add_option("--out", f.out, "directory for rank-N.json and params.safetensors");
+  app.add_option("--dump-grads", f.dump_grads, "write step-0 weights and gradients here and exit");
+  CLI11_PARSE(app, argc, argv);
+  const absl::Status s = shardline::Run(f);
+  if (!s.ok()) {
+    std::cerr << "shardline-train: " << s.message() << std::endl;
+    return 1;
+  }
+  return 0;
+}
