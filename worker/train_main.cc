@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
 #include <CLI/CLI.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -83,8 +84,26 @@ absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& pat
   if (!data.ok()) return data.status();
   at::Tensor x, y;
   (*data)->Batch(0, c.train.batch_size, 0, c.train.batch_size, &x, &y);
+  // Logits of the whole batch from the gathered weights, unit by unit.
+  {
+    c10::NoGradGuard no_grad;
+    std::vector<gpt::Weights> w(e.layouts().size());
+    size_t i = 0;
+    for (int u = 0; u < static_cast<int>(e.layouts().size()); ++u) {
+      for (size_t k = 0; k < e.layouts()[u].params.size(); ++k) w[u].push_back(params[i++].second);
+    }
+    at::Tensor h = gpt::EmbedForward(x, w[0]);
+    for (int u = 1; u <= c.model.n_layer; ++u) h = gpt::BlockForward(h, w[u], c.model.n_head);
+    t.emplace_back("logits", gpt::HeadLogits(h, w[gpt::HeadUnit(c.model)], w[0][0]));
+  }
   t.emplace_back("batch.inputs", x);
   t.emplace_back("batch.targets", y);
+  for (int s = 1; s < c.train.steps; ++s) {  // later steps' batches, for a reference run
+    at::Tensor xs, ys;
+    (*data)->Batch(s, c.train.batch_size, 0, c.train.batch_size, &xs, &ys);
+    t.emplace_back(absl::StrCat("batch.", s, ".inputs"), xs);
+    t.emplace_back(absl::StrCat("batch.", s, ".targets"), ys);
+  }
   t.emplace_back("loss", at::full({1}, loss, at::kDouble));
   return WriteSafetensors(path, t);
 }
@@ -135,6 +154,9 @@ absl::Status Run(const Flags& f) {
   std::string mem = "{";
   for (int k = 0; k < kNumMemKinds; ++k) {
     absl::StrAppendFormat(&mem, "\"%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.bytes[k]);
+  }
+  for (int k = 0; k < kNumMemKinds; ++k) {
+    absl::StrAppendFormat(&mem, "\"peak_%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.peak_by_kind[k]);
   }
   absl::StrAppendFormat(&mem, "\"state\":%d,\"peak\":%d,\"activation_peak\":%d}", m.state_bytes, m.peak_bytes,
                         m.activation_peak_bytes);

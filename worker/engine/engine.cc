@@ -346,7 +346,10 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step) {
 
 MemoryReport Engine::Memory() const {
   MemoryReport r;
-  for (int k = 0; k < kNumMemKinds; ++k) r.bytes[k] = ledger_.current(static_cast<MemKind>(k));
+  for (int k = 0; k < kNumMemKinds; ++k) {
+    r.bytes[k] = ledger_.current(static_cast<MemKind>(k));
+    r.peak_by_kind[k] = ledger_.peak(static_cast<MemKind>(k));
+  }
   r.state_bytes = r.Of(MemKind::kParams) + r.Of(MemKind::kGrads) + r.Of(MemKind::kMaster) +
                   r.Of(MemKind::kOptimizer);
   r.peak_bytes = ledger_.peak();

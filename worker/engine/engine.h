@@ -51,6 +51,7 @@ struct Communicators {
 // together during the last step.
 struct MemoryReport {
   std::array<int64_t, kNumMemKinds> bytes{};
+  std::array<int64_t, kNumMemKinds> peak_by_kind{};
   int64_t state_bytes = 0;
   int64_t peak_bytes = 0;
   int64_t activation_peak_bytes = 0;

@@ -14,7 +14,9 @@ const char* MemKindName(MemKind k) {
 }
 
 void MemoryLedger::Add(MemKind k, int64_t bytes) {
-  current_[static_cast<int>(k)] += bytes;
+  const int i = static_cast<int>(k);
+  current_[i] += bytes;
+  peak_by_kind_[i] = std::max(peak_by_kind_[i], current_[i]);
   total_ += bytes;
   peak_ = std::max(peak_, total_);
 }

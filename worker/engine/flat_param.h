@@ -42,10 +42,14 @@ class MemoryLedger {
   int64_t current(MemKind k) const { return current_[static_cast<int>(k)]; }
   int64_t total() const { return total_; }
   int64_t peak() const { return peak_; }
-  void ResetPeak() { peak_ = total_; }
+  int64_t peak(MemKind k) const { return peak_by_kind_[static_cast<int>(k)]; }
+  void ResetPeak() {
+    peak_ = total_;
+    peak_by_kind_ = current_;
+  }
 
  private:
-  std::array<int64_t, kNumMemKinds> current_{};
+  std::array<int64_t, kNumMemKinds> current_{}, peak_by_kind_{};
   int64_t total_ = 0, peak_ = 0;
 };
 

@@ -1,0 +1,94 @@
+"""DESIGN.md's memory and communication formulas, computed independently of
+the engine from the unit sizes alone (the ShardLayout rule: pad each unit to a
+multiple of the shard group size)."""
+
+SHARDS_PARAMS = {"full_shard", "hybrid_shard"}
+SHARDS_GRADS = {"shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2"}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+def unit_sizes(model):
+    """Parameter count of each unit: embed (wte, wpe), blocks, head (ln_f)."""
+    C, V, T, L = model["n_embd"], model["vocab_size"], model["block_size"], model["n_layer"]
+    block = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C
+    return [V * C + T * C] + [block] * L + [2 * C]
+
+
+def padded(n, g):
+    return (n + g - 1) // g * g
+
+
+def group_size(strategy, world, cfg):
+    if strategy == "no_shard":
+        return 1
+    if strategy.startswith("hybrid"):
+        return cfg["parallelism"].get("shard_group_size", world) or world
+    return world
+
+
+def ring(full_bytes, n):
+    return full_bytes // n * (n - 1)
+
+
+def ring_all_reduce(nbytes, elem, n):
+    elems = nbytes // elem
+    return 2 * ring(padded(elems, n) * elem, n)
+
+
+def comm_bytes(cfg, world, steps):
+    """Bytes this rank sends, by (communicator, op), over `steps` steps plus
+    the final parameter gather that shardline-train --out performs."""
+    strategy = cfg["parallelism"]["strategy"]
+    G = group_size(strategy, world, cfg)
+    R = world // G
+    p = DTYPE_BYTES[cfg["precision"]["param_dtype"]]
+    r = DTYPE_BYTES[cfg["precision"]["reduce_dtype"]]
+    sizes = [padded(n, G) for n in unit_sizes(cfg["model"])]
+    micro = cfg["train"]["batch_size"] // world // cfg["train"]["micro_batch_size"]
+    ag = 0
+    if strategy in SHARDS_PARAMS:
+        # blocks are gathered in forward and again in backward; embed and head once
+        per_micro = sum(ring(s * p, G) * (2 if 0 < i < len(sizes) - 1 else 1) for i, s in enumerate(sizes))
+        ag = micro * per_micro
+    elif G > 1:
+        ag = sum(ring(s * p, G) for s in sizes)  # updated parameters after the optimizer
+    rs = sum(ring(s * r, G) for s in sizes)
+    shard_ar = 2 * ring_all_reduce(8, 8, G) if G > 1 else 0           # grad norm + loss (fp64)
+    rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(8, 8, R)) if R > 1 else 0
+    final_gather = sum(ring(s * 4, G) for s in sizes)
+    return {
+        ("shard", "all_gather"): steps * ag + final_gather,
+        ("shard", "reduce_scatter"): steps * rs,
+        ("shard", "all_reduce"): steps * shard_ar,
+        ("replicate", "all_reduce"): steps * rep_ar,
+    }
+
+
+def state_bytes(cfg, world):
+    """Per-rank bytes by kind at rest, with the engine's exact padding."""
+    strategy = cfg["parallelism"]["strategy"]
+    G = group_size(strategy, world, cfg)
+    p = DTYPE_BYTES[cfg["precision"]["param_dtype"]]
+    r = DTYPE_BYTES[cfg["precision"]["reduce_dtype"]]
+    sizes = [padded(n, G) for n in unit_sizes(cfg["model"])]
+    full = sum(sizes)
+    shard = full // G
+    params = p * (shard if strategy in SHARDS_PARAMS else full)
+    if p == 4 and strategy in SHARDS_PARAMS:
+        params = 0  # the fp32 parameter shard is the master itself
+    grads = r * shard if strategy in SHARDS_GRADS else max(p * full, 0)
+    if strategy not in SHARDS_GRADS and r != p:
+        grads += r * shard
+    return {"params": params, "grads": grads, "master": 4 * shard, "optimizer": 8 * shard}
+
+
+def design_table(strategy, P, N, G):
+    """DESIGN.md's table (bf16 params and grads, fp32 master and Adam)."""
+    return {
+        "no_shard": 16 * P,
+        "zero1": 4 * P + 12 * P / N,
+        "shard_grad_op": 2 * P + 14 * P / N,
+        "full_shard": 16 * P / N,
+        "hybrid_shard": 16 * P / G,
+        "hybrid_shard_zero2": 2 * P + 14 * P / G,
+    }[strategy]

@@ -1,0 +1,131 @@
+"""Runs shardline-train ranks as separate processes on loopback and reads back
+what they wrote (per-rank JSON, final parameters as safetensors).
+
+Used by the integration tests; every process has a deadline, and a failed rank
+fails the run with its stderr."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD = os.environ.get("SHARDLINE_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+TRAIN = os.path.join(BUILD, "worker", "shardline-train")
+
+TINY = {
+    "job": {"name": "tiny"},
+    "model": {"n_layer": 2, "n_head": 4, "n_embd": 32, "vocab_size": 64, "block_size": 16},
+    "data": {"format": "synthetic"},
+    "train": {"steps": 10, "batch_size": 24, "micro_batch_size": 12, "seed": 1337},
+    "optimizer": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 3, "betas": [0.9, 0.95],
+                  "eps": 1e-8, "weight_decay": 0.1, "grad_clip": 1.0},
+    "parallelism": {"strategy": "no_shard"},
+    "precision": {"param_dtype": "fp32", "reduce_dtype": "fp32"},
+    "memory": {"activation_checkpointing": False},
+    "prefetch": {"forward": True, "backward": "pre", "max_inflight_all_gathers": 2},
+}
+
+# Shard group size used for the hybrid strategies at each world size: both
+# levels (sharding inside a group, all-reduce across groups) are exercised at 4.
+HYBRID_GROUP = {1: 1, 2: 1, 3: 3, 4: 2}
+STRATEGIES = ["no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2"]
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def write_toml(cfg, path):
+    with open(path, "w") as f:
+        for section, kv in cfg.items():
+            f.write(f"[{section}]\n")
+            for k, v in kv.items():
+                f.write(f"{k} = {toml_value(v)}\n")
+
+
+def config(strategy="no_shard", world=1, micro_batches=2, **overrides):
+    """The tiny GPT with `micro_batches` micro-batches per rank at `world` ranks."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["parallelism"]["strategy"] = strategy
+    if strategy.startswith("hybrid"):
+        cfg["parallelism"]["shard_group_size"] = HYBRID_GROUP[world]
+    cfg["train"]["micro_batch_size"] = cfg["train"]["batch_size"] // world // micro_batches
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        cfg[section][name] = value
+    return cfg
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunError(Exception):
+    pass
+
+
+def run(cfg, world, timeout=120, extra_args=(), threads=1):
+    """Runs `world` ranks to completion; returns (out_dir, [rank json])."""
+    out = tempfile.mkdtemp(prefix="shardline-")
+    path = os.path.join(out, "job.toml")
+    write_toml(cfg, path)
+    port = free_port()
+    procs = []
+    for r in range(world):
+        args = [TRAIN, "--config", path, "--rank", str(r), "--world", str(world), "--store-port", str(port),
+                "--threads", str(threads), "--out", out, "--timeout", "60", *extra_args]
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.time() + timeout
+    errors = []
+    for r, p in enumerate(procs):
+        try:
+            _, err = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RunError(f"rank {r} did not finish within {timeout}s")
+        if p.returncode != 0:
+            errors.append(f"rank {r} exited {p.returncode}: {err.strip()}")
+    if errors:
+        raise RunError("; ".join(errors))
+    ranks = []
+    for r in range(world):
+        with open(os.path.join(out, f"rank-{r}.json")) as f:
+            ranks.append(json.load(f))
+    return out, ranks
+
+
+def load_params(out):
+    from safetensors.numpy import load_file
+    return load_file(os.path.join(out, "params.safetensors"))
+
+
+class Checks:
+    """Collects named pass/fail results and prints the closing line ctest reads."""
+
+    def __init__(self):
+        self.passed = 0
+        self.failed = []
+
+    def check(self, ok, name, detail=""):
+        if ok:
+            self.passed += 1
+            print(f"PASS {name} {detail}".rstrip())
+        else:
+            self.failed.append(name)
+            print(f"FAIL {name} {detail}".rstrip())
+        sys.stdout.flush()
+
+    def finish(self):
+        print(f"{self.passed} passed, {len(self.failed)} failed")
+        sys.exit(1 if self.failed else 0)

@@ -1,0 +1,58 @@
+"""Memory: at N=4 with bf16 parameters and gradients (DESIGN.md's table), the
+bytes each rank holds by kind (params, grads, master, optimizer) equal the
+formulas up to padding, for every strategy; and the peak during a step stays
+within the state plus the units allowed in flight plus activations."""
+import formulas
+import harness
+
+WORLD = 4
+
+
+def main():
+    checks = harness.Checks()
+    shape = {"n_embd": 30, "n_head": 3, "vocab_size": 65, "n_layer": 2, "block_size": 16}
+    checks.check(any(n % WORLD for n in formulas.unit_sizes(shape)), "unit sizes need padding at N=4")
+    for strategy in harness.STRATEGIES:
+        for ckpt in (False, True):
+            cfg = harness.config(strategy, WORLD, micro_batches=1, precision__param_dtype="bf16",
+                                 precision__reduce_dtype="bf16", train__steps=2,
+                                 memory__activation_checkpointing=ckpt, model__n_embd=30,
+                                 model__n_head=3, model__vocab_size=65)
+            _, ranks = harness.run(cfg, WORLD)
+            G = formulas.group_size(strategy, WORLD, cfg)
+            sizes = formulas.unit_sizes(cfg["model"])
+            P = sum(sizes)
+            pad_allowance = 16 * sum(formulas.padded(n, G) - n for n in sizes)
+            expected = formulas.state_bytes(cfg, WORLD)
+            inflight = cfg["prefetch"]["max_inflight_all_gathers"]
+            biggest = max(formulas.padded(n, G) for n in sizes)
+            name = f"{strategy}{' +ckpt' if ckpt else ''}"
+            for r in ranks:
+                m = r["memory"]
+                got = {k: m[k] for k in expected}
+                if not ckpt:
+                    checks.check(got == expected, f"{name} rank {r['rank']} bytes by kind",
+                                 f"{got}" + ("" if got == expected else f" expected {expected}"))
+                    table = formulas.design_table(strategy, P, WORLD, G)
+                    checks.check(abs(m["state"] - table) <= pad_allowance,
+                                 f"{name} rank {r['rank']} state vs DESIGN table",
+                                 f"{m['state']} vs {table:.0f} (padding allowance {pad_allowance})")
+                # Transient unsharded parameters: the pinned embed and head
+                # units, the one being computed and the prefetched ones.
+                extra_params = m["peak_params"] - m["params"]
+                allowed = (3 + inflight) * biggest * 2
+                checks.check(extra_params <= allowed, f"{name} rank {r['rank']} params in flight",
+                             f"{extra_params} <= {allowed}")
+                # Transient unsharded gradients never exceed one copy of the
+                # model's gradients (and the reduce-dtype copies).
+                extra_grads = m["peak_grads"] - m["grads"]
+                checks.check(extra_grads <= sum(formulas.padded(n, G) for n in sizes) * 4,
+                             f"{name} rank {r['rank']} grads in flight", f"{extra_grads}")
+                bound = m["state"] + allowed + sum(formulas.padded(n, G) for n in sizes) * 4 + m["activation_peak"]
+                checks.check(m["peak"] <= bound, f"{name} rank {r['rank']} step peak",
+                             f"{m['peak']} <= {bound}")
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()

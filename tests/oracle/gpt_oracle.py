@@ -1,0 +1,96 @@
+"""Oracle: the engine against PyTorch on the same weights and batch.
+
+1. One process, step 0 (2 micro-batches, so accumulation is in the path):
+   logits, loss and every gradient of the engine match the nanoGPT-style model
+   in fp32 (max relative error, normwise, reported).
+2. Ten steps: PyTorch trains the same model with torch.optim.AdamW (weight
+   decay on 2-D tensors only), clip_grad_norm_ and the warmup+cosine schedule
+   on the engine's batches; the engine's final parameters (one process, and 4
+   ranks with full_shard) match.
+"""
+import os
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+import harness  # noqa: E402
+from nanogpt import GPT, lr_at  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+def model_from(dump, m):
+    model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"])
+    state = {k: v for k, v in dump.items() if k.startswith("transformer.")}
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def main():
+    checks = harness.Checks()
+    for ckpt in (False, True):
+        tag = " +ckpt" if ckpt else ""
+        cfg = harness.config("no_shard", 1, micro_batches=2, memory__activation_checkpointing=ckpt)
+        out = os.path.join(harness.tempfile.mkdtemp(prefix="shardline-oracle-"), "dump.safetensors")
+        path = os.path.join(os.path.dirname(out), "job.toml")
+        harness.write_toml(cfg, path)
+        subprocess.run([harness.TRAIN, "--config", path, "--dump-grads", out], check=True, timeout=120)
+        dump = load_file(out)
+        m = cfg["model"]
+        model = model_from(dump, m)
+        logits, loss = model(dump["batch.inputs"], dump["batch.targets"])
+        loss.backward()
+        e_logits = rel(dump["logits"], logits.detach())
+        checks.check(e_logits < 1e-5, f"logits{tag}", f"max rel error {e_logits:.2e}")
+        e_loss = abs(float(dump["loss"][0]) - loss.item()) / loss.item()
+        checks.check(e_loss < 1e-6, f"loss{tag}", f"rel error {e_loss:.2e} ({loss.item():.6f})")
+        worst, worst_name = 0.0, ""
+        for name, p in model.named_parameters():
+            e = rel(dump["grad." + name], p.grad)
+            if e > worst:
+                worst, worst_name = e, name
+        checks.check(worst < 1e-4, f"every gradient{tag}", f"max rel error {worst:.2e} ({worst_name})")
+
+    # Ten steps of training against torch.optim.AdamW.
+    o = cfg["optimizer"]
+    model = model_from(dump, m)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]),
+                            eps=o["eps"], foreach=False)
+    steps = cfg["train"]["steps"]
+    torch_losses = []
+    for s in range(steps):
+        key = "batch" if s == 0 else f"batch.{s}"
+        for g in opt.param_groups:
+            g["lr"] = lr_at(s, steps, o["lr"], o["min_lr"], o["warmup_steps"])
+        opt.zero_grad()
+        _, loss = model(dump[f"{key}.inputs"], dump[f"{key}.targets"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
+        opt.step()
+        torch_losses.append(loss.item())
+    ref = {k: v.detach() for k, v in model.state_dict().items() if k.startswith("transformer.")}
+    for strategy, world in (("no_shard", 1), ("full_shard", 4)):
+        c = harness.config(strategy, world, micro_batches=2)
+        run_out, ranks = harness.run(c, world)
+        params = load_file(os.path.join(run_out, "params.safetensors"))
+        diff = max(float((params[k] - ref[k]).abs().max()) for k in ref)
+        losses = [s["loss"] for s in ranks[0]["steps"]]
+        lrel = max(abs(a - b) / b for a, b in zip(losses, torch_losses))
+        checks.check(diff < 2e-5, f"10 steps vs torch AdamW: {strategy} N={world} params", f"max abs diff {diff:.2e}")
+        checks.check(lrel < 1e-5, f"10 steps vs torch AdamW: {strategy} N={world} losses", f"max rel diff {lrel:.2e}")
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
