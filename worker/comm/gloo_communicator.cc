@@ -221,10 +221,15 @@ class GlooCommunicator : public Communicator {
     c10::intrusive_ptr<c10d::Work> rw, sw;
     try {
       rw = pg_->recv(r, left, tag);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": cannot receive from rank ",
+                                                 left, " (", FirstLine(e), ")"));
+    }
+    try {
       sw = pg_->send(s, right, tag);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " could not post step ", step,
-                                                 ": ", FirstLine(e)));
+      return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": cannot send to rank ",
+                                                 right, " (", FirstLine(e), ")"));
     }
     try {
       if (!rw->wait(Remaining(deadline))) throw std::runtime_error("timed out");

@@ -1,0 +1,155 @@
+// GlooCommunicator: results and bytes of every collective at N = 3 (sizes
+// that do not divide), fp32 and bf16; a hung peer fails the op within its
+// deadline naming the op; a peer process killed with SIGKILL fails the next
+// collective naming the op and the peer; an aborted communicator stays so.
+#include "worker/comm/gloo_communicator.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+extern char** environ;
+
+namespace shardline::comm {
+namespace {
+
+// Runs fn(rank, communicator) on `n` threads, one Gloo rank each.
+void OnRanks(int n, const GlooOptions& o, const std::function<void(int, Communicator&)>& fn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = CreateGlooCommunicator(store, "g/", r, n, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      fn(r, **c);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(GlooCommunicator, CollectivesAndBytesAtThreeRanks) {
+  constexpr int n = 3;
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    OnRanks(n, GlooOptions{}, [&](int r, Communicator& c) {
+      const int64_t chunk = 5;  // all-gather / reduce-scatter chunk per rank
+      at::Tensor in = at::full({chunk}, r + 1.0, at::TensorOptions().dtype(dt));
+      at::Tensor out = at::empty({n * chunk}, in.options());
+      ASSERT_TRUE(c.AllGather(out, in)->Wait(absl::Seconds(10)).ok());
+      for (int k = 0; k < n; ++k) EXPECT_EQ(out[k * chunk].item<float>(), k + 1.0f);
+
+      // Reduce-scatter of [0, 1, ..., 14] * (r + 1): chunk r summed over ranks.
+      at::Tensor rs_in = at::arange(n * chunk, at::TensorOptions().dtype(at::kFloat)).mul(r + 1).to(dt);
+      at::Tensor rs_out = at::empty({chunk}, rs_in.options());
+      ASSERT_TRUE(c.ReduceScatter(rs_out, rs_in)->Wait(absl::Seconds(10)).ok());
+      for (int64_t i = 0; i < chunk; ++i) EXPECT_EQ(rs_out[i].item<float>(), (r * chunk + i) * 6.0f);
+
+      at::Tensor ar = at::full({7}, r + 1.0, at::TensorOptions().dtype(dt));  // 7 does not divide by 3
+      ASSERT_TRUE(c.AllReduce(ar)->Wait(absl::Seconds(10)).ok());
+      EXPECT_TRUE(ar.eq(6.0).all().item<bool>());
+
+      at::Tensor b = at::full({4}, r == 2 ? 9.0 : 0.0, at::TensorOptions().dtype(dt));
+      ASSERT_TRUE(c.Broadcast(b, 2)->Wait(absl::Seconds(10)).ok());
+      EXPECT_TRUE(b.eq(9.0).all().item<bool>());
+      ASSERT_TRUE(c.Barrier()->Wait(absl::Seconds(10)).ok());
+
+      const int64_t e = in.element_size();
+      const CommStats s = c.Stats();
+      EXPECT_EQ(s.of(Op::kAllGather).bytes_sent, (n - 1) * chunk * e);      // (n-1)/n of the output
+      EXPECT_EQ(s.of(Op::kReduceScatter).bytes_sent, (n - 1) * chunk * e);  // (n-1)/n of the input
+      EXPECT_EQ(s.of(Op::kAllReduce).bytes_sent, 2 * (n - 1) * 3 * e);      // 7 padded to 9
+      EXPECT_EQ(s.of(Op::kAllReduce).bytes_sent, RingAllReduceBytes(7 * e, e, n));
+      EXPECT_EQ(s.last_completed_seq, 5);
+    });
+  }
+}
+
+TEST(GlooCommunicator, HungPeerFailsWithinTheDeadlineNamingTheOp) {
+  GlooOptions o;
+  o.op_timeout = absl::Seconds(2);
+  OnRanks(3, o, [&](int r, Communicator& c) {
+    if (r == 2) {
+      absl::SleepFor(absl::Seconds(4));  // never joins the all-gather
+      return;
+    }
+    at::Tensor in = at::ones({4}), out = at::empty({12});
+    const absl::Time t0 = absl::Now();
+    absl::Status s = c.AllGather(out, in)->Wait(absl::Seconds(30));
+    const absl::Duration took = absl::Now() - t0;
+    ASSERT_FALSE(s.ok());
+    EXPECT_LT(took, absl::Seconds(3.5)) << "failed only after " << took;
+    const std::string m(s.message());
+    EXPECT_NE(m.find("[rank " + std::to_string(r) + "] all_gather #1"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank "), std::string::npos) << m;
+    // Aborted: the next op fails at once and says why.
+    absl::Status next = c.AllReduce(at::ones({3}))->Wait(absl::Seconds(30));
+    EXPECT_EQ(next.code(), absl::StatusCode::kAborted) << next;
+    EXPECT_NE(std::string(next.message()).find("aborted"), std::string::npos);
+  });
+}
+
+// --- a peer in another process, killed with SIGKILL ------------------------
+
+int RunPeer(int port) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = false;
+  so.numWorkers = 2;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  auto c = CreateGlooCommunicator(store, "p/", 1, 2, GlooOptions{});
+  if (!c.ok()) return 2;
+  at::Tensor in = at::ones({4}), out = at::empty({8});
+  if (!(*c)->AllGather(out, in)->Wait(absl::Seconds(10)).ok()) return 3;
+  raise(SIGKILL);  // dies like a crashed or OOM-killed worker
+  return 4;
+}
+
+TEST(GlooCommunicator, KilledPeerProcessFailsTheNextCollective) {
+  c10d::TCPStoreOptions so;
+  so.port = 0;
+  so.isServer = true;
+  so.numWorkers = 2;
+  so.waitWorkers = false;  // the peer is spawned after the store exists
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  const std::string port = std::to_string(store->getPort());
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(len, 0);
+  self[len] = 0;
+  std::vector<char*> argv = {self, const_cast<char*>("--peer"), const_cast<char*>(port.c_str()), nullptr};
+  pid_t pid;
+  ASSERT_EQ(posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ), 0);
+  GlooOptions o;
+  o.op_timeout = absl::Seconds(5);
+  auto c = CreateGlooCommunicator(store, "p/", 0, 2, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  at::Tensor in = at::ones({4}), out = at::empty({8});
+  ASSERT_TRUE((*c)->AllGather(out, in)->Wait(absl::Seconds(10)).ok());
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  const absl::Time t0 = absl::Now();
+  at::Tensor rs_in = at::ones({8}), rs_out = at::empty({4});
+  absl::Status s = (*c)->ReduceScatter(rs_out, rs_in)->Wait(absl::Seconds(30));
+  ASSERT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(6));
+  const std::string m(s.message());
+  EXPECT_NE(m.find("[rank 0] reduce_scatter #2"), std::string::npos) << m;
+  EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+  std::printf("dead peer error: %s\n", m.c_str());
+}
+
+}  // namespace
+}  // namespace shardline::comm
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--peer") return shardline::comm::RunPeer(std::stoi(argv[2]));
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,89 @@
+// JobConfig: every bad input is one line naming the file and key.
+#include "common/job_config.h"
+
+#include <gtest/gtest.h>
+
+namespace shardline {
+namespace {
+
+constexpr char kGood[] = R"(
+[job]
+name = "gpt"
+workers = 2
+[model]
+n_layer = 2
+n_head = 4
+n_embd = 32
+vocab_size = 64
+block_size = 16
+[data]
+format = "synthetic"
+[train]
+steps = 5
+batch_size = 8
+micro_batch_size = 2
+[parallelism]
+strategy = "hybrid_shard"
+shard_group_size = 2
+[precision]
+param_dtype = "bf16"
+[prefetch]
+backward = "post"
+)";
+
+std::string ErrorOf(const std::string& text, int world = 2) {
+  auto c = ParseJobConfig(text, "job.toml");
+  if (!c.ok()) return std::string(c.status().message());
+  absl::Status s = ValidateJobConfig(*c, world, "job.toml");
+  return s.ok() ? "" : std::string(s.message());
+}
+
+TEST(JobConfig, ParsesAGoodFile) {
+  auto c = ParseJobConfig(kGood, "job.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->parallelism.strategy, Strategy::kHybridShard);
+  EXPECT_EQ(c->precision.param_dtype, DType::kBFloat16);
+  EXPECT_EQ(c->prefetch.backward, BackwardPrefetch::kPost);
+  EXPECT_EQ(ShardGroupSize(*c, 4), 2);
+  EXPECT_TRUE(ValidateJobConfig(*c, 2, "job.toml").ok());
+}
+
+TEST(JobConfig, MalformedTomlNamesFileAndLine) {
+  const std::string e = ErrorOf("[model]\nn_layer = = 3\n");
+  EXPECT_NE(e.find("job.toml:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("malformed TOML"), std::string::npos) << e;
+}
+
+TEST(JobConfig, UnknownKeyAndSectionAreNamed) {
+  EXPECT_NE(ErrorOf("[model]\nn_layers = 3\n").find("[model] n_layers: unknown key"), std::string::npos);
+  EXPECT_NE(ErrorOf("[modle]\nn_layer = 3\n").find("[modle]: unknown section"), std::string::npos);
+}
+
+TEST(JobConfig, WrongTypesAreNamed) {
+  EXPECT_NE(ErrorOf("[model]\nn_layer = \"six\"\n").find("[model] n_layer must be an integer"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("[optimizer]\nlr = \"fast\"\n").find("[optimizer] lr must be a number"), std::string::npos);
+  EXPECT_NE(ErrorOf("[memory]\nactivation_checkpointing = 1\n").find("activation_checkpointing must be true"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("[parallelism]\nstrategy = \"zero4\"\n").find("[parallelism] strategy: unknown strategy"),
+            std::string::npos);
+}
+
+TEST(JobConfig, ImpossibleValuesAreNamed) {
+  std::string bad = kGood;
+  bad.replace(bad.find("n_embd = 32"), 11, "n_embd = 30");
+  EXPECT_NE(ErrorOf(bad).find("[model] n_embd = 30 is not divisible by n_head = 4"), std::string::npos);
+  EXPECT_NE(ErrorOf(kGood, 3).find("[train] batch_size = 8 is not divisible by the world size 3"),
+            std::string::npos);
+  std::string micro = kGood;
+  micro.replace(micro.find("micro_batch_size = 2"), 20, "micro_batch_size = 3");
+  EXPECT_NE(ErrorOf(micro).find("micro_batch_size = 3 does not divide the per-rank batch 4"), std::string::npos);
+  EXPECT_EQ(ErrorOf(kGood, 4), "");
+  std::string group = kGood;
+  group.replace(group.find("shard_group_size = 2"), 20, "shard_group_size = 3");
+  EXPECT_NE(ErrorOf(group, 4).find("shard_group_size = 3 must divide the world size 4"), std::string::npos);
+  EXPECT_NE(ErrorOf("[data]\nformat = \"llmc\"\n").find("[data] path is required"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardline

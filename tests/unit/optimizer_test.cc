@@ -1,0 +1,65 @@
+// The schedule, the clipping factor and which shard elements are decayed.
+#include "worker/engine/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace shardline {
+namespace {
+
+TEST(Schedule, WarmupThenCosineToMinLr) {
+  OptimizerConfig o;
+  o.lr = 1.0;
+  o.min_lr = 0.1;
+  o.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(LearningRate(o, 0, 14), 1.0 / 5);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 3, 14), 4.0 / 5);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 4, 14), 1.0);                                  // cos(0)
+  EXPECT_NEAR(LearningRate(o, 9, 14), 0.1 + 0.5 * (1 + std::cos(M_PI * 0.5)) * 0.9, 1e-15);
+  EXPECT_NEAR(LearningRate(o, 14, 14), 0.1, 1e-15);
+}
+
+TEST(Clip, MatchesClipGradNorm) {
+  EXPECT_EQ(ClipCoefficient(0.5, 1.0), 1.0);
+  EXPECT_NEAR(ClipCoefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6), 1e-7);
+  EXPECT_EQ(ClipCoefficient(100.0, 0.0), 1.0);  // clipping off
+}
+
+TEST(Decay, OnlyTensorsOfTwoOrMoreDimensionsAcrossShardBoundaries) {
+  // [w: 2x3 decay][b: 4 no decay][v: 3x1 decay] = 6 + 4 + 3 = 13, padded to 15 at G = 3.
+  auto l = MakeShardLayout("u", {{"w", {2, 3}, true}, {"b", {4}, false}, {"v", {3, 1}, true}}, 3);
+  ASSERT_TRUE(l.ok());
+  auto r0 = DecayRanges(*l, 0);  // shard [0, 5): w[0..5)
+  ASSERT_EQ(r0.size(), 1u);
+  EXPECT_EQ(r0[0].begin, 0);
+  EXPECT_EQ(r0[0].end, 5);
+  auto r1 = DecayRanges(*l, 1);  // shard [5, 10): w[5], b[0..4)
+  ASSERT_EQ(r1.size(), 1u);
+  EXPECT_EQ(r1[0].end, 1);
+  auto r2 = DecayRanges(*l, 2);  // shard [10, 15): v[0..3) at 0..3, then padding
+  ASSERT_EQ(r2.size(), 1u);
+  EXPECT_EQ(r2[0].begin, 0);
+  EXPECT_EQ(r2[0].end, 3);
+}
+
+TEST(AdamW, DecayedAndUndecayedElementsFollowTorch) {
+  // One element of each kind, step 1, against torch.optim.AdamW by hand.
+  at::Tensor p = at::tensor({1.0f, 1.0f}), m = at::zeros({2}), v = at::zeros({2});
+  at::Tensor g = at::tensor({0.5f, 0.5f});
+  AdamWStep s;
+  s.lr = 0.1;
+  s.beta1 = 0.9;
+  s.beta2 = 0.95;
+  s.eps = 1e-8;
+  s.weight_decay = 0.1;
+  AdamWUpdate(s, {{0, 1}}, p, m, v, g);
+  // Bias-corrected m/sqrt(v) is g/|g| = 1 on step 1, so the step is -lr.
+  EXPECT_NEAR(p[0].item<float>(), 1.0f * (1 - 0.1f * 0.1f) - 0.1f, 1e-6);
+  EXPECT_NEAR(p[1].item<float>(), 1.0f - 0.1f, 1e-6);
+  EXPECT_NEAR(m[0].item<float>(), 0.05f, 1e-7);
+  EXPECT_NEAR(v[0].item<float>(), 0.05f * 0.25f, 1e-8);
+}
+
+}  // namespace
+}  // namespace shardline

@@ -1,0 +1,111 @@
+// TokenDataset: DESIGN's batch order and every bad file named in its error.
+#include "worker/data/token_dataset.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace shardline {
+namespace {
+
+class TokenDatasetTest : public ::testing::Test {
+ protected:
+  std::string Path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+  DataConfig Llmc(const std::string& path) { return DataConfig{DataFormat::kLlmc, path}; }
+  std::string ErrorOf(const DataConfig& d, int vocab = 64, int block = 4) {
+    auto ds = TokenDataset::Open(d, vocab, block, 1);
+    return ds.ok() ? "" : std::string(ds.status().message());
+  }
+};
+
+TEST_F(TokenDatasetTest, OrderFollowsTheGlobalStep) {
+  std::vector<uint16_t> tokens(41);
+  for (int i = 0; i < 41; ++i) tokens[i] = static_cast<uint16_t>(i);
+  const std::string p = Path("order.bin");
+  ASSERT_TRUE(WriteLlmcFile(p, tokens).ok());
+  auto ds = TokenDataset::Open(Llmc(p), 64, 4, 1);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_sequences(), 10);  // floor(40 / 4)
+  // Step 3 with B = 4 uses sequences (12 + j) mod 10 = 2, 3, 4, 5.
+  at::Tensor x, y;
+  (*ds)->Batch(3, 4, 1, 2, &x, &y);  // j = 1, 2 -> sequences 3, 4
+  EXPECT_EQ(x[0][0].item<int64_t>(), 12);
+  EXPECT_EQ(x[1][3].item<int64_t>(), 19);
+  EXPECT_EQ(y[1][3].item<int64_t>(), 20);
+  // Any split of j over ranks reads the same stream.
+  at::Tensor all_x, all_y;
+  (*ds)->Batch(3, 4, 0, 4, &all_x, &all_y);
+  EXPECT_TRUE(all_x.narrow(0, 1, 2).equal(x));
+}
+
+TEST_F(TokenDatasetTest, BadMagicNamesTheFile) {
+  const std::string p = Path("magic.bin");
+  ASSERT_TRUE(WriteLlmcFile(p, std::vector<uint16_t>(100, 1)).ok());
+  { std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary); int32_t bad = 7; f.write(reinterpret_cast<char*>(&bad), 4); }
+  const std::string e = ErrorOf(Llmc(p));
+  EXPECT_NE(e.find(p), std::string::npos) << e;
+  EXPECT_NE(e.find("bad magic 7"), std::string::npos) << e;
+}
+
+TEST_F(TokenDatasetTest, TruncatedFileNamesTheFile) {
+  const std::string p = Path("trunc.bin");
+  ASSERT_TRUE(WriteLlmcFile(p, std::vector<uint16_t>(100, 1)).ok());
+  ASSERT_EQ(truncate(p.c_str(), 1024 + 150), 0);
+  const std::string e = ErrorOf(Llmc(p));
+  EXPECT_NE(e.find(p + ": truncated"), std::string::npos) << e;
+  const std::string h = Path("header.bin");
+  std::ofstream(h) << "short";
+  EXPECT_NE(ErrorOf(Llmc(h)).find(h + ": truncated llm.c header"), std::string::npos);
+}
+
+TEST_F(TokenDatasetTest, TokenOutsideVocabNamesFileAndPosition) {
+  std::vector<uint16_t> tokens(100, 1);
+  tokens[57] = 64;
+  const std::string p = Path("vocab.bin");
+  ASSERT_TRUE(WriteLlmcFile(p, tokens).ok());
+  const std::string e = ErrorOf(Llmc(p), 64);
+  EXPECT_NE(e.find(p + ": token 64 at position 57 is >= vocab_size 64"), std::string::npos) << e;
+}
+
+TEST_F(TokenDatasetTest, FileShorterThanOneSequenceNamesTheFile) {
+  const std::string p = Path("short.bin");
+  ASSERT_TRUE(WriteLlmcFile(p, std::vector<uint16_t>(4, 1)).ok());
+  const std::string e = ErrorOf(Llmc(p), 64, 4);
+  EXPECT_NE(e.find(p + ": 4 tokens is shorter than one sequence"), std::string::npos) << e;
+  const std::string t = Path("short.txt");
+  std::ofstream(t) << "abc";
+  EXPECT_NE(ErrorOf(DataConfig{DataFormat::kText, t}, 256, 8).find(t + ": 3 tokens"), std::string::npos);
+}
+
+TEST_F(TokenDatasetTest, MissingFileIsNamed) {
+  const std::string e = ErrorOf(Llmc(Path("nope.bin")));
+  EXPECT_NE(e.find("nope.bin: cannot open data file"), std::string::npos) << e;
+}
+
+TEST_F(TokenDatasetTest, TextIsBytes) {
+  const std::string p = Path("t.txt");
+  std::ofstream(p) << "hello world, hello shards";
+  auto ds = TokenDataset::Open(DataConfig{DataFormat::kText, p}, 256, 4, 1);
+  ASSERT_TRUE(ds.ok());
+  at::Tensor x, y;
+  (*ds)->Batch(0, 1, 0, 1, &x, &y);
+  EXPECT_EQ(x[0][0].item<int64_t>(), 'h');
+  EXPECT_EQ(y[0][0].item<int64_t>(), 'e');
+}
+
+TEST_F(TokenDatasetTest, SyntheticIsAFunctionOfTheSeed) {
+  auto a = TokenDataset::Open(DataConfig{}, 64, 8, 5);
+  auto b = TokenDataset::Open(DataConfig{}, 64, 8, 5);
+  auto c = TokenDataset::Open(DataConfig{}, 64, 8, 6);
+  at::Tensor xa, ya, xb, yb, xc, yc;
+  (*a)->Batch(7, 4, 0, 4, &xa, &ya);
+  (*b)->Batch(7, 4, 0, 4, &xb, &yb);
+  (*c)->Batch(7, 4, 0, 4, &xc, &yc);
+  EXPECT_TRUE(xa.equal(xb));
+  EXPECT_FALSE(xa.equal(xc));
+  EXPECT_LT(xa.max().item<int64_t>(), 64);
+}
+
+}  // namespace
+}  // namespace shardline
