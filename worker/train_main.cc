@@ -10,6 +10,8 @@
 // collective) and rank 0 writes DIR/params.safetensors (the final fp32
 // parameters, nanoGPT names). --dump-grads FILE (world 1) instead computes
 // the gradients of step 0 and writes weights, batch, loss and gradients.
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -158,8 +160,11 @@ absl::Status Run(const Flags& f) {
   for (int k = 0; k < kNumMemKinds; ++k) {
     absl::StrAppendFormat(&mem, "\"peak_%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.peak_by_kind[k]);
   }
-  absl::StrAppendFormat(&mem, "\"state\":%d,\"peak\":%d,\"activation_peak\":%d}", m.state_bytes, m.peak_bytes,
-                        m.activation_peak_bytes);
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  absl::StrAppendFormat(&mem, "\"state\":%d,\"peak\":%d,\"activation_peak\":%d,\"init_peak\":%d,\"peak_rss\":%d}",
+                        m.state_bytes, m.peak_bytes, m.activation_peak_bytes, m.init_peak_bytes,
+                        int64_t{ru.ru_maxrss} * 1024);
   std::string units = "[";
   for (const ShardLayout& l : engine->layouts()) {
     absl::StrAppendFormat(&units, "%s{\"unit\":\"%s\",\"numel\":%d,\"padded\":%d,\"shard\":%d}",

@@ -48,6 +48,11 @@ def main():
                 extra_grads = m["peak_grads"] - m["grads"]
                 checks.check(extra_grads <= sum(formulas.padded(n, G) for n in sizes) * 4,
                              f"{name} rank {r['rank']} grads in flight", f"{extra_grads}")
+                # Initialisation builds one unit at a time: its shards plus the
+                # unit being cut (its unsharded parameter and gradient buffers).
+                init_allowed = m["state"] + biggest * (2 + 2)
+                checks.check(m["init_peak"] <= init_allowed, f"{name} rank {r['rank']} init peak",
+                             f"{m['init_peak']} <= {init_allowed}")
                 bound = m["state"] + allowed + sum(formulas.padded(n, G) for n in sizes) * 4 + m["activation_peak"]
                 checks.check(m["peak"] <= bound, f"{name} rank {r['rank']} step peak",
                              f"{m['peak']} <= {bound}")

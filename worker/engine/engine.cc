@@ -81,6 +81,7 @@ absl::Status Engine::Init() {
     units_.push_back(std::make_unique<FlatParam>(std::move(layout), shard_rank, opts, &ledger_, init));
   }
   gathers_.resize(units_.size());
+  init_peak_ = ledger_.peak();
   return absl::OkStatus();
 }
 
@@ -354,6 +355,7 @@ MemoryReport Engine::Memory() const {
                   r.Of(MemKind::kOptimizer);
   r.peak_bytes = ledger_.peak();
   r.activation_peak_bytes = activation_peak_;
+  r.init_peak_bytes = init_peak_;
   return r;
 }
 

@@ -55,6 +55,7 @@ struct MemoryReport {
   int64_t state_bytes = 0;
   int64_t peak_bytes = 0;
   int64_t activation_peak_bytes = 0;
+  int64_t init_peak_bytes = 0;  // peak while the model was built
   int64_t Of(MemKind k) const { return bytes[static_cast<int>(k)]; }
 };
 
@@ -131,6 +132,7 @@ class Engine {
   std::vector<PendingReduce> pending_;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
+  int64_t init_peak_ = 0;
   double exposed_comm_ = 0;
   double loss_scale_ = 0;
   const absl::Duration timeout_;

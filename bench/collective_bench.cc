@@ -1,0 +1,176 @@
+// collective_bench: all-gather, reduce-scatter and all-reduce through the
+// Communicator (Gloo rings), beside the raw c10d Gloo call and a memcpy of the
+// same bytes, with algbw and busbw as nccl-tests defines them:
+//   algbw = S / t   (S: the full buffer, i.e. all-gather output / reduce-scatter input)
+//   busbw = algbw * (n-1)/n  (all-gather, reduce-scatter),  * 2(n-1)/n  (all-reduce)
+// Every result is checked against the known answer (nccl-tests' -c 1).
+//
+//   collective_bench --world N [--min-bytes B] [--max-bytes B] [--threads T]
+// Rank 0 spawns the other ranks as processes (this same binary) and prints.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/str_format.h"
+#include "worker/comm/gloo_communicator.h"
+
+extern char** environ;
+
+namespace shardline::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  int world = 2, rank = 0, port = 0, threads = 1;
+  int64_t min_bytes = 1 << 10, max_bytes = 64 << 20;
+};
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Runs fn `iters` times after 2 warm-ups, returns seconds per call (the
+// slowest rank's, via a max all-reduce, as nccl-tests reports).
+double TimeIt(c10d::ProcessGroupGloo& pg, int iters, const std::function<void()>& fn) {
+  fn();
+  fn();
+  pg.barrier()->wait();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  double t = Seconds(t0, Clock::now()) / iters;
+  std::vector<at::Tensor> v{at::full({1}, t, at::kDouble)};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::MAX;
+  pg.allreduce(v, o)->wait();
+  return v[0].item<double>();
+}
+
+void Check(bool ok, const char* what, int64_t bytes) {
+  if (!ok) {
+    std::cerr << "collective_bench: wrong result for " << what << " at " << bytes << " bytes" << std::endl;
+    std::exit(2);
+  }
+}
+
+int Run(const Flags& f) {
+  at::set_num_threads(f.threads);
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(f.port);
+  so.isServer = f.rank == 0;
+  so.numWorkers = f.world;
+  so.waitWorkers = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  std::vector<pid_t> children;
+  if (f.rank == 0) {
+    const std::string port = std::to_string(store->getPort());
+    const std::string world = std::to_string(f.world), threads = std::to_string(f.threads);
+    const std::string lo = std::to_string(f.min_bytes), hi = std::to_string(f.max_bytes);
+    for (int r = 1; r < f.world; ++r) {
+      const std::string rank = std::to_string(r);
+      std::vector<const char*> argv = {"/proc/self/exe", "--world", world.c_str(), "--rank", rank.c_str(),
+                                       "--port", port.c_str(), "--threads", threads.c_str(),
+                                       "--min-bytes", lo.c_str(), "--max-bytes", hi.c_str(), nullptr};
+      pid_t pid;
+      if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, const_cast<char**>(argv.data()), environ) != 0) {
+        std::cerr << "collective_bench: cannot spawn rank " << r << std::endl;
+        return 1;
+      }
+      children.push_back(pid);
+    }
+  }
+  const int n = f.world, r = f.rank;
+  auto comm = comm::CreateGlooCommunicator(store, "comm/", r, n, comm::GlooOptions{});
+  if (!comm.ok()) {
+    std::cerr << comm.status() << std::endl;
+    return 1;
+  }
+  auto opts = c10d::ProcessGroupGloo::Options::create();
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  c10d::ProcessGroupGloo raw(c10::make_intrusive<c10d::PrefixStore>("raw/", store), r, n, opts);
+  if (r == 0) {
+    std::printf("# N=%d ranks (processes) on loopback, %d intra-op thread(s) each; times are the slowest rank's\n", n,
+                f.threads);
+    std::printf("%-15s %10s %10s %9s %9s %10s %9s %9s %11s %8s\n", "op", "bytes", "time_us", "algbw", "busbw",
+                "raw_us", "raw_busbw", "overhead", "memcpy_GBs", "bus/mcpy");
+  }
+  for (int64_t bytes = f.min_bytes; bytes <= f.max_bytes; bytes *= 4) {
+    const int64_t elems = bytes / 4 / n * n;  // fp32, divisible by n
+    const int64_t S = elems * 4;
+    const int iters = std::max<int64_t>(3, std::min<int64_t>(200, (int64_t{256} << 20) / std::max<int64_t>(S, 1)));
+    at::Tensor full = at::empty({elems}), chunk = at::full({elems / n}, r + 1.0f);
+    at::Tensor src = at::ones({elems}), dst = at::empty({elems});
+    auto memcpy_t = TimeIt(raw, iters, [&] { std::memcpy(dst.data_ptr(), src.data_ptr(), S); });
+    const double mcpy = S / memcpy_t / 1e9;
+    auto row = [&](const char* op, double t, double factor, double raw_t) {
+      if (r != 0) return;
+      const double algbw = S / t / 1e9, busbw = algbw * factor;
+      std::printf("%-15s %10ld %10.1f %9.3f %9.3f %10.1f %9.3f %8.1f%% %11.2f %7.1f%%\n", op, S, t * 1e6, algbw,
+                  busbw, raw_t * 1e6, S / raw_t / 1e9 * factor, (t / raw_t - 1) * 100, mcpy, busbw / mcpy * 100);
+    };
+    const double ring = double(n - 1) / n;
+    // all-gather
+    double t = TimeIt(raw, iters, [&] { (void)(*comm)->AllGather(full, chunk)->Wait(absl::Seconds(60)); });
+    Check(full.narrow(0, (n - 1) * (elems / n), elems / n).eq(float(n)).all().item<bool>(), "all_gather", S);
+    std::vector<std::vector<at::Tensor>> ag_out{full.chunk(n)};
+    std::vector<at::Tensor> ag_in{chunk};
+    double rt = TimeIt(raw, iters, [&] { raw.allgather(ag_out, ag_in)->wait(); });
+    row("all_gather", t, ring, rt);
+    // reduce-scatter (input is scratch, so it is refilled each call; the raw
+    // c10d Gloo call is an all-reduce of the whole input followed by a slice)
+    at::Tensor rs_out = at::empty({elems / n});
+    t = TimeIt(raw, iters, [&] {
+      full.fill_(1.0f);
+      (void)(*comm)->ReduceScatter(rs_out, full)->Wait(absl::Seconds(60));
+    });
+    Check(rs_out.eq(float(n)).all().item<bool>(), "reduce_scatter", S);
+    rt = TimeIt(raw, iters, [&] {
+      full.fill_(1.0f);
+      raw._reduce_scatter_base(rs_out, full)->wait();
+    });
+    row("reduce_scatter", t, ring, rt);
+    // all-reduce
+    t = TimeIt(raw, iters, [&] {
+      full.fill_(1.0f);
+      (void)(*comm)->AllReduce(full)->Wait(absl::Seconds(60));
+    });
+    Check(full.eq(float(n)).all().item<bool>(), "all_reduce", S);
+    std::vector<at::Tensor> ar{full};
+    rt = TimeIt(raw, iters, [&] {
+      full.fill_(1.0f);
+      raw.allreduce(ar)->wait();
+    });
+    row("all_reduce", t, 2 * ring, rt);
+  }
+  for (pid_t pid : children) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardline::bench
+
+int main(int argc, char** argv) {
+  CLI::App app{"collective_bench"};
+  shardline::bench::Flags f;
+  app.add_option("--world", f.world);
+  app.add_option("--rank", f.rank);
+  app.add_option("--port", f.port);
+  app.add_option("--threads", f.threads);
+  app.add_option("--min-bytes", f.min_bytes);
+  app.add_option("--max-bytes", f.max_bytes);
+  CLI11_PARSE(app, argc, argv);
+  return shardline::bench::Run(f);
+}
