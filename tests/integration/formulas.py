@@ -75,11 +75,13 @@ def state_bytes(cfg, world):
     shard = full // G
     params = p * (shard if strategy in SHARDS_PARAMS else full)
     if p == 4 and strategy in SHARDS_PARAMS:
-        params = 0  # the fp32 parameter shard is the master itself
+        params = 0  # the fp32 parameter shard is the master itself (counted there)
     grads = r * shard if strategy in SHARDS_GRADS else max(p * full, 0)
     if strategy not in SHARDS_GRADS and r != p:
         grads += r * shard
-    return {"params": params, "grads": grads, "master": 4 * shard, "optimizer": 8 * shard}
+    # In fp32 the master copy is the parameters themselves (no duplicate).
+    master = 0 if p == 4 and strategy not in SHARDS_PARAMS else 4 * shard
+    return {"params": params, "grads": grads, "master": master, "optimizer": 8 * shard}
 
 
 def design_table(strategy, P, N, G):

@@ -56,6 +56,15 @@ def main():
                 bound = m["state"] + allowed + sum(formulas.padded(n, G) for n in sizes) * 4 + m["activation_peak"]
                 checks.check(m["peak"] <= bound, f"{name} rank {r['rank']} step peak",
                              f"{m['peak']} <= {bound}")
+    # fp32: the master copy is the parameters themselves, never a duplicate.
+    for strategy in harness.STRATEGIES:
+        cfg = harness.config(strategy, WORLD, micro_batches=1, train__steps=1, model__n_embd=30,
+                             model__n_head=3, model__vocab_size=65)
+        _, ranks = harness.run(cfg, WORLD)
+        expected = formulas.state_bytes(cfg, WORLD)
+        got = {k: ranks[0]["memory"][k] for k in expected}
+        checks.check(got == expected, f"{strategy} fp32 rank 0 bytes by kind",
+                     f"{got}" + ("" if got == expected else f" expected {expected}"))
     checks.finish()
 
 

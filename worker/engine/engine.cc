@@ -162,8 +162,7 @@ absl::Status Engine::Forward(int u, const at::Tensor& input, const at::Tensor& t
   return absl::OkStatus();
 }
 
-absl::Status Engine::Backward(int u, bool final_micro, at::Tensor* grad) {
-  (void)final_micro;
+absl::Status Engine::Backward(int u, at::Tensor* grad) {
   const ModelConfig& m = config_.model;
   UnitActivation& a = acts_[u];
   units_[u]->EnsureGrad();
@@ -208,7 +207,7 @@ absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, b
   for (int u = U - 1; u >= 0; --u) {
     SL_RETURN_IF_ERROR(WaitGather(u));
     if (bp == BackwardPrefetch::kPre && u - 1 >= 1) Prefetch(u - 1);
-    SL_RETURN_IF_ERROR(Backward(u, final_micro, &grad));
+    SL_RETURN_IF_ERROR(Backward(u, &grad));
     if (bp == BackwardPrefetch::kPost && u - 1 >= 1) Prefetch(u - 1);
     if (gpt::IsBlock(m, u)) Reshard(u);
     // The last micro-batch reduces each unit as soon as its gradient is

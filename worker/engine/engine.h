@@ -100,7 +100,9 @@ class Engine {
   absl::Status Init();
   absl::Status ForwardBackward(const at::Tensor& x, const at::Tensor& y, bool final_micro, double* loss);
   absl::Status Forward(int u, const at::Tensor& input, const at::Tensor& targets);
-  absl::Status Backward(int u, bool final_micro, at::Tensor* grad_out);
+  // Backward of unit u given the gradient of its output (undefined for the
+  // head); leaves the gradient of its input in *grad.
+  absl::Status Backward(int u, at::Tensor* grad);
   gpt::Weights WeightsOf(int u) const;
 
   // Unshard life cycle (ZeRO-3 family; a no-op where params persist).

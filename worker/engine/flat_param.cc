@@ -57,9 +57,6 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
                      MemoryLedger* ledger, const at::Tensor& init_full)
     : layout_(std::move(layout)), shard_rank_(shard_rank), options_(options), ledger_(ledger) {
   const int64_t shard = layout_.shard_numel, padded = layout_.padded_numel;
-  const at::Tensor own_init = init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard);
-  master = NewTensor(shard, at::kFloat, MemKind::kMaster);
-  master.copy_(own_init);
   exp_avg = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
   exp_avg_sq = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
 
@@ -73,6 +70,16 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
     w.requires_grad_(true);
     w.mutable_grad() = ViewOf(grad_full_, slot.offset, slot.spec.shape);
     weights_.push_back(std::move(w));
+  }
+  // Where parameters are fp32 the master copy would hold the same values, so
+  // it is this rank's chunk of the parameters themselves (ZeRO 0-2) or the
+  // parameter shard (ZeRO-3), as DDP and DeepSpeed do without mixed precision.
+  const bool fp32 = options_.param_dtype == at::kFloat;
+  if (fp32 && options_.persistent_params) {
+    master = OwnChunk(unsharded_);
+  } else {
+    master = NewTensor(shard, at::kFloat, MemKind::kMaster);
+    master.copy_(init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard));
   }
   if (options_.persistent_params) {
     state = UnshardState::kUnsharded;
@@ -133,11 +140,8 @@ void FlatParam::ZeroGrad() {
 }
 
 void FlatParam::PublishMaster() {
-  if (param_shard.defined()) {
-    if (!param_shard.is_same(master)) param_shard.copy_(master);
-  } else {
-    OwnChunk(unsharded_).copy_(master);
-  }
+  at::Tensor target = param_shard.defined() ? param_shard : OwnChunk(unsharded_);
+  if (target.data_ptr() != master.data_ptr()) target.copy_(master);
 }
 
 }  // namespace shardline

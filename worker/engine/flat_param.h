@@ -2,6 +2,7 @@
 // state of its unsharded parameters.
 //
 //   master, exp_avg, exp_avg_sq   fp32 [shard]   this rank's optimizer state
+//                                 (in fp32, master aliases the parameters)
 //   param_shard                   param dtype [shard]   all-gather input
 //                                 (ZeRO-3 family only; aliases master in fp32)
 //   unsharded                     param dtype [padded]  the gathered unit

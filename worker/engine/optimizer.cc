@@ -34,7 +34,6 @@ namespace {
 template <typename G>
 void UpdateRange(const AdamWStep& s, bool decay, int64_t begin, int64_t end, float* p, float* m, float* v,
                  const G* g) {
-  const float lr = static_cast<float>(s.lr);
   const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
   const float decay_mul = decay ? 1.0f - static_cast<float>(s.lr * s.weight_decay) : 1.0f;
   const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
@@ -43,7 +42,6 @@ void UpdateRange(const AdamWStep& s, bool decay, int64_t begin, int64_t end, flo
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float eps = static_cast<float>(s.eps);
   const float scale = static_cast<float>(s.grad_scale);
-  (void)lr;
   for (int64_t i = begin; i < end; ++i) {
     const float gi = static_cast<float>(g[i]) * scale;
     p[i] *= decay_mul;

@@ -1,0 +1,56 @@
+"""Engine benchmark: a small GPT (6 layers, width 512, block 256, vocab 16384)
+at N = 1, 2, 4 ranks (separate processes on loopback, Gloo) for every
+strategy. Prints one table: tokens/s, step time split into compute and exposed
+communication (time the step thread waited on collectives), peak RSS per rank,
+model-state bytes per rank and the engine's peak bytes during a step.
+
+    .venv/bin/python bench/engine_bench.py [--steps 4] [--worlds 1,2,4] [--strategies a,b]
+
+The first step is a warm-up and is left out of the figures. On a machine with
+fewer cores than ranks the ranks share cores (each gets
+max(1, cores // N) intra-op threads), which is stated in the header.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
+import harness  # noqa: E402
+
+SMALL_GPT = {"n_layer": 6, "n_head": 8, "n_embd": 512, "vocab_size": 16384, "block_size": 256}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--worlds", default="1,2,4")
+    ap.add_argument("--strategies", default=",".join(harness.STRATEGIES))
+    ap.add_argument("--batch", type=int, default=8)
+    args = ap.parse_args()
+    cores = os.cpu_count()
+    print(f"# small GPT {SMALL_GPT}, global batch {args.batch} x {SMALL_GPT['block_size']} tokens, fp32, "
+          f"{args.steps - 1} timed steps after 1 warm-up, {cores} cores")
+    print(f"{'strategy':<19} {'N':>2} {'thr':>3} {'tokens/s':>9} {'step_s':>7} {'compute_s':>9} "
+          f"{'exp_comm_s':>10} {'peak_rss_MiB':>12} {'state_MiB':>9} {'peak_MiB':>8} {'loss':>7}")
+    for world in [int(w) for w in args.worlds.split(",")]:
+        threads = max(1, cores // world)
+        for strategy in args.strategies.split(","):
+            cfg = harness.config(strategy, world, micro_batches=1)
+            cfg["model"] = dict(SMALL_GPT)
+            cfg["train"].update(steps=args.steps, batch_size=args.batch, micro_batch_size=args.batch // world)
+            if strategy.startswith("hybrid"):
+                cfg["parallelism"]["shard_group_size"] = max(1, world // 2)
+            _, ranks = harness.run(cfg, world, timeout=1800, threads=threads)
+            timed = ranks[0]["steps"][1:]
+            step = sum(s["seconds"] for s in timed) / len(timed)
+            comm = max(sum(s["exposed_comm_seconds"] for s in r["steps"][1:]) / len(timed) for r in ranks)
+            tokens = args.batch * SMALL_GPT["block_size"]
+            mib = 1 << 20
+            print(f"{strategy:<19} {world:>2} {threads:>3} {tokens / step:>9.0f} {step:>7.3f} {step - comm:>9.3f} "
+                  f"{comm:>10.3f} {max(r['memory']['peak_rss'] for r in ranks) / mib:>12.0f} "
+                  f"{ranks[0]['memory']['state'] / mib:>9.1f} {ranks[0]['memory']['peak'] / mib:>8.1f} "
+                  f"{timed[-1]['loss']:>7.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
