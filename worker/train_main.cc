@@ -38,16 +38,6 @@ struct Flags {
   std::vector<std::string> overrides;
 };
 
-absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(c10::intrusive_ptr<c10d::Store> store,
-                                                            const std::string& name, int rank, int size,
-                                                            absl::Duration timeout) {
-  if (size == 1) return comm::CreateSelfCommunicator();
-  comm::GlooOptions o;
-  o.op_timeout = timeout;
-  o.connect_timeout = timeout;
-  return comm::CreateGlooCommunicator(store, name, rank, size, o);
-}
-
 std::string StatsJson(const comm::CommStats& s) {
   std::string out = "{";
   for (int i = 0; i < comm::kNumOps; ++i) {
@@ -132,10 +122,7 @@ absl::Status Run(const Flags& f) {
     }
   }
   const GroupPlan plan = PlanGroups(config, f.rank, f.world);
-  Communicators comms;
-  SL_ASSIGN_OR_RETURN(comms.shard, Connect(store, plan.shard_name, plan.shard_rank, plan.shard_size, timeout));
-  SL_ASSIGN_OR_RETURN(comms.replicate,
-                      Connect(store, plan.replicate_name, plan.shard_index, plan.replicate_size, timeout));
+  SL_ASSIGN_OR_RETURN(Communicators comms, ConnectGlooGroups(store, plan, timeout));
   SL_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, f.rank, f.world, std::move(comms), timeout));
   if (!f.dump_grads.empty()) return DumpGradients(*engine, config, f.dump_grads);
 

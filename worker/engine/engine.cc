@@ -34,6 +34,22 @@ GroupPlan PlanGroups(const JobConfig& config, int rank, int world) {
   return p;
 }
 
+absl::StatusOr<Communicators> ConnectGlooGroups(const c10::intrusive_ptr<c10d::Store>& store, const GroupPlan& plan,
+                                                absl::Duration timeout) {
+  auto connect = [&](const std::string& name, int rank, int size)
+      -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+    if (size == 1) return comm::CreateSelfCommunicator();
+    comm::GlooOptions o;
+    o.op_timeout = timeout;
+    o.connect_timeout = timeout;
+    return comm::CreateGlooCommunicator(store, name, rank, size, o);
+  };
+  Communicators c;
+  SL_ASSIGN_OR_RETURN(c.shard, connect(plan.shard_name, plan.shard_rank, plan.shard_size));
+  SL_ASSIGN_OR_RETURN(c.replicate, connect(plan.replicate_name, plan.shard_index, plan.replicate_size));
+  return c;
+}
+
 namespace {
 at::ScalarType TorchDType(DType d) { return d == DType::kFloat32 ? at::kFloat : at::kBFloat16; }
 }  // namespace

@@ -25,6 +25,7 @@
 #include "common/job_config.h"
 #include "common/shard_layout.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/gloo_communicator.h"
 #include "worker/data/token_dataset.h"
 #include "worker/engine/flat_param.h"
 #include "worker/engine/optimizer.h"
@@ -148,5 +149,10 @@ struct GroupPlan {
   std::string shard_name, replicate_name;  // store prefixes
 };
 GroupPlan PlanGroups(const JobConfig& config, int rank, int world);
+
+// Connects this rank's shard and replicate groups over Gloo through `store`
+// (a group of one needs no store and moves nothing).
+absl::StatusOr<Communicators> ConnectGlooGroups(const c10::intrusive_ptr<c10d::Store>& store, const GroupPlan& plan,
+                                                absl::Duration timeout);
 
 }  // namespace shardline

@@ -8,45 +8,6 @@
 
 namespace shardline::gpt {
 
-int NumUnits(const ModelConfig& m) { return m.n_layer + 2; }
-int HeadUnit(const ModelConfig& m) { return m.n_layer + 1; }
-bool IsBlock(const ModelConfig& m, int unit) { return unit >= 1 && unit <= m.n_layer; }
-
-std::string UnitName(const ModelConfig& m, int unit) {
-  if (unit == 0) return "embed";
-  if (unit == HeadUnit(m)) return "head";
-  return absl::StrCat("h.", unit - 1);
-}
-
-std::vector<ParamSpec> UnitParams(const ModelConfig& m, int unit) {
-  const int64_t C = m.n_embd;
-  auto p = [](std::string name, std::vector<int64_t> shape) {
-    const bool decay = shape.size() >= 2;
-    return ParamSpec{std::move(name), std::move(shape), decay};
-  };
-  if (unit == 0) {
-    return {p("transformer.wte.weight", {m.vocab_size, C}), p("transformer.wpe.weight", {m.block_size, C})};
-  }
-  if (unit == HeadUnit(m)) {
-    return {p("transformer.ln_f.weight", {C}), p("transformer.ln_f.bias", {C})};
-  }
-  const std::string h = absl::StrCat("transformer.h.", unit - 1, ".");
-  return {p(h + "ln_1.weight", {C}),           p(h + "ln_1.bias", {C}),
-          p(h + "attn.c_attn.weight", {3 * C, C}), p(h + "attn.c_attn.bias", {3 * C}),
-          p(h + "attn.c_proj.weight", {C, C}),     p(h + "attn.c_proj.bias", {C}),
-          p(h + "ln_2.weight", {C}),           p(h + "ln_2.bias", {C}),
-          p(h + "mlp.c_fc.weight", {4 * C, C}),    p(h + "mlp.c_fc.bias", {4 * C}),
-          p(h + "mlp.c_proj.weight", {C, 4 * C}),  p(h + "mlp.c_proj.bias", {C})};
-}
-
-int64_t NumParams(const ModelConfig& m) {
-  int64_t n = 0;
-  for (int u = 0; u < NumUnits(m); ++u) {
-    for (const auto& s : UnitParams(m, u)) n += s.numel();
-  }
-  return n;
-}
-
 namespace {
 uint64_t Fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;

@@ -1,9 +1,8 @@
 // GPT-2 as nanoGPT's model.py defines it, written as functions over weight
 // views so that each unit can run from its own flat buffer.
 //
-// Units (the granularity of sharding): 0 = "embed" (wte, wpe), 1..n_layer =
-// "h.<i>" (one transformer block each), n_layer + 1 = "head" (ln_f). The
-// lm_head is tied to wte, so the head unit reads the embed unit's wte view;
+// Units and their parameters are common/model_shapes.h. The lm_head is tied
+// to wte, so the head unit reads the embed unit's wte view;
 // the engine keeps the embed unit unsharded for the whole step (as FSDP does
 // with the root module's parameters).
 //
@@ -20,17 +19,10 @@
 #include <ATen/ATen.h>
 
 #include "common/job_config.h"
+#include "common/model_shapes.h"
 #include "common/shard_layout.h"
 
 namespace shardline::gpt {
-
-int NumUnits(const ModelConfig& m);
-std::string UnitName(const ModelConfig& m, int unit);
-bool IsBlock(const ModelConfig& m, int unit);
-int HeadUnit(const ModelConfig& m);
-// Parameter names (nanoGPT's), shapes and weight-decay flags of one unit.
-std::vector<ParamSpec> UnitParams(const ModelConfig& m, int unit);
-int64_t NumParams(const ModelConfig& m);  // unique parameters (wte counted once)
 
 // Writes the initial values of `unit` into `flat` (fp32, layout.padded_numel,
 // padding left zero). A function of (seed, parameter name) alone: never of

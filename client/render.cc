@@ -1,0 +1,124 @@
+#include "client/render.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace shardline::ctl {
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) out += absl::StrFormat("\\u%04x", c);
+        else out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+namespace {
+std::string Num(double v) { return std::isfinite(v) ? absl::StrFormat("%.10g", v) : "null"; }
+}  // namespace
+
+std::string JobJson(const v1::Job& j) {
+  std::vector<std::string> workers;
+  for (const auto& w : j.worker_ids()) workers.push_back(JsonString(w));
+  return absl::StrCat("{\"id\":", JsonString(j.id()), ",\"name\":", JsonString(j.name()), ",\"state\":",
+                      JsonString(j.state()), ",\"step\":", j.step(), ",\"steps\":", j.steps(), ",\"loss\":",
+                      Num(j.loss()), ",\"tokens_per_second\":", Num(j.tokens_per_second()), ",\"lr\":", Num(j.lr()),
+                      ",\"grad_norm\":", Num(j.grad_norm()), ",\"workers\":", j.workers(), ",\"strategy\":",
+                      JsonString(j.strategy()), ",\"message\":", JsonString(j.message()), ",\"worker_ids\":[",
+                      absl::StrJoin(workers, ","), "],\"created_unix_ms\":", j.created_unix_ms(), "}");
+}
+
+std::string WorkerJson(const v1::WorkerInfo& w) {
+  return absl::StrCat("{\"id\":", JsonString(w.worker_id()), ",\"host\":", JsonString(w.host()), ",\"device\":",
+                      JsonString(w.device()), ",\"state\":", JsonString(w.state()), ",\"job_id\":",
+                      JsonString(w.job_id()), ",\"rank\":", w.rank(), ",\"memory_bytes\":", w.memory_bytes(),
+                      ",\"heartbeat_age_seconds\":", Num(w.heartbeat_age_seconds()), "}");
+}
+
+std::string JobsTable(const std::vector<v1::Job>& jobs) {
+  std::string out = absl::StrFormat("%-10s %-16s %-10s %-13s %-9s %-7s %s\n", "ID", "NAME", "STATE", "STEP",
+                                    "LOSS", "WORKERS", "MESSAGE");
+  for (const auto& j : jobs) {
+    absl::StrAppendFormat(&out, "%-10s %-16s %-10s %-13s %-9s %-7d %s\n", j.id(), j.name(), j.state(),
+                          absl::StrCat(j.step(), "/", j.steps()), j.step() ? absl::StrFormat("%.4f", j.loss()) : "-",
+                          j.workers(), j.message());
+  }
+  return out;
+}
+
+std::string JobDetails(const v1::Job& j) {
+  return absl::StrFormat(
+      "job       %s (%s)\nstate     %s\nstep      %d/%d\nloss      %.4f\ntokens/s  %.0f\nlr        %.3g\n"
+      "grad norm %.4f\nworkers   %d (%s) %s\nmessage   %s\n",
+      j.id(), j.name(), j.state(), j.step(), j.steps(), j.loss(), j.tokens_per_second(), j.lr(), j.grad_norm(),
+      j.workers(), j.strategy(), absl::StrJoin(j.worker_ids(), ","), j.message());
+}
+
+std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
+  std::string out = absl::StrFormat("%-6s %-20s %-8s %-6s %-10s %-5s %s\n", "ID", "HOST", "DEVICE", "STATE", "JOB",
+                                    "RANK", "HEARTBEAT");
+  for (const auto& w : workers) {
+    absl::StrAppendFormat(&out, "%-6s %-20s %-8s %-6s %-10s %-5s %.1fs ago\n", w.worker_id(), w.host(), w.device(),
+                          w.state(), w.job_id().empty() ? "-" : w.job_id(),
+                          w.job_id().empty() ? "-" : absl::StrCat(w.rank()), w.heartbeat_age_seconds());
+  }
+  return out;
+}
+
+std::string ShardsTable(const v1::Ownership& o) {
+  std::string out = absl::StrFormat("job %s: %s, %d ranks, shard group size %d\n", o.job_id(), o.strategy(),
+                                    o.world_size(), o.shard_group_size());
+  absl::StrAppendFormat(&out, "%-8s %10s %10s", "UNIT", "NUMEL", "PADDED");
+  for (int r = 0; r < o.shard_group_size(); ++r) absl::StrAppendFormat(&out, " %21s", absl::StrCat("rank ", r));
+  out += "\n";
+  for (const auto& u : o.units()) {
+    absl::StrAppendFormat(&out, "%-8s %10d %10d", u.unit(), u.numel(), u.padded());
+    for (int r = 0; r < u.group_size(); ++r) {
+      absl::StrAppendFormat(&out, " %21s", absl::StrCat("[", r * u.shard(), ", ", (r + 1) * u.shard(), ")"));
+    }
+    out += "\n";
+  }
+  if (o.world_size() > o.shard_group_size()) {
+    absl::StrAppendFormat(&out, "ranks r and r + %d hold the same shards (replicated groups)\n", o.shard_group_size());
+  }
+  return out;
+}
+
+std::string ShardsJson(const v1::Ownership& o) {
+  std::vector<std::string> units;
+  for (const auto& u : o.units()) {
+    units.push_back(absl::StrCat("{\"unit\":", JsonString(u.unit()), ",\"numel\":", u.numel(), ",\"padded\":",
+                                 u.padded(), ",\"shard\":", u.shard(), ",\"group_size\":", u.group_size(), "}"));
+  }
+  return absl::StrCat("{\"job_id\":", JsonString(o.job_id()), ",\"strategy\":", JsonString(o.strategy()),
+                      ",\"world_size\":", o.world_size(), ",\"shard_group_size\":", o.shard_group_size(),
+                      ",\"units\":[", absl::StrJoin(units, ","), "]}");
+}
+
+std::string ProgressLine(const v1::Job& j, double eta) {
+  constexpr int kWidth = 30;
+  const double frac = j.steps() > 0 ? std::min(1.0, static_cast<double>(j.step()) / j.steps()) : 0;
+  const int filled = static_cast<int>(frac * kWidth);
+  std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
+  std::string eta_s = "?";
+  if (eta >= 0 && std::isfinite(eta)) {
+    const int64_t s = static_cast<int64_t>(eta + 0.5);
+    eta_s = absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+  }
+  return absl::StrFormat("[%s] step %d/%d  loss %s  %s tok/s  ETA %s  %s", bar, j.step(), j.steps(),
+                         j.step() ? absl::StrFormat("%.4f", j.loss()) : "-",
+                         j.step() ? absl::StrFormat("%.0f", j.tokens_per_second()) : "-", eta_s, j.state());
+}
+
+}  // namespace shardline::ctl

@@ -1,0 +1,253 @@
+// shardctl [--coordinator ADDR] [--token-file F] [--tls-ca F] [--json] COMMAND
+//
+//   submit JOB.toml [--workers N] [--follow]   jobs   status JOB   watch JOB
+//   cancel JOB   workers   shards JOB
+//
+// Errors are one line on stderr and a nonzero exit (2 for usage). `watch` (and
+// `submit --follow`) exit 0 only when the job SUCCEEDED. The job file is
+// validated here before it is sent, and again by the coordinator.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "client/render.h"
+#include "common/grpc_status.h"
+#include "common/job_config.h"
+#include "common/status_macros.h"
+#include "shardline/v1/shardline.grpc.pb.h"
+
+namespace shardline::ctl {
+namespace {
+
+bool IsFinal(const std::string& s) { return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED"; }
+
+struct Options {
+  std::string coordinator, token_file, tls_ca;
+  bool json = false;
+};
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read ", what));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Client {
+ public:
+  static absl::StatusOr<Client> Connect(const Options& o) {
+    Client c;
+    c.json_ = o.json;
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!o.tls_ca.empty()) {
+      grpc::SslCredentialsOptions ssl;
+      SL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(o.tls_ca, "CA certificate"));
+      creds = grpc::SslCredentials(ssl);
+    }
+    if (!o.token_file.empty()) {
+      SL_ASSIGN_OR_RETURN(std::string t, ReadFile(o.token_file, "token file"));
+      c.token_ = std::string(absl::StripAsciiWhitespace(t));
+    }
+    c.stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, creds));
+    c.address_ = o.coordinator;
+    return c;
+  }
+
+  // Every call has a deadline; `watch` gets a long one (jobs run for days).
+  void Prepare(grpc::ClientContext* ctx, absl::Duration deadline = absl::Seconds(15)) const {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
+    if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
+  }
+  absl::Status Check(const grpc::Status& s) const {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return absl::UnavailableError(absl::StrCat("coordinator ", address_, " unavailable: ", s.error_message()));
+    }
+    return FromGrpcStatus(s);
+  }
+
+  v1::Coordinator::Stub* stub() const { return stub_.get(); }
+  bool json() const { return json_; }
+
+ private:
+  std::shared_ptr<v1::Coordinator::Stub> stub_;
+  std::string token_, address_;
+  bool json_ = false;
+};
+
+// The checks the coordinator will make, done before anything is sent.
+absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int workers) {
+  SL_ASSIGN_OR_RETURN(std::string text, ReadFile(path, "job file"));
+  SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobConfig(text, path));
+  const int w = workers > 0 ? workers : cfg.workers;
+  SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, path));
+  std::error_code ec;
+  const std::string base = std::filesystem::absolute(std::filesystem::path(path), ec).parent_path().string();
+  if (cfg.data.format != DataFormat::kSynthetic) {
+    const std::string data = cfg.data.path[0] == '/' ? cfg.data.path : base + "/" + cfg.data.path;
+    if (!std::filesystem::is_regular_file(data, ec)) {
+      return absl::NotFoundError(absl::StrCat(path, ": [data] path: ", data, ": no such file"));
+    }
+  }
+  v1::SubmitJobRequest req;
+  req.set_spec_toml(text);
+  req.set_workers(w);
+  req.set_source(path);
+  req.set_base_dir(base);
+  return req;
+}
+
+absl::Status Watch(const Client& c, const std::string& id) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx, absl::Hours(24 * 30));
+  v1::WatchJobRequest req;
+  req.set_job_id(id);
+  auto reader = c.stub()->WatchJob(&ctx, req);
+  const bool tty = isatty(STDOUT_FILENO) && !c.json();
+  v1::Job j, first;
+  absl::Time t0;
+  int64_t last_step = -1;
+  bool have_first = false;
+  while (reader->Read(&j)) {
+    if (!have_first && j.step() > 0) {
+      first = j;
+      t0 = absl::Now();
+      have_first = true;
+    }
+    double eta = -1;
+    if (have_first && j.step() > first.step()) {
+      const double rate = (j.step() - first.step()) / absl::ToDoubleSeconds(absl::Now() - t0);
+      eta = (j.steps() - j.step()) / rate;
+    }
+    if (c.json()) {
+      std::cout << JobJson(j) << std::endl;
+    } else if (tty) {
+      std::cout << "\r" << ProgressLine(j, eta) << "\033[K" << std::flush;
+    } else if (j.step() != last_step || IsFinal(j.state())) {
+      std::cout << ProgressLine(j, eta) << std::endl;
+    }
+    last_step = j.step();
+  }
+  SL_RETURN_IF_ERROR(c.Check(reader->Finish()));
+  if (tty) std::cout << std::endl;
+  if (!c.json()) std::cout << j.id() << " " << j.state() << ": " << j.message() << std::endl;
+  if (j.state() != "SUCCEEDED") {
+    return absl::AbortedError(absl::StrCat(j.id(), " ended ", j.state(), ": ", j.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace shardline::ctl
+
+int main(int argc, char** argv) {
+  using namespace shardline;
+  using namespace shardline::ctl;
+  CLI::App app{"shardctl: submit, watch and manage Shardline jobs"};
+  app.require_subcommand(1);
+  Options o;
+  const char* env = std::getenv("SHARDLINE_COORDINATOR");
+  o.coordinator = env ? env : "127.0.0.1:50051";
+  app.add_option("--coordinator", o.coordinator, "coordinator address (env SHARDLINE_COORDINATOR)");
+  app.add_option("--token-file", o.token_file, "file holding the coordinator's token");
+  app.add_option("--tls-ca", o.tls_ca, "PEM root certificate: connect with TLS");
+  app.add_flag("--json", o.json, "machine-readable output");
+  std::string file, job;
+  int workers = 0;
+  bool follow = false;
+  auto* submit = app.add_subcommand("submit", "submit a job file");
+  submit->add_option("JOB.toml", file)->required();
+  submit->add_option("--workers", workers, "number of workers (default: [job] workers)");
+  submit->add_flag("--follow", follow, "watch the job until it ends");
+  app.add_subcommand("jobs", "list jobs");
+  auto* status = app.add_subcommand("status", "show one job");
+  auto* watch = app.add_subcommand("watch", "follow a job with a progress bar until it ends");
+  auto* cancel = app.add_subcommand("cancel", "cancel a job");
+  auto* shards = app.add_subcommand("shards", "the job's ownership map");
+  for (auto* s : {status, watch, cancel, shards}) s->add_option("JOB", job)->required();
+  app.add_subcommand("workers", "list workers");
+  CLI11_PARSE(app, argc, argv);
+
+  auto run = [&]() -> absl::Status {
+    const std::string cmd = app.get_subcommands()[0]->get_name();
+    std::optional<v1::SubmitJobRequest> req;
+    if (cmd == "submit") {  // validate before connecting
+      SL_ASSIGN_OR_RETURN(req, PrepareSubmit(file, workers));
+    }
+    SL_ASSIGN_OR_RETURN(Client c, Client::Connect(o));
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    if (cmd == "submit") {
+      v1::SubmitJobResponse resp;
+      SL_RETURN_IF_ERROR(c.Check(c.stub()->SubmitJob(&ctx, *req, &resp)));
+      std::cout << (o.json ? absl::StrCat("{\"job_id\":", JsonString(resp.job_id()), "}") : resp.job_id())
+                << std::endl;
+      return follow ? Watch(c, resp.job_id()) : absl::OkStatus();
+    }
+    if (cmd == "jobs") {
+      v1::ListJobsResponse resp;
+      SL_RETURN_IF_ERROR(c.Check(c.stub()->ListJobs(&ctx, v1::ListJobsRequest(), &resp)));
+      std::vector<v1::Job> jobs(resp.jobs().begin(), resp.jobs().end());
+      if (o.json) {
+        std::vector<std::string> js;
+        for (const auto& j : jobs) js.push_back(JobJson(j));
+        std::cout << "{\"jobs\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
+      } else {
+        std::cout << JobsTable(jobs);
+      }
+      return absl::OkStatus();
+    }
+    if (cmd == "status" || cmd == "cancel") {
+      v1::Job j;
+      if (cmd == "status") {
+        v1::GetJobRequest r;
+        r.set_job_id(job);
+        SL_RETURN_IF_ERROR(c.Check(c.stub()->GetJob(&ctx, r, &j)));
+      } else {
+        v1::CancelJobRequest r;
+        r.set_job_id(job);
+        SL_RETURN_IF_ERROR(c.Check(c.stub()->CancelJob(&ctx, r, &j)));
+      }
+      std::cout << (o.json ? JobJson(j) + "\n" : JobDetails(j));
+      return absl::OkStatus();
+    }
+    if (cmd == "watch") return Watch(c, job);
+    if (cmd == "workers") {
+      v1::ListWorkersResponse resp;
+      SL_RETURN_IF_ERROR(c.Check(c.stub()->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp)));
+      std::vector<v1::WorkerInfo> ws(resp.workers().begin(), resp.workers().end());
+      if (o.json) {
+        std::vector<std::string> js;
+        for (const auto& w : ws) js.push_back(WorkerJson(w));
+        std::cout << "{\"workers\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
+      } else {
+        std::cout << WorkersTable(ws);
+      }
+      return absl::OkStatus();
+    }
+    v1::GetOwnershipRequest r;  // shards
+    r.set_job_id(job);
+    v1::Ownership own;
+    SL_RETURN_IF_ERROR(c.Check(c.stub()->GetOwnership(&ctx, r, &own)));
+    std::cout << (o.json ? ShardsJson(own) + "\n" : ShardsTable(own));
+    return absl::OkStatus();
+  };
+  const absl::Status s = run();
+  if (!s.ok()) {
+    std::cerr << "shardctl: " << s.message() << std::endl;
+    return 1;
+  }
+  return 0;
+}

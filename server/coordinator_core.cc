@@ -1,0 +1,460 @@
+#include "server/coordinator_core.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/model_shapes.h"
+
+namespace shardline {
+
+bool IsFinal(const std::string& s) { return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED"; }
+
+namespace {
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+bool FileExists(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+}  // namespace
+
+CoordinatorCore::CoordinatorCore(StateStore* store, CoordinatorOptions options)
+    : store_(store), options_(options) {}
+
+absl::Status CoordinatorCore::Recover() {
+  auto jobs = store_->LoadJobs();
+  if (!jobs.ok()) return jobs.status();
+  absl::MutexLock lock(&mu_);
+  for (StoredJob& s : *jobs) {
+    JobRecord r;
+    r.stored = std::move(s);
+    auto cfg = ParseJobConfig(r.stored.spec_toml, r.stored.job.name());
+    if (cfg.ok()) r.config = *cfg;
+    const std::string id = r.stored.job.id();
+    int n = 0;
+    if (sscanf(id.c_str(), "job-%d", &n) == 1) next_job_ = std::max(next_job_, n + 1);
+    auto [it, _] = jobs_.emplace(id, std::move(r));
+    v1::Job& j = JobOf(it->second);
+    if (j.state() == "RUNNING") {
+      Transition(it->second, "FAILED", "the coordinator restarted while the job was running");
+    } else if (j.state() == "PENDING") {
+      queue_.push_back(id);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- persistence and notification ------------------------------------------
+
+void CoordinatorCore::Persist(JobRecord& r) {
+  JobOf(r).set_updated_unix_ms(NowMs());
+  r.last_persist = absl::Now();
+  // A failed write is kept in the job's message rather than lost silently;
+  // the in-memory state stays authoritative for this process.
+  absl::Status s = store_->PutJob(r.stored);
+  if (!s.ok()) JobOf(r).set_message(absl::StrCat(JobOf(r).message(), " [state not saved: ", s.message(), "]"));
+}
+
+void CoordinatorCore::Notify(const JobRecord& r) {
+  for (auto& [h, w] : watchers_) {
+    if (w.first == r.stored.job.id()) w.second(r.stored.job);
+  }
+}
+
+void CoordinatorCore::Transition(JobRecord& r, const std::string& state, const std::string& message) {
+  v1::Job& j = JobOf(r);
+  j.set_state(state);
+  if (!message.empty()) j.set_message(message);
+  Persist(r);
+  Notify(r);
+  if (IsFinal(state)) {
+    // The job's rendezvous keys are of no further use.
+    const std::string prefix = j.id() + "/";
+    for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = kv_.erase(it);
+  }
+}
+
+// ---- workers ---------------------------------------------------------------
+
+absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo info, WorkerChannel* channel) {
+  if (info.host().empty() || info.device().empty()) {
+    return absl::InvalidArgumentError("register: a worker must name its host and device");
+  }
+  absl::MutexLock lock(&mu_);
+  const std::string id = absl::StrFormat("w-%d", next_worker_++);
+  const std::string running = info.job_id();
+  info.set_worker_id(id);
+  info.set_state("IDLE");
+  info.clear_job_id();
+  info.set_rank(0);
+  WorkerRecord& w = workers_[id];
+  w.info = info;
+  w.channel = channel;
+  w.last_heartbeat = absl::Now();
+  if (!running.empty()) {
+    // It still runs a job this coordinator no longer has running (it
+    // restarted): stop it; the worker turns idle when it reports back.
+    w.info.set_state("BUSY");
+    w.info.set_job_id(running);
+    v1::CoordinatorMessage m;
+    m.mutable_cancel()->set_job_id(running);
+    m.mutable_cancel()->set_reason("the coordinator no longer runs this job");
+    channel->Send(m);
+  }
+  v1::Registered reg;
+  reg.set_worker_id(id);
+  reg.set_heartbeat_interval_ms(static_cast<int>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  v1::CoordinatorMessage m;
+  *m.mutable_registered() = reg;
+  channel->Send(m);
+  Schedule();
+  return reg;
+}
+
+void CoordinatorCore::WorkerGone(const std::string& id, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  LoseWorker(id, why);
+}
+
+void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  const v1::WorkerInfo info = it->second.info;
+  workers_.erase(it);
+  if (info.state() != "BUSY") return;
+  auto j = jobs_.find(info.job_id());
+  if (j == jobs_.end() || JobOf(j->second).state() != "RUNNING") return;
+  const std::string msg = absl::StrFormat("worker lost: rank %d on host %s (%s, %s)", info.rank(), info.host(), id, why);
+  StopRanks(j->second, msg, id);
+  Transition(j->second, "FAILED", msg);
+  Schedule();
+}
+
+void CoordinatorCore::OnHeartbeat(const std::string& id, const v1::Heartbeat& hb) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(id);
+  if (it != workers_.end()) it->second.last_heartbeat = absl::Now();
+  (void)hb;
+}
+
+void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
+  absl::MutexLock lock(&mu_);
+  auto w = workers_.find(id);
+  if (w != workers_.end()) w->second.last_heartbeat = absl::Now();
+  auto it = jobs_.find(p.job_id());
+  if (it == jobs_.end() || JobOf(it->second).state() != "RUNNING" || p.rank() != 0) return;
+  v1::Job& j = JobOf(it->second);
+  j.set_step(p.step());
+  j.set_loss(p.loss());
+  j.set_tokens_per_second(p.tokens_per_second());
+  j.set_lr(p.lr());
+  j.set_grad_norm(p.grad_norm());
+  // Progress is persisted at most once a second; states always at once.
+  if (absl::Now() - it->second.last_persist > absl::Seconds(1)) Persist(it->second);
+  Notify(it->second);
+}
+
+void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& f) {
+  absl::MutexLock lock(&mu_);
+  auto w = workers_.find(id);
+  if (w != workers_.end()) {
+    w->second.info.set_state("IDLE");
+    w->second.info.clear_job_id();
+    w->second.info.set_rank(0);
+  }
+  auto it = jobs_.find(f.job_id());
+  if (it != jobs_.end() && JobOf(it->second).state() == "RUNNING") {
+    JobRecord& r = it->second;
+    const std::string host = w != workers_.end() ? w->second.info.host() : "?";
+    if (f.ok()) {
+      r.finished_ranks.insert(f.rank());
+      if (static_cast<int>(r.finished_ranks.size()) == JobOf(r).workers()) {
+        Persist(r);
+        Transition(r, "SUCCEEDED", absl::StrFormat("finished %d steps", JobOf(r).step()));
+      }
+    } else {
+      const std::string msg = absl::StrFormat("rank %d on host %s failed: %s", f.rank(), host, f.message());
+      StopRanks(r, msg, id);
+      Transition(r, "FAILED", msg);
+    }
+  }
+  Schedule();
+}
+
+void CoordinatorCore::StopRanks(JobRecord& r, const std::string& reason, const std::string& skip) {
+  for (const std::string& wid : JobOf(r).worker_ids()) {
+    if (wid == skip) continue;
+    auto w = workers_.find(wid);
+    if (w == workers_.end() || w->second.info.job_id() != JobOf(r).id()) continue;
+    v1::CoordinatorMessage m;
+    m.mutable_cancel()->set_job_id(JobOf(r).id());
+    m.mutable_cancel()->set_reason(reason);
+    w->second.channel->Send(m);
+  }
+}
+
+// ---- scheduling --------------------------------------------------------------
+
+void CoordinatorCore::Schedule() {
+  while (!queue_.empty()) {
+    JobRecord& r = jobs_.at(queue_.front());
+    v1::Job& j = JobOf(r);
+    std::vector<WorkerRecord*> idle;
+    for (auto& [id, w] : workers_) {
+      if (w.info.state() == "IDLE") idle.push_back(&w);
+    }
+    if (static_cast<int>(idle.size()) < j.workers()) return;  // FIFO: nobody overtakes the head
+    // Ranks are stable: by host, then device, then registration order; ranks
+    // of one host are consecutive, so hybrid shard groups stay within a host.
+    std::sort(idle.begin(), idle.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
+      return std::make_tuple(a->info.host(), a->info.device(), a->info.worker_id().size(), a->info.worker_id()) <
+             std::make_tuple(b->info.host(), b->info.device(), b->info.worker_id().size(), b->info.worker_id());
+    });
+    queue_.erase(queue_.begin());
+    j.clear_worker_ids();
+    for (int rank = 0; rank < j.workers(); ++rank) {
+      WorkerRecord* w = idle[rank];
+      w->info.set_state("BUSY");
+      w->info.set_job_id(j.id());
+      w->info.set_rank(rank);
+      j.add_worker_ids(w->info.worker_id());
+      v1::CoordinatorMessage m;
+      v1::Assignment* a = m.mutable_start();
+      a->set_job_id(j.id());
+      a->set_spec_toml(r.stored.spec_toml);
+      a->set_base_dir(r.stored.base_dir);
+      a->set_rank(rank);
+      a->set_world_size(j.workers());
+      w->channel->Send(m);
+    }
+    Transition(r, "RUNNING", absl::StrFormat("running on %d workers", j.workers()));
+  }
+}
+
+void CoordinatorCore::Tick(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  const absl::Duration lost_after = options_.heartbeat_interval * options_.lost_after_missed;
+  std::vector<std::string> silent;
+  for (auto& [id, w] : workers_) {
+    if (now - w.last_heartbeat > lost_after) silent.push_back(id);
+  }
+  for (const std::string& id : silent) {
+    WorkerChannel* ch = workers_.at(id).channel;
+    LoseWorker(id, absl::StrCat("no heartbeat for ", absl::FormatDuration(lost_after)));
+    ch->Close(absl::UnavailableError("heartbeats stopped"));
+  }
+  std::vector<Waiter> keep;
+  for (Waiter& w : waiters_) {
+    if (now >= w.deadline) {
+      w.done(absl::DeadlineExceededError(absl::StrCat("store wait for ", w.keys.empty() ? "" : w.keys[0],
+                                                      " timed out")),
+             {});
+    } else {
+      keep.push_back(std::move(w));
+    }
+  }
+  waiters_ = std::move(keep);
+  Schedule();
+}
+
+// ---- jobs ----------------------------------------------------------------------
+
+absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobRequest& req, int* workers) const {
+  const std::string source = req.source().empty() ? "job" : req.source();
+  auto cfg = ParseJobConfig(req.spec_toml(), source);
+  if (!cfg.ok()) return cfg.status();
+  *workers = req.workers() > 0 ? req.workers() : cfg->workers;
+  absl::Status s = ValidateJobConfig(*cfg, *workers, source);
+  if (!s.ok()) return s;
+  if (cfg->data.format != DataFormat::kSynthetic) {
+    const std::string& p = cfg->data.path;
+    const std::string path = (!p.empty() && p[0] == '/') || req.base_dir().empty() ? p : req.base_dir() + "/" + p;
+    if (!FileExists(path)) {
+      return absl::NotFoundError(absl::StrCat(source, ": [data] path: ", path, ": no such file"));
+    }
+  }
+  return cfg;
+}
+
+absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& req) {
+  int workers = 0;
+  auto cfg = ParseAndValidate(req, &workers);
+  if (!cfg.ok()) return cfg.status();
+  absl::MutexLock lock(&mu_);
+  JobRecord r;
+  r.config = *cfg;
+  r.stored.spec_toml = req.spec_toml();
+  r.stored.base_dir = req.base_dir();
+  v1::Job& j = r.stored.job;
+  j.set_id(absl::StrFormat("job-%d", next_job_++));
+  j.set_name(cfg->name);
+  j.set_state("PENDING");
+  j.set_workers(workers);
+  j.set_steps(cfg->train.steps);
+  j.set_strategy(StrategyName(cfg->parallelism.strategy));
+  j.set_created_unix_ms(NowMs());
+  j.set_message(absl::StrFormat("waiting for %d idle workers", workers));
+  const std::string id = j.id();
+  auto [it, _] = jobs_.emplace(id, std::move(r));
+  Persist(it->second);
+  queue_.push_back(id);
+  Schedule();
+  return id;
+}
+
+absl::StatusOr<v1::Job> CoordinatorCore::GetJob(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  return it->second.stored.job;
+}
+
+std::vector<v1::Job> CoordinatorCore::ListJobs() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> out;
+  for (const auto& [id, r] : jobs_) out.push_back(r.stored.job);
+  std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {
+    return a.created_unix_ms() != b.created_unix_ms() ? a.created_unix_ms() < b.created_unix_ms() : a.id() < b.id();
+  });
+  return out;
+}
+
+absl::StatusOr<v1::Job> CoordinatorCore::Cancel(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  JobRecord& r = it->second;
+  const std::string state = JobOf(r).state();
+  if (IsFinal(state)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is already ", state));
+  }
+  if (state == "PENDING") queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+  if (state == "RUNNING") StopRanks(r, "cancelled", "");
+  Transition(r, "CANCELLED", "cancelled by the user");
+  return JobOf(r);
+}
+
+std::vector<v1::WorkerInfo> CoordinatorCore::ListWorkers() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerInfo> out;
+  const absl::Time now = absl::Now();
+  for (const auto& [id, w] : workers_) {
+    out.push_back(w.info);
+    out.back().set_heartbeat_age_seconds(absl::ToDoubleSeconds(now - w.last_heartbeat));
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Ownership> CoordinatorCore::GetOwnership(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  const JobConfig& c = it->second.config;
+  const int world = it->second.stored.job.workers();
+  const int g = ShardGroupSize(c, world);
+  auto layouts = gpt::OwnershipMap(c.model, g);
+  if (!layouts.ok()) return layouts.status();
+  v1::Ownership o;
+  o.set_job_id(id);
+  o.set_strategy(StrategyName(c.parallelism.strategy));
+  o.set_world_size(world);
+  o.set_shard_group_size(g);
+  for (const ShardLayout& l : *layouts) {
+    v1::UnitShards* u = o.add_units();
+    u->set_unit(l.unit);
+    u->set_numel(l.numel);
+    u->set_padded(l.padded_numel);
+    u->set_shard(l.shard_numel);
+    u->set_group_size(l.group_size);
+  }
+  return o;
+}
+
+absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& report) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!jobs_.count(report.job_id())) return absl::NotFoundError(absl::StrCat("no job ", report.job_id()));
+  }
+  return store_->PutCheckpointReport(report);
+}
+
+absl::StatusOr<int> CoordinatorCore::Watch(const std::string& id, JobCallback cb) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  const int h = next_watch_++;
+  cb(it->second.stored.job);
+  watchers_[h] = {id, std::move(cb)};
+  return h;
+}
+
+void CoordinatorCore::Unwatch(int handle) {
+  absl::MutexLock lock(&mu_);
+  watchers_.erase(handle);
+}
+
+// ---- rendezvous store -------------------------------------------------------------
+
+void CoordinatorCore::WakeWaiters() {
+  std::vector<Waiter> keep;
+  for (Waiter& w : waiters_) {
+    bool ready = true;
+    for (const auto& k : w.keys) ready &= kv_.count(k) > 0;
+    if (ready) {
+      std::vector<std::string> values;
+      for (const auto& k : w.keys) values.push_back(kv_.at(k));
+      w.done(absl::OkStatus(), values);
+    } else {
+      keep.push_back(std::move(w));
+    }
+  }
+  waiters_ = std::move(keep);
+}
+
+void CoordinatorCore::StoreSet(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  kv_[key] = value;
+  WakeWaiters();
+}
+
+absl::StatusOr<std::string> CoordinatorCore::StoreGet(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return absl::NotFoundError(absl::StrCat("store: no key ", key));
+  return it->second;
+}
+
+int64_t CoordinatorCore::StoreAdd(const std::string& key, int64_t delta) {
+  absl::MutexLock lock(&mu_);
+  // c10d stores keep counters as decimal strings.
+  int64_t v = 0;
+  auto it = kv_.find(key);
+  if (it != kv_.end()) v = std::strtoll(it->second.c_str(), nullptr, 10);
+  v += delta;
+  kv_[key] = std::to_string(v);
+  WakeWaiters();
+  return v;
+}
+
+bool CoordinatorCore::StoreCheck(const std::vector<std::string>& keys) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& k : keys) {
+    if (!kv_.count(k)) return false;
+  }
+  return true;
+}
+
+bool CoordinatorCore::StoreDelete(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  return kv_.erase(key) > 0;
+}
+
+void CoordinatorCore::StoreWait(const std::vector<std::string>& keys, absl::Time deadline, DoneCallback done) {
+  absl::MutexLock lock(&mu_);
+  waiters_.push_back(Waiter{keys, deadline, std::move(done)});
+  WakeWaiters();
+}
+
+}  // namespace shardline

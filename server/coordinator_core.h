@@ -1,0 +1,143 @@
+// CoordinatorCore: the registry of workers, the FIFO scheduler, the job state
+// machine and the rendezvous key-value store. Plain C++: the gRPC service is
+// a thin adapter over it, and unit tests drive it without a network.
+//
+// Jobs move PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; the reason
+// is kept in Job.message. Every change is written to the StateStore before it
+// is visible to watchers.
+//
+// Workers talk to the core through a WorkerChannel (the session stream). A
+// worker whose channel closes, or whose heartbeats stop for `lost_after`, is
+// lost: its running job fails naming the rank and host, and the job's other
+// ranks are told to stop (they return to idle when they report back).
+//
+// Thread-safe. Callbacks (channel sends, watchers, store waiters) may be
+// invoked with the core's lock held and must not call back into the core.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/job_config.h"
+#include "server/state_store.h"
+#include "shardline/v1/shardline.pb.h"
+
+namespace shardline {
+
+class WorkerChannel {
+ public:
+  virtual ~WorkerChannel() = default;
+  virtual void Send(const v1::CoordinatorMessage& msg) = 0;
+  // Ends the session (the worker will reconnect).
+  virtual void Close(const absl::Status& why) = 0;
+};
+
+struct CoordinatorOptions {
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  int lost_after_missed = 3;  // heartbeats
+};
+
+class CoordinatorCore {
+ public:
+  using JobCallback = std::function<void(const v1::Job&)>;
+  // A store wait's outcome: OK with the values of the awaited keys, or an error.
+  using DoneCallback = std::function<void(const absl::Status&, const std::vector<std::string>& values)>;
+
+  CoordinatorCore(StateStore* store, CoordinatorOptions options);
+
+  // Loads every job from the store. Jobs that were RUNNING when the previous
+  // coordinator died are FAILED (their workers are told to stop when they
+  // reconnect); PENDING jobs are queued again in submission order.
+  absl::Status Recover();
+
+  // ---- workers (from session streams) ----
+  absl::StatusOr<v1::Registered> RegisterWorker(v1::WorkerInfo info, WorkerChannel* channel);
+  // The session ended; the channel must not be used after this returns.
+  void WorkerGone(const std::string& worker_id, const std::string& why);
+  void OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& hb);
+  void OnProgress(const std::string& worker_id, const v1::Progress& p);
+  void OnFinished(const std::string& worker_id, const v1::RankFinished& f);
+
+  // ---- jobs (from clients) ----
+  absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& req);
+  absl::StatusOr<v1::Job> GetJob(const std::string& id) const;
+  std::vector<v1::Job> ListJobs() const;
+  absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  std::vector<v1::WorkerInfo> ListWorkers() const;
+  absl::StatusOr<v1::Ownership> GetOwnership(const std::string& id) const;
+  absl::Status ReportCheckpoint(const v1::CheckpointReport& report);
+
+  // Calls `cb` with the job now and after every change; returns a handle for
+  // Unwatch. NotFound if there is no such job.
+  absl::StatusOr<int> Watch(const std::string& id, JobCallback cb);
+  void Unwatch(int handle);
+
+  // ---- rendezvous store ----
+  void StoreSet(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> StoreGet(const std::string& key) const;  // NotFound if unset
+  int64_t StoreAdd(const std::string& key, int64_t delta);
+  bool StoreCheck(const std::vector<std::string>& keys) const;
+  bool StoreDelete(const std::string& key);
+  // Calls done(OK, values) once every key is set, or done(DeadlineExceeded) at
+  // `deadline`.
+  void StoreWait(const std::vector<std::string>& keys, absl::Time deadline, DoneCallback done);
+
+  // Expires silent workers and late store waits, and starts queued jobs.
+  // Called periodically (and by tests with their own clock).
+  void Tick(absl::Time now);
+
+ private:
+  struct WorkerRecord {
+    v1::WorkerInfo info;
+    WorkerChannel* channel = nullptr;
+    absl::Time last_heartbeat;
+  };
+  struct JobRecord {
+    StoredJob stored;
+    JobConfig config;
+    std::set<int> finished_ranks;
+    absl::Time last_persist;
+  };
+  struct Waiter {
+    std::vector<std::string> keys;
+    absl::Time deadline;
+    DoneCallback done;
+  };
+
+  v1::Job& JobOf(JobRecord& r) { return r.stored.job; }
+  void Persist(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Transition(JobRecord& r, const std::string& state, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a running job: its ranks are told to stop (except `skip_worker`).
+  void StopRanks(JobRecord& r, const std::string& reason, const std::string& skip_worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoseWorker(const std::string& id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<JobConfig> ParseAndValidate(const v1::SubmitJobRequest& req, int* workers) const;
+
+  StateStore* const store_;
+  const CoordinatorOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> queue_ ABSL_GUARDED_BY(mu_);  // PENDING job ids, FIFO
+  std::map<int, std::pair<std::string, JobCallback>> watchers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  int next_job_ = 1, next_worker_ = 1, next_watch_ = 1;
+};
+
+// Whether a job state is final.
+bool IsFinal(const std::string& state);
+
+}  // namespace shardline

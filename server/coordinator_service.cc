@@ -1,0 +1,340 @@
+#include "server/coordinator_service.h"
+
+#include <deque>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_status.h"
+
+namespace shardline {
+namespace {
+
+// One worker's session: reads its messages into the core, and is the core's
+// WorkerChannel for assignments and commands (writes are queued, one in
+// flight at a time, as the callback API requires).
+class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>,
+                       public WorkerChannel {
+ public:
+  SessionReactor(CoordinatorCore* core, const absl::Status& auth) : core_(core) {
+    if (!auth.ok()) {
+      Close(auth);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Gone("session closed");
+      Close(absl::OkStatus());
+      return;
+    }
+    absl::Status s = Handle(in_);
+    if (!s.ok()) {
+      Close(s);
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void Send(const v1::CoordinatorMessage& msg) override {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    out_.push_back(msg);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    out_.pop_front();
+    if (ok && !finishing_ && !out_.empty()) {
+      StartWrite(&out_.front());
+      return;
+    }
+    writing_ = false;
+    if (finishing_ && !finished_) {
+      finished_ = true;
+      Finish(final_);
+    }
+  }
+
+  void Close(const absl::Status& why) override {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    final_ = ToGrpcStatus(why);
+    if (!writing_) {
+      finished_ = true;
+      Finish(final_);
+    }
+  }
+
+  void OnDone() override {
+    Gone("session ended");
+    delete this;
+  }
+
+ private:
+  absl::Status Handle(const v1::WorkerMessage& m) {
+    if (m.has_register_()) {
+      if (!id_.empty()) return absl::FailedPreconditionError("this session already registered");
+      auto reg = core_->RegisterWorker(m.register_(), this);
+      if (!reg.ok()) return reg.status();
+      id_ = reg->worker_id();
+      return absl::OkStatus();
+    }
+    if (id_.empty()) return absl::FailedPreconditionError("a worker must register first");
+    if (m.has_heartbeat()) core_->OnHeartbeat(id_, m.heartbeat());
+    if (m.has_progress()) core_->OnProgress(id_, m.progress());
+    if (m.has_finished()) core_->OnFinished(id_, m.finished());
+    return absl::OkStatus();
+  }
+  void Gone(const std::string& why) {
+    if (gone_ || id_.empty()) return;
+    gone_ = true;
+    core_->WorkerGone(id_, why);
+  }
+
+  CoordinatorCore* const core_;
+  v1::WorkerMessage in_;
+  std::string id_;  // touched only by the read path and OnDone, which never overlap
+  bool gone_ = false;
+  absl::Mutex mu_;
+  std::deque<v1::CoordinatorMessage> out_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_ ABSL_GUARDED_BY(mu_);
+};
+
+// Streams a job's snapshots, always the newest pending one, until it ends.
+class WatchReactor : public grpc::ServerWriteReactor<v1::Job> {
+ public:
+  WatchReactor(CoordinatorCore* core, const std::string& id, const absl::Status& auth) : core_(core) {
+    if (!auth.ok()) {
+      FinishOnce(ToGrpcStatus(auth));
+      return;
+    }
+    auto h = core_->Watch(id, [this](const v1::Job& j) { Push(j); });
+    if (!h.ok()) {
+      FinishOnce(ToGrpcStatus(h.status()));
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    handle_ = *h;
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+    if (IsFinal(current_.state())) return FinishLocked(grpc::Status::OK);
+    if (has_pending_) {
+      has_pending_ = false;
+      current_ = pending_;
+      writing_ = true;
+      StartWrite(&current_);
+    } else if (finish_pending_) {
+      FinishLocked(final_);
+    }
+  }
+  void OnCancel() override { FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
+  void OnDone() override {
+    int h;
+    {
+      absl::MutexLock lock(&mu_);
+      h = handle_;
+    }
+    if (h) core_->Unwatch(h);
+    delete this;
+  }
+
+ private:
+  void Push(const v1::Job& j) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (writing_) {
+      pending_ = j;
+      has_pending_ = true;
+      return;
+    }
+    current_ = j;
+    writing_ = true;
+    StartWrite(&current_);
+  }
+  void FinishOnce(const grpc::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (writing_) {
+      finish_pending_ = true;
+      final_ = s;
+      return;
+    }
+    FinishLocked(s);
+  }
+  void FinishLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(s);
+  }
+
+  CoordinatorCore* const core_;
+  absl::Mutex mu_;
+  int handle_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::Job current_ ABSL_GUARDED_BY(mu_), pending_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false, has_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false, finish_pending_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Time WaitDeadline(grpc::CallbackServerContext* ctx, int64_t timeout_ms) {
+  absl::Time d = absl::Now() + absl::Milliseconds(timeout_ms > 0 ? timeout_ms : 0);
+  const absl::Time client = absl::FromChrono(ctx->deadline());
+  return std::min(d, client);
+}
+
+}  // namespace
+
+absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx) const {
+  if (token_.empty()) return absl::OkStatus();
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return absl::UnauthenticatedError("missing token (authorization: Bearer <token>)");
+  if (std::string(it->second.data(), it->second.size()) != "Bearer " + token_) {
+    return absl::UnauthenticatedError("wrong token");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  auto* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(s));
+  return r;
+}
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* CoordinatorService::WorkerSession(
+    grpc::CallbackServerContext* ctx) {
+  return new SessionReactor(core_, Authorize(ctx));
+}
+
+grpc::ServerWriteReactor<v1::Job>* CoordinatorService::WatchJob(grpc::CallbackServerContext* ctx,
+                                                                const v1::WatchJobRequest* req) {
+  return new WatchReactor(core_, req->job_id(), Authorize(ctx));
+}
+
+#define SL_AUTHORIZE(ctx)                           \
+  do {                                              \
+    absl::Status _auth = Authorize(ctx);            \
+    if (!_auth.ok()) return Done((ctx), _auth);     \
+  } while (0)
+
+grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* ctx,
+                                                        const v1::SubmitJobRequest* req,
+                                                        v1::SubmitJobResponse* resp) {
+  SL_AUTHORIZE(ctx);
+  auto id = core_->Submit(*req);
+  if (id.ok()) resp->set_job_id(*id);
+  return Done(ctx, id.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                                     v1::Job* resp) {
+  SL_AUTHORIZE(ctx);
+  auto j = core_->GetJob(req->job_id());
+  if (j.ok()) *resp = *j;
+  return Done(ctx, j.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
+                                                       v1::ListJobsResponse* resp) {
+  SL_AUTHORIZE(ctx);
+  for (auto& j : core_->ListJobs()) *resp->add_jobs() = std::move(j);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* ctx,
+                                                        const v1::CancelJobRequest* req, v1::Job* resp) {
+  SL_AUTHORIZE(ctx);
+  auto j = core_->Cancel(req->job_id());
+  if (j.ok()) *resp = *j;
+  return Done(ctx, j.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* ctx,
+                                                          const v1::ListWorkersRequest*,
+                                                          v1::ListWorkersResponse* resp) {
+  SL_AUTHORIZE(ctx);
+  for (auto& w : core_->ListWorkers()) *resp->add_workers() = std::move(w);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetOwnership(grpc::CallbackServerContext* ctx,
+                                                           const v1::GetOwnershipRequest* req, v1::Ownership* resp) {
+  SL_AUTHORIZE(ctx);
+  auto o = core_->GetOwnership(req->job_id());
+  if (o.ok()) *resp = *o;
+  return Done(ctx, o.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* ctx,
+                                                       const v1::StoreSetRequest* req, v1::StoreSetResponse*) {
+  SL_AUTHORIZE(ctx);
+  core_->StoreSet(req->key(), req->value());
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* ctx,
+                                                       const v1::StoreGetRequest* req, v1::StoreGetResponse* resp) {
+  SL_AUTHORIZE(ctx);
+  auto* r = ctx->DefaultReactor();
+  core_->StoreWait({req->key()}, WaitDeadline(ctx, req->timeout_ms()),
+                   [r, resp](const absl::Status& s, const std::vector<std::string>& values) {
+                     if (s.ok()) resp->set_value(values[0]);
+                     r->Finish(ToGrpcStatus(s));
+                   });
+  return r;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerContext* ctx,
+                                                       const v1::StoreAddRequest* req, v1::StoreAddResponse* resp) {
+  SL_AUTHORIZE(ctx);
+  resp->set_value(core_->StoreAdd(req->key(), req->delta()));
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerContext* ctx,
+                                                        const v1::StoreWaitRequest* req, v1::StoreWaitResponse*) {
+  SL_AUTHORIZE(ctx);
+  auto* r = ctx->DefaultReactor();
+  core_->StoreWait({req->keys().begin(), req->keys().end()}, WaitDeadline(ctx, req->timeout_ms()),
+                   [r](const absl::Status& s, const std::vector<std::string>&) { r->Finish(ToGrpcStatus(s)); });
+  return r;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreCheck(grpc::CallbackServerContext* ctx,
+                                                         const v1::StoreCheckRequest* req,
+                                                         v1::StoreCheckResponse* resp) {
+  SL_AUTHORIZE(ctx);
+  resp->set_ready(core_->StoreCheck({req->keys().begin(), req->keys().end()}));
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerContext* ctx,
+                                                          const v1::StoreDeleteRequest* req,
+                                                          v1::StoreDeleteResponse* resp) {
+  SL_AUTHORIZE(ctx);
+  resp->set_deleted(core_->StoreDelete(req->key()));
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportCheckpoint(grpc::CallbackServerContext* ctx,
+                                                               const v1::CheckpointReport* req,
+                                                               v1::CheckpointReportResponse*) {
+  SL_AUTHORIZE(ctx);
+  return Done(ctx, core_->ReportCheckpoint(*req));
+}
+
+}  // namespace shardline

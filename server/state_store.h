@@ -1,0 +1,47 @@
+// StateStore: the coordinator's durable state, one SQLite database under
+// --state-dir (WAL mode, synchronous=FULL, so a row written before a crash is
+// there after it). Jobs are kept as their serialized shardline.v1.Job plus
+// the spec they were submitted with.
+//
+// Thread-safe (one connection behind a mutex). Errors name the database file.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "shardline/v1/shardline.pb.h"
+
+struct sqlite3;
+
+namespace shardline {
+
+struct StoredJob {
+  v1::Job job;
+  std::string spec_toml;
+  std::string base_dir;
+};
+
+class StateStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& state_dir);
+  ~StateStore();
+
+  absl::Status PutJob(const StoredJob& job);
+  absl::StatusOr<std::vector<StoredJob>> LoadJobs();  // in creation order
+  absl::Status PutCheckpointReport(const v1::CheckpointReport& report);
+
+ private:
+  StateStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  absl::Status Exec(const std::string& sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Error(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  const std::string path_;
+};
+
+}  // namespace shardline

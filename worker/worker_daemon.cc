@@ -1,0 +1,221 @@
+#include "worker/worker_daemon.h"
+
+#include <unistd.h>
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "worker/engine/engine.h"
+#include "worker/remote_store.h"
+
+namespace shardline {
+namespace {
+
+std::string Hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+int64_t MemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return static_cast<int64_t>(pages) * size;
+}
+
+}  // namespace
+
+WorkerDaemon::WorkerDaemon(WorkerOptions options) : options_(std::move(options)) {
+  channel_ = grpc::CreateChannel(options_.coordinator,
+                                 options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials());
+  stub_ = v1::Coordinator::NewStub(channel_);
+}
+
+WorkerDaemon::~WorkerDaemon() {
+  Stop();
+  absl::MutexLock lock(&job_mu_);
+  if (job_thread_.joinable()) job_thread_.join();
+}
+
+void WorkerDaemon::AddAuth(grpc::ClientContext* ctx) const {
+  if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
+}
+
+void WorkerDaemon::Stop() {
+  stopping_ = true;
+  cancel_ = true;
+  absl::MutexLock lock(&write_mu_);
+  if (session_ctx_) session_ctx_->TryCancel();
+}
+
+absl::Status WorkerDaemon::Run() {
+  absl::Duration backoff = absl::Milliseconds(200);
+  while (!stopping_) {
+    const absl::Time started = absl::Now();
+    absl::Status s = RunSession();
+    if (stopping_) break;
+    // A session that lasted a while resets the backoff.
+    if (absl::Now() - started > absl::Seconds(10)) backoff = absl::Milliseconds(200);
+    std::cerr << "shardline-worker: session ended (" << s.message() << "); reconnecting in "
+              << absl::FormatDuration(backoff) << std::endl;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerDaemon::RunSession() {
+  grpc::ClientContext ctx;
+  AddAuth(&ctx);
+  auto stream = stub_->WorkerSession(&ctx);
+  {
+    absl::MutexLock lock(&write_mu_);
+    stream_ = stream.get();
+    session_ctx_ = &ctx;
+  }
+  v1::WorkerMessage reg;
+  v1::WorkerInfo* info = reg.mutable_register_();
+  info->set_host(options_.host.empty() ? Hostname() : options_.host);
+  info->set_device(options_.device);
+  info->set_memory_bytes(MemoryBytes());
+  info->set_pid(getpid());
+  info->add_capabilities("gloo");
+  {
+    absl::MutexLock lock(&job_mu_);
+    info->set_job_id(job_id_);
+  }
+  std::thread heartbeats;
+  if (Write(reg)) {
+    heartbeats = std::thread([this] { HeartbeatLoop(); });
+    v1::CoordinatorMessage m;
+    while (stream->Read(&m)) HandleCommand(m);
+  }
+  {
+    absl::MutexLock lock(&write_mu_);
+    stream_ = nullptr;
+    session_ctx_ = nullptr;
+  }
+  if (heartbeats.joinable()) heartbeats.join();
+  return FromGrpcStatus(stream->Finish());
+}
+
+bool WorkerDaemon::Write(const v1::WorkerMessage& m) {
+  absl::MutexLock lock(&write_mu_);
+  return stream_ && stream_->Write(m);
+}
+
+void WorkerDaemon::HeartbeatLoop() {
+  for (;;) {
+    absl::Duration every;
+    {
+      absl::MutexLock lock(&write_mu_);
+      if (!stream_ || stopping_) return;
+      every = heartbeat_;
+    }
+    v1::WorkerMessage m;
+    m.mutable_heartbeat()->set_step(step_);
+    if (!Write(m)) return;
+    // Sleep in small slices so a closed session ends this loop promptly.
+    const absl::Time until = absl::Now() + every;
+    while (absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(50));
+      absl::MutexLock lock(&write_mu_);
+      if (!stream_) return;
+    }
+  }
+}
+
+void WorkerDaemon::HandleCommand(const v1::CoordinatorMessage& m) {
+  if (m.has_registered()) {
+    absl::MutexLock lock(&write_mu_);
+    heartbeat_ = absl::Milliseconds(std::max(50, m.registered().heartbeat_interval_ms()));
+    std::cerr << "shardline-worker: registered as " << m.registered().worker_id() << std::endl;
+  } else if (m.has_cancel()) {
+    absl::MutexLock lock(&job_mu_);
+    if (m.cancel().job_id() == job_id_) {
+      std::cerr << "shardline-worker: stopping " << job_id_ << ": " << m.cancel().reason() << std::endl;
+      cancel_ = true;
+    }
+  } else if (m.has_start()) {
+    absl::MutexLock lock(&job_mu_);
+    if (!job_id_.empty()) {
+      v1::WorkerMessage f;
+      f.mutable_finished()->set_job_id(m.start().job_id());
+      f.mutable_finished()->set_rank(m.start().rank());
+      f.mutable_finished()->set_message(absl::StrCat("worker is still running ", job_id_));
+      Write(f);
+      return;
+    }
+    if (job_thread_.joinable()) job_thread_.join();
+    job_id_ = m.start().job_id();
+    cancel_ = false;
+    step_ = 0;
+    job_thread_ = std::thread([this, a = m.start()] { RunJob(a); });
+  }
+}
+
+void WorkerDaemon::RunJob(v1::Assignment a) {
+  std::cerr << "shardline-worker: running " << a.job_id() << " as rank " << a.rank() << " of " << a.world_size()
+            << std::endl;
+  absl::Status s;
+  try {
+    s = TrainJob(a);
+  } catch (const std::exception& e) {  // LibTorch reports errors as exceptions
+    std::string what = e.what();
+    s = absl::InternalError(what.substr(0, what.find('\n')));
+  }
+  v1::WorkerMessage m;
+  v1::RankFinished* f = m.mutable_finished();
+  f->set_job_id(a.job_id());
+  f->set_rank(a.rank());
+  f->set_ok(s.ok());
+  f->set_cancelled(absl::IsCancelled(s));
+  f->set_message(std::string(s.message()));
+  if (!s.ok()) std::cerr << "shardline-worker: " << a.job_id() << ": " << s.message() << std::endl;
+  {
+    absl::MutexLock lock(&job_mu_);
+    job_id_.clear();
+  }
+  Write(m);
+}
+
+absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
+  if (options_.device != "cpu") {
+    return absl::UnimplementedError(absl::StrCat("device ", options_.device,
+                                                 ": this engine version trains on CPU ranks only"));
+  }
+  SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(a.spec_toml(), a.job_id()));
+  if (!config.data.path.empty() && config.data.path[0] != '/' && !a.base_dir().empty()) {
+    config.data.path = a.base_dir() + "/" + config.data.path;
+  }
+  SL_RETURN_IF_ERROR(ValidateJobConfig(config, a.world_size(), a.job_id()));
+  at::set_num_threads(options_.threads);
+  const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.collective_timeout));
+  c10::intrusive_ptr<c10d::Store> store =
+      c10::make_intrusive<RemoteStore>(channel_, options_.token, a.job_id() + "/", timeout);
+  const GroupPlan plan = PlanGroups(config, a.rank(), a.world_size());
+  SL_ASSIGN_OR_RETURN(Communicators comms, ConnectGlooGroups(store, plan, options_.collective_timeout));
+  SL_ASSIGN_OR_RETURN(auto engine,
+                      Engine::Create(config, a.rank(), a.world_size(), std::move(comms), options_.collective_timeout));
+  for (int s = 0; s < config.train.steps; ++s) {
+    if (cancel_) return absl::CancelledError(absl::StrCat("stopped before step ", s));
+    SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
+    step_ = s + 1;
+    v1::WorkerMessage m;
+    v1::Progress* p = m.mutable_progress();
+    p->set_job_id(a.job_id());
+    p->set_rank(a.rank());
+    p->set_step(s + 1);
+    p->set_loss(r.loss);
+    p->set_tokens_per_second(r.tokens / r.seconds);
+    p->set_lr(r.lr);
+    p->set_grad_norm(r.grad_norm);
+    p->set_step_seconds(r.seconds);
+    Write(m);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardline

@@ -1,0 +1,75 @@
+// shardline-worker --coordinator ADDR --device cpu|cuda:N [--token-file F]
+//                  [--tls-ca F] [--host NAME] [--threads N]
+// One worker daemon per device. SIGINT/SIGTERM stop it.
+#include <signal.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/strip.h"
+#include "worker/worker_daemon.h"
+
+namespace {
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardline-worker: a Shardline worker daemon"};
+  shardline::WorkerOptions o;
+  std::string token_file, tls_ca;
+  double timeout_s = 30;
+  app.add_option("--coordinator", o.coordinator, "coordinator address (host:port)");
+  app.add_option("--device", o.device, "cpu or cuda:N");
+  app.add_option("--token-file", token_file, "file holding the coordinator's token");
+  app.add_option("--tls-ca", tls_ca, "PEM root certificate: connect with TLS");
+  app.add_option("--host", o.host, "host name to register (default: this machine's)");
+  app.add_option("--threads", o.threads, "intra-op threads for training");
+  app.add_option("--collective-timeout", timeout_s, "deadline of every collective and rendezvous, seconds");
+  CLI11_PARSE(app, argc, argv);
+  if (o.device != "cpu" && o.device.rfind("cuda:", 0) != 0) {
+    std::cerr << "shardline-worker: --device " << o.device << ": expected cpu or cuda:N" << std::endl;
+    return 2;
+  }
+  if (!token_file.empty()) {
+    if (!ReadFile(token_file, &o.token)) {
+      std::cerr << "shardline-worker: " << token_file << ": cannot read token file" << std::endl;
+      return 1;
+    }
+    o.token = std::string(absl::StripAsciiWhitespace(o.token));
+  }
+  if (!tls_ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!ReadFile(tls_ca, &ssl.pem_root_certs)) {
+      std::cerr << "shardline-worker: " << tls_ca << ": cannot read CA certificate" << std::endl;
+      return 1;
+    }
+    o.credentials = grpc::SslCredentials(ssl);
+  }
+  o.collective_timeout = absl::Seconds(timeout_s);
+
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  shardline::WorkerDaemon daemon(o);
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    daemon.Stop();
+  });
+  waiter.detach();
+  daemon.Run();
+  return 0;
+}
