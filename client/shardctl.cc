@@ -88,24 +88,28 @@ class Client {
 };
 
 // The checks the coordinator will make, done before anything is sent.
-absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int workers) {
+// With `local_check` false the file goes to the coordinator as it is (to
+// exercise the coordinator's own validation).
+absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int workers, bool local_check) {
   SL_ASSIGN_OR_RETURN(std::string text, ReadFile(path, "job file"));
+  std::error_code ec;
+  const std::string base = std::filesystem::absolute(std::filesystem::path(path), ec).parent_path().string();
+  v1::SubmitJobRequest req;
+  req.set_spec_toml(text);
+  req.set_workers(workers);
+  req.set_source(path);
+  req.set_base_dir(base);
+  if (!local_check) return req;
   SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobConfig(text, path));
   const int w = workers > 0 ? workers : cfg.workers;
   SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, path));
-  std::error_code ec;
-  const std::string base = std::filesystem::absolute(std::filesystem::path(path), ec).parent_path().string();
   if (cfg.data.format != DataFormat::kSynthetic) {
     const std::string data = cfg.data.path[0] == '/' ? cfg.data.path : base + "/" + cfg.data.path;
     if (!std::filesystem::is_regular_file(data, ec)) {
       return absl::NotFoundError(absl::StrCat(path, ": [data] path: ", data, ": no such file"));
     }
   }
-  v1::SubmitJobRequest req;
-  req.set_spec_toml(text);
   req.set_workers(w);
-  req.set_source(path);
-  req.set_base_dir(base);
   return req;
 }
 
@@ -166,11 +170,12 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "machine-readable output");
   std::string file, job;
   int workers = 0;
-  bool follow = false;
+  bool follow = false, skip_local_check = false;
   auto* submit = app.add_subcommand("submit", "submit a job file");
   submit->add_option("JOB.toml", file)->required();
   submit->add_option("--workers", workers, "number of workers (default: [job] workers)");
   submit->add_flag("--follow", follow, "watch the job until it ends");
+  submit->add_flag("--skip-local-check", skip_local_check, "send without validating here (tests the coordinator's checks)");
   app.add_subcommand("jobs", "list jobs");
   auto* status = app.add_subcommand("status", "show one job");
   auto* watch = app.add_subcommand("watch", "follow a job with a progress bar until it ends");
@@ -184,7 +189,7 @@ int main(int argc, char** argv) {
     const std::string cmd = app.get_subcommands()[0]->get_name();
     std::optional<v1::SubmitJobRequest> req;
     if (cmd == "submit") {  // validate before connecting
-      SL_ASSIGN_OR_RETURN(req, PrepareSubmit(file, workers));
+      SL_ASSIGN_OR_RETURN(req, PrepareSubmit(file, workers, !skip_local_check));
     }
     SL_ASSIGN_OR_RETURN(Client c, Client::Connect(o));
     grpc::ClientContext ctx;

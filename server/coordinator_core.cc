@@ -333,6 +333,7 @@ absl::StatusOr<v1::Job> CoordinatorCore::Cancel(const std::string& id) {
   if (state == "PENDING") queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
   if (state == "RUNNING") StopRanks(r, "cancelled", "");
   Transition(r, "CANCELLED", "cancelled by the user");
+  Schedule();  // the head of the queue may have changed
   return JobOf(r);
 }
 

@@ -1,0 +1,78 @@
+"""A wrong or missing token is refused (UNAUTHENTICATED) and the right one
+works, for shardctl and for workers. Bad job files, both through shardctl's
+own checks and sent straight to the coordinator: malformed TOML, unknown keys,
+wrong types, n_embd not divisible by n_head, batch not divisible by the world
+size, a missing data file: each is one line naming the key or file, exit 1,
+and the coordinator keeps serving."""
+import os
+import subprocess
+import time
+
+from cluster import WORKER, Checks, Cluster, job_file
+
+
+def one_line(err):
+    return len(err.strip().splitlines()) == 1
+
+
+def main():
+    c = Checks()
+    cl = Cluster(token="s3cret-token")
+    cl.add_worker("host-a")
+    cl.wait_workers(1)
+    c.check(True, "a worker with the token registers")
+
+    rc, _, err = cl.ctl("jobs", token=False)
+    c.check(rc == 1 and "missing token" in err and one_line(err), "missing token refused", err.strip())
+    wrong = os.path.join(cl.dir, "wrong")
+    with open(wrong, "w") as f:
+        f.write("nope\n")
+    rc, _, err = cl.ctl("--token-file", wrong, "jobs", token=False)
+    c.check(rc == 1 and "wrong token" in err, "wrong token refused", err.strip())
+    rc, out, err = cl.ctl("jobs")
+    c.check(rc == 0, "right token accepted", err.strip())
+    # A worker without the token never registers.
+    p = subprocess.Popen([WORKER, "--coordinator", cl.address, "--host", "intruder"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.5)
+    p.kill()
+    log = p.stdout.read()
+    hosts = [w["host"] for w in cl.ctl_json("workers")["workers"]]
+    c.check("intruder" not in hosts and "missing token" in log, "worker without token refused",
+            log.strip().splitlines()[0] if log.strip() else "")
+
+    d = cl.dir
+    cases = {
+        "malformed TOML": ("[model]\nn_layer = = 2\n", "malformed TOML"),
+        "unknown key": (open(job_file(d, "k")).read().replace("n_layer = 2", "n_layers = 2"),
+                        "[model] n_layers: unknown key"),
+        "wrong type": (open(job_file(d, "t")).read().replace("n_head = 4", "n_head = \"four\""),
+                       "[model] n_head must be an integer"),
+        "n_embd % n_head": (open(job_file(d, "e")).read().replace("n_head = 4", "n_head = 5"),
+                            "[model] n_embd = 32 is not divisible by n_head = 5"),
+        "batch % world": (open(job_file(d, "b", workers=2)).read().replace("workers = 2", "workers = 5"),
+                          "[train] batch_size = 12 is not divisible by the world size 5"),
+        "missing data file": (open(job_file(d, "m")).read().replace('format = "synthetic"',
+                                                                    'format = "llmc"\npath = "nowhere/train.bin"'),
+                              "nowhere/train.bin: no such file"),
+    }
+    for name, (text, expected) in cases.items():
+        path = os.path.join(d, f"bad-{name.replace(' ', '_').replace('%', 'mod')}.toml")
+        with open(path, "w") as f:
+            f.write(text)
+        for mode, extra in (("shardctl", []), ("coordinator", ["--skip-local-check"])):
+            rc, out, err = cl.ctl("submit", path, *extra)
+            ok = rc == 1 and expected in err and one_line(err) and (expected == "malformed TOML" or path in err
+                                                                   or "train.bin" in err)
+            c.check(ok, f"{name} rejected by {mode}", err.strip())
+    rc, out, err = cl.ctl("--json", "jobs")
+    c.check(rc == 0 and '"jobs":[]' in out, "coordinator still serving, nothing was submitted", out.strip())
+    rc, out, err = cl.ctl("submit", job_file(d, "fine", workers=1, steps=3), "--follow", timeout=60)
+    c.check(rc == 0, "a good job still runs")
+    rc, _, err = cl.ctl("status", "job-404")
+    c.check(rc == 1 and "no job job-404" in err, "unknown job named", err.strip())
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()

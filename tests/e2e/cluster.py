@@ -1,0 +1,151 @@
+"""A local Shardline cluster of real processes on loopback for end-to-end
+tests: the coordinator, workers and shardctl, all the built binaries. Every
+wait has a deadline; everything started is killed at exit."""
+import atexit
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD = os.environ.get("SHARDLINE_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+COORDINATOR = os.path.join(BUILD, "server", "shardline-coordinator")
+WORKER = os.path.join(BUILD, "worker", "shardline-worker")
+SHARDCTL = os.path.join(BUILD, "client", "shardctl")
+_procs = []
+
+
+def _cleanup():
+    for p in _procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+atexit.register(_cleanup)
+
+JOB = """
+[job]
+name = "{name}"
+workers = {workers}
+[model]
+n_layer = 2
+n_head = 4
+n_embd = 32
+vocab_size = 64
+block_size = 16
+[data]
+format = "synthetic"
+[train]
+steps = {steps}
+batch_size = 12
+micro_batch_size = {micro}
+[optimizer]
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 2
+[parallelism]
+strategy = "{strategy}"
+"""
+
+
+def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard", extra=""):
+    path = os.path.join(directory, f"{name}.toml")
+    with open(path, "w") as f:
+        f.write(JOB.format(name=name, workers=workers, steps=steps, strategy=strategy,
+                           micro=12 // workers // 2 or 1) + extra)
+    return path
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, token=None):
+        self.dir = tempfile.mkdtemp(prefix="shardline-e2e-")
+        self.state = os.path.join(self.dir, "state")
+        self.token_file = None
+        if token:
+            self.token_file = os.path.join(self.dir, "token")
+            with open(self.token_file, "w") as f:
+                f.write(token + "\n")
+        self.workers = {}
+        self.port = 0
+        self.start_coordinator()
+
+    def start_coordinator(self):
+        args = [COORDINATOR, "--listen", f"127.0.0.1:{self.port}", "--state-dir", self.state, "--heartbeat-ms", "500"]
+        if self.token_file:
+            args += ["--token-file", self.token_file]
+        self.coordinator = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _procs.append(self.coordinator)
+        line = self.coordinator.stdout.readline()
+        m = re.match(r"listening on (\S+):(\d+)", line)
+        if not m:
+            raise RuntimeError(f"coordinator did not start: {line} {self.coordinator.stderr.read()}")
+        self.port = int(m.group(2))
+        self.address = f"127.0.0.1:{self.port}"
+
+    def add_worker(self, host):
+        args = [WORKER, "--coordinator", self.address, "--device", "cpu", "--host", host,
+                "--collective-timeout", "10"]
+        if self.token_file:
+            args += ["--token-file", self.token_file]
+        log = open(os.path.join(self.dir, f"worker-{host}.log"), "w")
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        _procs.append(p)
+        self.workers[host] = p
+        return p
+
+    def ctl(self, *args, token=True, timeout=60):
+        cmd = [SHARDCTL, "--coordinator", self.address]
+        if token and self.token_file:
+            cmd += ["--token-file", self.token_file]
+        r = subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout, r.stderr
+
+    def ctl_json(self, *args):
+        rc, out, err = self.ctl("--json", *args)
+        if rc != 0:
+            raise RuntimeError(f"shardctl {' '.join(args)} failed: {err.strip()}")
+        return json.loads(out)
+
+    def job(self, job_id):
+        return self.ctl_json("status", job_id)
+
+    def idle_workers(self):
+        return [w for w in self.ctl_json("workers")["workers"] if w["state"] == "IDLE"]
+
+    def wait_workers(self, n, timeout=20):
+        return wait_for(lambda: len(self.idle_workers()) >= n, timeout, f"{n} idle workers")
+
+    def kill_coordinator(self):
+        self.coordinator.send_signal(signal.SIGKILL)
+        self.coordinator.wait()
+
+
+class Checks:
+    def __init__(self):
+        self.passed, self.failed = 0, []
+
+    def check(self, ok, name, detail=""):
+        print(("PASS " if ok else "FAIL ") + name + (f"  {detail}" if detail else ""), flush=True)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed.append(name)
+        return ok
+
+    def finish(self):
+        print(f"{self.passed} passed, {len(self.failed)} failed")
+        sys.exit(1 if self.failed else 0)

@@ -1,0 +1,93 @@
+"""End to end with the real binaries on loopback: submit -> RUNNING ->
+SUCCEEDED with the loss falling; cancel; a job asking for more workers than
+are idle waits and starts when one joins; kill -9 of a worker mid-job fails
+the job within 10 s naming the rank, and the other workers are idle again;
+kill -9 and restart of the coordinator keeps the job list."""
+import json
+import signal
+import time
+
+from cluster import Checks, Cluster, job_file, wait_for
+
+
+def main():
+    c = Checks()
+    cl = Cluster()
+    for h in ("host-a", "host-b"):
+        cl.add_worker(h)
+    cl.wait_workers(2)
+
+    # 1. submit --follow: the progress stream ends SUCCEEDED and the loss falls.
+    rc, out, err = cl.ctl("--json", "submit", job_file(cl.dir, "learn", steps=40), "--follow", timeout=180)
+    lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    job_id = lines[0]["job_id"]
+    snaps = [l for l in lines[1:] if l.get("step", 0) > 0]
+    c.check(rc == 0, "submit --follow exits 0", err.strip())
+    c.check(snaps and snaps[-1]["state"] == "SUCCEEDED", "job SUCCEEDED", snaps[-1]["state"] if snaps else "")
+    c.check(any(s["state"] == "RUNNING" for s in snaps), "job was RUNNING on the way")
+    first, last = snaps[0]["loss"], snaps[-1]["loss"]
+    c.check(last < first * 0.9, "loss fell clearly", f"{first:.4f} -> {last:.4f}")
+    status = cl.job(job_id)
+    c.check(status["step"] == 40 and status["state"] == "SUCCEEDED", "status --json after the run",
+            json.dumps({k: status[k] for k in ("id", "name", "state", "step", "loss", "message")}))
+    rc, out, _ = cl.ctl("watch", job_id)
+    c.check(rc == 0 and "SUCCEEDED" in out, "watch of a finished job exits 0")
+
+    # 2. cancel a running job: it stops and the workers go back to idle.
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "long", steps=1000000))
+    long_id = json.loads(out)["job_id"]
+    wait_for(lambda: cl.job(long_id)["step"] > 2, 60, "the long job to make progress")
+    rc, out, _ = cl.ctl("cancel", long_id)
+    c.check(rc == 0 and "CANCELLED" in out, "cancel answers CANCELLED")
+    t0 = time.time()
+    cl.wait_workers(2, timeout=20)
+    c.check(True, "workers idle after cancel", f"{time.time() - t0:.1f}s")
+    rc, _, err = cl.ctl("watch", long_id)
+    c.check(rc != 0, "watch of a cancelled job exits non-zero", err.strip())
+    rc, _, err = cl.ctl("cancel", long_id)
+    c.check(rc != 0 and "already CANCELLED" in err, "cancelling twice is an error", err.strip())
+
+    # 3. three workers wanted, two idle: PENDING until a third joins.
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "three", workers=3, steps=10))
+    three = json.loads(out)["job_id"]
+    time.sleep(1.5)
+    c.check(cl.job(three)["state"] == "PENDING", "waits while too few workers are idle")
+    cl.add_worker("host-c")
+    wait_for(lambda: cl.job(three)["state"] in ("RUNNING", "SUCCEEDED"), 30, "the job to start")
+    rc, _, _ = cl.ctl("watch", three, timeout=120)
+    c.check(rc == 0, "starts when a worker joins and succeeds")
+    ranks = cl.job(three)["worker_ids"]
+    hosts = {w["id"]: w["host"] for w in cl.ctl_json("workers")["workers"]}
+    c.check([hosts[w] for w in ranks] == ["host-a", "host-b", "host-c"], "ranks follow host order",
+            str([hosts[w] for w in ranks]))
+
+    # 4. kill -9 of the worker holding rank 1, mid-job.
+    cl.wait_workers(3)
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "victim", workers=3, steps=1000000))
+    victim = json.loads(out)["job_id"]
+    wait_for(lambda: cl.job(victim)["step"] > 2, 60, "the victim job to make progress")
+    rank1 = hosts[cl.job(victim)["worker_ids"][1]]
+    cl.workers[rank1].send_signal(signal.SIGKILL)
+    t0 = time.time()
+    wait_for(lambda: cl.job(victim)["state"] == "FAILED", 10, "the job to fail")
+    msg = cl.job(victim)["message"]
+    c.check(True, "job FAILED after kill -9", f"{time.time() - t0:.1f}s")
+    c.check("rank 1" in msg and rank1 in msg, "failure names the rank and host", msg)
+    cl.wait_workers(2, timeout=15)
+    c.check(True, "the other workers are idle again")
+
+    # 5. kill -9 and restart of the coordinator keeps the job list.
+    before = {j["id"]: j["state"] for j in cl.ctl_json("jobs")["jobs"]}
+    cl.kill_coordinator()
+    cl.start_coordinator()
+    after = {j["id"]: j["state"] for j in cl.ctl_json("jobs")["jobs"]}
+    c.check(after == before, "job list survives kill -9", str(after))
+    cl.wait_workers(2, timeout=20)
+    c.check(True, "workers reconnect to the new coordinator")
+    rc, _, _ = cl.ctl("submit", job_file(cl.dir, "again", steps=5), "--follow", timeout=120)
+    c.check(rc == 0, "a job runs after the restart")
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+// CoordinatorCore without a network: registry, FIFO scheduling with stable
+// ranks, the job state machine, lost workers, the store's waits, recovery.
+#include "server/coordinator_core.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace shardline {
+namespace {
+
+// The session as the core sees it: what was sent, and whether it was closed.
+class RecordingChannel : public WorkerChannel {
+ public:
+  void Send(const v1::CoordinatorMessage& m) override { sent.push_back(m); }
+  void Close(const absl::Status& why) override { closed = why; }
+  std::vector<v1::Assignment> Starts() const {
+    std::vector<v1::Assignment> out;
+    for (const auto& m : sent) if (m.has_start()) out.push_back(m.start());
+    return out;
+  }
+  int Cancels() const {
+    int n = 0;
+    for (const auto& m : sent) n += m.has_cancel();
+    return n;
+  }
+  std::vector<v1::CoordinatorMessage> sent;
+  absl::Status closed;
+};
+
+constexpr char kSpec[] = R"(
+[model]
+n_layer = 1
+n_head = 2
+n_embd = 8
+vocab_size = 16
+block_size = 4
+[train]
+steps = 5
+batch_size = 12
+micro_batch_size = 1
+)";
+
+class CoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/core-" + std::to_string(rand());
+    store_ = *StateStore::Open(dir_);
+    core_ = std::make_unique<CoordinatorCore>(store_.get(), CoordinatorOptions{absl::Milliseconds(100), 3});
+  }
+  std::string AddWorker(const std::string& host, const std::string& device, RecordingChannel* ch) {
+    v1::WorkerInfo info;
+    info.set_host(host);
+    info.set_device(device);
+    return core_->RegisterWorker(info, ch)->worker_id();
+  }
+  std::string Submit(int workers) {
+    v1::SubmitJobRequest r;
+    r.set_spec_toml(kSpec);
+    r.set_workers(workers);
+    auto id = core_->Submit(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+  void Finish(const std::string& worker, const std::string& job, int rank, bool ok, const std::string& msg = "") {
+    v1::RankFinished f;
+    f.set_job_id(job);
+    f.set_rank(rank);
+    f.set_ok(ok);
+    f.set_message(msg);
+    core_->OnFinished(worker, f);
+  }
+  std::string State(const std::string& job) { return core_->GetJob(job)->state(); }
+
+  std::string dir_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<CoordinatorCore> core_;
+};
+
+TEST_F(CoreTest, JobWaitsForWorkersThenRanksFollowHostAndDevice) {
+  RecordingChannel a, b, c;
+  const std::string wb = AddWorker("host-b", "cpu", &b);
+  const std::string job = Submit(3);
+  EXPECT_EQ(State(job), "PENDING");
+  const std::string wa = AddWorker("host-a", "cpu", &a);
+  EXPECT_EQ(State(job), "PENDING");
+  const std::string wc = AddWorker("host-a", "cuda:0", &c);  // the third arrives: the job starts
+  EXPECT_EQ(State(job), "RUNNING");
+  ASSERT_EQ(a.Starts().size(), 1u);
+  EXPECT_EQ(a.Starts()[0].rank(), 0);  // host-a cpu
+  EXPECT_EQ(c.Starts()[0].rank(), 1);  // host-a cuda:0
+  EXPECT_EQ(b.Starts()[0].rank(), 2);  // host-b
+  EXPECT_EQ(b.Starts()[0].world_size(), 3);
+  Finish(wa, job, 0, true);
+  Finish(wc, job, 1, true);
+  EXPECT_EQ(State(job), "RUNNING");
+  Finish(wb, job, 2, true);
+  EXPECT_EQ(State(job), "SUCCEEDED");
+}
+
+TEST_F(CoreTest, QueueIsFifo) {
+  RecordingChannel a;
+  const std::string first = Submit(2);
+  const std::string second = Submit(1);
+  AddWorker("h", "cpu", &a);
+  // One idle worker would fit the second job, but it must not overtake.
+  EXPECT_EQ(State(first), "PENDING");
+  EXPECT_EQ(State(second), "PENDING");
+  ASSERT_TRUE(core_->Cancel(first).ok());
+  EXPECT_EQ(State(second), "RUNNING");
+}
+
+TEST_F(CoreTest, FailedRankFailsTheJobAndStopsTheOthers) {
+  RecordingChannel a, b;
+  const std::string wa = AddWorker("h1", "cpu", &a);
+  AddWorker("h2", "cpu", &b);
+  const std::string job = Submit(2);
+  Finish(wa, job, 0, false, "boom");
+  auto j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), "FAILED");
+  EXPECT_NE(j.message().find("rank 0 on host h1 failed: boom"), std::string::npos) << j.message();
+  EXPECT_EQ(b.Cancels(), 1);
+  EXPECT_EQ(a.Cancels(), 0);
+}
+
+TEST_F(CoreTest, LostWorkerFailsTheJobNamingRankAndHost) {
+  RecordingChannel a, b;
+  AddWorker("h1", "cpu", &a);
+  const std::string wb = AddWorker("h2", "cpu", &b);
+  const std::string job = Submit(2);
+  core_->WorkerGone(wb, "session closed");
+  auto j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), "FAILED");
+  EXPECT_NE(j.message().find("rank 1 on host h2"), std::string::npos) << j.message();
+  EXPECT_EQ(a.Cancels(), 1);
+  EXPECT_EQ(core_->ListWorkers().size(), 1u);
+}
+
+TEST_F(CoreTest, SilentWorkerIsLostAfterThreeHeartbeats) {
+  RecordingChannel a;
+  AddWorker("h1", "cpu", &a);
+  core_->Tick(absl::Now() + absl::Milliseconds(250));
+  EXPECT_EQ(core_->ListWorkers().size(), 1u);
+  core_->Tick(absl::Now() + absl::Milliseconds(400));
+  EXPECT_EQ(core_->ListWorkers().size(), 0u);
+  EXPECT_FALSE(a.closed.ok());
+}
+
+TEST_F(CoreTest, CancelRunningAndFinalJobs) {
+  RecordingChannel a;
+  const std::string wa = AddWorker("h", "cpu", &a);
+  const std::string job = Submit(1);
+  EXPECT_EQ(core_->Cancel(job)->state(), "CANCELLED");
+  EXPECT_EQ(a.Cancels(), 1);
+  auto again = core_->Cancel(job);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  // The worker reports that it stopped and is idle again.
+  v1::RankFinished f;
+  f.set_job_id(job);
+  f.set_cancelled(true);
+  core_->OnFinished(wa, f);
+  EXPECT_EQ(core_->ListWorkers()[0].state(), "IDLE");
+  EXPECT_EQ(State(job), "CANCELLED");
+}
+
+TEST_F(CoreTest, BadSpecIsRejectedNamingTheKey) {
+  v1::SubmitJobRequest r;
+  r.set_spec_toml(std::string(kSpec) + "[optimizer]\nlr = \"fast\"\n");
+  r.set_source("job.toml");
+  auto id = core_->Submit(r);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.status().message().find("job.toml: [optimizer] lr must be a number"), std::string::npos);
+  EXPECT_TRUE(core_->ListJobs().empty());
+}
+
+TEST_F(CoreTest, StoreWaitsCompleteOrTimeOut) {
+  std::vector<std::string> got;
+  absl::Status done = absl::UnknownError("pending");
+  core_->StoreWait({"a", "b"}, absl::Now() + absl::Seconds(10),
+                   [&](const absl::Status& s, const std::vector<std::string>& v) {
+                     done = s;
+                     got = v;
+                   });
+  core_->StoreSet("a", "1");
+  EXPECT_EQ(done.code(), absl::StatusCode::kUnknown);
+  EXPECT_EQ(core_->StoreAdd("b", 5), 5);
+  EXPECT_TRUE(done.ok());
+  EXPECT_EQ(got, (std::vector<std::string>{"1", "5"}));
+  absl::Status late = absl::OkStatus();
+  core_->StoreWait({"never"}, absl::Now() + absl::Milliseconds(1),
+                   [&](const absl::Status& s, const std::vector<std::string>&) { late = s; });
+  core_->Tick(absl::Now() + absl::Milliseconds(5));
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(CoreTest, RecoveryKeepsJobsAndFailsTheRunningOnes) {
+  RecordingChannel a;
+  AddWorker("h", "cpu", &a);
+  const std::string running = Submit(1);
+  const std::string pending = Submit(1);
+  core_.reset();  // the coordinator dies
+  CoordinatorCore restarted(store_.get(), CoordinatorOptions{});
+  ASSERT_TRUE(restarted.Recover().ok());
+  EXPECT_EQ(restarted.GetJob(running)->state(), "FAILED");
+  EXPECT_NE(restarted.GetJob(running)->message().find("restarted"), std::string::npos);
+  EXPECT_EQ(restarted.GetJob(pending)->state(), "PENDING");
+  // New ids do not collide with recovered ones.
+  v1::SubmitJobRequest r;
+  r.set_spec_toml(kSpec);
+  r.set_workers(1);
+  EXPECT_EQ(*restarted.Submit(r), "job-3");
+}
+
+}  // namespace
+}  // namespace shardline
