@@ -44,7 +44,9 @@ micro_batch_size = 1
 class CoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/core-" + std::to_string(rand());
+    std::string tmpl = ::testing::TempDir() + "/core-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
     store_ = *StateStore::Open(dir_);
     core_ = std::make_unique<CoordinatorCore>(store_.get(), CoordinatorOptions{absl::Milliseconds(100), 3});
   }
