@@ -35,8 +35,31 @@ WorkerDaemon::WorkerDaemon(WorkerOptions options) : options_(std::move(options))
 
 WorkerDaemon::~WorkerDaemon() {
   Stop();
-  absl::MutexLock lock(&job_mu_);
-  if (job_thread_.joinable()) job_thread_.join();
+  std::thread job;
+  {
+    absl::MutexLock lock(&job_mu_);  // the job thread takes job_mu_ as it ends
+    job = std::move(job_thread_);
+  }
+  if (job.joinable()) job.join();
+}
+
+bool WorkerDaemon::WaitForJob(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    {
+      absl::MutexLock lock(&job_mu_);
+      if (job_id_.empty()) break;
+    }
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::thread job;
+  {
+    absl::MutexLock lock(&job_mu_);
+    job = std::move(job_thread_);
+  }
+  if (job.joinable()) job.join();
+  return true;
 }
 
 void WorkerDaemon::AddAuth(grpc::ClientContext* ctx) const {

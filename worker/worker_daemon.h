@@ -39,6 +39,9 @@ class WorkerDaemon {
   // Runs sessions until Stop(); returns the reason it stopped.
   absl::Status Run();
   void Stop();
+  // After Stop: waits up to `timeout` for a running job to wind down (it
+  // stops at the next step, or when a collective with a stopped peer fails).
+  bool WaitForJob(absl::Duration timeout);
 
  private:
   absl::Status RunSession();

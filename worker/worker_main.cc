@@ -71,5 +71,11 @@ int main(int argc, char** argv) {
   });
   waiter.detach();
   daemon.Run();
+  // A job blocked in a collective with a peer that is gone would otherwise
+  // hold the process until the collective's deadline: stopping is bounded.
+  if (!daemon.WaitForJob(absl::Seconds(5))) {
+    std::cerr << "shardline-worker: the running job did not stop within 5s; exiting without it" << std::endl;
+    std::_Exit(1);
+  }
   return 0;
 }

@@ -86,6 +86,21 @@ def main():
     c.check(True, "workers reconnect to the new coordinator")
     rc, _, _ = cl.ctl("submit", job_file(cl.dir, "again", steps=5), "--follow", timeout=120)
     c.check(rc == 0, "a job runs after the restart")
+
+    # 6. SIGTERM of the workers mid-job: each exits promptly (a stopping
+    # worker never waits on a job stuck with a peer that is gone).
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "doomed", steps=1000000))
+    doomed = json.loads(out)["job_id"]
+    wait_for(lambda: cl.job(doomed)["step"] > 2, 60, "the doomed job to make progress")
+    t0 = time.time()
+    running = [p for p in cl.workers.values() if p.poll() is None]
+    for p in running:
+        p.send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=15) for p in running]
+    c.check(time.time() - t0 < 8, "workers stop within the bound after SIGTERM",
+            f"{time.time() - t0:.1f}s, exit codes {codes}")
+    wait_for(lambda: cl.job(doomed)["state"] == "FAILED", 10, "the job to fail when its workers left")
+    c.check(True, "the job fails when its workers stop", cl.job(doomed)["message"])
     c.finish()
 
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# A local Shardline cluster in one command: installs what is missing, builds,
+# starts a coordinator and two CPU workers on loopback, trains a small
+# character-level GPT with full_shard on English text from Debian's
+# `fortunes` package (fetched now, nothing committed), follows it with the
+# progress bar until it SUCCEEDED, and stops everything (also on Ctrl-C).
+#
+#   deploy/local/demo.sh [--steps N]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+steps=300
+[ "${1:-}" = "--steps" ] && steps="${2:?--steps needs a number}"
+cd "$root"
+# shellcheck source=tests/deps.sh
+source tests/deps.sh
+shardline_install_deps
+if [ ! -d /usr/share/games/fortunes ]; then
+  echo "installing the fortunes package (the demo's English text)"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq fortunes >/dev/null
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$(nproc)" --target shardline-coordinator shardline-worker shardctl
+
+work="$(mktemp -d /tmp/shardline-demo.XXXXXX)"
+pids=()
+cleanup() {
+  trap - EXIT INT TERM
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  echo "stopped the coordinator and workers; logs and state in $work"
+}
+trap cleanup EXIT
+trap 'echo; echo interrupted; exit 130' INT TERM
+
+# The corpus: every plain-text fortune file (not the .dat/.u8 indexes).
+for f in /usr/share/games/fortunes/*; do
+  case "$f" in *.dat|*.u8|*art*) ;; *) [ -f "$f" ] && cat "$f" ;; esac
+done > "$work/corpus.txt"
+echo "corpus: $(wc -c < "$work/corpus.txt") bytes of English text from Debian's fortunes package"
+
+build/server/shardline-coordinator --listen 127.0.0.1:0 --state-dir "$work/state" \
+  > "$work/coordinator.out" 2> "$work/coordinator.log" &
+pids+=($!)
+for _ in $(seq 100); do grep -q "listening on" "$work/coordinator.out" 2>/dev/null && break; sleep 0.1; done
+addr="$(sed -n 's/^listening on //p' "$work/coordinator.out")"
+[ -n "$addr" ] || { echo "the coordinator did not start: $(cat "$work/coordinator.log")"; exit 1; }
+echo "coordinator on $addr"
+export SHARDLINE_COORDINATOR="$addr"
+for i in 0 1; do
+  build/worker/shardline-worker --coordinator "$addr" --device cpu --threads 1 > "$work/worker-$i.log" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 100); do
+  [ "$(build/client/shardctl workers 2>/dev/null | grep -c IDLE)" -ge 2 ] && break; sleep 0.1
+done
+build/client/shardctl workers
+
+cat > "$work/fortunes-gpt.toml" <<TOML
+[job]
+name = "fortunes-gpt"
+workers = 2
+
+[model]
+n_layer = 4
+n_head = 4
+n_embd = 128
+vocab_size = 256          # bytes
+block_size = 128
+
+[data]
+format = "text"
+path = "corpus.txt"
+
+[train]
+steps = $steps
+batch_size = 16
+micro_batch_size = 8
+
+[optimizer]
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 10
+
+[parallelism]
+strategy = "full_shard"
+TOML
+echo "submitting $work/fortunes-gpt.toml (full_shard over 2 workers, $steps steps)"
+build/client/shardctl submit "$work/fortunes-gpt.toml" --follow
+build/client/shardctl jobs
