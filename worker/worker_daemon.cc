@@ -139,6 +139,7 @@ void WorkerDaemon::HeartbeatLoop() {
     }
     v1::WorkerMessage m;
     m.mutable_heartbeat()->set_step(step_);
+    m.mutable_heartbeat()->set_last_collective_seq(collective_seq_);
     if (!Write(m)) return;
     // Sleep in small slices so a closed session ends this loop promptly.
     const absl::Time until = absl::Now() + every;
@@ -175,6 +176,7 @@ void WorkerDaemon::HandleCommand(const v1::CoordinatorMessage& m) {
     job_id_ = m.start().job_id();
     cancel_ = false;
     step_ = 0;
+    collective_seq_ = 0;
     job_thread_ = std::thread([this, a = m.start()] { RunJob(a); });
   }
 }
@@ -226,6 +228,7 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     if (cancel_) return absl::CancelledError(absl::StrCat("stopped before step ", s));
     SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
     step_ = s + 1;
+    collective_seq_ = engine->ShardCommStats().last_completed_seq;
     v1::WorkerMessage m;
     v1::Progress* p = m.mutable_progress();
     p->set_job_id(a.job_id());

@@ -67,6 +67,7 @@ class WorkerDaemon {
   std::thread job_thread_ ABSL_GUARDED_BY(job_mu_);
   std::string job_id_ ABSL_GUARDED_BY(job_mu_);  // the job running now, if any
   std::atomic<int64_t> step_{0};
+  std::atomic<int64_t> collective_seq_{0};  // last finished collective, for heartbeats
 };
 
 }  // namespace shardline
