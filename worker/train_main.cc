@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <iostream>
 
 #include <ATen/Parallel.h>
@@ -25,6 +26,8 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "worker/comm/gloo_communicator.h"
+#include "common/checkpoint_manifest.h"
+#include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/tensor_file.h"
 
@@ -32,8 +35,8 @@ namespace shardline {
 namespace {
 
 struct Flags {
-  std::string config, out, dump_grads, store_host = "127.0.0.1";
-  int rank = 0, world = 1, store_port = 0, threads = 1, steps = 0;
+  std::string config, out, dump_grads, store_host = "127.0.0.1", ckpt_dir, resume;
+  int rank = 0, world = 1, store_port = 0, threads = 1, steps = 0, save_at = 0, stop_after = 0;
   double timeout_s = 60;
   std::vector<std::string> overrides;
 };
@@ -100,6 +103,37 @@ absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& pat
   return WriteSafetensors(path, t);
 }
 
+// Without a coordinator rank 0 commits: every rank writes its file and
+// reports it through the store; rank 0 writes the manifest last.
+absl::Status SaveCheckpoint(const Engine& e, const JobConfig& c, const Flags& f, c10d::Store* store, int64_t step) {
+  const std::string dir = absl::StrCat(f.ckpt_dir, "/", c.name, "/", StepDirName(step));
+  SL_ASSIGN_OR_RETURN(ManifestRankFile mine, SaveRankShards(e, dir, step));
+  CheckpointManifest m = ManifestFor(e, c, step);
+  const auto key = [&](int r) { return absl::StrCat("ckpt/", step, "/", r); };
+  auto encode = [](const ManifestRankFile& x) { return absl::StrCat(x.size, " ", x.sha256, " ", x.file); };
+  try {
+    if (store) {
+      const std::string v = encode(mine);
+      store->set(key(f.rank), std::vector<uint8_t>(v.begin(), v.end()));
+    }
+    if (f.rank != 0) return absl::OkStatus();
+    for (int r = 0; r < f.world; ++r) {
+      ManifestRankFile x = mine;
+      if (r != 0) {
+        const std::vector<uint8_t> raw = store->get(key(r));  // waits, with the store's timeout
+        std::istringstream in(std::string(raw.begin(), raw.end()));
+        in >> x.size >> x.sha256 >> x.file;
+        x.rank = r;
+      }
+      m.ranks.push_back(x);
+    }
+  } catch (const std::exception& ex) {
+    return absl::DeadlineExceededError(absl::StrCat("[rank ", f.rank, "] checkpoint ", dir,
+                                                    ": a rank did not report its file: ", ex.what()));
+  }
+  return WriteManifest(dir, m);
+}
+
 absl::Status Run(const Flags& f) {
   SL_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(f.config));
   if (f.steps > 0) config.train.steps = f.steps;
@@ -126,8 +160,13 @@ absl::Status Run(const Flags& f) {
   SL_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, f.rank, f.world, std::move(comms), timeout));
   if (!f.dump_grads.empty()) return DumpGradients(*engine, config, f.dump_grads);
 
+  int64_t start = 0;
+  if (!f.resume.empty()) {
+    SL_ASSIGN_OR_RETURN(CheckpointManifest m, LoadCheckpoint(*engine, config, f.resume));
+    start = m.step;
+  }
   std::string steps_json;
-  for (int s = 0; s < config.train.steps; ++s) {
+  for (int64_t s = start; s < config.train.steps; ++s) {
     SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
     const std::string line = absl::StrFormat(
         "{\"step\":%d,\"loss\":%.17g,\"grad_norm\":%.17g,\"lr\":%.10g,\"seconds\":%.6f,"
@@ -135,6 +174,8 @@ absl::Status Run(const Flags& f) {
         r.step, r.loss, r.grad_norm, r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds);
     if (f.rank == 0) std::cout << line << std::endl;
     absl::StrAppend(&steps_json, steps_json.empty() ? "" : ",", line);
+    if (f.save_at == s + 1) SL_RETURN_IF_ERROR(SaveCheckpoint(*engine, config, f, store.get(), s + 1));
+    if (f.stop_after == s + 1) break;
   }
   if (f.out.empty()) return absl::OkStatus();
   SL_ASSIGN_OR_RETURN(NamedTensors params, GatherParams(*engine));
@@ -185,6 +226,10 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", f.timeout_s, "deadline of rendezvous and of every collective, seconds");
   app.add_option("--out", f.out, "directory for rank-N.json and params.safetensors");
   app.add_option("--dump-grads", f.dump_grads, "write step-0 weights and gradients here and exit");
+  app.add_option("--ckpt-dir", f.ckpt_dir, "checkpoint root: saves go to DIR/<job>/step-<8 digits>/");
+  app.add_option("--save-at", f.save_at, "save a checkpoint after this many steps");
+  app.add_option("--stop-after", f.stop_after, "stop after this many steps (the schedule keeps [train] steps)");
+  app.add_option("--resume", f.resume, "a committed step directory to resume from");
   CLI11_PARSE(app, argc, argv);
   const absl::Status s = shardline::Run(f);
   if (!s.ok()) {

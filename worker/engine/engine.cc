@@ -374,6 +374,18 @@ MemoryReport Engine::Memory() const {
   return r;
 }
 
+absl::Status Engine::PublishLoadedState() {
+  std::vector<std::shared_ptr<comm::Work>> gathers;
+  for (auto& f : units_) {
+    f->PublishMaster();
+    if (f->options().persistent_params && comms_.shard->size() > 1) {
+      gathers.push_back(comms_.shard->AllGather(f->unsharded(), f->OwnChunk(f->unsharded())));
+    }
+  }
+  for (const auto& w : gathers) SL_RETURN_IF_ERROR(WaitWork(w));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<at::Tensor> Engine::GatherUnitMaster(int unit) {
   FlatParam& f = *units_[unit];
   at::Tensor out = at::zeros({f.layout().padded_numel}, at::kFloat);

@@ -93,6 +93,20 @@ class Engine {
   // This rank's fp32 master shard of a unit (for tests and checkpoints).
   const at::Tensor& MasterShard(int unit) const { return units_[unit]->master; }
 
+  // This rank's optimizer state of a unit, as checkpoints save and load it:
+  // fp32 master, Adam m and v, each layouts()[unit].shard_numel long.
+  struct ShardState {
+    at::Tensor master, exp_avg, exp_avg_sq;
+  };
+  ShardState Shard(int unit) const {
+    const FlatParam& f = *units_[unit];
+    return {f.master, f.exp_avg, f.exp_avg_sq};
+  }
+  int shard_rank() const { return comms_.shard->rank(); }
+  // After the shards' master values were replaced (a checkpoint was loaded):
+  // refresh the parameters every rank computes with. All ranks must call it.
+  absl::Status PublishLoadedState();
+
  private:
   struct PendingReduce;
   struct UnitActivation;

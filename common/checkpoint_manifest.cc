@@ -1,0 +1,131 @@
+#include "common/checkpoint_manifest.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace shardline {
+
+using nlohmann::json;
+
+std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+
+namespace {
+
+absl::Status SyncPath(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return absl::DataLossError(absl::StrCat(path, ": cannot open to sync: ", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return absl::DataLossError(absl::StrCat(path, ": fsync failed: ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) {
+  json j;
+  j["format_version"] = m.format_version;
+  j["job"] = m.job;
+  j["step"] = m.step;
+  j["total_steps"] = m.total_steps;
+  j["data_step"] = m.data_step;
+  j["seed"] = m.seed;
+  j["model"] = {{"family", m.model.family},         {"n_layer", m.model.n_layer},
+                {"n_head", m.model.n_head},         {"n_embd", m.model.n_embd},
+                {"vocab_size", m.model.vocab_size}, {"block_size", m.model.block_size}};
+  j["strategy"] = m.strategy;
+  j["world_size"] = m.world_size;
+  j["shard_group_size"] = m.shard_group_size;
+  j["ownership"] = json::array();
+  for (const auto& u : m.units) {
+    j["ownership"].push_back({{"unit", u.unit}, {"numel", u.numel}, {"padded", u.padded}, {"shard", u.shard},
+                              {"group_size", u.group_size}});
+  }
+  j["ranks"] = json::array();
+  for (const auto& r : m.ranks) {
+    j["ranks"].push_back({{"rank", r.rank}, {"file", r.file}, {"size", r.size}, {"sha256", r.sha256}});
+  }
+  const std::string path = dir + "/manifest.json", tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(2) << "\n";
+    if (!out) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot write"));
+  }
+  absl::Status s = SyncPath(tmp, O_RDONLY);
+  if (!s.ok()) return s;
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(errno)));
+  }
+  return SyncPath(dir, O_RDONLY | O_DIRECTORY);
+}
+
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(dir, ": no manifest.json: not a committed checkpoint"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    const json j = json::parse(ss.str());
+    CheckpointManifest m;
+    m.format_version = j.at("format_version").get<int>();
+    m.job = j.at("job").get<std::string>();
+    m.step = j.at("step").get<int64_t>();
+    m.total_steps = j.at("total_steps").get<int64_t>();
+    m.data_step = j.at("data_step").get<int64_t>();
+    m.seed = j.at("seed").get<uint64_t>();
+    const json& mo = j.at("model");
+    m.model.family = mo.at("family").get<std::string>();
+    m.model.n_layer = mo.at("n_layer").get<int>();
+    m.model.n_head = mo.at("n_head").get<int>();
+    m.model.n_embd = mo.at("n_embd").get<int>();
+    m.model.vocab_size = mo.at("vocab_size").get<int>();
+    m.model.block_size = mo.at("block_size").get<int>();
+    m.strategy = j.at("strategy").get<std::string>();
+    m.world_size = j.at("world_size").get<int>();
+    m.shard_group_size = j.at("shard_group_size").get<int>();
+    for (const json& u : j.at("ownership")) {
+      m.units.push_back({u.at("unit").get<std::string>(), u.at("numel").get<int64_t>(),
+                         u.at("padded").get<int64_t>(), u.at("shard").get<int64_t>(), u.at("group_size").get<int>()});
+    }
+    for (const json& r : j.at("ranks")) {
+      m.ranks.push_back({r.at("rank").get<int>(), r.at("file").get<std::string>(), r.at("size").get<int64_t>(),
+                         r.at("sha256").get<std::string>()});
+    }
+    if (m.format_version != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unsupported format_version ", m.format_version));
+    }
+    return m;
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat(path, ": malformed manifest: ", e.what()));
+  }
+}
+
+absl::Status CheckSameModel(const CheckpointManifest& m, const ModelConfig& model, const std::string& dir) {
+  auto differ = [&](const char* key, int64_t have, int64_t want) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": checkpoint of another model: ", key, " = ", have,
+                                                   " there, ", want, " in the job"));
+  };
+  if (m.model.family != model.family) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": checkpoint of another model family: ", m.model.family));
+  }
+  if (m.model.n_layer != model.n_layer) return differ("n_layer", m.model.n_layer, model.n_layer);
+  if (m.model.n_head != model.n_head) return differ("n_head", m.model.n_head, model.n_head);
+  if (m.model.n_embd != model.n_embd) return differ("n_embd", m.model.n_embd, model.n_embd);
+  if (m.model.vocab_size != model.vocab_size) return differ("vocab_size", m.model.vocab_size, model.vocab_size);
+  if (m.model.block_size != model.block_size) return differ("block_size", m.model.block_size, model.block_size);
+  return absl::OkStatus();
+}
+
+}  // namespace shardline

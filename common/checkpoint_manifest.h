@@ -1,0 +1,56 @@
+// The checkpoint manifest: what makes `<dir>/<job>/step-<8 digits>/` a
+// committed checkpoint. It is written last, after every rank's shard file is
+// on disk, by a temp file, fsync, rename and fsync of the directory; a
+// directory without one is not a checkpoint.
+//
+// It records everything needed to resume at any world size and strategy: the
+// model config, the ownership map the shards were cut with, the step, the
+// data position and schedule state, the seed, and each rank's file with its
+// size and SHA-256.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_config.h"
+
+namespace shardline {
+
+struct ManifestUnit {
+  std::string unit;
+  int64_t numel = 0, padded = 0, shard = 0;
+  int group_size = 1;
+};
+
+struct ManifestRankFile {
+  int rank = 0;
+  std::string file;  // relative to the checkpoint directory
+  int64_t size = 0;
+  std::string sha256;
+};
+
+struct CheckpointManifest {
+  int format_version = 1;
+  std::string job;
+  int64_t step = 0;            // steps completed; resume runs step `step` next
+  int64_t total_steps = 0;     // the schedule's S
+  int64_t data_step = 0;       // the global step whose batch comes next
+  uint64_t seed = 0;           // the only RNG state (GPT-2 here has no dropout)
+  ModelConfig model;
+  std::string strategy;
+  int world_size = 1, shard_group_size = 1;
+  std::vector<ManifestUnit> units;
+  std::vector<ManifestRankFile> ranks;
+};
+
+std::string StepDirName(int64_t step);  // "step-00000010"
+
+absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m);
+// NotFound ("<dir>: no manifest.json: not a committed checkpoint") when absent.
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
+// An error naming the first field where `m` and `model` disagree.
+absl::Status CheckSameModel(const CheckpointManifest& m, const ModelConfig& model, const std::string& dir);
+
+}  // namespace shardline

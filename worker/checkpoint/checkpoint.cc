@@ -1,0 +1,128 @@
+#include "worker/checkpoint/checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <map>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "worker/engine/tensor_file.h"
+
+namespace shardline {
+namespace {
+
+constexpr const char* kKinds[] = {"param", "exp_avg", "exp_avg_sq"};
+
+absl::Status MakeDirs(const std::string& dir) {
+  std::string partial;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!partial.empty() && mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot create directory: ", std::strerror(errno)));
+      }
+    }
+    if (i < dir.size()) partial += dir[i];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std::string& step_dir, int64_t step) {
+  SL_RETURN_IF_ERROR(MakeDirs(step_dir));
+  NamedTensors tensors;
+  for (int u = 0; u < static_cast<int>(engine.layouts().size()); ++u) {
+    const Engine::ShardState s = engine.Shard(u);
+    const std::string& unit = engine.layouts()[u].unit;
+    tensors.emplace_back(unit + ".param", s.master);
+    tensors.emplace_back(unit + ".exp_avg", s.exp_avg);
+    tensors.emplace_back(unit + ".exp_avg_sq", s.exp_avg_sq);
+  }
+  ManifestRankFile f;
+  f.rank = engine.rank();
+  f.file = absl::StrFormat("rank-%05d.safetensors", engine.rank());
+  const std::string path = step_dir + "/" + f.file;
+  SL_RETURN_IF_ERROR(WriteSafetensors(path, tensors,
+                                      {{"rank", std::to_string(engine.rank())},
+                                       {"shard_rank", std::to_string(engine.shard_rank())},
+                                       {"step", std::to_string(step)}}));
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": vanished after writing"));
+  f.size = st.st_size;
+  SL_ASSIGN_OR_RETURN(f.sha256, Sha256OfFile(path));
+  return f;
+}
+
+CheckpointManifest ManifestFor(const Engine& engine, const JobConfig& c, int64_t step) {
+  CheckpointManifest m;
+  m.job = c.name;
+  m.step = step;
+  m.total_steps = c.train.steps;
+  m.data_step = step;  // data order is a function of the global step alone
+  m.seed = c.train.seed;
+  m.model = c.model;
+  m.strategy = StrategyName(c.parallelism.strategy);
+  m.world_size = engine.world();
+  m.shard_group_size = engine.shard_group_size();
+  for (const ShardLayout& l : engine.layouts()) {
+    m.units.push_back({l.unit, l.numel, l.padded_numel, l.shard_numel, l.group_size});
+  }
+  return m;
+}
+
+absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfig& c, const std::string& dir) {
+  SL_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(dir));
+  SL_RETURN_IF_ERROR(CheckSameModel(m, c.model, dir));
+  if (m.units.size() != engine.layouts().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": manifest lists ", m.units.size(), " units, the model has ",
+                                                   engine.layouts().size()));
+  }
+  // The old shard group 0 is world ranks [0, G_old): one copy of every shard.
+  std::map<int, std::unique_ptr<SafetensorsReader>> readers;
+  auto reader = [&](int old_rank) -> absl::StatusOr<const SafetensorsReader*> {
+    auto it = readers.find(old_rank);
+    if (it != readers.end()) return it->second.get();
+    const ManifestRankFile* entry = nullptr;
+    for (const auto& r : m.ranks) {
+      if (r.rank == old_rank) entry = &r;
+    }
+    if (!entry) return absl::DataLossError(absl::StrCat(dir, ": manifest has no file for rank ", old_rank));
+    const std::string path = dir + "/" + entry->file;
+    SL_ASSIGN_OR_RETURN(std::string sha, Sha256OfFile(path));
+    if (sha != entry->sha256) {
+      return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (sha256 ", sha.substr(0, 12),
+                                              "..., manifest says ", entry->sha256.substr(0, 12), "...)"));
+    }
+    SL_ASSIGN_OR_RETURN(auto r, SafetensorsReader::Open(path));
+    return (readers[old_rank] = std::move(r)).get();
+  };
+  for (int u = 0; u < static_cast<int>(engine.layouts().size()); ++u) {
+    const ShardLayout& now = engine.layouts()[u];
+    const ManifestUnit& old = m.units[u];
+    if (old.unit != now.unit || old.numel != now.numel) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": unit ", u, " is ", old.unit, " with ", old.numel,
+                                                     " elements there, ", now.unit, " with ", now.numel, " here"));
+    }
+    const Engine::ShardState dst = engine.Shard(u);
+    const int64_t begin = now.ShardOffset(engine.shard_rank());
+    const int64_t end = std::min(begin + now.shard_numel, now.numel);  // padding stays zero
+    for (const at::Tensor& t : {dst.master, dst.exp_avg, dst.exp_avg_sq}) t.zero_();
+    for (int64_t lo = begin; lo < end;) {
+      const int old_rank = static_cast<int>(lo / old.shard);
+      const int64_t hi = std::min(end, (old_rank + 1) * old.shard);
+      SL_ASSIGN_OR_RETURN(const SafetensorsReader* r, reader(old_rank));
+      const at::Tensor* targets[] = {&dst.master, &dst.exp_avg, &dst.exp_avg_sq};
+      for (int k = 0; k < 3; ++k) {
+        SL_RETURN_IF_ERROR(r->ReadFloats(absl::StrCat(now.unit, ".", kKinds[k]), lo - old_rank * old.shard, hi - lo,
+                                         targets[k]->data_ptr<float>() + (lo - begin)));
+      }
+      lo = hi;
+    }
+  }
+  SL_RETURN_IF_ERROR(engine.PublishLoadedState());
+  return m;
+}
+
+}  // namespace shardline

@@ -1,0 +1,34 @@
+// Sharded checkpoints of the engine's state (DESIGN.md, "Checkpoints").
+//
+// Each rank writes `rank-<5 digits>.safetensors` holding, for every unit,
+// its shard of the fp32 parameters and of Adam's m and v ("<unit>.param",
+// "<unit>.exp_avg", "<unit>.exp_avg_sq"). Loading reads, for each unit, only
+// the pieces of the old ranks' shards that overlap this rank's new shard, so
+// a checkpoint resumes at any world size and any strategy and no process ever
+// holds the whole model. Files are verified against the manifest's SHA-256
+// before use; a mismatch is an error naming the file.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/checkpoint_manifest.h"
+#include "worker/engine/engine.h"
+
+namespace shardline {
+
+// Writes this rank's file into `step_dir` (created if needed) and returns its
+// manifest entry (name, size, SHA-256). The file appears atomically.
+absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std::string& step_dir, int64_t step);
+
+// The manifest for a checkpoint after `step` completed steps, without the
+// rank files (the committer adds them once every rank reported).
+CheckpointManifest ManifestFor(const Engine& engine, const JobConfig& config, int64_t step);
+
+// Loads a committed checkpoint into `engine` (every rank calls it) and returns
+// its manifest. Refuses a directory without a manifest, another model's
+// checkpoint, and a file whose checksum does not match.
+absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfig& config,
+                                                  const std::string& step_dir);
+
+}  // namespace shardline
