@@ -126,7 +126,8 @@ void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) 
   if (info.state() != "BUSY") return;
   auto j = jobs_.find(info.job_id());
   if (j == jobs_.end() || JobOf(j->second).state() != "RUNNING") return;
-  const std::string msg = absl::StrFormat("worker lost: rank %d on host %s (%s, %s)", info.rank(), info.host(), id, why);
+  std::string msg = absl::StrFormat("worker lost: rank %d on host %s (%s, %s)", info.rank(), info.host(), id, why);
+  if (!j->second.reported_failure.empty()) absl::StrAppend(&msg, "; before that ", j->second.reported_failure);
   StopRanks(j->second, msg, id);
   Transition(j->second, "FAILED", msg);
   Schedule();
@@ -174,10 +175,10 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
         Persist(r);
         Transition(r, "SUCCEEDED", absl::StrFormat("finished %d steps", JobOf(r).step()));
       }
-    } else {
-      const std::string msg = absl::StrFormat("rank %d on host %s failed: %s", f.rank(), host, f.message());
-      StopRanks(r, msg, id);
-      Transition(r, "FAILED", msg);
+    } else if (r.reported_failure.empty()) {
+      // Held for failure_grace (see CoordinatorOptions); Tick fails the job.
+      r.reported_failure = absl::StrFormat("rank %d on host %s failed: %s", f.rank(), host, f.message());
+      r.fail_at = absl::Now() + options_.failure_grace;
     }
   }
   Schedule();
@@ -244,6 +245,12 @@ void CoordinatorCore::Tick(absl::Time now) {
     WorkerChannel* ch = workers_.at(id).channel;
     LoseWorker(id, absl::StrCat("no heartbeat for ", absl::FormatDuration(lost_after)));
     ch->Close(absl::UnavailableError("heartbeats stopped"));
+  }
+  for (auto& [id, r] : jobs_) {
+    if (JobOf(r).state() == "RUNNING" && !r.reported_failure.empty() && now >= r.fail_at) {
+      StopRanks(r, r.reported_failure, "");
+      Transition(r, "FAILED", r.reported_failure);
+    }
   }
   std::vector<Waiter> keep;
   for (Waiter& w : waiters_) {

@@ -3,7 +3,7 @@
 // a thin adapter over it, and unit tests drive it without a network.
 //
 // Jobs move PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; the reason
-// is kept in Job.message. Every change is written to the StateStore before it
+// is kept in Job.message; a failure names its root cause where one is known. Every change is written to the StateStore before it
 // is visible to watchers.
 //
 // Workers talk to the core through a WorkerChannel (the session stream). A
@@ -43,6 +43,11 @@ class WorkerChannel {
 struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   int lost_after_missed = 3;  // heartbeats
+  // A rank's failure report is held this long before it fails the job: when
+  // a peer dies, the survivors' collectives fail at once, often before the
+  // dead worker's session is seen to drop, and the job should name the root
+  // cause (the lost worker), not the first rank that noticed.
+  absl::Duration failure_grace = absl::Seconds(1);
 };
 
 class CoordinatorCore {
@@ -105,6 +110,8 @@ class CoordinatorCore {
     JobConfig config;
     std::set<int> finished_ranks;
     absl::Time last_persist;
+    std::string reported_failure;  // first rank failure, waiting out the grace
+    absl::Time fail_at;
   };
   struct Waiter {
     std::vector<std::string> keys;

@@ -48,7 +48,8 @@ class CoreTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
     store_ = *StateStore::Open(dir_);
-    core_ = std::make_unique<CoordinatorCore>(store_.get(), CoordinatorOptions{absl::Milliseconds(100), 3});
+    core_ = std::make_unique<CoordinatorCore>(store_.get(),
+                                             CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50)});
   }
   std::string AddWorker(const std::string& host, const std::string& device, RecordingChannel* ch) {
     v1::WorkerInfo info;
@@ -118,11 +119,27 @@ TEST_F(CoreTest, FailedRankFailsTheJobAndStopsTheOthers) {
   AddWorker("h2", "cpu", &b);
   const std::string job = Submit(2);
   Finish(wa, job, 0, false, "boom");
+  EXPECT_EQ(State(job), "RUNNING");  // held for the grace period
+  core_->Tick(absl::Now() + absl::Milliseconds(150));  // past the grace, within heartbeats
   auto j = *core_->GetJob(job);
   EXPECT_EQ(j.state(), "FAILED");
   EXPECT_NE(j.message().find("rank 0 on host h1 failed: boom"), std::string::npos) << j.message();
   EXPECT_EQ(b.Cancels(), 1);
-  EXPECT_EQ(a.Cancels(), 0);
+}
+
+TEST_F(CoreTest, ALostWorkerIsTheRootCauseOverARankThatNoticedIt) {
+  RecordingChannel a, b;
+  const std::string wa = AddWorker("h1", "cpu", &a);
+  const std::string wb = AddWorker("h2", "cpu", &b);
+  const std::string job = Submit(2);
+  // Rank 0's collective fails first because rank 1's process died...
+  Finish(wa, job, 0, false, "all_gather #7: connection closed by rank 1");
+  // ...and only then is rank 1's session seen to drop.
+  core_->WorkerGone(wb, "session closed");
+  auto j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), "FAILED");
+  EXPECT_EQ(j.message().rfind("worker lost: rank 1 on host h2", 0), 0u) << j.message();
+  EXPECT_NE(j.message().find("all_gather #7"), std::string::npos) << j.message();
 }
 
 TEST_F(CoreTest, LostWorkerFailsTheJobNamingRankAndHost) {
