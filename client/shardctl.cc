@@ -19,6 +19,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "client/render.h"
@@ -26,6 +27,8 @@
 #include "common/job_config.h"
 #include "common/status_macros.h"
 #include "shardline/v1/shardline.grpc.pb.h"
+#define TOML_EXCEPTIONS 1
+#include <toml++/toml.h>
 
 namespace shardline::ctl {
 namespace {
@@ -113,6 +116,46 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int 
   return req;
 }
 
+// The spec of `old` for a resume: another strategy, validated for `workers`.
+absl::StatusOr<v1::SubmitJobRequest> PrepareResume(const Client& c, const std::string& id, const std::string& from,
+                                                   int workers, const std::string& strategy) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::GetJobRequest gr;
+  gr.set_job_id(id);
+  v1::Job old;
+  SL_RETURN_IF_ERROR(c.Check(c.stub()->GetJob(&ctx, gr, &old)));
+  std::string step_dir = from;
+  if (step_dir.empty()) {
+    if (old.checkpoints_size() == 0) return absl::NotFoundError(absl::StrCat("job ", id, " has no committed checkpoint"));
+    step_dir = old.checkpoints(old.checkpoints_size() - 1).path();
+  }
+  std::string spec = old.spec_toml();
+  if (!strategy.empty()) {
+    SL_RETURN_IF_ERROR(ParseStrategy(strategy).status());
+    try {
+      toml::table t = toml::parse(spec, id);
+      if (!t.contains("parallelism")) t.insert("parallelism", toml::table{});
+      t["parallelism"].as_table()->insert_or_assign("strategy", strategy);
+      std::ostringstream out;
+      out << t;
+      spec = out.str();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("job ", id, ": its spec does not parse: ", e.what()));
+    }
+  }
+  SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobConfig(spec, id));
+  const int w = workers > 0 ? workers : old.workers();
+  SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, absl::StrCat("resume of ", id)));
+  v1::SubmitJobRequest req;
+  req.set_spec_toml(spec);
+  req.set_workers(w);
+  req.set_source(absl::StrCat("resume of ", id));
+  req.set_base_dir(old.base_dir());
+  req.set_resume_from(step_dir);
+  return req;
+}
+
 absl::Status Watch(const Client& c, const std::string& id) {
   grpc::ClientContext ctx;
   c.Prepare(&ctx, absl::Hours(24 * 30));
@@ -183,10 +226,23 @@ int main(int argc, char** argv) {
   auto* shards = app.add_subcommand("shards", "the job's ownership map");
   for (auto* s : {status, watch, cancel, shards}) s->add_option("JOB", job)->required();
   app.add_subcommand("workers", "list workers");
+  std::string from, strategy, step_dir, out_file;
+  auto* resume = app.add_subcommand("resume", "start a new job from a job's latest (or a given) checkpoint");
+  resume->add_option("JOB", job)->required();
+  resume->add_option("--from", from, "a committed step directory (default: the job's latest)");
+  resume->add_option("--workers", workers, "number of workers (default: the job's)");
+  resume->add_option("--strategy", strategy, "another strategy for the new job");
+  resume->add_flag("--follow", follow, "watch the new job until it ends");
+  auto* ckpt = app.add_subcommand("ckpt", "checkpoints");
+  ckpt->require_subcommand(1);
+  auto* ckpt_save = ckpt->add_subcommand("save", "save a running job's state after its current step");
+  auto* ckpt_list = ckpt->add_subcommand("list", "a job's committed checkpoints");
+  for (auto* sc : {ckpt_save, ckpt_list}) sc->add_option("JOB", job)->required();
   CLI11_PARSE(app, argc, argv);
 
   auto run = [&]() -> absl::Status {
-    const std::string cmd = app.get_subcommands()[0]->get_name();
+    std::string cmd = app.get_subcommands()[0]->get_name();
+    if (cmd == "ckpt") cmd += " " + ckpt->get_subcommands()[0]->get_name();
     std::optional<v1::SubmitJobRequest> req;
     if (cmd == "submit") {  // validate before connecting
       SL_ASSIGN_OR_RETURN(req, PrepareSubmit(file, workers, !skip_local_check));
@@ -229,6 +285,37 @@ int main(int argc, char** argv) {
       return absl::OkStatus();
     }
     if (cmd == "watch") return Watch(c, job);
+    if (cmd == "resume") {
+      SL_ASSIGN_OR_RETURN(v1::SubmitJobRequest r, PrepareResume(c, job, from, workers, strategy));
+      grpc::ClientContext sctx;
+      c.Prepare(&sctx);
+      v1::SubmitJobResponse resp;
+      SL_RETURN_IF_ERROR(c.Check(c.stub()->SubmitJob(&sctx, r, &resp)));
+      std::cout << (o.json ? absl::StrCat("{\"job_id\":", JsonString(resp.job_id()), "}") : resp.job_id())
+                << std::endl;
+      return follow ? Watch(c, resp.job_id()) : absl::OkStatus();
+    }
+    if (cmd == "ckpt save") {
+      v1::CheckpointNowRequest r;
+      r.set_job_id(job);
+      v1::CheckpointNowResponse resp;
+      SL_RETURN_IF_ERROR(c.Check(c.stub()->CheckpointNow(&ctx, r, &resp)));
+      if (!o.json) std::cout << "asked " << job << " to save after its current step" << std::endl;
+      return absl::OkStatus();
+    }
+    if (cmd == "ckpt list") {
+      v1::ListCheckpointsRequest r;
+      r.set_job_id(job);
+      v1::ListCheckpointsResponse resp;
+      SL_RETURN_IF_ERROR(c.Check(c.stub()->ListCheckpoints(&ctx, r, &resp)));
+      std::vector<std::string> js;
+      for (const auto& k : resp.checkpoints()) {
+        js.push_back(absl::StrCat("{\"step\":", k.step(), ",\"path\":", JsonString(k.path()), "}"));
+        if (!o.json) std::cout << absl::StrFormat("step %8d  %s\n", k.step(), k.path());
+      }
+      if (o.json) std::cout << "{\"checkpoints\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
+      return absl::OkStatus();
+    }
     if (cmd == "workers") {
       v1::ListWorkersResponse resp;
       SL_RETURN_IF_ERROR(c.Check(c.stub()->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp)));

@@ -78,7 +78,12 @@ class CoordinatorCore {
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   std::vector<v1::WorkerInfo> ListWorkers() const;
   absl::StatusOr<v1::Ownership> GetOwnership(const std::string& id) const;
+  // A rank wrote its shard file; when every rank reported a step, the
+  // manifest is written (last) and the checkpoint is committed, then
+  // [checkpoint] keep_latest is applied and interrupted saves are removed.
   absl::Status ReportCheckpoint(const v1::CheckpointReport& report);
+  absl::Status CheckpointNow(const std::string& id);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(const std::string& id) const;
 
   // Calls `cb` with the job now and after every change; returns a handle for
   // Unwatch. NotFound if there is no such job.
@@ -110,6 +115,7 @@ class CoordinatorCore {
     JobConfig config;
     std::set<int> finished_ranks;
     absl::Time last_persist;
+    std::map<int64_t, std::map<int, v1::CheckpointReport>> ckpt_reports;  // by step, then rank
     std::string reported_failure;  // first rank failure, waiting out the grace
     absl::Time fail_at;
   };
@@ -130,6 +136,8 @@ class CoordinatorCore {
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseWorker(const std::string& id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CommitCheckpoint(JobRecord& r, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PruneCheckpoints(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobConfig> ParseAndValidate(const v1::SubmitJobRequest& req, int* workers) const;
 
   StateStore* const store_;

@@ -337,4 +337,22 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportCheckpoint(grpc::CallbackSer
   return Done(ctx, core_->ReportCheckpoint(*req));
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::CheckpointNow(grpc::CallbackServerContext* ctx,
+                                                            const v1::CheckpointNowRequest* req,
+                                                            v1::CheckpointNowResponse*) {
+  SL_AUTHORIZE(ctx);
+  return Done(ctx, core_->CheckpointNow(req->job_id()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServerContext* ctx,
+                                                              const v1::ListCheckpointsRequest* req,
+                                                              v1::ListCheckpointsResponse* resp) {
+  SL_AUTHORIZE(ctx);
+  auto list = core_->ListCheckpoints(req->job_id());
+  if (list.ok()) {
+    for (auto& c : *list) *resp->add_checkpoints() = std::move(c);
+  }
+  return Done(ctx, list.status());
+}
+
 }  // namespace shardline

@@ -48,6 +48,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                         v1::StoreDeleteResponse* resp) override;
   grpc::ServerUnaryReactor* ReportCheckpoint(grpc::CallbackServerContext* ctx, const v1::CheckpointReport* req,
                                              v1::CheckpointReportResponse* resp) override;
+  grpc::ServerUnaryReactor* CheckpointNow(grpc::CallbackServerContext* ctx, const v1::CheckpointNowRequest* req,
+                                          v1::CheckpointNowResponse* resp) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
+                                            v1::ListCheckpointsResponse* resp) override;
 
  private:
   absl::Status Authorize(grpc::CallbackServerContext* ctx) const;

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "common/checkpoint_manifest.h"
+#include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/engine.h"
 #include "worker/remote_store.h"
 
@@ -162,6 +164,9 @@ void WorkerDaemon::HandleCommand(const v1::CoordinatorMessage& m) {
       std::cerr << "shardline-worker: stopping " << job_id_ << ": " << m.cancel().reason() << std::endl;
       cancel_ = true;
     }
+  } else if (m.has_checkpoint()) {
+    absl::MutexLock lock(&job_mu_);
+    if (m.checkpoint().job_id() == job_id_) save_requested_ = true;
   } else if (m.has_start()) {
     absl::MutexLock lock(&job_mu_);
     if (!job_id_.empty()) {
@@ -175,6 +180,7 @@ void WorkerDaemon::HandleCommand(const v1::CoordinatorMessage& m) {
     if (job_thread_.joinable()) job_thread_.join();
     job_id_ = m.start().job_id();
     cancel_ = false;
+    save_requested_ = false;
     step_ = 0;
     collective_seq_ = 0;
     job_thread_ = std::thread([this, a = m.start()] { RunJob(a); });
@@ -224,7 +230,12 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   SL_ASSIGN_OR_RETURN(Communicators comms, ConnectGlooGroups(store, plan, options_.collective_timeout));
   SL_ASSIGN_OR_RETURN(auto engine,
                       Engine::Create(config, a.rank(), a.world_size(), std::move(comms), options_.collective_timeout));
-  for (int s = 0; s < config.train.steps; ++s) {
+  int64_t start = 0;
+  if (!a.resume_from().empty()) {
+    SL_ASSIGN_OR_RETURN(CheckpointManifest m, LoadCheckpoint(*engine, config, a.resume_from()));
+    start = m.step;
+  }
+  for (int64_t s = start; s < config.train.steps; ++s) {
     if (cancel_) return absl::CancelledError(absl::StrCat("stopped before step ", s));
     SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
     step_ = s + 1;
@@ -240,8 +251,29 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     p->set_grad_norm(r.grad_norm);
     p->set_step_seconds(r.seconds);
     Write(m);
+    const int interval = config.checkpoint.interval;
+    if ((interval > 0 && (s + 1) % interval == 0) || save_requested_.exchange(false)) {
+      SL_RETURN_IF_ERROR(SaveAndReport(*engine, a, s + 1));
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status WorkerDaemon::SaveAndReport(const Engine& engine, const v1::Assignment& a, int64_t step) {
+  const std::string dir = a.checkpoint_root() + "/" + StepDirName(step);
+  SL_ASSIGN_OR_RETURN(ManifestRankFile f, SaveRankShards(engine, dir, step));
+  v1::CheckpointReport rep;
+  rep.set_job_id(a.job_id());
+  rep.set_rank(a.rank());
+  rep.set_step(step);
+  rep.set_path(dir + "/" + f.file);
+  rep.set_size_bytes(f.size);
+  rep.set_checksum(f.sha256);
+  grpc::ClientContext ctx;
+  AddAuth(&ctx);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::CheckpointReportResponse resp;
+  return FromGrpcStatus(stub_->ReportCheckpoint(&ctx, rep, &resp));
 }
 
 }  // namespace shardline

@@ -48,6 +48,8 @@ class WorkerDaemon {
   void HandleCommand(const v1::CoordinatorMessage& m);
   void RunJob(v1::Assignment a);
   absl::Status TrainJob(const v1::Assignment& a);
+  // Writes this rank's shards for `step` and reports them to the coordinator.
+  absl::Status SaveAndReport(const class Engine& engine, const v1::Assignment& a, int64_t step);
   bool Write(const v1::WorkerMessage& m);
   void HeartbeatLoop();
   void AddAuth(grpc::ClientContext* ctx) const;
@@ -57,6 +59,7 @@ class WorkerDaemon {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> cancel_{false};
+  std::atomic<bool> save_requested_{false};  // `shardctl ckpt save`: after this step
 
   absl::Mutex write_mu_;
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;

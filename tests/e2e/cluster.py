@@ -52,11 +52,11 @@ strategy = "{strategy}"
 """
 
 
-def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard", extra=""):
+def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard", extra="", micro=None):
     path = os.path.join(directory, f"{name}.toml")
     with open(path, "w") as f:
         f.write(JOB.format(name=name, workers=workers, steps=steps, strategy=strategy,
-                           micro=12 // workers // 2 or 1) + extra)
+                           micro=micro or (12 // workers // 2 or 1)) + extra)
     return path
 
 

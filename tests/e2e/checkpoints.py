@@ -1,0 +1,82 @@
+"""Checkpoints through the cluster: a job saving every 5 steps with
+keep_latest = 2 leaves exactly its two newest committed checkpoints (each a
+manifest plus one shard file per rank); `resume` at another world size and
+strategy continues the loss curve; `ckpt save` on a running job commits a
+checkpoint; resuming from a directory without a manifest is refused."""
+import json
+import os
+import time
+
+from cluster import Checks, Cluster, job_file, wait_for
+
+CKPT = '\n[checkpoint]\ndir = "ckpt"\ninterval = 5\nkeep_latest = 2\n'
+
+
+def main():
+    c = Checks()
+    cl = Cluster()
+    for h in ("host-a", "host-b", "host-c"):
+        cl.add_worker(h)
+    cl.wait_workers(3)
+
+    rc, out, err = cl.ctl("--json", "submit", job_file(cl.dir, "saver", workers=2, steps=20, extra=CKPT, micro=2), "--follow",
+                          timeout=120)
+    lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    job = lines[0]["job_id"]
+    losses = {}
+    for l in lines[1:]:
+        if l.get("step"):
+            losses[l["step"]] = l["loss"]
+    c.check(rc == 0, "the saving job succeeded", err.strip())
+    ckpts = cl.ctl_json("ckpt", "list", job)["checkpoints"]
+    c.check([k["step"] for k in ckpts] == [15, 20], "keep_latest = 2 keeps the two newest", str(ckpts))
+    root = os.path.join(cl.dir, "ckpt", job)
+    on_disk = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    c.check(on_disk == ["step-00000015", "step-00000020"], "older checkpoints were removed from disk", str(on_disk))
+    files = sorted(os.listdir(ckpts[0]["path"]))
+    c.check(files == ["manifest.json", "rank-00000.safetensors", "rank-00001.safetensors"],
+            "a checkpoint is a manifest and one shard file per rank", str(files))
+
+    rc, out, err = cl.ctl("--json", "resume", job, "--from", ckpts[0]["path"], "--workers", "3", "--strategy",
+                          "shard_grad_op")
+    c.check(rc == 0, "resume at 3 workers with shard_grad_op accepted", err.strip())
+    resumed = json.loads(out)["job_id"]
+    rc, out, err = cl.ctl("--json", "watch", resumed, timeout=120)
+    snaps = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    steps = sorted({s["step"] for s in snaps if s["step"]})
+    c.check(rc == 0 and steps[0] >= 16 and steps[-1] == 20, "the resumed job continues at step 16 and ends at 20",
+            f"steps {steps[0]}..{steps[-1]}")
+    final = cl.job(resumed)["loss"]
+    rel = abs(final - losses[20]) / losses[20]
+    c.check(rel < 1e-5, "its loss at step 20 matches the uninterrupted run", f"{final:.6f} vs {losses[20]:.6f}")
+
+    # ckpt save on a running job.
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "long", workers=2, steps=1000000,
+                                                     extra='\n[checkpoint]\ndir = "ckpt"\n'))
+    long_job = json.loads(out)["job_id"]
+    wait_for(lambda: cl.job(long_job)["step"] > 3, 60, "the long job to run")
+    rc, _, err = cl.ctl("ckpt", "save", long_job)
+    c.check(rc == 0, "ckpt save accepted", err.strip())
+    got = wait_for(lambda: cl.ctl_json("ckpt", "list", long_job)["checkpoints"], 30, "the requested checkpoint")
+    c.check(len(got) == 1 and os.path.exists(os.path.join(got[0]["path"], "manifest.json")),
+            "ckpt save commits a checkpoint", str(got))
+    cl.ctl("cancel", long_job)
+
+    # Bad resumes.
+    bare = os.path.join(cl.dir, "not-a-checkpoint")
+    os.makedirs(bare)
+    rc, _, err = cl.ctl("resume", job, "--from", bare)
+    c.check(rc == 1 and "no manifest.json: not a committed checkpoint" in err and bare in err,
+            "resume from a directory without a manifest refused", err.strip())
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "nockpt", workers=1, steps=2))
+    nockpt = json.loads(out)["job_id"]
+    cl.ctl("watch", nockpt, timeout=60)
+    rc, _, err = cl.ctl("resume", nockpt)
+    c.check(rc == 1 and "has no committed checkpoint" in err, "resume of a job without checkpoints refused",
+            err.strip())
+    c.check(sorted(os.listdir(root)) == on_disk, "nothing was deleted by the refused resumes")
+    c.finish()
+
+
+if __name__ == "__main__":
+    main()
