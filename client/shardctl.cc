@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "client/render.h"
+#include "common/checkpoint_export.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
@@ -237,12 +238,24 @@ int main(int argc, char** argv) {
   ckpt->require_subcommand(1);
   auto* ckpt_save = ckpt->add_subcommand("save", "save a running job's state after its current step");
   auto* ckpt_list = ckpt->add_subcommand("list", "a job's committed checkpoints");
+  auto* ckpt_export = ckpt->add_subcommand("export", "write a checkpoint as one model file (no coordinator needed)");
+  ckpt_export->add_option("STEP_DIR", step_dir)->required();
+  ckpt_export->add_option("--out", out_file, "the model.safetensors to write")->required();
   for (auto* sc : {ckpt_save, ckpt_list}) sc->add_option("JOB", job)->required();
   CLI11_PARSE(app, argc, argv);
 
   auto run = [&]() -> absl::Status {
     std::string cmd = app.get_subcommands()[0]->get_name();
     if (cmd == "ckpt") cmd += " " + ckpt->get_subcommands()[0]->get_name();
+    if (cmd == "ckpt export") {  // local: reads the shard files, one unit at a time
+      SL_RETURN_IF_ERROR(ExportModel(step_dir, out_file));
+      if (o.json) {
+        std::cout << "{\"path\":" << JsonString(out_file) << "}" << std::endl;
+      } else {
+        std::cout << "wrote " << out_file << std::endl;
+      }
+      return absl::OkStatus();
+    }
     std::optional<v1::SubmitJobRequest> req;
     if (cmd == "submit") {  // validate before connecting
       SL_ASSIGN_OR_RETURN(req, PrepareSubmit(file, workers, !skip_local_check));

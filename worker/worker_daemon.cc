@@ -218,8 +218,8 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
                                                  ": this engine version trains on CPU ranks only"));
   }
   SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(a.spec_toml(), a.job_id()));
-  if (!config.data.path.empty() && config.data.path[0] != '/' && !a.base_dir().empty()) {
-    config.data.path = a.base_dir() + "/" + config.data.path;
+  for (std::string* path : {&config.data.path, &config.model.init_from}) {
+    if (!path->empty() && (*path)[0] != '/' && !a.base_dir().empty()) *path = a.base_dir() + "/" + *path;
   }
   SL_RETURN_IF_ERROR(ValidateJobConfig(config, a.world_size(), a.job_id()));
   at::set_num_threads(options_.threads);

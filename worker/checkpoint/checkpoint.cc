@@ -2,12 +2,11 @@
 
 #include <sys/stat.h>
 
-#include <map>
-#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "common/checkpoint_export.h"
 #include "worker/engine/tensor_file.h"
 
 namespace shardline {
@@ -73,52 +72,28 @@ CheckpointManifest ManifestFor(const Engine& engine, const JobConfig& c, int64_t
 }
 
 absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfig& c, const std::string& dir) {
-  SL_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(dir));
+  SL_ASSIGN_OR_RETURN(auto ckpt, CheckpointReader::Open(dir));
+  const CheckpointManifest& m = ckpt->manifest();
   SL_RETURN_IF_ERROR(CheckSameModel(m, c.model, dir));
   if (m.units.size() != engine.layouts().size()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": manifest lists ", m.units.size(), " units, the model has ",
                                                    engine.layouts().size()));
   }
-  // The old shard group 0 is world ranks [0, G_old): one copy of every shard.
-  std::map<int, std::unique_ptr<SafetensorsReader>> readers;
-  auto reader = [&](int old_rank) -> absl::StatusOr<const SafetensorsReader*> {
-    auto it = readers.find(old_rank);
-    if (it != readers.end()) return it->second.get();
-    const ManifestRankFile* entry = nullptr;
-    for (const auto& r : m.ranks) {
-      if (r.rank == old_rank) entry = &r;
-    }
-    if (!entry) return absl::DataLossError(absl::StrCat(dir, ": manifest has no file for rank ", old_rank));
-    const std::string path = dir + "/" + entry->file;
-    SL_ASSIGN_OR_RETURN(std::string sha, Sha256OfFile(path));
-    if (sha != entry->sha256) {
-      return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (sha256 ", sha.substr(0, 12),
-                                              "..., manifest says ", entry->sha256.substr(0, 12), "...)"));
-    }
-    SL_ASSIGN_OR_RETURN(auto r, SafetensorsReader::Open(path));
-    return (readers[old_rank] = std::move(r)).get();
-  };
   for (int u = 0; u < static_cast<int>(engine.layouts().size()); ++u) {
     const ShardLayout& now = engine.layouts()[u];
-    const ManifestUnit& old = m.units[u];
-    if (old.unit != now.unit || old.numel != now.numel) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, ": unit ", u, " is ", old.unit, " with ", old.numel,
-                                                     " elements there, ", now.unit, " with ", now.numel, " here"));
+    if (m.units[u].unit != now.unit || m.units[u].numel != now.numel) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": unit ", u, " is ", m.units[u].unit, " with ",
+                                                     m.units[u].numel, " elements there, ", now.unit, " with ",
+                                                     now.numel, " here"));
     }
+    // This rank's new shard, read from whichever old shards overlap it.
     const Engine::ShardState dst = engine.Shard(u);
     const int64_t begin = now.ShardOffset(engine.shard_rank());
     const int64_t end = std::min(begin + now.shard_numel, now.numel);  // padding stays zero
-    for (const at::Tensor& t : {dst.master, dst.exp_avg, dst.exp_avg_sq}) t.zero_();
-    for (int64_t lo = begin; lo < end;) {
-      const int old_rank = static_cast<int>(lo / old.shard);
-      const int64_t hi = std::min(end, (old_rank + 1) * old.shard);
-      SL_ASSIGN_OR_RETURN(const SafetensorsReader* r, reader(old_rank));
-      const at::Tensor* targets[] = {&dst.master, &dst.exp_avg, &dst.exp_avg_sq};
-      for (int k = 0; k < 3; ++k) {
-        SL_RETURN_IF_ERROR(r->ReadFloats(absl::StrCat(now.unit, ".", kKinds[k]), lo - old_rank * old.shard, hi - lo,
-                                         targets[k]->data_ptr<float>() + (lo - begin)));
-      }
-      lo = hi;
+    const at::Tensor* targets[] = {&dst.master, &dst.exp_avg, &dst.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      targets[k]->zero_();
+      if (end > begin) SL_RETURN_IF_ERROR(ckpt->Read(u, kKinds[k], begin, end, targets[k]->data_ptr<float>()));
     }
   }
   SL_RETURN_IF_ERROR(engine.PublishLoadedState());

@@ -5,6 +5,8 @@
 #include <c10/core/GradMode.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
 
 namespace shardline {
@@ -50,6 +52,27 @@ absl::StatusOr<Communicators> ConnectGlooGroups(const c10::intrusive_ptr<c10d::S
   return c;
 }
 
+// Fills a unit's flat buffer from a model file by nanoGPT's names (the tied
+// wte may be stored as either name).
+absl::Status ReadUnitFromModelFile(const SafetensorsReader& f, const ShardLayout& layout, at::Tensor flat) {
+  flat.zero_();
+  for (const ParamSlot& p : layout.params) {
+    std::string name = p.spec.name;
+    if (!f.entries().count(name) && name == "transformer.wte.weight") name = "lm_head.weight";
+    auto it = f.entries().find(name);
+    if (it == f.entries().end()) {
+      return absl::NotFoundError(absl::StrCat(f.path(), ": [model] init_from has no tensor ", p.spec.name));
+    }
+    if (it->second.shape != p.spec.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tensor ", name, " has shape [",
+                                                     absl::StrJoin(it->second.shape, ","), "], the model needs [",
+                                                     absl::StrJoin(p.spec.shape, ","), "]"));
+    }
+    SL_RETURN_IF_ERROR(f.ReadFloats(name, 0, p.spec.numel(), flat.data_ptr<float>() + p.offset));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 at::ScalarType TorchDType(DType d) { return d == DType::kFloat32 ? at::kFloat : at::kBFloat16; }
 }  // namespace
@@ -67,9 +90,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const JobConfig& config, 
     return absl::InvalidArgumentError(absl::StrCat("[rank ", rank, "] communicators do not match the group plan (",
                                                    plan.shard_size, " x ", plan.replicate_size, ")"));
   }
-  if (!config.model.init_from.empty()) {
-    return absl::UnimplementedError("[model] init_from: loading a safetensors file is not supported yet");
-  }
   std::unique_ptr<Engine> e(new Engine(config, rank, world, std::move(comms), timeout));
   SL_RETURN_IF_ERROR(e->Init());
   return e;
@@ -86,12 +106,20 @@ absl::Status Engine::Init() {
   opts.persistent_grads = !ShardsGrads(s);
   const int G = comms_.shard->size();
   const int shard_rank = comms_.shard->rank();
+  std::unique_ptr<SafetensorsReader> init_from;
+  if (!m.init_from.empty()) {
+    SL_ASSIGN_OR_RETURN(init_from, SafetensorsReader::Open(m.init_from));
+  }
   for (int u = 0; u < gpt::NumUnits(m); ++u) {
     SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(gpt::UnitName(m, u), gpt::UnitParams(m, u), G));
     // One unit at a time: the full fp32 values exist only while this unit's
     // shard is cut from them.
     at::Tensor init = at::empty({layout.padded_numel}, at::kFloat);
-    gpt::InitUnit(m, layout, config_.train.seed, init);
+    if (init_from) {
+      SL_RETURN_IF_ERROR(ReadUnitFromModelFile(*init_from, layout, init));
+    } else {
+      gpt::InitUnit(m, layout, config_.train.seed, init);
+    }
     decay_.push_back(DecayRanges(layout, shard_rank));
     layouts_.push_back(layout);
     units_.push_back(std::make_unique<FlatParam>(std::move(layout), shard_rank, opts, &ledger_, init));

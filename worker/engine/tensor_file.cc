@@ -7,11 +7,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include <openssl/evp.h>
-#include <sys/stat.h>
-
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -98,97 +93,13 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path) {
-  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
-  r->path_ = path;
-  r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r->fd_ < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  struct stat st;
-  fstat(r->fd_, &st);
-  uint64_t len = 0;
-  if (st.st_size < 8 || ::pread(r->fd_, &len, 8, 0) != 8 || len > static_cast<uint64_t>(st.st_size) - 8) {
-    return absl::DataLossError(absl::StrCat(path, ": not a safetensors file (bad header length)"));
-  }
-  std::string header(len, '\0');
-  if (::pread(r->fd_, header.data(), len, 8) != static_cast<ssize_t>(len)) {
-    return absl::DataLossError(absl::StrCat(path, ": truncated header"));
-  }
-  r->data_start_ = 8 + static_cast<int64_t>(len);
-  const int64_t data_bytes = st.st_size - r->data_start_;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(header);
-    for (const auto& [name, v] : j.items()) {
-      if (name == "__metadata__") {
-        for (const auto& [k, mv] : v.items()) r->metadata_[k] = mv.get<std::string>();
-        continue;
-      }
-      Entry e;
-      e.dtype = v.at("dtype").get<std::string>();
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      e.begin = v.at("data_offsets").at(0).get<int64_t>();
-      e.end = v.at("data_offsets").at(1).get<int64_t>();
-      if (e.begin < 0 || e.end < e.begin || e.end > data_bytes) {
-        return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " lies outside the file"));
-      }
-      r->entries_[name] = std::move(e);
-    }
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat(path, ": malformed safetensors header: ", e.what()));
-  }
-  return r;
-}
-
-SafetensorsReader::~SafetensorsReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t first, int64_t count, float* dst) const {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", name));
-  const Entry& e = it->second;
-  if (e.dtype != "F32") return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor ", name, " is ", e.dtype));
-  if (first < 0 || count < 0 || (first + count) * 4 > e.end - e.begin) {
-    return absl::OutOfRangeError(absl::StrCat(path_, ": tensor ", name, " has no elements [", first, ", ",
-                                              first + count, ")"));
-  }
-  char* out = reinterpret_cast<char*>(dst);
-  int64_t left = count * 4, at = data_start_ + e.begin + first * 4;
-  while (left > 0) {
-    const ssize_t n = ::pread(fd_, out, left, at);
-    if (n <= 0) return absl::DataLossError(absl::StrCat(path_, ": short read of ", name));
-    out += n;
-    at += n;
-    left -= n;
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<at::Tensor> SafetensorsReader::ReadTensor(const std::string& name) const {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", name));
+absl::StatusOr<at::Tensor> ReadTensor(const SafetensorsReader& r, const std::string& name) {
+  auto it = r.entries().find(name);
+  if (it == r.entries().end()) return absl::NotFoundError(absl::StrCat(r.path(), ": no tensor ", name));
   at::Tensor t = at::empty(it->second.shape, at::kFloat);
-  absl::Status s = ReadFloats(name, 0, t.numel(), t.data_ptr<float>());
+  absl::Status s = r.ReadFloats(name, 0, t.numel(), t.data_ptr<float>());
   if (!s.ok()) return s;
   return t;
-}
-
-absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  std::vector<char> buf(4 << 20);
-  ssize_t n;
-  while ((n = ::read(fd, buf.data(), buf.size())) > 0) EVP_DigestUpdate(ctx, buf.data(), n);
-  ::close(fd);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, md, &len);
-  EVP_MD_CTX_free(ctx);
-  if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", md[i]);
-  return hex;
 }
 
 }  // namespace shardline

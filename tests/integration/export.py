@@ -1,0 +1,96 @@
+"""Export and init_from. Train 8 steps on real text (this repository's
+README, read as bytes) at N=2 with full_shard, saving at step 5; export that
+checkpoint with `shardctl ckpt export` (no coordinator). The file loads in
+Python with safetensors, has both tied names, and a nanoGPT-style model built
+from it gives the loss the engine reported for step 5 on the same batch. A job
+started from the file ([model] init_from, either tied name) reports that model's
+loss at its first step. Exporting to an unwritable path fails cleanly."""
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+import harness
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "oracle"))
+from nanogpt import GPT  # noqa: E402
+
+SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
+CORPUS = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"))
+
+
+def batch(step, B, T):
+    data = open(CORPUS, "rb").read()
+    n = (len(data) - 1) // T
+    xs, ys = [], []
+    for j in range(B):
+        i = (step * B + j) % n
+        xs.append(list(data[i * T:i * T + T]))
+        ys.append(list(data[i * T + 1:i * T + T + 1]))
+    return torch.tensor(xs), torch.tensor(ys)
+
+
+def loss_of(state, cfg, step):
+    m = cfg["model"]
+    model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"])
+    model.load_state_dict(state, strict=True)
+    x, y = batch(step, cfg["train"]["batch_size"], m["block_size"])
+    with torch.no_grad():
+        logits, _ = model(x)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)).item()
+
+
+def main():
+    checks = harness.Checks()
+    torch.set_num_threads(1)
+    cfg = harness.config("full_shard", 2, train__steps=8, model__vocab_size=256, data__format="text",
+                         data__path=CORPUS)
+    ckpt = harness.tempfile.mkdtemp(prefix="shardline-export-")
+    _, ranks = harness.run(cfg, 2, extra_args=["--ckpt-dir", ckpt, "--save-at", "5"])
+    reported = ranks[0]["steps"][5]["loss"]  # step index 5 runs on the parameters after 5 steps
+    step_dir = os.path.join(ckpt, "tiny", "step-00000005")
+    out = os.path.join(ckpt, "model.safetensors")
+    r = subprocess.run([SHARDCTL, "ckpt", "export", step_dir, "--out", out], capture_output=True, text=True)
+    checks.check(r.returncode == 0 and os.path.exists(out), "ckpt export writes the file", r.stderr.strip())
+    state = load_file(out)
+    checks.check("transformer.wte.weight" in state and "lm_head.weight" in state and
+                 torch.equal(state["transformer.wte.weight"], state["lm_head.weight"]),
+                 "both tied names are present and equal")
+    ours = loss_of(state, cfg, 5)
+    checks.check(abs(ours - reported) / reported < 1e-5, "PyTorch's loss from the export matches the engine's",
+                 f"{ours:.6f} vs {reported:.6f}")
+
+    # init_from, with wte under either of its tied names.
+    only_head = {k: v for k, v in state.items() if k != "transformer.wte.weight"}
+    alt = os.path.join(ckpt, "lm_head_only.safetensors")
+    save_file(only_head, alt)
+    expected = loss_of(state, cfg, 0)
+    for name, path in (("wte", out), ("lm_head", alt)):
+        c2 = harness.config("no_shard", 1, train__steps=2, model__vocab_size=256, data__format="text",
+                            data__path=CORPUS, model__init_from=path)
+        _, r2 = harness.run(c2, 1)
+        first = r2[0]["steps"][0]["loss"]
+        checks.check(abs(first - expected) / expected < 1e-5, f"init_from a file naming the tied weight {name}",
+                     f"{first:.6f} vs {expected:.6f}")
+    bad = harness.config("no_shard", 1, train__steps=1, model__init_from=out)  # vocab 64: another model
+    try:
+        harness.run(bad, 1)
+        checks.check(False, "init_from of another model's file refused")
+    except harness.RunError as e:
+        checks.check("has shape [256,32], the model needs [64,32]" in str(e), "init_from of another model refused",
+                     str(e)[-110:])
+
+    before = sorted(os.listdir(step_dir))
+    r = subprocess.run([SHARDCTL, "ckpt", "export", step_dir, "--out", "/proc/forbidden/model.safetensors"],
+                       capture_output=True, text=True)
+    checks.check(r.returncode == 1 and "/proc/forbidden/model.safetensors" in r.stderr and
+                 len(r.stderr.strip().splitlines()) == 1, "export to an unwritable path refused", r.stderr.strip())
+    checks.check(sorted(os.listdir(step_dir)) == before, "nothing was deleted")
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
