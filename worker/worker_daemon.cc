@@ -43,6 +43,7 @@ WorkerDaemon::~WorkerDaemon() {
     job = std::move(job_thread_);
   }
   if (job.joinable()) job.join();
+  (void)WaitForSave();
 }
 
 bool WorkerDaemon::WaitForJob(absl::Duration timeout) {
@@ -197,6 +198,8 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
     std::string what = e.what();
     s = absl::InternalError(what.substr(0, what.find('\n')));
   }
+  const absl::Status saved = WaitForSave();  // no save outlives its job
+  if (s.ok()) s = saved;
   v1::WorkerMessage m;
   v1::RankFinished* f = m.mutable_finished();
   f->set_job_id(a.job_id());
@@ -253,27 +256,45 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     Write(m);
     const int interval = config.checkpoint.interval;
     if ((interval > 0 && (s + 1) % interval == 0) || save_requested_.exchange(false)) {
-      SL_RETURN_IF_ERROR(SaveAndReport(*engine, a, s + 1));
+      absl::Status saved = SaveAndReport(*engine, a, s + 1, config.checkpoint.async);
+      if (!saved.ok()) {
+        (void)WaitForSave();
+        return saved;
+      }
     }
   }
+  return WaitForSave();  // the last checkpoint is committed before the rank reports done
+}
+
+absl::Status WorkerDaemon::WaitForSave() {
+  if (!save_thread_.joinable()) return absl::OkStatus();
+  save_thread_.join();
+  return save_status_;
+}
+
+absl::Status WorkerDaemon::SaveAndReport(const Engine& engine, const v1::Assignment& a, int64_t step, bool async) {
+  SL_RETURN_IF_ERROR(WaitForSave());  // one save in flight at most
+  auto write = [this, a, step](ShardSnapshot snap) -> absl::Status {
+    const std::string dir = a.checkpoint_root() + "/" + StepDirName(step);
+    SL_ASSIGN_OR_RETURN(ManifestRankFile f, WriteRankShards(snap, dir, step));
+    v1::CheckpointReport rep;
+    rep.set_job_id(a.job_id());
+    rep.set_rank(a.rank());
+    rep.set_step(step);
+    rep.set_path(dir + "/" + f.file);
+    rep.set_size_bytes(f.size);
+    rep.set_checksum(f.sha256);
+    grpc::ClientContext ctx;
+    AddAuth(&ctx);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::CheckpointReportResponse resp;
+    return FromGrpcStatus(stub_->ReportCheckpoint(&ctx, rep, &resp));
+  };
+  if (!async) return write(SnapshotShards(engine, /*copy=*/false));
+  // The step loop pays only for this copy; the write runs beside training.
+  save_thread_ = std::thread([this, write, snap = SnapshotShards(engine, /*copy=*/true)]() mutable {
+    save_status_ = write(std::move(snap));
+  });
   return absl::OkStatus();
 }
-
-absl::Status WorkerDaemon::SaveAndReport(const Engine& engine, const v1::Assignment& a, int64_t step) {
-  const std::string dir = a.checkpoint_root() + "/" + StepDirName(step);
-  SL_ASSIGN_OR_RETURN(ManifestRankFile f, SaveRankShards(engine, dir, step));
-  v1::CheckpointReport rep;
-  rep.set_job_id(a.job_id());
-  rep.set_rank(a.rank());
-  rep.set_step(step);
-  rep.set_path(dir + "/" + f.file);
-  rep.set_size_bytes(f.size);
-  rep.set_checksum(f.sha256);
-  grpc::ClientContext ctx;
-  AddAuth(&ctx);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::CheckpointReportResponse resp;
-  return FromGrpcStatus(stub_->ReportCheckpoint(&ctx, rep, &resp));
-}
-
 }  // namespace shardline

@@ -49,7 +49,10 @@ class WorkerDaemon {
   void RunJob(v1::Assignment a);
   absl::Status TrainJob(const v1::Assignment& a);
   // Writes this rank's shards for `step` and reports them to the coordinator.
-  absl::Status SaveAndReport(const class Engine& engine, const v1::Assignment& a, int64_t step);
+  // With [checkpoint] async the shards are copied here and written by a
+  // background thread (one save in flight at most; the next waits for it).
+  absl::Status SaveAndReport(const class Engine& engine, const v1::Assignment& a, int64_t step, bool async);
+  absl::Status WaitForSave();
   bool Write(const v1::WorkerMessage& m);
   void HeartbeatLoop();
   void AddAuth(grpc::ClientContext* ctx) const;
@@ -70,6 +73,8 @@ class WorkerDaemon {
   std::thread job_thread_ ABSL_GUARDED_BY(job_mu_);
   std::string job_id_ ABSL_GUARDED_BY(job_mu_);  // the job running now, if any
   std::atomic<int64_t> step_{0};
+  std::thread save_thread_;       // the async save in flight (job thread only)
+  absl::Status save_status_;      // its outcome, read after joining
   std::atomic<int64_t> collective_seq_{0};  // last finished collective, for heartbeats
 };
 

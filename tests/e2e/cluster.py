@@ -96,13 +96,13 @@ class Cluster:
         self.port = int(m.group(2))
         self.address = f"127.0.0.1:{self.port}"
 
-    def add_worker(self, host):
+    def add_worker(self, host, env=None):
         args = [WORKER, "--coordinator", self.address, "--device", "cpu", "--host", host,
                 "--collective-timeout", "10"]
         if self.token_file:
             args += ["--token-file", self.token_file]
         log = open(os.path.join(self.dir, f"worker-{host}.log"), "w")
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
         _procs.append(p)
         self.workers[host] = p
         return p

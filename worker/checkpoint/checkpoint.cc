@@ -1,6 +1,10 @@
 #include "worker/checkpoint/checkpoint.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 
 #include "absl/strings/str_cat.h"
@@ -29,29 +33,64 @@ absl::Status MakeDirs(const std::string& dir) {
 
 }  // namespace
 
-absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std::string& step_dir, int64_t step) {
+int64_t ShardSnapshot::bytes() const {
+  int64_t n = 0;
+  for (const auto& s : shards) n += s.master.nbytes() + s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+  return n;
+}
+
+ShardSnapshot SnapshotShards(const Engine& engine, bool copy) {
+  ShardSnapshot snap;
+  snap.rank = engine.rank();
+  snap.shard_rank = engine.shard_rank();
+  for (int u = 0; u < static_cast<int>(engine.layouts().size()); ++u) {
+    Engine::ShardState s = engine.Shard(u);
+    if (copy) s = {s.master.clone(), s.exp_avg.clone(), s.exp_avg_sq.clone()};
+    snap.units.push_back(engine.layouts()[u].unit);
+    snap.shards.push_back(std::move(s));
+  }
+  return snap;
+}
+
+void MaybeInjectFault(const char* point, int64_t step) {
+  const char* spec = std::getenv("SHARDLINE_FAULT");
+  if (spec && std::string(spec) == absl::StrCat(point, "@", step)) {
+    std::fprintf(stderr, "shardline: injected fault %s at step %ld\n", point, static_cast<long>(step));
+    raise(SIGKILL);
+  }
+}
+
+absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir,
+                                                 int64_t step) {
+  MaybeInjectFault("before-write", step);
   SL_RETURN_IF_ERROR(MakeDirs(step_dir));
   NamedTensors tensors;
-  for (int u = 0; u < static_cast<int>(engine.layouts().size()); ++u) {
-    const Engine::ShardState s = engine.Shard(u);
-    const std::string& unit = engine.layouts()[u].unit;
-    tensors.emplace_back(unit + ".param", s.master);
-    tensors.emplace_back(unit + ".exp_avg", s.exp_avg);
-    tensors.emplace_back(unit + ".exp_avg_sq", s.exp_avg_sq);
+  for (size_t u = 0; u < snap.units.size(); ++u) {
+    tensors.emplace_back(snap.units[u] + ".param", snap.shards[u].master);
+    tensors.emplace_back(snap.units[u] + ".exp_avg", snap.shards[u].exp_avg);
+    tensors.emplace_back(snap.units[u] + ".exp_avg_sq", snap.shards[u].exp_avg_sq);
   }
   ManifestRankFile f;
-  f.rank = engine.rank();
-  f.file = absl::StrFormat("rank-%05d.safetensors", engine.rank());
+  f.rank = snap.rank;
+  f.file = absl::StrFormat("rank-%05d.safetensors", snap.rank);
   const std::string path = step_dir + "/" + f.file;
   SL_RETURN_IF_ERROR(WriteSafetensors(path, tensors,
-                                      {{"rank", std::to_string(engine.rank())},
-                                       {"shard_rank", std::to_string(engine.shard_rank())},
-                                       {"step", std::to_string(step)}}));
+                                      {{"rank", std::to_string(snap.rank)},
+                                       {"shard_rank", std::to_string(snap.shard_rank)},
+                                       {"step", std::to_string(step)}},
+                                      [&](size_t written) {
+                                        if (written == tensors.size() / 2) MaybeInjectFault("mid-write", step);
+                                      }));
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": vanished after writing"));
   f.size = st.st_size;
   SL_ASSIGN_OR_RETURN(f.sha256, Sha256OfFile(path));
+  MaybeInjectFault("before-report", step);
   return f;
+}
+
+absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std::string& step_dir, int64_t step) {
+  return WriteRankShards(SnapshotShards(engine, /*copy=*/false), step_dir, step);
 }
 
 CheckpointManifest ManifestFor(const Engine& engine, const JobConfig& c, int64_t step) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/checkpoint_manifest.h"
@@ -17,8 +18,26 @@
 
 namespace shardline {
 
-// Writes this rank's file into `step_dir` (created if needed) and returns its
-// manifest entry (name, size, SHA-256). The file appears atomically.
+// What one rank saves: its shard of every unit. `copy` clones the tensors
+// (an async save writes the copy while training goes on); otherwise the
+// snapshot views the engine's live state.
+struct ShardSnapshot {
+  int rank = 0, shard_rank = 0;
+  std::vector<std::string> units;
+  std::vector<Engine::ShardState> shards;
+  int64_t bytes() const;
+};
+ShardSnapshot SnapshotShards(const Engine& engine, bool copy);
+
+// Fault injection for tests: with SHARDLINE_FAULT=<point>@<step> in the
+// environment the process kills itself (SIGKILL) at that point of the save of
+// that step. Points: before-write, mid-write, before-report.
+void MaybeInjectFault(const char* point, int64_t step);
+
+// Writes a snapshot as `step_dir`/rank-<5 digits>.safetensors (created
+// atomically) and returns its manifest entry (name, size, SHA-256).
+absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir, int64_t step);
+// WriteRankShards of the live state.
 absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std::string& step_dir, int64_t step);
 
 // The manifest for a checkpoint after `step` completed steps, without the

@@ -53,7 +53,8 @@ absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& pat
 }  // namespace
 
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+                              const std::map<std::string, std::string>& metadata,
+                              const std::function<void(size_t)>& after_tensor) {
   std::vector<std::string> entries;
   std::vector<at::Tensor> data;
   int64_t offset = 0;
@@ -81,8 +82,9 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   uint64_t len = header.size();  // little-endian on every platform we build for
   absl::Status s = WriteAll(fd, &len, sizeof(len), path);
   if (s.ok()) s = WriteAll(fd, header.data(), header.size(), path);
-  for (const auto& c : data) {
-    if (s.ok()) s = WriteAll(fd, c.data_ptr(), c.nbytes(), path);
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (s.ok()) s = WriteAll(fd, data[i].data_ptr(), data[i].nbytes(), path);
+    if (s.ok() && after_tensor) after_tensor(i + 1);
   }
   if (s.ok() && ::fsync(fd) != 0) s = absl::DataLossError(absl::StrCat(path, ": fsync failed"));
   ::close(fd);

@@ -4,6 +4,7 @@
 // is written to "<path>.tmp", fsynced and renamed: a reader never sees half.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -21,8 +22,10 @@ namespace shardline {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// `after_tensor(n)` (if given) runs after the n-th tensor's bytes are written.
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
+                              const std::map<std::string, std::string>& metadata = {},
+                              const std::function<void(size_t)>& after_tensor = nullptr);
 
 // The whole of an F32 tensor of a safetensors file.
 absl::StatusOr<at::Tensor> ReadTensor(const SafetensorsReader& r, const std::string& name);
