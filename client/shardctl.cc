@@ -107,11 +107,13 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int 
   SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobConfig(text, path));
   const int w = workers > 0 ? workers : cfg.workers;
   SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, path));
-  if (cfg.data.format != DataFormat::kSynthetic) {
-    const std::string data = cfg.data.path[0] == '/' ? cfg.data.path : base + "/" + cfg.data.path;
-    if (!std::filesystem::is_regular_file(data, ec)) {
-      return absl::NotFoundError(absl::StrCat(path, ": [data] path: ", data, ": no such file"));
-    }
+  auto resolve = [&](const std::string& p) { return p[0] == '/' ? p : base + "/" + p; };
+  if (cfg.data.format != DataFormat::kSynthetic && !std::filesystem::is_regular_file(resolve(cfg.data.path), ec)) {
+    return absl::NotFoundError(absl::StrCat(path, ": [data] path: ", resolve(cfg.data.path), ": no such file"));
+  }
+  if (!cfg.model.init_from.empty() && !std::filesystem::is_regular_file(resolve(cfg.model.init_from), ec)) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": [model] init_from: ", resolve(cfg.model.init_from), ": no such file"));
   }
   req.set_workers(w);
   return req;

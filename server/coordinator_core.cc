@@ -287,12 +287,15 @@ absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobR
     absl::Status same = CheckSameModel(*m, cfg->model, req.resume_from());
     if (!same.ok()) return same;
   }
-  if (cfg->data.format != DataFormat::kSynthetic) {
-    const std::string& p = cfg->data.path;
-    const std::string path = (!p.empty() && p[0] == '/') || req.base_dir().empty() ? p : req.base_dir() + "/" + p;
-    if (!FileExists(path)) {
-      return absl::NotFoundError(absl::StrCat(source, ": [data] path: ", path, ": no such file"));
-    }
+  auto resolve = [&](const std::string& p) {
+    return (!p.empty() && p[0] == '/') || req.base_dir().empty() ? p : req.base_dir() + "/" + p;
+  };
+  if (cfg->data.format != DataFormat::kSynthetic && !FileExists(resolve(cfg->data.path))) {
+    return absl::NotFoundError(absl::StrCat(source, ": [data] path: ", resolve(cfg->data.path), ": no such file"));
+  }
+  if (!cfg->model.init_from.empty() && !FileExists(resolve(cfg->model.init_from))) {
+    return absl::NotFoundError(
+        absl::StrCat(source, ": [model] init_from: ", resolve(cfg->model.init_from), ": no such file"));
   }
   return cfg;
 }

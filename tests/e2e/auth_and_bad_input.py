@@ -55,6 +55,9 @@ def main():
         "missing data file": (open(job_file(d, "m")).read().replace('format = "synthetic"',
                                                                     'format = "llmc"\npath = "nowhere/train.bin"'),
                               "nowhere/train.bin: no such file"),
+        "missing init_from": (open(job_file(d, "i")).read().replace("block_size = 16",
+                                                                    'block_size = 16\ninit_from = "gone.safetensors"'),
+                              "[model] init_from: " + d + "/gone.safetensors: no such file"),
     }
     for name, (text, expected) in cases.items():
         path = os.path.join(d, f"bad-{name.replace(' ', '_').replace('%', 'mod')}.toml")
@@ -63,7 +66,7 @@ def main():
         for mode, extra in (("shardctl", []), ("coordinator", ["--skip-local-check"])):
             rc, out, err = cl.ctl("submit", path, *extra)
             ok = rc == 1 and expected in err and one_line(err) and (expected == "malformed TOML" or path in err
-                                                                   or "train.bin" in err)
+                                                                   or "train.bin" in err or "gone.safetensors" in err)
             c.check(ok, f"{name} rejected by {mode}", err.strip())
     rc, out, err = cl.ctl("--json", "jobs")
     c.check(rc == 0 and '"jobs":[]' in out, "coordinator still serving, nothing was submitted", out.strip())
