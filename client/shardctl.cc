@@ -24,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "client/render.h"
 #include "common/checkpoint_export.h"
+#include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
@@ -41,14 +42,6 @@ struct Options {
   bool json = false;
 };
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read ", what));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 class Client {
  public:
   static absl::StatusOr<Client> Connect(const Options& o) {
@@ -57,11 +50,11 @@ class Client {
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
     if (!o.tls_ca.empty()) {
       grpc::SslCredentialsOptions ssl;
-      SL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(o.tls_ca, "CA certificate"));
+      SL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(o.tls_ca, "CA certificate"));
       creds = grpc::SslCredentials(ssl);
     }
     if (!o.token_file.empty()) {
-      SL_ASSIGN_OR_RETURN(std::string t, ReadFile(o.token_file, "token file"));
+      SL_ASSIGN_OR_RETURN(std::string t, ReadFileToString(o.token_file, "token file"));
       c.token_ = std::string(absl::StripAsciiWhitespace(t));
     }
     c.stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, creds));
@@ -95,7 +88,7 @@ class Client {
 // With `local_check` false the file goes to the coordinator as it is (to
 // exercise the coordinator's own validation).
 absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int workers, bool local_check) {
-  SL_ASSIGN_OR_RETURN(std::string text, ReadFile(path, "job file"));
+  SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, "job file"));
   std::error_code ec;
   const std::string base = std::filesystem::absolute(std::filesystem::path(path), ec).parent_path().string();
   v1::SubmitJobRequest req;
@@ -265,13 +258,17 @@ int main(int argc, char** argv) {
     SL_ASSIGN_OR_RETURN(Client c, Client::Connect(o));
     grpc::ClientContext ctx;
     c.Prepare(&ctx);
-    if (cmd == "submit") {
+    // A new job: its id (as JSON with --json), then optionally its progress.
+    auto start = [&](const v1::SubmitJobRequest& r) -> absl::Status {
+      grpc::ClientContext sctx;
+      c.Prepare(&sctx);
       v1::SubmitJobResponse resp;
-      SL_RETURN_IF_ERROR(c.Check(c.stub()->SubmitJob(&ctx, *req, &resp)));
+      SL_RETURN_IF_ERROR(c.Check(c.stub()->SubmitJob(&sctx, r, &resp)));
       std::cout << (o.json ? absl::StrCat("{\"job_id\":", JsonString(resp.job_id()), "}") : resp.job_id())
                 << std::endl;
       return follow ? Watch(c, resp.job_id()) : absl::OkStatus();
-    }
+    };
+    if (cmd == "submit") return start(*req);
     if (cmd == "jobs") {
       v1::ListJobsResponse resp;
       SL_RETURN_IF_ERROR(c.Check(c.stub()->ListJobs(&ctx, v1::ListJobsRequest(), &resp)));
@@ -302,13 +299,7 @@ int main(int argc, char** argv) {
     if (cmd == "watch") return Watch(c, job);
     if (cmd == "resume") {
       SL_ASSIGN_OR_RETURN(v1::SubmitJobRequest r, PrepareResume(c, job, from, workers, strategy));
-      grpc::ClientContext sctx;
-      c.Prepare(&sctx);
-      v1::SubmitJobResponse resp;
-      SL_RETURN_IF_ERROR(c.Check(c.stub()->SubmitJob(&sctx, r, &resp)));
-      std::cout << (o.json ? absl::StrCat("{\"job_id\":", JsonString(resp.job_id()), "}") : resp.job_id())
-                << std::endl;
-      return follow ? Watch(c, resp.job_id()) : absl::OkStatus();
+      return start(r);
     }
     if (cmd == "ckpt save") {
       v1::CheckpointNowRequest r;

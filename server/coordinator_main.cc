@@ -19,18 +19,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/file_util.h"
 #include "server/coordinator_core.h"
 #include "server/coordinator_service.h"
 
 namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read ", what));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 int Fail(const absl::Status& s) {
   std::cerr << "shardline-coordinator: " << s.message() << std::endl;
@@ -53,7 +46,7 @@ int main(int argc, char** argv) {
 
   std::string token;
   if (!token_file.empty()) {
-    auto t = ReadFile(token_file, "token file");
+    auto t = shardline::ReadFileToString(token_file, "token file");
     if (!t.ok()) return Fail(t.status());
     token = std::string(absl::StripAsciiWhitespace(*t));
     if (token.empty()) return Fail(absl::InvalidArgumentError(token_file + ": token file is empty"));
@@ -63,9 +56,9 @@ int main(int argc, char** argv) {
     if (tls_cert.empty() || tls_key.empty()) {
       return Fail(absl::InvalidArgumentError("--tls-cert and --tls-key must be given together"));
     }
-    auto cert = ReadFile(tls_cert, "certificate");
+    auto cert = shardline::ReadFileToString(tls_cert, "certificate");
     if (!cert.ok()) return Fail(cert.status());
-    auto key = ReadFile(tls_key, "private key");
+    auto key = shardline::ReadFileToString(tls_key, "private key");
     if (!key.ok()) return Fail(key.status());
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({*key, *cert});

@@ -11,18 +11,8 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/strip.h"
+#include "common/file_util.h"
 #include "worker/worker_daemon.h"
-
-namespace {
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"shardline-worker: a Shardline worker daemon"};
@@ -42,18 +32,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!token_file.empty()) {
-    if (!ReadFile(token_file, &o.token)) {
-      std::cerr << "shardline-worker: " << token_file << ": cannot read token file" << std::endl;
+    auto t = shardline::ReadFileToString(token_file, "token file");
+    if (!t.ok()) {
+      std::cerr << "shardline-worker: " << t.status().message() << std::endl;
       return 1;
     }
-    o.token = std::string(absl::StripAsciiWhitespace(o.token));
+    o.token = std::string(absl::StripAsciiWhitespace(*t));
   }
   if (!tls_ca.empty()) {
     grpc::SslCredentialsOptions ssl;
-    if (!ReadFile(tls_ca, &ssl.pem_root_certs)) {
-      std::cerr << "shardline-worker: " << tls_ca << ": cannot read CA certificate" << std::endl;
+    auto ca = shardline::ReadFileToString(tls_ca, "CA certificate");
+    if (!ca.ok()) {
+      std::cerr << "shardline-worker: " << ca.status().message() << std::endl;
       return 1;
     }
+    ssl.pem_root_certs = *ca;
     o.credentials = grpc::SslCredentials(ssl);
   }
   o.collective_timeout = absl::Seconds(timeout_s);

@@ -1,0 +1,13 @@
+// Small file helpers shared by the programs.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace shardline {
+
+// The whole file; NotFound naming the file and `what` it was meant to be.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what);
+
+}  // namespace shardline
