@@ -2,7 +2,9 @@
 at N = 1, 2, 4 ranks (separate processes on loopback, Gloo) for every
 strategy. Prints one table: tokens/s, step time split into compute and exposed
 communication (time the step thread waited on collectives), peak RSS per rank,
-model-state bytes per rank and the engine's peak bytes during a step.
+model-state bytes per rank, the engine's peak bytes during a step (its ledger:
+state and unsharded units), and the measured peak of every tensor byte of the
+rank during a step (activations and temporaries included).
 
     .venv/bin/python bench/engine_bench.py [--steps 4] [--worlds 1,2,4] [--strategies a,b]
 
@@ -31,7 +33,7 @@ def main():
     print(f"# small GPT {SMALL_GPT}, global batch {args.batch} x {SMALL_GPT['block_size']} tokens, fp32, "
           f"{args.steps - 1} timed steps after 1 warm-up, {cores} cores")
     print(f"{'strategy':<19} {'N':>2} {'thr':>3} {'tokens/s':>9} {'step_s':>7} {'compute_s':>9} "
-          f"{'exp_comm_s':>10} {'peak_rss_MiB':>12} {'state_MiB':>9} {'peak_MiB':>8} {'loss':>7}")
+          f"{'exp_comm_s':>10} {'peak_rss_MiB':>12} {'state_MiB':>9} {'peak_MiB':>8} {'tensors_MiB':>11} {'loss':>7}")
     for world in [int(w) for w in args.worlds.split(",")]:
         threads = max(1, cores // world)
         for strategy in args.strategies.split(","):
@@ -49,6 +51,7 @@ def main():
             print(f"{strategy:<19} {world:>2} {threads:>3} {tokens / step:>9.0f} {step:>7.3f} {step - comm:>9.3f} "
                   f"{comm:>10.3f} {max(r['memory']['peak_rss'] for r in ranks) / mib:>12.0f} "
                   f"{ranks[0]['memory']['state'] / mib:>9.1f} {ranks[0]['memory']['peak'] / mib:>8.1f} "
+                  f"{max(r['memory']['tensor_peak'] for r in ranks) / mib:>11.1f} "
                   f"{timed[-1]['loss']:>7.4f}", flush=True)
 
 

@@ -190,8 +190,8 @@ absl::Status Run(const Flags& f) {
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  absl::StrAppendFormat(&mem, "\"state\":%d,\"peak\":%d,\"activation_peak\":%d,\"init_peak\":%d,\"peak_rss\":%d}",
-                        m.state_bytes, m.peak_bytes, m.activation_peak_bytes, m.init_peak_bytes,
+  absl::StrAppendFormat(&mem, "\"state\":%d,\"peak\":%d,\"activation_peak\":%d,\"init_peak\":%d,\"tensor_peak\":%d,\"peak_rss\":%d}",
+                        m.state_bytes, m.peak_bytes, m.activation_peak_bytes, m.init_peak_bytes, m.tensor_peak_bytes,
                         int64_t{ru.ru_maxrss} * 1024);
   std::string units = "[";
   for (const ShardLayout& l : engine->layouts()) {

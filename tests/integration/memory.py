@@ -56,6 +56,21 @@ def main():
                 bound = m["state"] + allowed + sum(formulas.padded(n, G) for n in sizes) * 4 + m["activation_peak"]
                 checks.check(m["peak"] <= bound, f"{name} rank {r['rank']} step peak",
                              f"{m['peak']} <= {bound}")
+    # Measured by the allocator: every tensor byte of a step, activations
+    # included. It bounds the engine's ledger from above, and activation
+    # checkpointing must lower it where activations dominate (long sequences).
+    peaks = {}
+    for ckpt in (False, True):
+        cfg = harness.config("full_shard", 2, micro_batches=1, train__steps=2, model__block_size=128,
+                             train__batch_size=8, train__micro_batch_size=4,
+                             memory__activation_checkpointing=ckpt)
+        _, ranks = harness.run(cfg, 2)
+        m = ranks[0]["memory"]
+        checks.check(m["tensor_peak"] >= m["peak"], f"allocator peak covers the ledger (ckpt={ckpt})",
+                     f"{m['tensor_peak']} >= {m['peak']}")
+        peaks[ckpt] = m["tensor_peak"]
+    checks.check(peaks[True] < 0.8 * peaks[False], "activation checkpointing lowers the measured step peak",
+                 f"{peaks[True]} vs {peaks[False]} bytes")
     # fp32: the master copy is the parameters themselves, never a duplicate.
     for strategy in harness.STRATEGIES:
         cfg = harness.config(strategy, WORLD, micro_batches=1, train__steps=1, model__n_embd=30,

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/safetensors.h"
+#include "worker/engine/tensor_memory.h"
 #include "common/status_macros.h"
 
 namespace shardline {
@@ -90,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const JobConfig& config, 
     return absl::InvalidArgumentError(absl::StrCat("[rank ", rank, "] communicators do not match the group plan (",
                                                    plan.shard_size, " x ", plan.replicate_size, ")"));
   }
+  TensorMemory::Install();
   std::unique_ptr<Engine> e(new Engine(config, rank, world, std::move(comms), timeout));
   SL_RETURN_IF_ERROR(e->Init());
   return e;
@@ -354,6 +356,7 @@ absl::Status Engine::OptimizerStep(int64_t step, double lr, double clip_coef) {
 absl::StatusOr<double> Engine::ComputeGradients(int64_t step) {
   exposed_comm_ = 0;
   ledger_.ResetPeak();
+  TensorMemory::ResetPeak();
   activation_peak_ = 0;
   const TrainConfig& t = config_.train;
   const int per_rank = t.batch_size / world_;
@@ -385,6 +388,7 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step) {
   r.tokens = static_cast<int64_t>(t.batch_size) * config_.model.block_size;
   r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   r.exposed_comm_seconds = exposed_comm_;
+  tensor_peak_ = TensorMemory::peak();
   return r;
 }
 
@@ -399,6 +403,7 @@ MemoryReport Engine::Memory() const {
   r.peak_bytes = ledger_.peak();
   r.activation_peak_bytes = activation_peak_;
   r.init_peak_bytes = init_peak_;
+  r.tensor_peak_bytes = tensor_peak_;
   return r;
 }
 

@@ -57,6 +57,10 @@ struct MemoryReport {
   int64_t peak_bytes = 0;
   int64_t activation_peak_bytes = 0;
   int64_t init_peak_bytes = 0;  // peak while the model was built
+  // Measured by the allocator (worker/engine/tensor_memory.h): every CPU
+  // tensor byte of the process at the peak of the last step, activations and
+  // temporaries included.
+  int64_t tensor_peak_bytes = 0;
   int64_t Of(MemKind k) const { return bytes[static_cast<int>(k)]; }
 };
 
@@ -150,6 +154,7 @@ class Engine {
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
   int64_t init_peak_ = 0;
+  int64_t tensor_peak_ = 0;
   double exposed_comm_ = 0;
   double loss_scale_ = 0;
   const absl::Duration timeout_;
