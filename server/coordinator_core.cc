@@ -2,9 +2,6 @@
 
 #include <sys/stat.h>
 
-#include <dirent.h>
-#include <unistd.h>
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -400,121 +397,6 @@ absl::StatusOr<v1::Ownership> CoordinatorCore::GetOwnership(const std::string& i
     u->set_group_size(l.group_size);
   }
   return o;
-}
-
-absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& report) {
-  absl::Status s = store_->PutCheckpointReport(report);
-  if (!s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(report.job_id());
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", report.job_id()));
-  JobRecord& r = it->second;
-  auto& step = r.ckpt_reports[report.step()];
-  step[report.rank()] = report;
-  if (static_cast<int>(step.size()) < JobOf(r).workers()) return absl::OkStatus();
-  s = CommitCheckpoint(r, report.step());
-  r.ckpt_reports.erase(report.step());
-  return s;
-}
-
-absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
-  v1::Job& j = JobOf(r);
-  const int world = j.workers();
-  const int g = ShardGroupSize(r.config, world);
-  auto layouts = gpt::OwnershipMap(r.config.model, g);
-  if (!layouts.ok()) return layouts.status();
-  CheckpointManifest m;
-  m.job = j.id();
-  m.step = step;
-  m.total_steps = r.config.train.steps;
-  m.data_step = step;
-  m.seed = r.config.train.seed;
-  m.model = r.config.model;
-  m.strategy = StrategyName(r.config.parallelism.strategy);
-  m.world_size = world;
-  m.shard_group_size = g;
-  for (const ShardLayout& l : *layouts) m.units.push_back({l.unit, l.numel, l.padded_numel, l.shard_numel, l.group_size});
-  std::string dir;
-  for (const auto& [rank, rep] : r.ckpt_reports[step]) {
-    const std::string& path = rep.path();
-    dir = path.substr(0, path.rfind('/'));
-    m.ranks.push_back({rank, path.substr(path.rfind('/') + 1), rep.size_bytes(), rep.checksum()});
-  }
-  absl::Status s = WriteManifest(dir, m);
-  if (!s.ok()) return s;
-  v1::CheckpointInfo* info = j.add_checkpoints();
-  info->set_step(step);
-  info->set_path(dir);
-  PruneCheckpoints(r);
-  Persist(r);
-  Notify(r);
-  return absl::OkStatus();
-}
-
-namespace {
-// Removes a step directory: the manifest first, so that a crash half-way
-// leaves something that is no longer a checkpoint rather than a broken one.
-void RemoveStepDir(const std::string& dir) {
-  ::unlink((dir + "/manifest.json").c_str());
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") ::unlink((dir + "/" + name).c_str());
-    }
-    closedir(d);
-  }
-  ::rmdir(dir.c_str());
-}
-}  // namespace
-
-void CoordinatorCore::PruneCheckpoints(JobRecord& r) {
-  v1::Job& j = JobOf(r);
-  const int keep = r.config.checkpoint.keep_latest;
-  if (keep > 0 && j.checkpoints_size() > keep) {
-    // Oldest first; the newest committed one is never among those removed.
-    const int drop = j.checkpoints_size() - keep;
-    for (int i = 0; i < drop; ++i) RemoveStepDir(j.checkpoints(i).path());
-    j.mutable_checkpoints()->DeleteSubrange(0, drop);
-  }
-  // Interrupted saves older than the newest commit, not being written now.
-  const int64_t newest = j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : -1;
-  if (DIR* d = opendir(j.checkpoint_root().c_str())) {
-    std::vector<std::string> partial;
-    while (dirent* e = readdir(d)) {
-      long long step = -1;
-      if (sscanf(e->d_name, "step-%lld", &step) != 1 || step >= newest || r.ckpt_reports.count(step)) continue;
-      const std::string dir = j.checkpoint_root() + "/" + e->d_name;
-      if (access((dir + "/manifest.json").c_str(), F_OK) != 0) partial.push_back(dir);
-    }
-    closedir(d);
-    for (const auto& p : partial) RemoveStepDir(p);
-  }
-}
-
-absl::Status CoordinatorCore::CheckpointNow(const std::string& id) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  if (JobOf(it->second).state() != "RUNNING") {
-    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobOf(it->second).state(),
-                                                      ", not RUNNING"));
-  }
-  for (const std::string& wid : JobOf(it->second).worker_ids()) {
-    auto w = workers_.find(wid);
-    if (w == workers_.end()) continue;
-    v1::CoordinatorMessage m;
-    m.mutable_checkpoint()->set_job_id(id);
-    w->second.channel->Send(m);
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<v1::CheckpointInfo>> CoordinatorCore::ListCheckpoints(const std::string& id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  const auto& c = it->second.stored.job.checkpoints();
-  return std::vector<v1::CheckpointInfo>(c.begin(), c.end());
 }
 
 absl::StatusOr<int> CoordinatorCore::Watch(const std::string& id, JobCallback cb) {
