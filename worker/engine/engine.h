@@ -94,9 +94,6 @@ class Engine {
   // The full fp32 parameters of one unit (padded), gathered from the shard
   // group. Every rank of the shard group must call it, in the same order.
   absl::StatusOr<at::Tensor> GatherUnitMaster(int unit);
-  // This rank's fp32 master shard of a unit (for tests and checkpoints).
-  const at::Tensor& MasterShard(int unit) const { return units_[unit]->master; }
-
   // This rank's optimizer state of a unit, as checkpoints save and load it:
   // fp32 master, Adam m and v, each layouts()[unit].shard_numel long.
   struct ShardState {

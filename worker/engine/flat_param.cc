@@ -95,7 +95,6 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
     grad_shard = OwnChunk(grad_full_);
   } else {
     grad_shard = NewTensor(shard, options_.reduce_dtype, MemKind::kGrads).zero_();
-    grad_shard_owned_ = true;
   }
   if (!options_.persistent_grads) FreeGrad();
 }

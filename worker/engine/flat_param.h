@@ -115,7 +115,6 @@ class FlatParam {
   MemoryLedger* const ledger_;
   at::Tensor unsharded_, grad_full_;
   std::vector<at::Tensor> weights_;
-  bool grad_shard_owned_ = false;
 };
 
 }  // namespace shardline

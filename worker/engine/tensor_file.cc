@@ -95,13 +95,4 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   return s;
 }
 
-absl::StatusOr<at::Tensor> ReadTensor(const SafetensorsReader& r, const std::string& name) {
-  auto it = r.entries().find(name);
-  if (it == r.entries().end()) return absl::NotFoundError(absl::StrCat(r.path(), ": no tensor ", name));
-  at::Tensor t = at::empty(it->second.shape, at::kFloat);
-  absl::Status s = r.ReadFloats(name, 0, t.numel(), t.data_ptr<float>());
-  if (!s.ok()) return s;
-  return t;
-}
-
 }  // namespace shardline

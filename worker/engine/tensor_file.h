@@ -12,11 +12,7 @@
 
 #include <ATen/ATen.h>
 
-#include <memory>
-
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "common/safetensors.h"
 
 namespace shardline {
 
@@ -26,8 +22,5 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                               const std::map<std::string, std::string>& metadata = {},
                               const std::function<void(size_t)>& after_tensor = nullptr);
-
-// The whole of an F32 tensor of a safetensors file.
-absl::StatusOr<at::Tensor> ReadTensor(const SafetensorsReader& r, const std::string& name);
 
 }  // namespace shardline
