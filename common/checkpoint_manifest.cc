@@ -20,6 +20,22 @@ using nlohmann::json;
 
 std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
+CheckpointManifest NewManifest(const std::string& job, const JobConfig& c, int world_size, int64_t step,
+                               const std::vector<ShardLayout>& ownership) {
+  CheckpointManifest m;
+  m.job = job;
+  m.step = step;
+  m.total_steps = c.train.steps;
+  m.data_step = step;  // data order is a function of the global step alone
+  m.seed = c.train.seed;
+  m.model = c.model;
+  m.strategy = StrategyName(c.parallelism.strategy);
+  m.world_size = world_size;
+  m.shard_group_size = ownership.empty() ? 1 : ownership.front().group_size;
+  for (const ShardLayout& l : ownership) m.units.push_back({l.unit, l.numel, l.padded_numel, l.shard_numel, l.group_size});
+  return m;
+}
+
 namespace {
 
 absl::Status SyncPath(const std::string& path, int flags) {

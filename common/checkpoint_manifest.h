@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/job_config.h"
+#include "common/shard_layout.h"
 
 namespace shardline {
 
@@ -46,6 +47,12 @@ struct CheckpointManifest {
 };
 
 std::string StepDirName(int64_t step);  // "step-00000010"
+
+// The manifest of job `job` after `step` completed steps, at `world_size`
+// ranks whose shards were cut by `ownership`; the rank files are added once
+// every rank reported.
+CheckpointManifest NewManifest(const std::string& job, const JobConfig& config, int world_size, int64_t step,
+                               const std::vector<ShardLayout>& ownership);
 
 absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m);
 // NotFound ("<dir>: no manifest.json: not a committed checkpoint") when absent.

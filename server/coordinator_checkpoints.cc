@@ -32,17 +32,7 @@ absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   const int g = ShardGroupSize(r.config, world);
   auto layouts = gpt::OwnershipMap(r.config.model, g);
   if (!layouts.ok()) return layouts.status();
-  CheckpointManifest m;
-  m.job = j.id();
-  m.step = step;
-  m.total_steps = r.config.train.steps;
-  m.data_step = step;
-  m.seed = r.config.train.seed;
-  m.model = r.config.model;
-  m.strategy = StrategyName(r.config.parallelism.strategy);
-  m.world_size = world;
-  m.shard_group_size = g;
-  for (const ShardLayout& l : *layouts) m.units.push_back({l.unit, l.numel, l.padded_numel, l.shard_numel, l.group_size});
+  CheckpointManifest m = NewManifest(j.id(), r.config, world, step, *layouts);
   std::string dir;
   for (const auto& [rank, rep] : r.ckpt_reports[step]) {
     const std::string& path = rep.path();

@@ -94,20 +94,7 @@ absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std:
 }
 
 CheckpointManifest ManifestFor(const Engine& engine, const JobConfig& c, int64_t step) {
-  CheckpointManifest m;
-  m.job = c.name;
-  m.step = step;
-  m.total_steps = c.train.steps;
-  m.data_step = step;  // data order is a function of the global step alone
-  m.seed = c.train.seed;
-  m.model = c.model;
-  m.strategy = StrategyName(c.parallelism.strategy);
-  m.world_size = engine.world();
-  m.shard_group_size = engine.shard_group_size();
-  for (const ShardLayout& l : engine.layouts()) {
-    m.units.push_back({l.unit, l.numel, l.padded_numel, l.shard_numel, l.group_size});
-  }
-  return m;
+  return NewManifest(c.name, c, engine.world(), step, engine.layouts());
 }
 
 absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfig& c, const std::string& dir) {
