@@ -100,14 +100,7 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int 
   SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobConfig(text, path));
   const int w = workers > 0 ? workers : cfg.workers;
   SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, path));
-  auto resolve = [&](const std::string& p) { return p[0] == '/' ? p : base + "/" + p; };
-  if (cfg.data.format != DataFormat::kSynthetic && !std::filesystem::is_regular_file(resolve(cfg.data.path), ec)) {
-    return absl::NotFoundError(absl::StrCat(path, ": [data] path: ", resolve(cfg.data.path), ": no such file"));
-  }
-  if (!cfg.model.init_from.empty() && !std::filesystem::is_regular_file(resolve(cfg.model.init_from), ec)) {
-    return absl::NotFoundError(
-        absl::StrCat(path, ": [model] init_from: ", resolve(cfg.model.init_from), ": no such file"));
-  }
+  SL_RETURN_IF_ERROR(CheckJobFiles(cfg, base, path));
   req.set_workers(w);
   return req;
 }

@@ -7,6 +7,9 @@
 
 namespace shardline {
 
+// Writes all n bytes to fd (retrying short writes and EINTR); errors name `path`.
+absl::Status WriteFully(int fd, const void* data, size_t n, const std::string& path);
+
 // The whole file; NotFound naming the file and `what` it was meant to be.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what);
 

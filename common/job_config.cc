@@ -1,5 +1,7 @@
 #include "common/job_config.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <functional>
 #include <map>
@@ -263,6 +265,26 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ParseJobConfig(ss.str(), path);
+}
+
+std::string ResolveJobPath(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
+  return base_dir + "/" + path;
+}
+
+absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, const std::string& source) {
+  auto missing = [&](const char* key, const std::string& p) {
+    const std::string full = ResolveJobPath(base_dir, p);
+    struct stat st;
+    if (stat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return absl::OkStatus();
+    return absl::NotFoundError(absl::StrCat(source, ": ", key, ": ", full, ": no such file"));
+  };
+  if (c.data.format != DataFormat::kSynthetic) {
+    absl::Status s = missing("[data] path", c.data.path);
+    if (!s.ok()) return s;
+  }
+  if (!c.model.init_from.empty()) return missing("[model] init_from", c.model.init_from);
+  return absl::OkStatus();
 }
 
 absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string& src) {

@@ -93,6 +93,14 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
 // ranks (n_embd % n_head, batch divisibility, shard group size, ...).
 absl::Status ValidateJobConfig(const JobConfig& c, int world_size, const std::string& source);
 
+// A path of the job file (data, init_from, checkpoint dir) as the programs
+// see it: relative paths resolve against `base_dir`, the job file's folder.
+std::string ResolveJobPath(const std::string& base_dir, const std::string& path);
+
+// The files the job reads exist: [data] path (unless synthetic) and
+// [model] init_from; NotFound names the key and the resolved path.
+absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, const std::string& source);
+
 // The shard group size G actually used: world for ZeRO strategies, 1 for
 // no_shard, shard_group_size (or the world) for the hybrid ones.
 int ShardGroupSize(const JobConfig& c, int world_size);

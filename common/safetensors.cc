@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 
 namespace shardline {
 
@@ -100,10 +101,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter
   w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w->fd_ < 0) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
   const uint64_t len = text.size();
-  if (::write(w->fd_, &len, 8) != 8 ||
-      ::write(w->fd_, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-    return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(errno)));
-  }
+  absl::Status s = WriteFully(w->fd_, &len, 8, path);
+  if (s.ok()) s = WriteFully(w->fd_, text.data(), text.size(), path);
+  if (!s.ok()) return s;
   return w;
 }
 
@@ -113,22 +113,13 @@ SafetensorsStreamWriter::~SafetensorsStreamWriter() {
 }
 
 absl::Status SafetensorsStreamWriter::Append(const float* data, int64_t count) {
-  const char* p = reinterpret_cast<const char*>(data);
-  int64_t left = count * 4;
-  if (written_bytes_ + left > expected_bytes_) {
+  const int64_t bytes = count * 4;
+  if (written_bytes_ + bytes > expected_bytes_) {
     return absl::InternalError(absl::StrCat(path_, ": more data than the header declares"));
   }
-  while (left > 0) {
-    const ssize_t n = ::write(fd_, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::DataLossError(absl::StrCat(path_, ": write failed: ", std::strerror(errno)));
-    }
-    p += n;
-    left -= n;
-    written_bytes_ += n;
-  }
-  return absl::OkStatus();
+  absl::Status s = WriteFully(fd_, data, static_cast<size_t>(bytes), path_);
+  if (s.ok()) written_bytes_ += bytes;
+  return s;
 }
 
 absl::Status SafetensorsStreamWriter::Finish() {

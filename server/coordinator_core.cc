@@ -15,10 +15,6 @@ bool IsFinal(const std::string& s) { return s == "SUCCEEDED" || s == "FAILED" ||
 
 namespace {
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
-bool FileExists(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(StateStore* store, CoordinatorOptions options)
@@ -284,16 +280,8 @@ absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobR
     absl::Status same = CheckSameModel(*m, cfg->model, req.resume_from());
     if (!same.ok()) return same;
   }
-  auto resolve = [&](const std::string& p) {
-    return (!p.empty() && p[0] == '/') || req.base_dir().empty() ? p : req.base_dir() + "/" + p;
-  };
-  if (cfg->data.format != DataFormat::kSynthetic && !FileExists(resolve(cfg->data.path))) {
-    return absl::NotFoundError(absl::StrCat(source, ": [data] path: ", resolve(cfg->data.path), ": no such file"));
-  }
-  if (!cfg->model.init_from.empty() && !FileExists(resolve(cfg->model.init_from))) {
-    return absl::NotFoundError(
-        absl::StrCat(source, ": [model] init_from: ", resolve(cfg->model.init_from), ": no such file"));
-  }
+  s = CheckJobFiles(*cfg, req.base_dir(), source);
+  if (!s.ok()) return s;
   return cfg;
 }
 
@@ -319,8 +307,7 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   j.set_base_dir(req.base_dir());
   j.set_resume_from(req.resume_from());
   const std::string id = j.id();
-  std::string root = cfg->checkpoint.dir.empty() ? "ckpt" : cfg->checkpoint.dir;
-  if (root[0] != '/' && !req.base_dir().empty()) root = req.base_dir() + "/" + root;
+  std::string root = ResolveJobPath(req.base_dir(), cfg->checkpoint.dir.empty() ? "ckpt" : cfg->checkpoint.dir);
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   j.set_checkpoint_root(root + "/" + id);
   auto [it, _] = jobs_.emplace(id, std::move(r));

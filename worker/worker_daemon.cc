@@ -221,9 +221,8 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
                                                  ": this engine version trains on CPU ranks only"));
   }
   SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(a.spec_toml(), a.job_id()));
-  for (std::string* path : {&config.data.path, &config.model.init_from}) {
-    if (!path->empty() && (*path)[0] != '/' && !a.base_dir().empty()) *path = a.base_dir() + "/" + *path;
-  }
+  config.data.path = ResolveJobPath(a.base_dir(), config.data.path);
+  config.model.init_from = ResolveJobPath(a.base_dir(), config.model.init_from);
   SL_RETURN_IF_ERROR(ValidateJobConfig(config, a.world_size(), a.job_id()));
   at::set_num_threads(options_.threads);
   const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.collective_timeout));

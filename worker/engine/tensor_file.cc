@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
@@ -34,20 +35,6 @@ std::string JsonString(const std::string& s) {
     out += c;
   }
   return out + "\"";
-}
-
-absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(errno)));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -80,10 +67,10 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
   uint64_t len = header.size();  // little-endian on every platform we build for
-  absl::Status s = WriteAll(fd, &len, sizeof(len), path);
-  if (s.ok()) s = WriteAll(fd, header.data(), header.size(), path);
+  absl::Status s = WriteFully(fd, &len, sizeof(len), path);
+  if (s.ok()) s = WriteFully(fd, header.data(), header.size(), path);
   for (size_t i = 0; i < data.size(); ++i) {
-    if (s.ok()) s = WriteAll(fd, data[i].data_ptr(), data[i].nbytes(), path);
+    if (s.ok()) s = WriteFully(fd, data[i].data_ptr(), data[i].nbytes(), path);
     if (s.ok() && after_tensor) after_tensor(i + 1);
   }
   if (s.ok() && ::fsync(fd) != 0) s = absl::DataLossError(absl::StrCat(path, ": fsync failed"));
