@@ -35,7 +35,6 @@
 namespace shardline::ctl {
 namespace {
 
-bool IsFinal(const std::string& s) { return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED"; }
 
 struct Options {
   std::string coordinator, token_file, tls_ca;
@@ -171,7 +170,7 @@ absl::Status Watch(const Client& c, const std::string& id) {
       std::cout << JobJson(j) << std::endl;
     } else if (tty) {
       std::cout << "\r" << ProgressLine(j, eta) << "\033[K" << std::flush;
-    } else if (j.step() != last_step || IsFinal(j.state())) {
+    } else if (j.step() != last_step || IsFinalJobState(j.state())) {
       std::cout << ProgressLine(j, eta) << std::endl;
     }
     last_step = j.step();

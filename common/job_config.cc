@@ -267,6 +267,8 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
   return ParseJobConfig(ss.str(), path);
 }
 
+bool IsFinalJobState(const std::string& s) { return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED"; }
+
 std::string ResolveJobPath(const std::string& base_dir, const std::string& path) {
   if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
   return base_dir + "/" + path;

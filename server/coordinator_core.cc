@@ -11,7 +11,6 @@
 
 namespace shardline {
 
-bool IsFinal(const std::string& s) { return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED"; }
 
 namespace {
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
@@ -66,7 +65,7 @@ void CoordinatorCore::Transition(JobRecord& r, const std::string& state, const s
   if (!message.empty()) j.set_message(message);
   Persist(r);
   Notify(r);
-  if (IsFinal(state)) {
+  if (IsFinalJobState(state)) {
     // The job's rendezvous keys are of no further use.
     const std::string prefix = j.id() + "/";
     for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = kv_.erase(it);
@@ -340,7 +339,7 @@ absl::StatusOr<v1::Job> CoordinatorCore::Cancel(const std::string& id) {
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
   JobRecord& r = it->second;
   const std::string state = JobOf(r).state();
-  if (IsFinal(state)) {
+  if (IsFinalJobState(state)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is already ", state));
   }
   if (state == "PENDING") queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());

@@ -152,7 +152,5 @@ class CoordinatorCore {
   int next_job_ = 1, next_worker_ = 1, next_watch_ = 1;
 };
 
-// Whether a job state is final.
-bool IsFinal(const std::string& state);
 
 }  // namespace shardline

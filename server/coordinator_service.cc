@@ -132,7 +132,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::Job> {
     absl::MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) return FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
-    if (IsFinal(current_.state())) return FinishLocked(grpc::Status::OK);
+    if (IsFinalJobState(current_.state())) return FinishLocked(grpc::Status::OK);
     if (has_pending_) {
       has_pending_ = false;
       current_ = pending_;

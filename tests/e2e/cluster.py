@@ -17,6 +17,10 @@ WORKER = os.path.join(BUILD, "worker", "shardline-worker")
 SHARDCTL = os.path.join(BUILD, "client", "shardctl")
 _procs = []
 
+# One pass/fail reporter for every test script (the closing line ctest reads).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+from harness import Checks  # noqa: E402,F401
+
 
 def _cleanup():
     for p in _procs:
@@ -132,20 +136,3 @@ class Cluster:
     def kill_coordinator(self):
         self.coordinator.send_signal(signal.SIGKILL)
         self.coordinator.wait()
-
-
-class Checks:
-    def __init__(self):
-        self.passed, self.failed = 0, []
-
-    def check(self, ok, name, detail=""):
-        print(("PASS " if ok else "FAIL ") + name + (f"  {detail}" if detail else ""), flush=True)
-        if ok:
-            self.passed += 1
-        else:
-            self.failed.append(name)
-        return ok
-
-    def finish(self):
-        print(f"{self.passed} passed, {len(self.failed)} failed")
-        sys.exit(1 if self.failed else 0)

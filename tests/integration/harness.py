@@ -125,6 +125,7 @@ class Checks:
             self.failed.append(name)
             print(f"FAIL {name} {detail}".rstrip())
         sys.stdout.flush()
+        return ok
 
     def finish(self):
         print(f"{self.passed} passed, {len(self.failed)} failed")
