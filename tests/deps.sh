@@ -4,7 +4,8 @@
 SHARDLINE_TORCH_VERSION="2.11.0"
 SHARDLINE_APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libtomlplusplus-dev libcli11-dev libsqlite3-dev libgtest-dev libgmock-dev libgloo-dev openssl libssl-dev nlohmann-json3-dev)
+  libtomlplusplus-dev libcli11-dev libsqlite3-dev libgtest-dev libgmock-dev libgloo-dev openssl libssl-dev nlohmann-json3-dev
+  libcivetweb-dev prometheus)
 
 shardline_install_deps() {
   local missing=()

@@ -1,0 +1,63 @@
+#include "common/metrics_http.h"
+
+#include <civetweb.h>
+
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardline::metrics {
+
+struct MetricsServer::Route {
+  std::string content_type;
+  std::function<std::string()> body;
+};
+
+namespace {
+
+int Serve(mg_connection* conn, void* cbdata) {
+  const auto* route = static_cast<const MetricsServer::Route*>(cbdata);
+  const std::string body = route->body();
+  mg_send_http_ok(conn, route->content_type.c_str(), static_cast<long long>(body.size()));
+  mg_write(conn, body.data(), body.size());
+  return 200;
+}
+
+}  // namespace
+
+std::string ListenAddressForPort(int port) { return absl::StrCat("0.0.0.0:", port); }
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
+                                                                     const Registry* registry,
+                                                                     std::map<std::string, JsonHandler> extra) {
+  static std::once_flag init;
+  std::call_once(init, [] { mg_init_library(0); });
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  // Two threads: a scrape is small and Prometheus scrapes one target serially.
+  const char* options[] = {"listening_ports", listen.c_str(), "num_threads", "2", "request_timeout_ms", "10000",
+                           nullptr};
+  mg_callbacks callbacks{};
+  server->ctx_ = mg_start(&callbacks, nullptr, options);
+  if (!server->ctx_) return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen));
+  mg_server_port ports[4];
+  const int n = mg_get_server_ports(server->ctx_, 4, ports);
+  if (n < 1) return absl::UnavailableError(absl::StrCat("metrics: no port bound for ", listen));
+  server->port_ = ports[0].port;
+  auto metrics = std::make_unique<Route>(
+      Route{"text/plain; version=0.0.4; charset=utf-8", [registry] { return registry->Serialize(); }});
+  server->routes_["/metrics"] = std::move(metrics);
+  for (auto& [path, handler] : extra) {
+    server->routes_[path] = std::make_unique<Route>(Route{"application/json", std::move(handler)});
+  }
+  for (auto& [path, route] : server->routes_) {
+    // "$" makes the match exact: /metrics must not also serve /metricsfoo.
+    mg_set_request_handler(server->ctx_, (path + "$").c_str(), Serve, route.get());
+  }
+  return server;
+}
+
+MetricsServer::~MetricsServer() {
+  if (ctx_) mg_stop(ctx_);
+}
+
+}  // namespace shardline::metrics
