@@ -83,6 +83,7 @@ class FamilyBase {
   virtual ~FamilyBase() = default;
   const std::string& name() const { return name_; }
   virtual void Write(std::string* out) const = 0;
+  virtual void Clear() = 0;  // drops every series
 
  protected:
   void WriteHeader(std::string* out) const;
@@ -105,7 +106,7 @@ class Family : public FamilyBase {
     absl::MutexLock lock(&mu_);
     series_.erase(labels);
   }
-  void Clear() {
+  void Clear() override {
     absl::MutexLock lock(&mu_);
     series_.clear();
   }

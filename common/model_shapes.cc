@@ -43,6 +43,12 @@ int64_t NumParams(const ModelConfig& m) {
   return n;
 }
 
+double TrainingFlopsPerToken(const ModelConfig& m) {
+  const double n = static_cast<double>(NumParams(m)) - static_cast<double>(m.block_size) * m.n_embd;
+  const double q = static_cast<double>(m.n_embd) / m.n_head;
+  return 6 * n + 12.0 * m.n_layer * m.n_head * q * m.block_size;
+}
+
 absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int group_size) {
   std::vector<ShardLayout> out;
   for (int u = 0; u < NumUnits(m); ++u) {

@@ -22,6 +22,12 @@ int HeadUnit(const ModelConfig& m);
 std::vector<ParamSpec> UnitParams(const ModelConfig& m, int unit);
 int64_t NumParams(const ModelConfig& m);  // unique parameters (wte counted once)
 
+// Training FLOPs per token, forward and backward (PaLM appendix B, as nanoGPT's
+// estimate_mfu): 6N + 12*L*H*Q*T, with N the parameters less the position
+// embedding (a lookup, not a matmul; the tied wte is the lm_head's matmul),
+// L layers, H heads of size Q, and T the sequence length.
+double TrainingFlopsPerToken(const ModelConfig& m);
+
 // The ownership map: every unit's layout for shard group size `group_size`.
 absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int group_size);
 

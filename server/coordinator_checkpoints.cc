@@ -21,7 +21,9 @@ absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& repor
   auto& step = r.ckpt_reports[report.step()];
   step[report.rank()] = report;
   if (static_cast<int>(step.size()) < JobOf(r).workers()) return absl::OkStatus();
+  const absl::Time t0 = absl::Now();
   s = CommitCheckpoint(r, report.step());
+  if (options_.events.checkpoint_committed) options_.events.checkpoint_committed(absl::Now() - t0, s.ok());
   r.ckpt_reports.erase(report.step());
   return s;
 }

@@ -63,6 +63,7 @@ void CoordinatorCore::Transition(JobRecord& r, const std::string& state, const s
   v1::Job& j = JobOf(r);
   j.set_state(state);
   if (!message.empty()) j.set_message(message);
+  if (IsFinalJobState(state)) j.clear_stalled();
   Persist(r);
   Notify(r);
   if (IsFinalJobState(state)) {
@@ -119,6 +120,7 @@ void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) 
   if (it == workers_.end()) return;
   const v1::WorkerInfo info = it->second.info;
   workers_.erase(it);
+  if (options_.events.worker_lost) options_.events.worker_lost();
   if (info.state() != "BUSY") return;
   auto j = jobs_.find(info.job_id());
   if (j == jobs_.end() || JobOf(j->second).state() != "RUNNING") return;
@@ -132,8 +134,14 @@ void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) 
 void CoordinatorCore::OnHeartbeat(const std::string& id, const v1::Heartbeat& hb) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);
-  if (it != workers_.end()) it->second.last_heartbeat = absl::Now();
-  (void)hb;
+  if (it == workers_.end()) return;
+  it->second.last_heartbeat = absl::Now();
+  const v1::WorkerInfo& w = it->second.info;
+  if (w.state() != "BUSY") return;
+  auto j = jobs_.find(w.job_id());
+  if (j != jobs_.end() && JobOf(j->second).state() == "RUNNING") {
+    RecordProgress(j->second, w.rank(), hb.step(), hb.last_collective_seq());
+  }
 }
 
 void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
@@ -141,7 +149,10 @@ void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
   auto w = workers_.find(id);
   if (w != workers_.end()) w->second.last_heartbeat = absl::Now();
   auto it = jobs_.find(p.job_id());
-  if (it == jobs_.end() || JobOf(it->second).state() != "RUNNING" || p.rank() != 0) return;
+  if (it == jobs_.end() || JobOf(it->second).state() != "RUNNING") return;
+  const auto known = it->second.progress.find(p.rank());
+  RecordProgress(it->second, p.rank(), p.step(), known == it->second.progress.end() ? 0 : known->second.seq);
+  if (p.rank() != 0) return;
   v1::Job& j = JobOf(it->second);
   j.set_step(p.step());
   j.set_loss(p.loss());
@@ -228,6 +239,9 @@ void CoordinatorCore::Schedule() {
       a->set_checkpoint_root(j.checkpoint_root());
       w->channel->Send(m);
     }
+    r.started = absl::Now();
+    r.connected_ranks.clear();
+    r.progress.clear();
     Transition(r, "RUNNING", absl::StrFormat("running on %d workers", j.workers()));
   }
 }
@@ -244,6 +258,7 @@ void CoordinatorCore::Tick(absl::Time now) {
     LoseWorker(id, absl::StrCat("no heartbeat for ", absl::FormatDuration(lost_after)));
     ch->Close(absl::UnavailableError("heartbeats stopped"));
   }
+  UpdateStalls(now);
   for (auto& [id, r] : jobs_) {
     if (JobOf(r).state() == "RUNNING" && !r.reported_failure.empty() && now >= r.fail_at) {
       StopRanks(r, r.reported_failure, "");
@@ -320,13 +335,19 @@ absl::StatusOr<v1::Job> CoordinatorCore::GetJob(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  return it->second.stored.job;
+  v1::Job j = it->second.stored.job;
+  FillRanks(it->second, absl::Now(), &j);
+  return j;
 }
 
 std::vector<v1::Job> CoordinatorCore::ListJobs() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Job> out;
-  for (const auto& [id, r] : jobs_) out.push_back(r.stored.job);
+  const absl::Time now = absl::Now();
+  for (const auto& [id, r] : jobs_) {
+    out.push_back(r.stored.job);
+    FillRanks(r, now, &out.back());
+  }
   std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {
     return a.created_unix_ms() != b.created_unix_ms() ? a.created_unix_ms() < b.created_unix_ms() : a.id() < b.id();
   });

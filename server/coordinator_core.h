@@ -40,9 +40,22 @@ class WorkerChannel {
   virtual void Close(const absl::Status& why) = 0;
 };
 
+// Optional hooks for the coordinator's metrics; called with the core's lock
+// held, so they must be cheap and must not call back into the core.
+struct CoreEvents {
+  std::function<void(absl::Duration)> rendezvous_done;  // a job's ranks all connected
+  std::function<void(absl::Duration, bool ok)> checkpoint_committed;
+  std::function<void()> worker_lost;
+};
+
 struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   int lost_after_missed = 3;  // heartbeats
+  // A running job none of whose ranks advanced a step or a collective for
+  // this long is stalled: GetJob names the rank(s) at fault (Job.stalled)
+  // and the metrics flag them. Informational: the job keeps running.
+  absl::Duration stall_after = absl::Seconds(10);
+  CoreEvents events;
   // A rank's failure report is held this long before it fails the job: when
   // a peer dies, the survivors' collectives fail at once, often before the
   // dead worker's session is seen to drop, and the job should name the root
@@ -70,6 +83,7 @@ class CoordinatorCore {
   void OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& hb);
   void OnProgress(const std::string& worker_id, const v1::Progress& p);
   void OnFinished(const std::string& worker_id, const v1::RankFinished& f);
+  void OnConnected(const std::string& worker_id, const v1::RankConnected& c);
 
   // ---- jobs (from clients) ----
   absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& req);
@@ -110,8 +124,17 @@ class CoordinatorCore {
     WorkerChannel* channel = nullptr;
     absl::Time last_heartbeat;
   };
+  // What heartbeats and progress said about one rank of a running job.
+  struct RankProgress {
+    int64_t step = 0, seq = 0;
+    absl::Time last_change;  // when step or seq last moved
+  };
   struct JobRecord {
     StoredJob stored;
+    absl::Time started;                   // when it turned RUNNING
+    std::set<int> connected_ranks;        // rendezvous done
+    std::map<int, RankProgress> progress;  // by rank
+    std::set<int> stalled_ranks;           // named in Job.stalled
     JobConfig config;
     std::set<int> finished_ranks;
     absl::Time last_persist;
@@ -138,6 +161,11 @@ class CoordinatorCore {
   void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitCheckpoint(JobRecord& r, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PruneCheckpoints(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank health (coordinator_health.cc).
+  void RecordProgress(JobRecord& r, int rank, int64_t step, int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillRanks(const JobRecord& r, absl::Time now, v1::Job* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets or clears Job.stalled of every running job; tells watchers of changes.
+  void UpdateStalls(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobConfig> ParseAndValidate(const v1::SubmitJobRequest& req, int* workers) const;
 
   StateStore* const store_;

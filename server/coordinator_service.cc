@@ -16,7 +16,8 @@ namespace {
 class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>,
                        public WorkerChannel {
  public:
-  SessionReactor(CoordinatorCore* core, const absl::Status& auth) : core_(core) {
+  SessionReactor(CoordinatorCore* core, const absl::Status& auth, std::string peer)
+      : core_(core), peer_(std::move(peer)) {
     if (!auth.ok()) {
       Close(auth);
       return;
@@ -82,7 +83,9 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
   absl::Status Handle(const v1::WorkerMessage& m) {
     if (m.has_register_()) {
       if (!id_.empty()) return absl::FailedPreconditionError("this session already registered");
-      auto reg = core_->RegisterWorker(m.register_(), this);
+      v1::WorkerInfo info = m.register_();
+      info.set_peer_address(peer_);
+      auto reg = core_->RegisterWorker(std::move(info), this);
       if (!reg.ok()) return reg.status();
       id_ = reg->worker_id();
       return absl::OkStatus();
@@ -91,6 +94,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
     if (m.has_heartbeat()) core_->OnHeartbeat(id_, m.heartbeat());
     if (m.has_progress()) core_->OnProgress(id_, m.progress());
     if (m.has_finished()) core_->OnFinished(id_, m.finished());
+    if (m.has_connected()) core_->OnConnected(id_, m.connected());
     return absl::OkStatus();
   }
   void Gone(const std::string& why) {
@@ -100,6 +104,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
   }
 
   CoordinatorCore* const core_;
+  const std::string peer_;  // grpc's "ipv4:1.2.3.4:port" form
   v1::WorkerMessage in_;
   std::string id_;  // touched only by the read path and OnDone, which never overlap
   bool gone_ = false;
@@ -217,7 +222,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Done(grpc::CallbackServerContext* 
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* CoordinatorService::WorkerSession(
     grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(core_, Authorize(ctx));
+  return new SessionReactor(core_, Authorize(ctx), ctx->peer());
 }
 
 grpc::ServerWriteReactor<v1::Job>* CoordinatorService::WatchJob(grpc::CallbackServerContext* ctx,

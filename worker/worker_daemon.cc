@@ -12,6 +12,7 @@
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/engine.h"
 #include "worker/remote_store.h"
+#include "worker/worker_metrics.h"
 
 namespace shardline {
 namespace {
@@ -107,6 +108,7 @@ absl::Status WorkerDaemon::RunSession() {
   info->set_device(options_.device);
   info->set_memory_bytes(MemoryBytes());
   info->set_pid(getpid());
+  info->set_metrics_port(options_.metrics->port());
   info->add_capabilities("gloo");
   {
     absl::MutexLock lock(&job_mu_);
@@ -142,7 +144,7 @@ void WorkerDaemon::HeartbeatLoop() {
     }
     v1::WorkerMessage m;
     m.mutable_heartbeat()->set_step(step_);
-    m.mutable_heartbeat()->set_last_collective_seq(collective_seq_);
+    m.mutable_heartbeat()->set_last_collective_seq(options_.metrics->last_collective_seq());
     if (!Write(m)) return;
     // Sleep in small slices so a closed session ends this loop promptly.
     const absl::Time until = absl::Now() + every;
@@ -183,7 +185,6 @@ void WorkerDaemon::HandleCommand(const v1::CoordinatorMessage& m) {
     cancel_ = false;
     save_requested_ = false;
     step_ = 0;
-    collective_seq_ = 0;
     job_thread_ = std::thread([this, a = m.start()] { RunJob(a); });
   }
 }
@@ -229,7 +230,18 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   c10::intrusive_ptr<c10d::Store> store =
       c10::make_intrusive<RemoteStore>(channel_, options_.token, a.job_id() + "/", timeout);
   const GroupPlan plan = PlanGroups(config, a.rank(), a.world_size());
+  WorkerMetrics& metrics = *options_.metrics;
+  metrics.BeginJob(a.job_id(), a.rank(), a.world_size(), config.model,
+                   options_.peak_flops > 0 ? options_.peak_flops : DefaultPeakFlops(options_.device, options_.threads));
   SL_ASSIGN_OR_RETURN(Communicators comms, ConnectGlooGroups(store, plan, options_.collective_timeout));
+  comms.shard->set_observer(metrics.ObserverFor(/*shard_group=*/true));
+  comms.replicate->set_observer(metrics.ObserverFor(/*shard_group=*/false));
+  {
+    v1::WorkerMessage connected;
+    connected.mutable_connected()->set_job_id(a.job_id());
+    connected.mutable_connected()->set_rank(a.rank());
+    Write(connected);
+  }
   SL_ASSIGN_OR_RETURN(auto engine,
                       Engine::Create(config, a.rank(), a.world_size(), std::move(comms), options_.collective_timeout));
   int64_t start = 0;
@@ -241,7 +253,7 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     if (cancel_) return absl::CancelledError(absl::StrCat("stopped before step ", s));
     SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
     step_ = s + 1;
-    collective_seq_ = engine->ShardCommStats().last_completed_seq;
+    metrics.OnStep(r, engine->Memory());
     v1::WorkerMessage m;
     v1::Progress* p = m.mutable_progress();
     p->set_job_id(a.job_id());
@@ -274,20 +286,10 @@ absl::Status WorkerDaemon::WaitForSave() {
 absl::Status WorkerDaemon::SaveAndReport(const Engine& engine, const v1::Assignment& a, int64_t step, bool async) {
   SL_RETURN_IF_ERROR(WaitForSave());  // one save in flight at most
   auto write = [this, a, step](ShardSnapshot snap) -> absl::Status {
-    const std::string dir = a.checkpoint_root() + "/" + StepDirName(step);
-    SL_ASSIGN_OR_RETURN(ManifestRankFile f, WriteRankShards(snap, dir, step));
-    v1::CheckpointReport rep;
-    rep.set_job_id(a.job_id());
-    rep.set_rank(a.rank());
-    rep.set_step(step);
-    rep.set_path(dir + "/" + f.file);
-    rep.set_size_bytes(f.size);
-    rep.set_checksum(f.sha256);
-    grpc::ClientContext ctx;
-    AddAuth(&ctx);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    v1::CheckpointReportResponse resp;
-    return FromGrpcStatus(stub_->ReportCheckpoint(&ctx, rep, &resp));
+    const absl::Time t0 = absl::Now();
+    absl::StatusOr<int64_t> bytes = WriteAndReport(snap, a, step);
+    options_.metrics->OnCheckpoint(absl::ToDoubleSeconds(absl::Now() - t0), bytes.ok() ? *bytes : 0, bytes.ok());
+    return bytes.status();
   };
   if (!async) return write(SnapshotShards(engine, /*copy=*/false));
   // The step loop pays only for this copy; the write runs beside training.
@@ -296,4 +298,24 @@ absl::Status WorkerDaemon::SaveAndReport(const Engine& engine, const v1::Assignm
   });
   return absl::OkStatus();
 }
+
+absl::StatusOr<int64_t> WorkerDaemon::WriteAndReport(const ShardSnapshot& snap, const v1::Assignment& a,
+                                                     int64_t step) {
+  const std::string dir = a.checkpoint_root() + "/" + StepDirName(step);
+  SL_ASSIGN_OR_RETURN(ManifestRankFile f, WriteRankShards(snap, dir, step));
+  v1::CheckpointReport rep;
+  rep.set_job_id(a.job_id());
+  rep.set_rank(a.rank());
+  rep.set_step(step);
+  rep.set_path(dir + "/" + f.file);
+  rep.set_size_bytes(f.size);
+  rep.set_checksum(f.sha256);
+  grpc::ClientContext ctx;
+  AddAuth(&ctx);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::CheckpointReportResponse resp;
+  SL_RETURN_IF_ERROR(FromGrpcStatus(stub_->ReportCheckpoint(&ctx, rep, &resp)));
+  return f.size;
+}
+
 }  // namespace shardline

@@ -16,11 +16,15 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "shardline/v1/shardline.grpc.pb.h"
 
 namespace shardline {
+
+struct ShardSnapshot;  // worker/checkpoint/checkpoint.h
+class WorkerMetrics;   // worker/worker_metrics.h
 
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:50051";
@@ -29,6 +33,9 @@ struct WorkerOptions {
   std::string host;  // defaults to the machine's hostname
   int threads = 1;   // intra-op threads for the engine
   absl::Duration collective_timeout = absl::Seconds(30);
+  double peak_flops = 0;  // one device's peak FLOP/s for MFU; 0 = DefaultPeakFlops
+  // Where the worker's metrics go (served or not); required.
+  std::shared_ptr<WorkerMetrics> metrics;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
@@ -53,6 +60,8 @@ class WorkerDaemon {
   // background thread (one save in flight at most; the next waits for it).
   absl::Status SaveAndReport(const class Engine& engine, const v1::Assignment& a, int64_t step, bool async);
   absl::Status WaitForSave();
+  // Writes the shards of `snap` and reports them; returns the bytes written.
+  absl::StatusOr<int64_t> WriteAndReport(const ShardSnapshot& snap, const v1::Assignment& a, int64_t step);
   bool Write(const v1::WorkerMessage& m);
   void HeartbeatLoop();
   void AddAuth(grpc::ClientContext* ctx) const;
@@ -75,7 +84,6 @@ class WorkerDaemon {
   std::atomic<int64_t> step_{0};
   std::thread save_thread_;       // the async save in flight (job thread only)
   absl::Status save_status_;      // its outcome, read after joining
-  std::atomic<int64_t> collective_seq_{0};  // last finished collective, for heartbeats
 };
 
 }  // namespace shardline

@@ -1,5 +1,5 @@
 // shardline-worker --coordinator ADDR --device cpu|cuda:N [--token-file F]
-//                  [--tls-ca F] [--host NAME] [--threads N]
+//                  [--tls-ca F] [--host NAME] [--threads N] [--metrics-port P]
 // One worker daemon per device. SIGINT/SIGTERM stop it.
 #include <signal.h>
 
@@ -13,12 +13,14 @@
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
 #include "worker/worker_daemon.h"
+#include "worker/worker_metrics.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"shardline-worker: a Shardline worker daemon"};
   shardline::WorkerOptions o;
   std::string token_file, tls_ca;
   double timeout_s = 30;
+  int metrics_port = -1;
   app.add_option("--coordinator", o.coordinator, "coordinator address (host:port)");
   app.add_option("--device", o.device, "cpu or cuda:N");
   app.add_option("--token-file", token_file, "file holding the coordinator's token");
@@ -26,6 +28,8 @@ int main(int argc, char** argv) {
   app.add_option("--host", o.host, "host name to register (default: this machine's)");
   app.add_option("--threads", o.threads, "intra-op threads for training");
   app.add_option("--collective-timeout", timeout_s, "deadline of every collective and rendezvous, seconds");
+  app.add_option("--metrics-port", metrics_port, "serve Prometheus /metrics on this port (0: any free port)");
+  app.add_option("--peak-flops", o.peak_flops, "one device's peak FLOP/s for MFU (default: per device kind)");
   CLI11_PARSE(app, argc, argv);
   if (o.device != "cpu" && o.device.rfind("cuda:", 0) != 0) {
     std::cerr << "shardline-worker: --device " << o.device << ": expected cpu or cuda:N" << std::endl;
@@ -50,6 +54,15 @@ int main(int argc, char** argv) {
     o.credentials = grpc::SslCredentials(ssl);
   }
   o.collective_timeout = absl::Seconds(timeout_s);
+  auto metrics = shardline::WorkerMetrics::Start(
+      metrics_port >= 0 ? shardline::metrics::ListenAddressForPort(metrics_port) : "");
+  if (!metrics.ok()) {
+    std::cerr << "shardline-worker: --metrics-port " << metrics_port << ": " << metrics.status().message()
+              << std::endl;
+    return 1;
+  }
+  o.metrics = std::move(*metrics);
+  if (metrics_port >= 0) std::cerr << "shardline-worker: metrics on port " << o.metrics->port() << std::endl;
 
   sigset_t stop;
   sigemptyset(&stop);

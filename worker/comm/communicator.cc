@@ -43,6 +43,7 @@ class SelfCommunicator : public Communicator {
   std::shared_ptr<Work> Count(Op op) {
     stats_.ops[static_cast<int>(op)].calls += 1;
     stats_.last_completed_seq += 1;
+    Notify(op, 0, 0, stats_.last_completed_seq, true);
     return std::make_shared<DoneWork>();
   }
   CommStats stats_;

@@ -58,9 +58,20 @@ class Work {
   virtual bool Done() const = 0;
 };
 
+// Told of every finished collective, on the thread that saw it finish (the
+// communicator's own thread for Gloo, the waiting thread for NCCL). Must be
+// cheap and thread-safe: the worker's metrics and heartbeats implement it.
+class CollectiveObserver {
+ public:
+  virtual ~CollectiveObserver() = default;
+  virtual void OnCollective(Op op, int64_t bytes_sent, double seconds, int64_t seq, bool ok) = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
+  // Set before the first collective is issued (not synchronised with them).
+  void set_observer(std::shared_ptr<CollectiveObserver> observer) { observer_ = std::move(observer); }
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
@@ -76,6 +87,14 @@ class Communicator {
   virtual std::shared_ptr<Work> Barrier() = 0;
 
   virtual CommStats Stats() const = 0;
+
+ protected:
+  void Notify(Op op, int64_t bytes_sent, double seconds, int64_t seq, bool ok) const {
+    if (observer_) observer_->OnCollective(op, bytes_sent, seconds, seq, ok);
+  }
+
+ private:
+  std::shared_ptr<CollectiveObserver> observer_;
 };
 
 // A group of one: every collective completes at once and moves nothing.

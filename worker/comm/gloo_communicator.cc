@@ -193,6 +193,7 @@ class GlooCommunicator : public Communicator {
         if (s.ok()) stats_.last_completed_seq = task.seq;
         else if (abort_status_.ok()) abort_status_ = s;
       }
+      Notify(task.op, sent, secs, task.seq, s.ok());
       task.work->Finish(std::move(s));
     }
   }

@@ -30,9 +30,10 @@ class NcclCommunicator;
 
 class NcclWork : public Work {
  public:
-  NcclWork(NcclCommunicator* owner, Op op, int64_t seq, cudaEvent_t start, cudaEvent_t end,
+  NcclWork(NcclCommunicator* owner, Op op, int64_t seq, int64_t bytes, cudaEvent_t start, cudaEvent_t end,
            absl::Status launch_status)
-      : owner_(owner), op_(op), seq_(seq), start_(start), end_(end), launch_(std::move(launch_status)) {}
+      : owner_(owner), op_(op), seq_(seq), bytes_(bytes), start_(start), end_(end),
+        launch_(std::move(launch_status)) {}
   ~NcclWork() override {
     if (start_) cudaEventDestroy(start_);
     if (end_) cudaEventDestroy(end_);
@@ -44,6 +45,7 @@ class NcclWork : public Work {
   NcclCommunicator* owner_;
   Op op_;
   int64_t seq_;
+  int64_t bytes_;
   cudaEvent_t start_ = nullptr, end_ = nullptr;
   absl::Status launch_;
   bool accounted_ = false;
@@ -101,11 +103,14 @@ class NcclCommunicator : public Communicator {
   }
 
   // Called by NcclWork once its op finished or failed.
-  void Account(Op op, int64_t seq, float ms, bool ok) {
-    absl::MutexLock lock(&mu_);
-    OpStats& s = stats_.ops[static_cast<int>(op)];
-    s.seconds += ms / 1e3;
-    if (ok) stats_.last_completed_seq = std::max(stats_.last_completed_seq, seq);
+  void Account(Op op, int64_t seq, int64_t bytes, float ms, bool ok) {
+    {
+      absl::MutexLock lock(&mu_);
+      OpStats& s = stats_.ops[static_cast<int>(op)];
+      s.seconds += ms / 1e3;
+      if (ok) stats_.last_completed_seq = std::max(stats_.last_completed_seq, seq);
+    }
+    Notify(op, bytes, ms / 1e3, seq, ok);
   }
   void Abort() {
     absl::MutexLock lock(&mu_);
@@ -123,7 +128,7 @@ class NcclCommunicator : public Communicator {
     const int64_t seq = ++next_seq_;
     cudaEvent_t start = nullptr, end = nullptr, ready = nullptr;
     auto fail = [&](absl::Status s) {
-      return std::make_shared<NcclWork>(this, op, seq, start, end, std::move(s));
+      return std::make_shared<NcclWork>(this, op, seq, 0, start, end, std::move(s));
     };
     if (aborted_) return fail(absl::AbortedError(absl::StrCat(Label(op, seq), ": communicator aborted")));
     auto type = NcclType(t);
@@ -145,7 +150,7 @@ class NcclCommunicator : public Communicator {
     OpStats& s = stats_.ops[static_cast<int>(op)];
     s.calls += 1;
     s.bytes_sent += bytes;
-    return std::make_shared<NcclWork>(this, op, seq, start, end, absl::OkStatus());
+    return std::make_shared<NcclWork>(this, op, seq, bytes, start, end, absl::OkStatus());
   }
 
   ncclComm_t comm_;
@@ -180,7 +185,7 @@ absl::Status NcclWork::Wait(absl::Duration timeout) {
     accounted_ = true;
     float ms = 0;
     cudaEventElapsedTime(&ms, start_, end_);
-    owner_->Account(op_, seq_, ms, true);
+    owner_->Account(op_, seq_, bytes_, ms, true);
   }
   cudaStreamWaitEvent(owner_->compute_stream(), end_, 0);
   return absl::OkStatus();

@@ -1,0 +1,124 @@
+// Rank health: what heartbeats and progress say about each rank of a running
+// job, its lag behind the job's fastest rank, and stall detection.
+//
+// Why time-based: in synchronous data parallelism no rank can be more than
+// one collective ahead of the slowest (every collective needs every rank), so
+// a hung rank shows as a job that stops moving, not as a large lag. The rank
+// at fault is the one that stopped heartbeating (a paused or frozen process),
+// else the one(s) behind on collectives (hung before entering the next one).
+#include <algorithm>
+#include <cstdint>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "server/coordinator_core.h"
+
+namespace shardline {
+
+void CoordinatorCore::RecordProgress(JobRecord& r, int rank, int64_t step, int64_t seq) {
+  RankProgress& p = r.progress[rank];
+  if (step != p.step || seq != p.seq || p.last_change == absl::Time()) {
+    p.step = step;
+    p.seq = seq;
+    p.last_change = absl::Now();
+  }
+}
+
+void CoordinatorCore::OnConnected(const std::string& worker_id, const v1::RankConnected& c) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(c.job_id());
+  if (it == jobs_.end() || JobOf(it->second).state() != "RUNNING") return;
+  JobRecord& r = it->second;
+  const bool was_complete = static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers();
+  r.connected_ranks.insert(c.rank());
+  RecordProgress(r, c.rank(), 0, 0);
+  if (!was_complete && static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers() &&
+      options_.events.rendezvous_done) {
+    options_.events.rendezvous_done(absl::Now() - r.started);
+  }
+  (void)worker_id;
+}
+
+void CoordinatorCore::FillRanks(const JobRecord& r, absl::Time now, v1::Job* out) const {
+  const v1::Job& j = r.stored.job;
+  if (j.state() != "RUNNING") return;
+  int64_t max_step = 0, max_seq = 0;
+  for (const auto& [rank, p] : r.progress) {
+    max_step = std::max(max_step, p.step);
+    max_seq = std::max(max_seq, p.seq);
+  }
+  for (int rank = 0; rank < j.worker_ids_size(); ++rank) {
+    v1::RankStatus* s = out->add_ranks();
+    s->set_rank(rank);
+    s->set_worker_id(j.worker_ids(rank));
+    auto w = workers_.find(j.worker_ids(rank));
+    if (w != workers_.end()) {
+      s->set_host(w->second.info.host());
+      s->set_heartbeat_age_seconds(absl::ToDoubleSeconds(now - w->second.last_heartbeat));
+    }
+    auto p = r.progress.find(rank);
+    const RankProgress progress = p == r.progress.end() ? RankProgress{0, 0, r.started} : p->second;
+    s->set_step(progress.step);
+    s->set_last_collective_seq(progress.seq);
+    s->set_lag_steps(max_step - progress.step);
+    s->set_lag_collectives(max_seq - progress.seq);
+    s->set_seconds_since_progress(absl::ToDoubleSeconds(now - progress.last_change));
+    s->set_stalled(r.stalled_ranks.count(rank) > 0);
+  }
+}
+
+void CoordinatorCore::UpdateStalls(absl::Time now) {
+  for (auto& [id, r] : jobs_) {
+    v1::Job& j = JobOf(r);
+    if (j.state() != "RUNNING") continue;
+    absl::Time last_any = r.started;
+    for (const auto& [rank, p] : r.progress) last_any = std::max(last_any, p.last_change);
+    std::set<int> culprits;
+    std::string why;
+    if (now - last_any >= options_.stall_after) {
+      // First suspects: ranks whose heartbeats stopped (twice the interval).
+      std::vector<std::string> parts;
+      for (int rank = 0; rank < j.worker_ids_size(); ++rank) {
+        auto w = workers_.find(j.worker_ids(rank));
+        if (w == workers_.end()) continue;
+        const absl::Duration age = now - w->second.last_heartbeat;
+        if (age > 2 * options_.heartbeat_interval) {
+          culprits.insert(rank);
+          parts.push_back(absl::StrFormat("rank %d on host %s sends no heartbeats", rank, w->second.info.host()));
+        }
+      }
+      if (culprits.empty()) {
+        int64_t lo = INT64_MAX, hi = 0;
+        for (int rank = 0; rank < j.workers(); ++rank) {
+          auto p = r.progress.find(rank);
+          const int64_t seq = p == r.progress.end() ? 0 : p->second.seq;
+          lo = std::min(lo, seq);
+          hi = std::max(hi, seq);
+        }
+        for (int rank = 0; rank < j.workers(); ++rank) {
+          auto p = r.progress.find(rank);
+          const int64_t seq = p == r.progress.end() ? 0 : p->second.seq;
+          if (lo == hi || seq == lo) culprits.insert(rank);
+        }
+        if (lo == hi) {
+          parts.push_back(absl::StrFormat("every rank waits after collective #%d", lo));
+        } else {
+          std::vector<int> behind(culprits.begin(), culprits.end());
+          parts.push_back(absl::StrFormat("rank %s behind at collective #%d (others at #%d)",
+                                          absl::StrJoin(behind, ","), lo, hi));
+        }
+      }
+      why = absl::StrCat("no progress for over ", absl::FormatDuration(options_.stall_after), ": ",
+                         absl::StrJoin(parts, "; "));
+    }
+    if (why != j.stalled() || culprits != r.stalled_ranks) {
+      j.set_stalled(why);
+      r.stalled_ranks = culprits;
+      Notify(r);
+    }
+  }
+}
+
+}  // namespace shardline

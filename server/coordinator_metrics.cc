@@ -1,0 +1,165 @@
+#include "server/coordinator_metrics.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace shardline {
+
+using metrics::ExponentialBuckets;
+
+namespace {
+
+const char* CodeName(grpc::StatusCode c) {
+  static const char* const kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+                                       "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  const int i = static_cast<int>(c);
+  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+}
+
+// "/shardline.v1.Coordinator/SubmitJob" -> {"shardline.v1.Coordinator", "SubmitJob"}
+std::pair<std::string, std::string> SplitMethod(const std::string& full) {
+  const auto slash = full.rfind('/');
+  if (full.empty() || full[0] != '/' || slash == 0 || slash == std::string::npos) return {"", full};
+  return {full.substr(1, slash - 1), full.substr(slash + 1)};
+}
+
+// grpc's peer "ipv4:10.0.0.5:41234" / "ipv6:[::1]:41234" -> "10.0.0.5" / "[::1]".
+std::string PeerHost(const std::string& peer) {
+  const auto colon = peer.find(':');
+  const auto last = peer.rfind(':');
+  if (colon == std::string::npos || last == colon) return "";
+  return peer.substr(colon + 1, last - colon - 1);
+}
+
+}  // namespace
+
+class CoordinatorMetrics::Interceptor : public grpc::experimental::Interceptor {
+ public:
+  Interceptor(CoordinatorMetrics* m, const char* method) : m_(m), method_(SplitMethod(method ? method : "")) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const metrics::Labels l = {{"service", method_.first},
+                                 {"method", method_.second},
+                                 {"code", CodeName(methods->GetSendStatus().error_code())}};
+      m_->rpcs_.Add(l).Increment();
+      m_->rpc_seconds_.Add(l).Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  CoordinatorMetrics* const m_;
+  const std::pair<std::string, std::string> method_;
+  const absl::Time start_ = absl::Now();
+};
+
+class CoordinatorMetrics::InterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit InterceptorFactory(CoordinatorMetrics* m) : m_(m) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return new Interceptor(m_, info->method());
+  }
+
+ private:
+  CoordinatorMetrics* const m_;
+};
+
+CoordinatorMetrics::CoordinatorMetrics()
+    : workers_(registry_.AddGauge("shardline_coordinator_workers", "Connected workers by state (idle, busy).")),
+      workers_lost_(registry_.AddCounter("shardline_coordinator_workers_lost_total",
+                                         "Workers lost: session dropped or heartbeats stopped.")),
+      jobs_(registry_.AddGauge("shardline_coordinator_jobs", "Jobs by state.")),
+      queue_(registry_.AddGauge("shardline_coordinator_queue_length", "Jobs waiting for workers.")),
+      heartbeat_age_(registry_.AddGauge("shardline_coordinator_worker_heartbeat_age_seconds",
+                                        "Seconds since each connected worker's last heartbeat.")),
+      rendezvous_(registry_.AddHistogram("shardline_coordinator_rendezvous_duration_seconds",
+                                         "From a job's start until every rank's communicators connected.",
+                                         ExponentialBuckets(0.01, 2, 16))),
+      commit_(registry_.AddHistogram("shardline_coordinator_checkpoint_commit_duration_seconds",
+                                     "Writing a checkpoint's manifest once every rank reported.",
+                                     ExponentialBuckets(0.0005, 2, 16))),
+      commit_failures_(registry_.AddCounter("shardline_coordinator_checkpoint_commit_failures_total",
+                                            "Checkpoint commits that failed.")),
+      rpcs_(registry_.AddCounter("shardline_coordinator_rpcs_total", "RPCs served, by service, method and code.")),
+      rpc_seconds_(registry_.AddHistogram("shardline_coordinator_rpc_duration_seconds",
+                                          "RPC latency (for streams, their lifetime) by service, method and code.",
+                                          ExponentialBuckets(1e-5, 4, 14))),
+      lag_steps_(registry_.AddGauge("shardline_rank_lag_steps", "Steps a rank is behind its job's fastest rank.")),
+      lag_collectives_(registry_.AddGauge("shardline_rank_lag_collectives",
+                                          "Collectives a rank is behind its job's fastest rank.")),
+      since_progress_(registry_.AddGauge("shardline_rank_seconds_since_progress",
+                                         "Seconds since a rank last completed a step or a collective.")),
+      rank_stalled_(registry_.AddGauge("shardline_rank_stalled",
+                                       "1 if the rank is named as the cause of its job's stall.")),
+      job_stalled_(registry_.AddGauge("shardline_job_stalled",
+                                      "1 if no rank of the running job made progress for the stall threshold.")) {
+  workers_lost_.Add({});
+  commit_failures_.Add({});
+}
+
+CoreEvents CoordinatorMetrics::Events() {
+  CoreEvents e;
+  e.rendezvous_done = [this](absl::Duration d) { rendezvous_.Add({}).Observe(absl::ToDoubleSeconds(d)); };
+  e.checkpoint_committed = [this](absl::Duration d, bool ok) {
+    if (ok) commit_.Add({}).Observe(absl::ToDoubleSeconds(d));
+    else commit_failures_.Add({}).Increment();
+  };
+  e.worker_lost = [this] { workers_lost_.Add({}).Increment(); };
+  return e;
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> CoordinatorMetrics::RpcInterceptor() {
+  return std::make_unique<InterceptorFactory>(this);
+}
+
+void CoordinatorMetrics::CollectFrom(const CoordinatorCore* core) {
+  registry_.AddCollector([this, core] { Collect(core); });
+}
+
+void CoordinatorMetrics::Collect(const CoordinatorCore* core) {
+  // Gauges computed from state are rebuilt at every scrape, so workers and
+  // jobs that are gone leave no stale series behind.
+  std::map<std::string, int> workers = {{"idle", 0}, {"busy", 0}};
+  heartbeat_age_.Clear();
+  for (const v1::WorkerInfo& w : core->ListWorkers()) {
+    workers[absl::AsciiStrToLower(w.state())] += 1;
+    heartbeat_age_.Add({{"host", w.host()}, {"device", w.device()}}).Set(w.heartbeat_age_seconds());
+  }
+  for (const auto& [state, n] : workers) workers_.Add({{"state", state}}).Set(n);
+
+  std::map<std::string, int> jobs = {{"pending", 0}, {"running", 0}, {"succeeded", 0}, {"failed", 0},
+                                     {"cancelled", 0}};
+  for (auto* f : {&lag_steps_, &lag_collectives_, &since_progress_, &rank_stalled_, &job_stalled_}) f->Clear();
+  for (const v1::Job& j : core->ListJobs()) {
+    jobs[absl::AsciiStrToLower(j.state())] += 1;
+    if (j.state() != "RUNNING") continue;
+    job_stalled_.Add({{"job", j.id()}}).Set(j.stalled().empty() ? 0 : 1);
+    for (const v1::RankStatus& r : j.ranks()) {
+      const metrics::Labels l = {{"job", j.id()}, {"rank", absl::StrCat(r.rank())}};
+      lag_steps_.Add(l).Set(static_cast<double>(r.lag_steps()));
+      lag_collectives_.Add(l).Set(static_cast<double>(r.lag_collectives()));
+      since_progress_.Add(l).Set(r.seconds_since_progress());
+      rank_stalled_.Add(l).Set(r.stalled() ? 1 : 0);
+    }
+  }
+  for (const auto& [state, n] : jobs) jobs_.Add({{"state", state}}).Set(n);
+  queue_.Add({}).Set(jobs["pending"]);
+}
+
+std::string WorkerScrapeTargets(const std::vector<v1::WorkerInfo>& workers) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const v1::WorkerInfo& w : workers) {
+    const std::string host = PeerHost(w.peer_address());
+    if (w.metrics_port() <= 0 || host.empty()) continue;
+    groups.push_back({{"targets", {absl::StrCat(host, ":", w.metrics_port())}},
+                      {"labels", {{"shardline_host", w.host()}, {"shardline_device", w.device()}}}});
+  }
+  return groups.dump();
+}
+
+}  // namespace shardline
