@@ -28,15 +28,26 @@ namespace {
 std::string Num(double v) { return std::isfinite(v) ? absl::StrFormat("%.10g", v) : "null"; }
 }  // namespace
 
+std::string RankJson(const v1::RankStatus& r) {
+  return absl::StrCat("{\"rank\":", r.rank(), ",\"worker_id\":", JsonString(r.worker_id()), ",\"host\":",
+                      JsonString(r.host()), ",\"step\":", r.step(), ",\"last_collective_seq\":",
+                      r.last_collective_seq(), ",\"lag_steps\":", r.lag_steps(), ",\"lag_collectives\":",
+                      r.lag_collectives(), ",\"heartbeat_age_seconds\":", Num(r.heartbeat_age_seconds()),
+                      ",\"seconds_since_progress\":", Num(r.seconds_since_progress()), ",\"stalled\":",
+                      r.stalled() ? "true" : "false", "}");
+}
+
 std::string JobJson(const v1::Job& j) {
-  std::vector<std::string> workers;
+  std::vector<std::string> workers, ranks;
   for (const auto& w : j.worker_ids()) workers.push_back(JsonString(w));
+  for (const auto& r : j.ranks()) ranks.push_back(RankJson(r));
   return absl::StrCat("{\"id\":", JsonString(j.id()), ",\"name\":", JsonString(j.name()), ",\"state\":",
                       JsonString(j.state()), ",\"step\":", j.step(), ",\"steps\":", j.steps(), ",\"loss\":",
                       Num(j.loss()), ",\"tokens_per_second\":", Num(j.tokens_per_second()), ",\"lr\":", Num(j.lr()),
                       ",\"grad_norm\":", Num(j.grad_norm()), ",\"workers\":", j.workers(), ",\"strategy\":",
                       JsonString(j.strategy()), ",\"message\":", JsonString(j.message()), ",\"worker_ids\":[",
-                      absl::StrJoin(workers, ","), "],\"created_unix_ms\":", j.created_unix_ms(), "}");
+                      absl::StrJoin(workers, ","), "],\"created_unix_ms\":", j.created_unix_ms(), ",\"stalled\":",
+                      JsonString(j.stalled()), ",\"ranks\":[", absl::StrJoin(ranks, ","), "]}");
 }
 
 std::string WorkerJson(const v1::WorkerInfo& w) {
@@ -58,11 +69,22 @@ std::string JobsTable(const std::vector<v1::Job>& jobs) {
 }
 
 std::string JobDetails(const v1::Job& j) {
-  return absl::StrFormat(
+  std::string out = absl::StrFormat(
       "job       %s (%s)\nstate     %s\nstep      %d/%d\nloss      %.4f\ntokens/s  %.0f\nlr        %.3g\n"
       "grad norm %.4f\nworkers   %d (%s) %s\nmessage   %s\n",
       j.id(), j.name(), j.state(), j.step(), j.steps(), j.loss(), j.tokens_per_second(), j.lr(), j.grad_norm(),
       j.workers(), j.strategy(), absl::StrJoin(j.worker_ids(), ","), j.message());
+  if (!j.stalled().empty()) absl::StrAppend(&out, "STALLED   ", j.stalled(), "\n");
+  if (j.ranks_size() == 0) return out;
+  absl::StrAppendFormat(&out, "\n%-5s %-16s %-7s %-10s %-9s %-9s %-10s %-13s %s\n", "RANK", "HOST", "STEP",
+                        "COLL_SEQ", "LAG_STEP", "LAG_COLL", "HEARTBEAT", "NO_PROGRESS", "");
+  for (const auto& r : j.ranks()) {
+    absl::StrAppendFormat(&out, "%-5d %-16s %-7d %-10d %-9d %-9d %-10s %-13s %s\n", r.rank(), r.host(), r.step(),
+                          r.last_collective_seq(), r.lag_steps(), r.lag_collectives(),
+                          absl::StrFormat("%.1fs", r.heartbeat_age_seconds()),
+                          absl::StrFormat("%.1fs", r.seconds_since_progress()), r.stalled() ? "STALLED" : "");
+  }
+  return out;
 }
 
 std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {

@@ -64,6 +64,13 @@ def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard",
     return path
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_for(pred, timeout, what):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -75,7 +82,8 @@ def wait_for(pred, timeout, what):
 
 
 class Cluster:
-    def __init__(self, token=None):
+    def __init__(self, token=None, coordinator_args=()):
+        self.coordinator_args = list(coordinator_args)
         self.dir = tempfile.mkdtemp(prefix="shardline-e2e-")
         self.state = os.path.join(self.dir, "state")
         self.token_file = None
@@ -89,6 +97,7 @@ class Cluster:
 
     def start_coordinator(self):
         args = [COORDINATOR, "--listen", f"127.0.0.1:{self.port}", "--state-dir", self.state, "--heartbeat-ms", "500"]
+        args += self.coordinator_args
         if self.token_file:
             args += ["--token-file", self.token_file]
         self.coordinator = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -100,9 +109,9 @@ class Cluster:
         self.port = int(m.group(2))
         self.address = f"127.0.0.1:{self.port}"
 
-    def add_worker(self, host, env=None):
+    def add_worker(self, host, env=None, args=(), collective_timeout=10):
         args = [WORKER, "--coordinator", self.address, "--device", "cpu", "--host", host,
-                "--collective-timeout", "10"]
+                "--collective-timeout", str(collective_timeout)] + list(args)
         if self.token_file:
             args += ["--token-file", self.token_file]
         log = open(os.path.join(self.dir, f"worker-{host}.log"), "w")
