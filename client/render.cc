@@ -54,7 +54,8 @@ std::string WorkerJson(const v1::WorkerInfo& w) {
   return absl::StrCat("{\"id\":", JsonString(w.worker_id()), ",\"host\":", JsonString(w.host()), ",\"device\":",
                       JsonString(w.device()), ",\"state\":", JsonString(w.state()), ",\"job_id\":",
                       JsonString(w.job_id()), ",\"rank\":", w.rank(), ",\"memory_bytes\":", w.memory_bytes(),
-                      ",\"heartbeat_age_seconds\":", Num(w.heartbeat_age_seconds()), "}");
+                      ",\"heartbeat_age_seconds\":", Num(w.heartbeat_age_seconds()), ",\"metrics_port\":",
+                      w.metrics_port(), "}");
 }
 
 std::string JobsTable(const std::vector<v1::Job>& jobs) {

@@ -51,16 +51,16 @@ struct CoreEvents {
 struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   int lost_after_missed = 3;  // heartbeats
-  // A running job none of whose ranks advanced a step or a collective for
-  // this long is stalled: GetJob names the rank(s) at fault (Job.stalled)
-  // and the metrics flag them. Informational: the job keeps running.
-  absl::Duration stall_after = absl::Seconds(10);
-  CoreEvents events;
   // A rank's failure report is held this long before it fails the job: when
   // a peer dies, the survivors' collectives fail at once, often before the
   // dead worker's session is seen to drop, and the job should name the root
   // cause (the lost worker), not the first rank that noticed.
   absl::Duration failure_grace = absl::Seconds(1);
+  // A running job none of whose ranks advanced a step or a collective for
+  // this long is stalled: GetJob names the rank(s) at fault (Job.stalled)
+  // and the metrics flag them. Informational: the job keeps running.
+  absl::Duration stall_after = absl::Seconds(10);
+  CoreEvents events;
 };
 
 class CoordinatorCore {

@@ -39,16 +39,19 @@ for f in /usr/share/games/fortunes/*; do
 done > "$work/corpus.txt"
 echo "corpus: $(wc -c < "$work/corpus.txt") bytes of English text from Debian's fortunes package"
 
-build/server/shardline-coordinator --listen 127.0.0.1:0 --state-dir "$work/state" \
+metrics_port="${SHARDLINE_METRICS_PORT:-9400}"
+build/server/shardline-coordinator --listen 127.0.0.1:0 --state-dir "$work/state" --metrics-port "$metrics_port" \
   > "$work/coordinator.out" 2> "$work/coordinator.log" &
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on" "$work/coordinator.out" 2>/dev/null && break; sleep 0.1; done
 addr="$(sed -n 's/^listening on //p' "$work/coordinator.out")"
 [ -n "$addr" ] || { echo "the coordinator did not start: $(cat "$work/coordinator.log")"; exit 1; }
-echo "coordinator on $addr"
+echo "coordinator on $addr; metrics on http://127.0.0.1:$metrics_port/metrics" \
+  "(watch with: prometheus --config.file=deploy/prometheus/prometheus-local.yml, see the README)"
 export SHARDLINE_COORDINATOR="$addr"
 for i in 0 1; do
-  build/worker/shardline-worker --coordinator "$addr" --device cpu --threads 1 > "$work/worker-$i.log" 2>&1 &
+  build/worker/shardline-worker --coordinator "$addr" --device cpu --threads 1 --metrics-port 0 \
+    > "$work/worker-$i.log" 2>&1 &
   pids+=($!)
 done
 for _ in $(seq 100); do

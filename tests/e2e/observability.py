@@ -235,6 +235,18 @@ def main():
     c.check(bool(lost), "ShardlineWorkerLost fires")
     page = http_get(f"http://{coord_metrics}/metrics")
     c.check(f'job="{job}"' not in page, "an ended job's rank series leave the coordinator's page")
+
+    # The surviving worker's page keeps its (now ended) job's series, still:
+    # the token counter and the FLOPs formula against the job's shapes.
+    page = http_get(f"http://{pages['host-a']}/metrics")
+    value = lambda name: float(re.search(rf"^{name}{{[^}}]*}} (\S+)$", page, re.M).group(1))
+    steps, tokens = value("shardline_step"), value("shardline_tokens_total")
+    c.check(steps > 0 and tokens == steps * 12 * 16 / 2, "tokens_total = steps x batch tokens / world",
+            f"{tokens:.0f} tokens over {steps:.0f} steps")
+    L, H, E, V, T = 2, 4, 32, 64, 16  # cluster.JOB's model
+    n = V * E + L * (2 * E + E * 3 * E + 3 * E + E * E + E + 2 * E + E * 4 * E + 4 * E + 4 * E * E + E) + 2 * E
+    c.check(value("shardline_model_flops_per_token") == 6 * n + 12 * L * H * (E // H) * T,
+            "model FLOPs per token = 6N + 12*L*H*Q*T (N without wpe)", f"{6 * n + 12 * L * H * (E // H) * T}")
     prom.stop()
     c.finish()
 

@@ -232,3 +232,91 @@ TEST_F(CoreTest, RecoveryKeepsJobsAndFailsTheRunningOnes) {
 
 }  // namespace
 }  // namespace shardline
+
+namespace shardline {
+namespace {
+
+// Rank health: lag behind the fastest rank, rendezvous, and a stall that
+// names the rank behind on collectives and clears when progress resumes.
+TEST_F(CoreTest, LagAndStallNameTheRankBehindAndClearOnProgress) {
+  CoordinatorOptions o;
+  o.heartbeat_interval = absl::Seconds(10);  // heartbeats stay fresh for the whole test
+  o.stall_after = absl::Seconds(5);
+  int rendezvous = 0;
+  o.events.rendezvous_done = [&](absl::Duration) { ++rendezvous; };
+  core_ = std::make_unique<CoordinatorCore>(store_.get(), o);
+  RecordingChannel a, b;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string job = Submit(2);
+  ASSERT_EQ(State(job), "RUNNING");
+  v1::RankConnected c;
+  c.set_job_id(job);
+  c.set_rank(0);
+  core_->OnConnected(wa, c);
+  EXPECT_EQ(rendezvous, 0) << "rendezvous is done only when every rank connected";
+  c.set_rank(1);
+  core_->OnConnected(wb, c);
+  EXPECT_EQ(rendezvous, 1);
+
+  auto beat = [&](const std::string& w, int64_t step, int64_t seq) {
+    v1::Heartbeat hb;
+    hb.set_step(step);
+    hb.set_last_collective_seq(seq);
+    core_->OnHeartbeat(w, hb);
+  };
+  beat(wa, 3, 40);
+  beat(wb, 2, 37);
+  v1::Job j = *core_->GetJob(job);
+  ASSERT_EQ(j.ranks_size(), 2);
+  EXPECT_EQ(j.ranks(0).lag_steps(), 0);
+  EXPECT_EQ(j.ranks(1).lag_steps(), 1);
+  EXPECT_EQ(j.ranks(1).lag_collectives(), 3);
+  EXPECT_EQ(j.ranks(1).host(), "h2");
+  EXPECT_EQ(j.stalled(), "");
+
+  core_->Tick(absl::Now() + absl::Seconds(2));
+  EXPECT_EQ(core_->GetJob(job)->stalled(), "") << "not yet past stall_after";
+  core_->Tick(absl::Now() + absl::Seconds(6));
+  j = *core_->GetJob(job);
+  EXPECT_NE(j.stalled().find("rank 1 behind at collective #37 (others at #40)"), std::string::npos) << j.stalled();
+  EXPECT_FALSE(j.ranks(0).stalled());
+  EXPECT_TRUE(j.ranks(1).stalled());
+  EXPECT_EQ(j.state(), "RUNNING") << "a stall is a signal, not a verdict";
+
+  beat(wb, 3, 41);  // rank 1 moves again
+  core_->Tick(absl::Now());
+  j = *core_->GetJob(job);
+  EXPECT_EQ(j.stalled(), "");
+  EXPECT_FALSE(j.ranks(1).stalled());
+  EXPECT_EQ(j.ranks(0).lag_collectives(), 1);
+
+  Finish(wa, job, 0, true);
+  Finish(wb, job, 1, true);
+  j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), "SUCCEEDED");
+  EXPECT_EQ(j.ranks_size(), 0) << "ranks are reported while the job runs only";
+}
+
+// Every rank waiting after the same collective: no single culprit, all named.
+TEST_F(CoreTest, StallWithEveryRankAtTheSameCollectiveNamesThemAll) {
+  CoordinatorOptions o;
+  o.heartbeat_interval = absl::Seconds(10);
+  o.stall_after = absl::Seconds(5);
+  core_ = std::make_unique<CoordinatorCore>(store_.get(), o);
+  RecordingChannel a, b;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string job = Submit(2);
+  for (const auto& w : {wa, wb}) {
+    v1::Heartbeat hb;
+    hb.set_step(4);
+    hb.set_last_collective_seq(50);
+    core_->OnHeartbeat(w, hb);
+  }
+  core_->Tick(absl::Now() + absl::Seconds(6));
+  v1::Job j = *core_->GetJob(job);
+  EXPECT_NE(j.stalled().find("every rank waits after collective #50"), std::string::npos) << j.stalled();
+  EXPECT_TRUE(j.ranks(0).stalled() && j.ranks(1).stalled());
+}
+
+}  // namespace
+}  // namespace shardline
