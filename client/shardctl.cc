@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "client/plan_command.h"
 #include "client/render.h"
 #include "common/checkpoint_export.h"
 #include "common/file_util.h"
@@ -229,11 +230,16 @@ int main(int argc, char** argv) {
   ckpt_export->add_option("STEP_DIR", step_dir)->required();
   ckpt_export->add_option("--out", out_file, "the model.safetensors to write")->required();
   for (auto* sc : {ckpt_save, ckpt_list}) sc->add_option("JOB", job)->required();
+  PlanFlags plan_flags;
+  AddPlanOptions(app.add_subcommand("plan", "predict memory, communication and step time of every strategy "
+                                            "(no coordinator needed)"),
+                 &plan_flags);
   CLI11_PARSE(app, argc, argv);
 
   auto run = [&]() -> absl::Status {
     std::string cmd = app.get_subcommands()[0]->get_name();
     if (cmd == "ckpt") cmd += " " + ckpt->get_subcommands()[0]->get_name();
+    if (cmd == "plan") return RunPlan(plan_flags, o.json);  // local arithmetic
     if (cmd == "ckpt export") {  // local: reads the shard files, one unit at a time
       SL_RETURN_IF_ERROR(ExportModel(step_dir, out_file));
       if (o.json) {

@@ -1,11 +1,12 @@
 // GlooCommunicator: the Communicator over Gloo's TCP transport, using the
 // copy of Gloo inside LibTorch (c10d::ProcessGroupGloo point-to-point).
 //
-// All-gather, reduce-scatter and all-reduce are ring algorithms written here
-// on Gloo's send/recv, so that reduce-scatter moves (n-1)/n of the buffer per
-// rank (c10d's Gloo reduce-scatter is an all-reduce followed by a slice) and
-// so that every ring step waits with the op's deadline and knows which peer
-// it waits for. Broadcast and barrier use Gloo's own algorithms.
+// All-gather and reduce-scatter are ring algorithms written here on Gloo's
+// send/recv, so that reduce-scatter moves (n-1)/n of the buffer per rank
+// (c10d's Gloo reduce-scatter is an all-reduce followed by a slice) and so
+// that every ring step waits with the op's deadline and knows which peer it
+// waits for. All-reduce, broadcast and barrier use Gloo's own algorithms
+// (its segmented ring all-reduce beats an unsegmented one; see the .cc).
 //
 // Ops run on one communication thread per communicator, in call order, so a
 // prefetched all-gather overlaps the caller's compute.

@@ -1,0 +1,86 @@
+#include "client/plan_command.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_util.h"
+#include "common/job_config.h"
+#include "common/status_macros.h"
+
+namespace shardline::ctl {
+
+void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
+  cmd->add_option("JOB.toml", f->job_file, "a job file: its model, batch, precision and workers");
+  cmd->add_option("--params", f->params, "or a GPT-shaped model of about this many parameters (e.g. 7e9)");
+  cmd->add_option("--layers", f->layers, "or the shape: layers");
+  cmd->add_option("--hidden", f->hidden, "hidden size");
+  cmd->add_option("--heads", f->heads, "attention heads");
+  cmd->add_option("--vocab", f->vocab, "vocabulary size");
+  cmd->add_option("--seq", f->seq, "sequence length");
+  cmd->add_option("--workers", f->workers, "world size (default: the job file's, else 8)");
+  cmd->add_option("--gpus-per-node", f->cluster.gpus_per_node, "devices per node (hybrid groups stay in a node)");
+  cmd->add_option("--gpu-memory", f->cluster.device_memory_bytes, "bytes of memory per device (e.g. 80e9)");
+  cmd->add_option("--intra-bw", f->cluster.intra_node_bw, "bytes/s per rank inside a node (bus bandwidth)");
+  cmd->add_option("--inter-bw", f->cluster.inter_node_bw, "bytes/s per rank between nodes");
+  cmd->add_option("--flops", f->cluster.flops, "achieved FLOP/s per device");
+  cmd->add_option("--mem-bw", f->cluster.memory_bw, "memory bytes/s per device (optimizer step)");
+  cmd->add_option("--batch", f->batch, "global batch in sequences (default: the job file's)");
+  cmd->add_option("--micro-batch", f->micro_batch, "sequences per rank per forward (default: the job file's, else 1)");
+  cmd->add_option("--shard-group", f->shard_group, "hybrid shard group size (default: --gpus-per-node)");
+  cmd->add_option("--dtype", f->dtype, "parameter dtype, bf16 or fp32 (default: the job file's, else bf16)");
+}
+
+absl::Status RunPlan(const PlanFlags& f, bool json) {
+  PlanInput in;
+  in.cluster = f.cluster;
+  in.cluster.workers = 8;
+  if (!f.job_file.empty()) {
+    SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.job_file, "job file"));
+    SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(text, f.job_file));
+    in.model = config.model;
+    in.batch_size = config.train.batch_size;
+    in.micro_batch_size = config.train.micro_batch_size;
+    in.param_dtype = config.precision.param_dtype;
+    in.reduce_dtype = config.precision.reduce_dtype;
+    in.max_inflight_all_gathers = config.prefetch.max_inflight_all_gathers;
+    in.shard_group_size = config.parallelism.shard_group_size;
+    in.cluster.workers = config.workers;
+  } else if (f.layers > 0 || f.hidden > 0 || f.heads > 0) {
+    if (f.layers <= 0 || f.hidden <= 0 || f.heads <= 0) {
+      return absl::InvalidArgumentError("plan: --layers, --hidden and --heads go together");
+    }
+    in.model.n_layer = f.layers;
+    in.model.n_embd = f.hidden;
+    in.model.n_head = f.heads;
+    in.model.vocab_size = f.vocab;
+    in.model.block_size = f.seq;
+  } else if (f.params > 0) {
+    in.model = ModelForParams(f.params, f.vocab, f.seq);
+  } else {
+    return absl::InvalidArgumentError("plan: give a JOB.toml, --params, or --layers/--hidden/--heads");
+  }
+  if (f.workers > 0) in.cluster.workers = f.workers;
+  if (f.batch > 0) in.batch_size = f.batch;
+  if (f.micro_batch > 0) in.micro_batch_size = f.micro_batch;
+  if (f.shard_group > 0) in.shard_group_size = f.shard_group;
+  if (!f.dtype.empty()) {
+    if (f.dtype != "bf16" && f.dtype != "fp32") {
+      return absl::InvalidArgumentError(absl::StrCat("plan: --dtype ", f.dtype, ": expected bf16 or fp32"));
+    }
+    in.param_dtype = f.dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
+    if (in.param_dtype == DType::kFloat32) in.reduce_dtype = DType::kFloat32;
+  }
+  SL_ASSIGN_OR_RETURN(Plan plan, MakePlan(in));
+  if (json) {
+    std::cout << PlanJson(plan) << std::endl;
+  } else {
+    std::cout << absl::StrCat("model: ", in.model.n_layer, " layers, hidden ", in.model.n_embd, ", ",
+                              in.model.n_head, " heads, vocab ", in.model.vocab_size, ", seq ",
+                              in.model.block_size, "; ", in.cluster.workers, " workers, ",
+                              in.cluster.gpus_per_node, " per node\n")
+              << PlanTable(plan);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardline::ctl

@@ -1,0 +1,27 @@
+// `shardctl plan`: the per-strategy memory, communication and step-time
+// prediction of common/plan.h for a job file or a model given by flags.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/status/status.h"
+#include "common/plan.h"
+
+namespace shardline::ctl {
+
+struct PlanFlags {
+  std::string job_file;
+  double params = 0;
+  int layers = 0, hidden = 0, heads = 0, vocab = 50304, seq = 2048;
+  int workers = 0, batch = 0, micro_batch = 0, shard_group = 0;
+  std::string dtype;  // bf16 | fp32; default: the job file's, else bf16
+  ClusterSpec cluster;
+};
+
+// Adds the `plan` subcommand's options to `cmd`.
+void AddPlanOptions(CLI::App* cmd, PlanFlags* f);
+absl::Status RunPlan(const PlanFlags& f, bool json);
+
+}  // namespace shardline::ctl

@@ -1,0 +1,245 @@
+#include "common/plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/model_shapes.h"
+
+namespace shardline {
+namespace {
+
+constexpr Strategy kStrategies[] = {Strategy::kNoShard,     Strategy::kZero1,        Strategy::kShardGradOp,
+                                    Strategy::kFullShard,   Strategy::kHybridShard, Strategy::kHybridShardZero2};
+
+int64_t Padded(int64_t n, int g) { return (n + g - 1) / g * g; }
+int64_t Ring(int64_t full_bytes, int n) { return full_bytes / n * (n - 1); }
+int64_t RingAllReduce(int64_t bytes, int elem, int n) {
+  return n == 1 ? 0 : 2 * Ring(Padded(bytes / elem, n) * elem, n);
+}
+int Bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+
+struct Units {
+  std::vector<int64_t> numel;  // per unit: embed, blocks..., head
+  int64_t embed() const { return numel.front(); }
+  int64_t head() const { return numel.back(); }
+  int64_t block() const { return numel.size() > 2 ? numel[1] : 0; }
+};
+
+Units UnitsOf(const ModelConfig& m) {
+  Units u;
+  for (int i = 0; i < gpt::NumUnits(m); ++i) {
+    int64_t n = 0;
+    for (const auto& s : gpt::UnitParams(m, i)) n += s.numel();
+    u.numel.push_back(n);
+  }
+  return u;
+}
+
+// Per-rank state bytes by kind: the engine's formula (tests/integration/formulas.py).
+void StateBytes(const Units& u, Strategy s, int g, int p, int r, StrategyPlan* out) {
+  int64_t full = 0;
+  for (int64_t n : u.numel) full += Padded(n, g);
+  const int64_t shard = full / g;
+  out->params_bytes = p * (ShardsParams(s) ? shard : full);
+  if (p == 4 && ShardsParams(s)) out->params_bytes = 0;  // the fp32 shard is the master itself
+  out->grads_bytes = ShardsGrads(s) ? r * shard : p * full;
+  if (!ShardsGrads(s) && r != p) out->grads_bytes += r * shard;
+  out->master_bytes = (p == 4 && !ShardsParams(s)) ? 0 : 4 * shard;
+  out->optimizer_bytes = 8 * shard;
+  out->state_bytes = out->params_bytes + out->grads_bytes + out->master_bytes + out->optimizer_bytes;
+}
+
+// Korthikanti et al. 2022, eq. 2 (no tensor or sequence parallelism): bytes
+// of one layer's saved activations at 2-byte activations; doubled in fp32.
+double LayerActivationBytes(const ModelConfig& m, int b, int p) {
+  const double s = m.block_size, h = m.n_embd, a = m.n_head;
+  return s * b * h * (34 + 5 * a * s / h) * (p == 4 ? 2.0 : 1.0);
+}
+
+}  // namespace
+
+ModelConfig ModelForParams(double params, int vocab_size, int seq_len) {
+  // 12 * L * h^2 with h = 128 L: L = cbrt(P / 196608).
+  ModelConfig m;
+  m.n_layer = std::max(1, static_cast<int>(std::lround(std::cbrt(params / 196608.0))));
+  m.n_embd = 128 * m.n_layer;
+  m.n_head = m.n_layer;
+  m.vocab_size = vocab_size;
+  m.block_size = seq_len;
+  return m;
+}
+
+absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
+  const ClusterSpec& c = in.cluster;
+  const ModelConfig& m = in.model;
+  if (c.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
+  if (c.gpus_per_node < 1) return absl::InvalidArgumentError("--gpus-per-node must be at least 1");
+  if (c.flops <= 0) return absl::InvalidArgumentError("--flops must be positive");
+  if (c.intra_node_bw <= 0 || c.inter_node_bw <= 0) return absl::InvalidArgumentError("bandwidths must be positive");
+  if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.vocab_size < 1 || m.block_size < 1) {
+    return absl::InvalidArgumentError("model: layers, hidden, heads, vocab and seq must all be positive");
+  }
+  if (m.n_embd % m.n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model: hidden ", m.n_embd, " is not divisible by heads ",
+                                                   m.n_head));
+  }
+  const int world = c.workers;
+  const int b = std::max(1, in.micro_batch_size);
+  const int batch = in.batch_size > 0 ? in.batch_size : b * world;
+  if (batch % (b * world) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size ", batch, " is not a multiple of micro_batch_size ",
+                                                   b, " x ", world, " workers"));
+  }
+  const int p = Bytes(in.param_dtype), r = Bytes(in.reduce_dtype);
+  const Units units = UnitsOf(m);
+  Plan plan;
+  plan.params = gpt::NumParams(m);
+  plan.flops_per_token = gpt::TrainingFlopsPerToken(m);
+  plan.tokens_per_step = static_cast<int64_t>(batch) * m.block_size;
+  plan.micro_batches = batch / (b * world);
+  const double tokens_per_rank = static_cast<double>(plan.tokens_per_step) / world;
+  const double compute = plan.flops_per_token * tokens_per_rank / c.flops;
+  // Recomputation repeats the blocks' forward: a third of their training FLOPs.
+  const double block_flops = 6.0 * units.block() * m.n_layer + 12.0 * m.n_layer * m.n_embd * m.block_size;
+  const double recompute = compute * (block_flops / plan.flops_per_token) / 3;
+
+  const double layer_act = LayerActivationBytes(m, b, p);
+  const double head_act = 2.0 * b * m.block_size * m.vocab_size * 4;  // fp32 logits and their gradient
+  const double layer_input = static_cast<double>(b) * m.block_size * m.n_embd * (p == 4 ? 4 : 2);
+
+  for (Strategy s : kStrategies) {
+    StrategyPlan sp;
+    sp.strategy = s;
+    int g = world;
+    if (s == Strategy::kNoShard) g = 1;
+    if (IsHybrid(s)) {
+      g = in.shard_group_size > 0 ? in.shard_group_size : std::min(world, c.gpus_per_node);
+      if (world % g != 0) continue;  // not a valid grouping at this world size
+    }
+    sp.shard_group = g;
+    const int replicas = world / g;
+    StateBytes(units, s, g, p, r, &sp);
+
+    const int64_t embed = Padded(units.embed(), g), head = Padded(units.head(), g), block = Padded(units.block(), g);
+    if (ShardsParams(s)) {
+      const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
+      sp.transient_bytes += p * (embed + head + live_blocks * block);
+    }
+    if (ShardsGrads(s)) sp.transient_bytes += p * (embed + 2 * block);  // unsharded grads before reduction
+    sp.activation_bytes = static_cast<int64_t>(m.n_layer * layer_act + head_act);
+    sp.activation_bytes_checkpointed = static_cast<int64_t>(m.n_layer * layer_input + layer_act + head_act);
+    sp.peak_bytes = sp.state_bytes + sp.transient_bytes + sp.activation_bytes;
+    sp.peak_bytes_checkpointed = sp.state_bytes + sp.transient_bytes + sp.activation_bytes_checkpointed;
+    sp.fits = sp.peak_bytes <= c.device_memory_bytes;
+    sp.fits_checkpointed = sp.peak_bytes_checkpointed <= c.device_memory_bytes;
+
+    // Communication per step, per rank: the engine's collectives.
+    const double shard_bw = g <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
+    const double rep_bw = world <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
+    double overlapped = 0, exposed = 0;
+    int64_t bytes = 0;
+    auto add = [&](int64_t sent, double bw, bool overlaps) {
+      bytes += sent;
+      (overlaps ? overlapped : exposed) += sent / bw;
+    };
+    const int64_t full_p = (embed + head + m.n_layer * block);
+    if (ShardsParams(s)) {
+      // Forward gathers every unit, backward the blocks again, per micro-batch;
+      // the first gather of a step cannot hide behind anything.
+      const int64_t per_micro = Ring(embed * p, g) + Ring(head * p, g) + 2LL * m.n_layer * Ring(block * p, g);
+      add(plan.micro_batches * per_micro - Ring(embed * p, g), shard_bw, true);
+      add(Ring(embed * p, g), shard_bw, false);
+    } else if (g > 1) {
+      add(Ring(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
+    }
+    if (g > 1) {
+      // Reductions run during backward; the embedding's comes last (tied head).
+      add(Ring((full_p - embed) * r, g), shard_bw, true);
+      add(Ring(embed * r, g), shard_bw, false);
+    }
+    if (replicas > 1) {
+      add(RingAllReduce((full_p - embed) / g * r, r, replicas), rep_bw, true);
+      add(RingAllReduce(embed / g * r, r, replicas), rep_bw, false);
+    }
+    sp.comm_bytes = bytes;
+    sp.comm_s = overlapped + exposed;
+    sp.compute_s = compute;
+    sp.exposed_comm_s = exposed + std::max(0.0, overlapped - compute);
+    // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
+    const int64_t owned = ShardsGrads(s) || s == Strategy::kZero1 ? full_p / g : full_p;
+    sp.optimizer_s = owned * (3 * 4 * 2 + r + p) / c.memory_bw;
+    sp.step_s = compute + sp.exposed_comm_s + sp.optimizer_s;
+    sp.step_s_checkpointed = compute + recompute + exposed + std::max(0.0, overlapped - compute - recompute) +
+                             sp.optimizer_s;
+    sp.tokens_per_second = plan.tokens_per_step / sp.step_s;
+    plan.strategies.push_back(sp);
+  }
+  // The fastest that fits; checkpointing only if nothing fits without it.
+  for (bool ckpt : {false, true}) {
+    double best = 1e300;
+    for (const auto& sp : plan.strategies) {
+      const bool fits = ckpt ? sp.fits_checkpointed : sp.fits;
+      const double t = ckpt ? sp.step_s_checkpointed : sp.step_s;
+      if (fits && t < best) {
+        best = t;
+        plan.recommended = StrategyName(sp.strategy);
+        plan.recommended_checkpointing = ckpt;
+      }
+    }
+    if (!plan.recommended.empty()) break;
+  }
+  return plan;
+}
+
+std::string PlanTable(const Plan& p) {
+  const double gib = 1024.0 * 1024 * 1024;
+  std::string out = absl::StrFormat(
+      "model: %.3g parameters, %.3g training FLOPs per token, %d tokens per step (%d micro-batches per rank)\n\n",
+      static_cast<double>(p.params), p.flops_per_token, p.tokens_per_step, p.micro_batches);
+  absl::StrAppendFormat(&out, "%-19s %3s %9s %9s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %9s %s\n", "strategy", "G",
+                        "state", "params", "grads", "master", "optim", "transnt", "acts", "acts_ckpt", "comm",
+                        "comp_s", "exp_cm_s", "step_s", "step_ckpt", "fits");
+  for (const auto& s : p.strategies) {
+    absl::StrAppendFormat(
+        &out, "%-19s %3d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %7.2fG %8.3f %8.3f %8.3f %9.3f %s\n",
+        StrategyName(s.strategy), s.shard_group, s.state_bytes / gib, s.params_bytes / gib, s.grads_bytes / gib,
+        s.master_bytes / gib, s.optimizer_bytes / gib, s.transient_bytes / gib, s.activation_bytes / gib,
+        s.activation_bytes_checkpointed / gib, s.comm_bytes / gib, s.compute_s, s.exposed_comm_s, s.step_s,
+        s.step_s_checkpointed, s.fits ? "yes" : (s.fits_checkpointed ? "with ckpt" : "no"));
+  }
+  if (p.recommended.empty()) {
+    absl::StrAppend(&out, "\nrecommended: none fits; add workers or memory\n");
+  } else {
+    absl::StrAppend(&out, "\nrecommended: ", p.recommended,
+                    p.recommended_checkpointing ? " with activation checkpointing" : "", "\n");
+  }
+  return out;
+}
+
+std::string PlanJson(const Plan& p) {
+  std::vector<std::string> rows;
+  for (const auto& s : p.strategies) {
+    rows.push_back(absl::StrFormat(
+        "{\"strategy\":\"%s\",\"shard_group\":%d,\"state_bytes\":%d,\"params_bytes\":%d,\"grads_bytes\":%d,"
+        "\"master_bytes\":%d,\"optimizer_bytes\":%d,\"transient_bytes\":%d,\"activation_bytes\":%d,"
+        "\"activation_bytes_checkpointed\":%d,\"peak_bytes\":%d,\"peak_bytes_checkpointed\":%d,\"fits\":%s,"
+        "\"fits_checkpointed\":%s,\"comm_bytes\":%d,\"compute_s\":%.6g,\"comm_s\":%.6g,\"exposed_comm_s\":%.6g,"
+        "\"optimizer_s\":%.6g,\"step_s\":%.6g,\"step_s_checkpointed\":%.6g,\"tokens_per_second\":%.6g}",
+        StrategyName(s.strategy), s.shard_group, s.state_bytes, s.params_bytes, s.grads_bytes, s.master_bytes,
+        s.optimizer_bytes, s.transient_bytes, s.activation_bytes, s.activation_bytes_checkpointed, s.peak_bytes,
+        s.peak_bytes_checkpointed, s.fits ? "true" : "false", s.fits_checkpointed ? "true" : "false", s.comm_bytes,
+        s.compute_s, s.comm_s, s.exposed_comm_s, s.optimizer_s, s.step_s, s.step_s_checkpointed,
+        s.tokens_per_second));
+  }
+  return absl::StrFormat(
+      "{\"params\":%d,\"flops_per_token\":%.6g,\"tokens_per_step\":%d,\"micro_batches\":%d,\"strategies\":[%s],"
+      "\"recommended\":%s,\"recommended_checkpointing\":%s}",
+      p.params, p.flops_per_token, p.tokens_per_step, p.micro_batches, absl::StrJoin(rows, ","),
+      p.recommended.empty() ? "null" : absl::StrCat("\"", p.recommended, "\""),
+      p.recommended_checkpointing ? "true" : "false");
+}
+
+}  // namespace shardline

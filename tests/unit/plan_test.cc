@@ -1,0 +1,102 @@
+// The planner's arithmetic: DESIGN.md's state table, the ring bytes, the
+// choice of strategy, and errors naming the flag.
+#include "common/plan.h"
+
+#include <gtest/gtest.h>
+
+#include "common/model_shapes.h"
+
+namespace shardline {
+namespace {
+
+const StrategyPlan& Of(const Plan& p, Strategy s) {
+  for (const auto& sp : p.strategies) {
+    if (sp.strategy == s) return sp;
+  }
+  static StrategyPlan none;
+  ADD_FAILURE() << "no plan for " << StrategyName(s);
+  return none;
+}
+
+PlanInput Gpt2Small(int workers) {
+  PlanInput in;
+  in.model = ModelConfig{"gpt2", 12, 12, 768, 50304, 1024, ""};
+  in.cluster.workers = workers;
+  in.micro_batch_size = 4;
+  in.param_dtype = DType::kBFloat16;
+  in.reduce_dtype = DType::kBFloat16;
+  return in;
+}
+
+TEST(Plan, StateBytesFollowDesignsTable) {
+  // 8 ranks and a model whose units all divide by 8: no padding, so the
+  // table's formulas hold exactly (bf16 params and grads).
+  auto plan = MakePlan(Gpt2Small(8));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const double P = static_cast<double>(plan->params), N = 8;
+  EXPECT_DOUBLE_EQ(Of(*plan, Strategy::kNoShard).state_bytes, 16 * P);
+  EXPECT_DOUBLE_EQ(Of(*plan, Strategy::kZero1).state_bytes, 4 * P + 12 * P / N);
+  EXPECT_DOUBLE_EQ(Of(*plan, Strategy::kShardGradOp).state_bytes, 2 * P + 14 * P / N);
+  EXPECT_DOUBLE_EQ(Of(*plan, Strategy::kFullShard).state_bytes, 16 * P / N);
+  EXPECT_EQ(Of(*plan, Strategy::kHybridShard).shard_group, 8);  // gpus_per_node
+}
+
+TEST(Plan, CommunicationIsTheRingBytes) {
+  PlanInput in = Gpt2Small(4);
+  in.batch_size = 16;  // one micro-batch per rank
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok());
+  const double P = static_cast<double>(plan->params), N = 4;
+  // no_shard: an all-reduce of bf16 grads, 2(N-1)/N of them.
+  EXPECT_NEAR(Of(*plan, Strategy::kNoShard).comm_bytes, 2 * (N - 1) / N * 2 * P, 64);
+  // full_shard: gathers every unit in forward and the blocks again in
+  // backward, then reduce-scatters every gradient: (N-1)/N of each, bf16.
+  auto numel = [&](int unit) {
+    int64_t n = 0;
+    for (const auto& s : gpt::UnitParams(in.model, unit)) n += s.numel();
+    return static_cast<double>(n);
+  };
+  const double embed = numel(0), head = numel(13), blocks = 12 * numel(1);
+  const double gathered = embed + head + 2 * blocks;
+  EXPECT_NEAR(Of(*plan, Strategy::kFullShard).comm_bytes, (N - 1) / N * 2 * (gathered + P), 64);
+}
+
+TEST(Plan, SevenBillionOnEightH100sShardsAndRecommendsTheFastestThatFits) {
+  PlanInput in;
+  in.model = ModelForParams(7e9, 32000, 4096);
+  in.cluster.workers = 8;
+  in.cluster.gpus_per_node = 8;
+  in.cluster.device_memory_bytes = 80e9;
+  in.micro_batch_size = 1;
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NEAR(static_cast<double>(plan->params), 7e9, 0.15 * 7e9);
+  EXPECT_FALSE(Of(*plan, Strategy::kNoShard).fits) << "16 bytes x 7e9 parameters is 112 GB";
+  EXPECT_TRUE(Of(*plan, Strategy::kFullShard).fits_checkpointed);
+  ASSERT_FALSE(plan->recommended.empty());
+  const StrategyPlan* best = nullptr;
+  for (const auto& sp : plan->strategies) {
+    if (StrategyName(sp.strategy) == plan->recommended) best = &sp;
+  }
+  ASSERT_NE(best, nullptr);
+  for (const auto& sp : plan->strategies) {
+    const bool fits = plan->recommended_checkpointing ? sp.fits_checkpointed : sp.fits;
+    const double t = plan->recommended_checkpointing ? sp.step_s_checkpointed : sp.step_s;
+    const double bt = plan->recommended_checkpointing ? best->step_s_checkpointed : best->step_s;
+    if (fits) EXPECT_LE(bt, t) << StrategyName(sp.strategy) << " fits and is faster";
+  }
+}
+
+TEST(Plan, BadInputsNameTheFlag) {
+  PlanInput in = Gpt2Small(0);
+  EXPECT_NE(std::string(MakePlan(in).status().message()).find("--workers"), std::string::npos);
+  in = Gpt2Small(4);
+  in.model.n_head = 5;
+  EXPECT_NE(std::string(MakePlan(in).status().message()).find("heads 5"), std::string::npos);
+  in = Gpt2Small(4);
+  in.batch_size = 6;
+  EXPECT_NE(std::string(MakePlan(in).status().message()).find("batch_size 6"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardline
