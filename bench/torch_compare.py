@@ -1,0 +1,220 @@
+"""Shardline against PyTorch, side by side, in one run and one table.
+
+The same GPT (bench/engine_bench.py's small GPT: 6 layers, width 512, block
+256, vocab 16384), the same tokens (an llm.c .bin file of seeded random tokens
+both sides read in DESIGN.md's order), the same global batch, steps, AdamW,
+schedule and clipping, at N = 1, 2, 4 ranks on CPU over Gloo with equal
+intra-op threads per rank. Shardline runs every strategy; PyTorch (the venv's
+torch) runs its matching one:
+
+    no_shard            DDP
+    zero1               DDP + ZeroRedundancyOptimizer(AdamW)
+    shard_grad_op       FSDP2 fully_shard(reshard_after_forward=False)
+    full_shard          FSDP2 fully_shard(reshard_after_forward=True)
+    hybrid_shard        FSDP2 on a 2-D (replicate, shard) mesh (HSDP)
+    hybrid_shard_zero2  HSDP with reshard_after_forward=False
+
+Columns: tokens/s (the first step is a warm-up and left out), Shardline's
+ratio to PyTorch, peak RSS per rank (the largest rank's), final loss.
+
+    .venv/bin/python bench/torch_compare.py [--steps 5] [--worlds 1,2,4] [--strategies a,b]
+"""
+import argparse
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
+
+SMALL_GPT = {"n_layer": 6, "n_head": 8, "n_embd": 512, "vocab_size": 16384, "block_size": 256}
+PEER = {"no_shard": "DDP", "zero1": "DDP+ZeRO-1", "shard_grad_op": "FSDP2 no-reshard", "full_shard": "FSDP2",
+        "hybrid_shard": "HSDP", "hybrid_shard_zero2": "HSDP no-reshard"}
+
+
+def write_tokens(path, n, vocab, seed=1234):
+    rng = np.random.default_rng(seed)
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, n)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(rng.integers(0, vocab, n, dtype=np.uint16).tobytes())
+
+
+def read_tokens(path):
+    return np.fromfile(path, dtype=np.uint16, offset=1024).astype(np.int64)
+
+
+def batch(tokens, step, B, T, j0, count):
+    """DESIGN.md's order: sequence i = (step*B + j) mod n."""
+    import torch
+    n = (len(tokens) - 1) // T
+    idx = [((step * B + j) % n) * T for j in range(j0, j0 + count)]
+    x = np.stack([tokens[i:i + T] for i in idx])
+    y = np.stack([tokens[i + 1:i + T + 1] for i in idx])
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+# ---- one PyTorch rank (run as a subprocess of this script) --------------------
+
+def torch_rank(a):
+    import torch
+    import torch.distributed as dist
+    from nanogpt import GPT, lr_at
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1337)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world)
+    m = SMALL_GPT
+    model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"])
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02) if p.dim() >= 2 else None
+    opt_args = dict(lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+
+    def groups(params):
+        params = list(params)
+        return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+    s = a.strategy
+    if s in ("no_shard", "zero1"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net = DDP(model) if a.world > 1 else model
+        if s == "zero1" and a.world > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            opt = ZeroRedundancyOptimizer(groups(net.parameters()), optimizer_class=torch.optim.AdamW, **opt_args)
+        else:
+            opt = torch.optim.AdamW(groups(net.parameters()), **opt_args)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        if s.startswith("hybrid"):
+            g = max(1, a.world // 2)
+            mesh = init_device_mesh("cpu", (a.world // g, g), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (a.world,))
+        reshard = s in ("full_shard", "hybrid_shard")
+        for block in model.transformer.h:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        net = model
+        opt = torch.optim.AdamW(groups(net.parameters()), **opt_args)
+    tokens = read_tokens(a.data)
+    B, T, per = a.batch, m["block_size"], a.batch // a.world
+    times, losses = [], []
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        for g_ in opt.param_groups:
+            g_["lr"] = lr_at(step, a.steps, 6e-4, 6e-5, 2)
+        opt.zero_grad(set_to_none=True)
+        x, y = batch(tokens, step, B, T, a.rank * per, per)
+        _, loss = net(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        lv = loss.detach().clone()
+        if a.world > 1:
+            dist.all_reduce(lv)
+            lv /= a.world
+        losses.append(lv.item())
+        times.append(time.perf_counter() - t0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with open(os.path.join(a.out, f"torch-{a.rank}.json"), "w") as f:
+        json.dump({"times": times, "losses": losses, "peak_rss": rss}, f)
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torch(strategy, world, threads, steps, batch_size, data):
+    out = tempfile.mkdtemp(prefix="torch-compare-")
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, __file__, "--torch-rank", str(r), "--world", str(world),
+                               "--port", str(port), "--threads", str(threads), "--strategy", strategy,
+                               "--steps", str(steps), "--batch", str(batch_size), "--data", data, "--out", out],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    errs = []
+    for r, p in enumerate(procs):
+        _, err = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            errs.append(f"rank {r}: {err.strip().splitlines()[-1] if err.strip() else p.returncode}")
+    if errs:
+        return None, "; ".join(errs)
+    ranks = [json.load(open(os.path.join(out, f"torch-{r}.json"))) for r in range(world)]
+    return ranks, ""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--worlds", default="1,2,4")
+    ap.add_argument("--strategies", default="no_shard,zero1,shard_grad_op,full_shard,hybrid_shard,hybrid_shard_zero2")
+    ap.add_argument("--batch", type=int, default=8)
+    # one PyTorch rank
+    ap.add_argument("--torch-rank", type=int, default=-1)
+    ap.add_argument("--world", type=int, default=1)
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--strategy", default="no_shard")
+    ap.add_argument("--data", default="")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    if a.torch_rank >= 0:
+        a.rank = a.torch_rank
+        return torch_rank(a)
+
+    import harness
+    import torch
+    work = tempfile.mkdtemp(prefix="torch-compare-")
+    data = os.path.join(work, "tokens.bin")
+    T = SMALL_GPT["block_size"]
+    write_tokens(data, a.steps * a.batch * T * 2 + 1, SMALL_GPT["vocab_size"])
+    cores = os.cpu_count()
+    tokens = a.batch * T
+    mib = 1 << 20
+    print(f"# small GPT {SMALL_GPT}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed steps after "
+          f"1 warm-up, {cores} cores; torch {torch.__version__}; threads per rank = max(1, cores // N), both sides")
+    print(f"{'strategy':<19} {'N':>2} {'thr':>3} {'shardline_tok/s':>15} {'pytorch':<17} {'pytorch_tok/s':>13} "
+          f"{'ratio':>6} {'sl_rss_MiB':>10} {'pt_rss_MiB':>10} {'sl_loss':>8} {'pt_loss':>8}")
+    for world in [int(w) for w in a.worlds.split(",")]:
+        threads = max(1, cores // world)
+        for strategy in a.strategies.split(","):
+            if strategy.startswith("hybrid") and world < 2:
+                continue  # a hybrid of one rank is no_shard
+            cfg = harness.config(strategy, world, micro_batches=1)
+            cfg["model"] = dict(SMALL_GPT)
+            cfg["data"] = {"format": "llmc", "path": data}
+            cfg["optimizer"]["warmup_steps"] = 2
+            cfg["train"].update(steps=a.steps, batch_size=a.batch, micro_batch_size=a.batch // world)
+            if strategy.startswith("hybrid"):
+                cfg["parallelism"]["shard_group_size"] = max(1, world // 2)
+            _, ranks = harness.run(cfg, world, timeout=1800, threads=threads)
+            sl_step = sum(s["seconds"] for s in ranks[0]["steps"][1:]) / (a.steps - 1)
+            sl_rss = max(r["memory"]["peak_rss"] for r in ranks)
+            sl_loss = ranks[0]["steps"][-1]["loss"]
+            pt, err = run_torch(strategy, world, threads, a.steps, a.batch, data)
+            if pt is None:
+                print(f"{strategy:<19} {world:>2} {threads:>3} {tokens / sl_step:>15.0f} {PEER[strategy]:<17} "
+                      f"{'failed':>13} {'-':>6} {sl_rss / mib:>10.0f} {'-':>10} {sl_loss:>8.4f} {'-':>8}  ({err})",
+                      flush=True)
+                continue
+            pt_step = sum(pt[0]["times"][1:]) / (a.steps - 1)
+            pt_rss = max(r["peak_rss"] for r in pt)
+            print(f"{strategy:<19} {world:>2} {threads:>3} {tokens / sl_step:>15.0f} {PEER[strategy]:<17} "
+                  f"{tokens / pt_step:>13.0f} {pt_step / sl_step:>6.2f} {sl_rss / mib:>10.0f} {pt_rss / mib:>10.0f} "
+                  f"{sl_loss:>8.4f} {pt[0]['losses'][-1]:>8.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
