@@ -346,7 +346,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     auto opts = c10d::ProcessGroupGloo::Options::create(
         std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout)));
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
-    opts->threads = 1;  // broadcast and barrier only; the rings run on our thread
+    // Two worker threads, as c10d defaults to: with one, its all-reduce ran
+    // 10-17% slower than the raw call at 64 MB, N=2 (bench/collective_bench).
+    opts->threads = 2;
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
     return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(pg), rank, size, options));
   } catch (const std::exception& e) {
