@@ -154,33 +154,28 @@ void Registry::CheckName(const std::string& name) const {
   }
 }
 
-Family<Counter>& Registry::AddCounter(const std::string& name, const std::string& help) {
+template <typename T>
+Family<T>& Registry::Add(const std::string& name, const std::string& help, const char* type,
+                         std::function<std::unique_ptr<T>()> make) {
   CheckName(name);
-  auto f = std::make_unique<Family<Counter>>(name, help, "counter", [] { return std::make_unique<Counter>(); });
+  auto f = std::make_unique<Family<T>>(name, help, type, std::move(make));
   auto* raw = f.get();
   absl::MutexLock lock(&mu_);
   families_.push_back(std::move(f));
   return *raw;
 }
 
+Family<Counter>& Registry::AddCounter(const std::string& name, const std::string& help) {
+  return Add<Counter>(name, help, "counter", [] { return std::make_unique<Counter>(); });
+}
+
 Family<Gauge>& Registry::AddGauge(const std::string& name, const std::string& help) {
-  CheckName(name);
-  auto f = std::make_unique<Family<Gauge>>(name, help, "gauge", [] { return std::make_unique<Gauge>(); });
-  auto* raw = f.get();
-  absl::MutexLock lock(&mu_);
-  families_.push_back(std::move(f));
-  return *raw;
+  return Add<Gauge>(name, help, "gauge", [] { return std::make_unique<Gauge>(); });
 }
 
 Family<Histogram>& Registry::AddHistogram(const std::string& name, const std::string& help,
                                           std::vector<double> bounds) {
-  CheckName(name);
-  auto f = std::make_unique<Family<Histogram>>(name, help, "histogram",
-                                               [bounds] { return std::make_unique<Histogram>(bounds); });
-  auto* raw = f.get();
-  absl::MutexLock lock(&mu_);
-  families_.push_back(std::move(f));
-  return *raw;
+  return Add<Histogram>(name, help, "histogram", [bounds] { return std::make_unique<Histogram>(bounds); });
 }
 
 void Registry::AddCollector(std::function<void()> collect) {

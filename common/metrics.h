@@ -130,6 +130,9 @@ class Registry {
   std::string Serialize() const;
 
  private:
+  template <typename T>
+  Family<T>& Add(const std::string& name, const std::string& help, const char* type,
+                 std::function<std::unique_ptr<T>()> make);
   void CheckName(const std::string& name) const;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<FamilyBase>> families_ ABSL_GUARDED_BY(mu_);

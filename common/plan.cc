@@ -7,6 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/model_shapes.h"
+#include "common/ring_bytes.h"
+#include "common/status_macros.h"
 
 namespace shardline {
 namespace {
@@ -14,35 +16,15 @@ namespace {
 constexpr Strategy kStrategies[] = {Strategy::kNoShard,     Strategy::kZero1,        Strategy::kShardGradOp,
                                     Strategy::kFullShard,   Strategy::kHybridShard, Strategy::kHybridShardZero2};
 
-int64_t Padded(int64_t n, int g) { return (n + g - 1) / g * g; }
-int64_t Ring(int64_t full_bytes, int n) { return full_bytes / n * (n - 1); }
-int64_t RingAllReduce(int64_t bytes, int elem, int n) {
-  return n == 1 ? 0 : 2 * Ring(Padded(bytes / elem, n) * elem, n);
-}
 int Bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
-struct Units {
-  std::vector<int64_t> numel;  // per unit: embed, blocks..., head
-  int64_t embed() const { return numel.front(); }
-  int64_t head() const { return numel.back(); }
-  int64_t block() const { return numel.size() > 2 ? numel[1] : 0; }
-};
-
-Units UnitsOf(const ModelConfig& m) {
-  Units u;
-  for (int i = 0; i < gpt::NumUnits(m); ++i) {
-    int64_t n = 0;
-    for (const auto& s : gpt::UnitParams(m, i)) n += s.numel();
-    u.numel.push_back(n);
-  }
-  return u;
-}
-
-// Per-rank state bytes by kind: the engine's formula (tests/integration/formulas.py).
-void StateBytes(const Units& u, Strategy s, int g, int p, int r, StrategyPlan* out) {
+// Per-rank state bytes by kind from the ownership map at the strategy's shard
+// group (units padded as ShardLayout pads them): the engine's formula,
+// tests/integration/formulas.py's state_bytes.
+void StateBytes(const std::vector<ShardLayout>& layouts, Strategy s, int p, int r, StrategyPlan* out) {
   int64_t full = 0;
-  for (int64_t n : u.numel) full += Padded(n, g);
-  const int64_t shard = full / g;
+  for (const ShardLayout& l : layouts) full += l.padded_numel;
+  const int64_t shard = full / layouts.front().group_size;
   out->params_bytes = p * (ShardsParams(s) ? shard : full);
   if (p == 4 && ShardsParams(s)) out->params_bytes = 0;  // the fp32 shard is the master itself
   out->grads_bytes = ShardsGrads(s) ? r * shard : p * full;
@@ -94,7 +76,6 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
                                                    b, " x ", world, " workers"));
   }
   const int p = Bytes(in.param_dtype), r = Bytes(in.reduce_dtype);
-  const Units units = UnitsOf(m);
   Plan plan;
   plan.params = gpt::NumParams(m);
   plan.flops_per_token = gpt::TrainingFlopsPerToken(m);
@@ -103,7 +84,9 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   const double tokens_per_rank = static_cast<double>(plan.tokens_per_step) / world;
   const double compute = plan.flops_per_token * tokens_per_rank / c.flops;
   // Recomputation repeats the blocks' forward: a third of their training FLOPs.
-  const double block_flops = 6.0 * units.block() * m.n_layer + 12.0 * m.n_layer * m.n_embd * m.block_size;
+  double block_numel = 0;
+  for (const ParamSpec& spec : gpt::UnitParams(m, 1)) block_numel += spec.numel();
+  const double block_flops = 6.0 * block_numel * m.n_layer + 12.0 * m.n_layer * m.n_embd * m.block_size;
   const double recompute = compute * (block_flops / plan.flops_per_token) / 3;
 
   const double layer_act = LayerActivationBytes(m, b, p);
@@ -121,9 +104,11 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
     }
     sp.shard_group = g;
     const int replicas = world / g;
-    StateBytes(units, s, g, p, r, &sp);
+    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, gpt::OwnershipMap(m, g));
+    StateBytes(layouts, s, p, r, &sp);
 
-    const int64_t embed = Padded(units.embed(), g), head = Padded(units.head(), g), block = Padded(units.block(), g);
+    const int64_t embed = layouts.front().padded_numel, head = layouts.back().padded_numel,
+                  block = layouts[1].padded_numel;
     if (ShardsParams(s)) {
       const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
       sp.transient_bytes += p * (embed + head + live_blocks * block);
@@ -149,20 +134,21 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
     if (ShardsParams(s)) {
       // Forward gathers every unit, backward the blocks again, per micro-batch;
       // the first gather of a step cannot hide behind anything.
-      const int64_t per_micro = Ring(embed * p, g) + Ring(head * p, g) + 2LL * m.n_layer * Ring(block * p, g);
-      add(plan.micro_batches * per_micro - Ring(embed * p, g), shard_bw, true);
-      add(Ring(embed * p, g), shard_bw, false);
+      const int64_t per_micro = comm::RingAllGatherBytes(embed * p, g) + comm::RingAllGatherBytes(head * p, g) +
+                                2LL * m.n_layer * comm::RingAllGatherBytes(block * p, g);
+      add(plan.micro_batches * per_micro - comm::RingAllGatherBytes(embed * p, g), shard_bw, true);
+      add(comm::RingAllGatherBytes(embed * p, g), shard_bw, false);
     } else if (g > 1) {
-      add(Ring(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
+      add(comm::RingAllGatherBytes(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
     }
     if (g > 1) {
       // Reductions run during backward; the embedding's comes last (tied head).
-      add(Ring((full_p - embed) * r, g), shard_bw, true);
-      add(Ring(embed * r, g), shard_bw, false);
+      add(comm::RingReduceScatterBytes((full_p - embed) * r, g), shard_bw, true);
+      add(comm::RingReduceScatterBytes(embed * r, g), shard_bw, false);
     }
     if (replicas > 1) {
-      add(RingAllReduce((full_p - embed) / g * r, r, replicas), rep_bw, true);
-      add(RingAllReduce(embed / g * r, r, replicas), rep_bw, false);
+      add(comm::RingAllReduceBytes((full_p - embed) / g * r, r, replicas), rep_bw, true);
+      add(comm::RingAllReduceBytes(embed / g * r, r, replicas), rep_bw, false);
     }
     sp.comm_bytes = bytes;
     sp.comm_s = overlapped + exposed;

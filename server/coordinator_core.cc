@@ -150,8 +150,8 @@ void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
   if (w != workers_.end()) w->second.last_heartbeat = absl::Now();
   auto it = jobs_.find(p.job_id());
   if (it == jobs_.end() || JobOf(it->second).state() != "RUNNING") return;
-  const auto known = it->second.progress.find(p.rank());
-  RecordProgress(it->second, p.rank(), p.step(), known == it->second.progress.end() ? 0 : known->second.seq);
+  // Progress carries the step only; the collective seq stays what heartbeats said.
+  RecordProgress(it->second, p.rank(), p.step(), it->second.progress[p.rank()].seq);
   if (p.rank() != 0) return;
   v1::Job& j = JobOf(it->second);
   j.set_step(p.step());

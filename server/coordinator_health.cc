@@ -7,8 +7,8 @@
 // at fault is the one that stopped heartbeating (a paused or frozen process),
 // else the one(s) behind on collectives (hung before entering the next one).
 #include <algorithm>
-#include <cstdint>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -90,17 +90,14 @@ void CoordinatorCore::UpdateStalls(absl::Time now) {
         }
       }
       if (culprits.empty()) {
-        int64_t lo = INT64_MAX, hi = 0;
-        for (int rank = 0; rank < j.workers(); ++rank) {
-          auto p = r.progress.find(rank);
-          const int64_t seq = p == r.progress.end() ? 0 : p->second.seq;
-          lo = std::min(lo, seq);
-          hi = std::max(hi, seq);
+        std::vector<int64_t> seqs(j.workers(), 0);  // a rank not heard from is at 0
+        for (const auto& [rank, p] : r.progress) {
+          if (rank < j.workers()) seqs[rank] = p.seq;
         }
+        const auto [lo_it, hi_it] = std::minmax_element(seqs.begin(), seqs.end());
+        const int64_t lo = *lo_it, hi = *hi_it;
         for (int rank = 0; rank < j.workers(); ++rank) {
-          auto p = r.progress.find(rank);
-          const int64_t seq = p == r.progress.end() ? 0 : p->second.seq;
-          if (lo == hi || seq == lo) culprits.insert(rank);
+          if (lo == hi || seqs[rank] == lo) culprits.insert(rank);
         }
         if (lo == hi) {
           parts.push_back(absl::StrFormat("every rank waits after collective #%d", lo));

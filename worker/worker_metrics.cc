@@ -121,7 +121,8 @@ std::shared_ptr<comm::CollectiveObserver> WorkerMetrics::ObserverFor(bool shard_
 
 void WorkerMetrics::OnCollective(comm::Op op, int64_t bytes, double seconds, int64_t seq, bool ok,
                                  bool shard_group) {
-  auto l = JobLabels();
+  const metrics::Labels job = JobLabels();
+  metrics::Labels l = job;
   l["op"] = comm::OpName(op);
   if (!ok) {
     collective_failures_.Add(l).Increment();
@@ -131,7 +132,7 @@ void WorkerMetrics::OnCollective(comm::Op op, int64_t bytes, double seconds, int
   collective_bytes_.Add(l).Increment(static_cast<double>(bytes));
   if (shard_group) {
     last_seq_ = seq;
-    last_seq_gauge_.Add(JobLabels()).Set(static_cast<double>(seq));
+    last_seq_gauge_.Add(job).Set(static_cast<double>(seq));
   }
 }
 

@@ -53,14 +53,4 @@ class SelfCommunicator : public Communicator {
 
 std::unique_ptr<Communicator> CreateSelfCommunicator() { return std::make_unique<SelfCommunicator>(); }
 
-int64_t RingAllGatherBytes(int64_t full_bytes, int n) { return full_bytes / n * (n - 1); }
-int64_t RingReduceScatterBytes(int64_t full_bytes, int n) { return full_bytes / n * (n - 1); }
-int64_t RingAllReduceBytes(int64_t bytes, int elem_size, int n) {
-  // The ring pads the buffer to a multiple of n elements, then reduce-scatters
-  // and all-gathers it.
-  const int64_t elems = bytes / elem_size;
-  const int64_t padded = (elems + n - 1) / n * n * elem_size;
-  return 2 * (padded / n * (n - 1));
-}
-
 }  // namespace shardline::comm

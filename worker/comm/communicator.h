@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/ring_bytes.h"  // RingAllGatherBytes and the other byte counts
 
 namespace shardline::comm {
 
@@ -99,12 +100,5 @@ class Communicator {
 
 // A group of one: every collective completes at once and moves nothing.
 std::unique_ptr<Communicator> CreateSelfCommunicator();
-
-// The bytes a ring algorithm sends per rank, which is what both backends do:
-// all-gather and reduce-scatter move (n-1)/n of the full buffer, all-reduce
-// twice that. Tests compare the measured counters with these.
-int64_t RingAllGatherBytes(int64_t full_bytes, int n);
-int64_t RingReduceScatterBytes(int64_t full_bytes, int n);
-int64_t RingAllReduceBytes(int64_t bytes, int elem_size, int n);
 
 }  // namespace shardline::comm

@@ -255,7 +255,8 @@ class GlooCommunicator : public Communicator {
   // out = [chunk_0 .. chunk_{n-1}], chunk_rank = in. Step s forwards the chunk
   // that arrived in step s-1 (initially our own) to the right.
   absl::Status RingAllGather(at::Tensor out, const at::Tensor& in, int64_t seq, absl::Time deadline,
-                             int64_t* sent, int step0 = 0, Op op = Op::kAllGather) {
+                             int64_t* sent) {
+    constexpr Op op = Op::kAllGather;
     const int n = size_;
     const int64_t c = out.numel() / n;
     if (in.numel() != c || out.numel() != c * n) {
@@ -265,7 +266,7 @@ class GlooCommunicator : public Communicator {
     auto chunk = [&](int i) { return out.narrow(0, ((i % n) + n) % n * c, c); };
     if (in.data_ptr() != chunk(rank_).data_ptr()) chunk(rank_).copy_(in);
     for (int s = 0; s < n - 1; ++s) {
-      absl::Status st = Exchange(op, seq, step0 + s, chunk(rank_ - s), chunk(rank_ - s - 1), deadline, sent);
+      absl::Status st = Exchange(op, seq, s, chunk(rank_ - s), chunk(rank_ - s - 1), deadline, sent);
       if (!st.ok()) return st;
     }
     return absl::OkStatus();
@@ -273,11 +274,16 @@ class GlooCommunicator : public Communicator {
 
   // After n-1 steps chunk `rank` of `in` holds the sum of every rank's chunk
   // `rank`: step s sends the partial sum of chunk rank-s-1 to the right and
-  // adds what arrives from the left into chunk rank-s-2.
-  absl::Status RingReduceScatterInPlace(at::Tensor in, int64_t seq, absl::Time deadline,
-                                        int64_t* sent, Op op) {
+  // adds what arrives from the left into chunk rank-s-2. `in` is scratch.
+  absl::Status RingReduceScatter(at::Tensor out, at::Tensor in, int64_t seq, absl::Time deadline,
+                                 int64_t* sent) {
+    constexpr Op op = Op::kReduceScatter;
     const int n = size_;
-    const int64_t c = in.numel() / n;
+    if (in.numel() != out.numel() * n) {
+      return absl::InvalidArgumentError(absl::StrCat(OpLabel(op, seq), ": input holds ", in.numel(),
+                                                     " elements, expected ", n, " x ", out.numel()));
+    }
+    const int64_t c = out.numel();
     auto chunk = [&](int i) { return in.narrow(0, ((i % n) + n) % n * c, c); };
     at::Tensor tmp = n > 1 ? at::empty({c}, in.options()) : at::Tensor();
     for (int s = 0; s < n - 1; ++s) {
@@ -285,19 +291,7 @@ class GlooCommunicator : public Communicator {
       if (!st.ok()) return st;
       chunk(rank_ - s - 2).add_(tmp);
     }
-    return absl::OkStatus();
-  }
-
-  absl::Status RingReduceScatter(at::Tensor out, at::Tensor in, int64_t seq, absl::Time deadline,
-                                 int64_t* sent) {
-    if (in.numel() != out.numel() * size_) {
-      return absl::InvalidArgumentError(absl::StrCat(OpLabel(Op::kReduceScatter, seq), ": input holds ",
-                                                     in.numel(), " elements, expected ", size_, " x ",
-                                                     out.numel()));
-    }
-    absl::Status st = RingReduceScatterInPlace(in, seq, deadline, sent, Op::kReduceScatter);
-    if (!st.ok()) return st;
-    at::Tensor mine = in.narrow(0, rank_ * out.numel(), out.numel());
+    at::Tensor mine = chunk(rank_);
     if (mine.data_ptr() != out.data_ptr()) out.copy_(mine);
     return absl::OkStatus();
   }
