@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integration"))
 import harness  # noqa: E402
 
-SMALL_GPT = {"n_layer": 6, "n_head": 8, "n_embd": 512, "vocab_size": 16384, "block_size": 256}
+SMALL_GPT = harness.SMALL_GPT
 
 
 def main():
@@ -37,11 +37,7 @@ def main():
     for world in [int(w) for w in args.worlds.split(",")]:
         threads = max(1, cores // world)
         for strategy in args.strategies.split(","):
-            cfg = harness.config(strategy, world, micro_batches=1)
-            cfg["model"] = dict(SMALL_GPT)
-            cfg["train"].update(steps=args.steps, batch_size=args.batch, micro_batch_size=args.batch // world)
-            if strategy.startswith("hybrid"):
-                cfg["parallelism"]["shard_group_size"] = max(1, world // 2)
+            cfg = harness.small_gpt_config(strategy, world, args.steps, args.batch)
             _, ranks = harness.run(cfg, world, timeout=1800, threads=threads)
             timed = ranks[0]["steps"][1:]
             step = sum(s["seconds"] for s in timed) / len(timed)

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
 
-SMALL_GPT = {"n_layer": 6, "n_head": 8, "n_embd": 512, "vocab_size": 16384, "block_size": 256}
+import harness  # noqa: E402
+
+SMALL_GPT = harness.SMALL_GPT
 PEER = {"no_shard": "DDP", "zero1": "DDP+ZeRO-1", "shard_grad_op": "FSDP2 no-reshard", "full_shard": "FSDP2",
         "hybrid_shard": "HSDP", "hybrid_shard_zero2": "HSDP no-reshard"}
 
@@ -131,15 +132,9 @@ def torch_rank(a):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_torch(strategy, world, threads, steps, batch_size, data):
     out = tempfile.mkdtemp(prefix="torch-compare-")
-    port = free_port()
+    port = harness.free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--torch-rank", str(r), "--world", str(world),
                                "--port", str(port), "--threads", str(threads), "--strategy", strategy,
                                "--steps", str(steps), "--batch", str(batch_size), "--data", data, "--out", out],
@@ -174,7 +169,6 @@ def main():
         a.rank = a.torch_rank
         return torch_rank(a)
 
-    import harness
     import torch
     work = tempfile.mkdtemp(prefix="torch-compare-")
     data = os.path.join(work, "tokens.bin")
@@ -192,13 +186,9 @@ def main():
         for strategy in a.strategies.split(","):
             if strategy.startswith("hybrid") and world < 2:
                 continue  # a hybrid of one rank is no_shard
-            cfg = harness.config(strategy, world, micro_batches=1)
-            cfg["model"] = dict(SMALL_GPT)
+            cfg = harness.small_gpt_config(strategy, world, a.steps, a.batch)
             cfg["data"] = {"format": "llmc", "path": data}
             cfg["optimizer"]["warmup_steps"] = 2
-            cfg["train"].update(steps=a.steps, batch_size=a.batch, micro_batch_size=a.batch // world)
-            if strategy.startswith("hybrid"):
-                cfg["parallelism"]["shard_group_size"] = max(1, world // 2)
             _, ranks = harness.run(cfg, world, timeout=1800, threads=threads)
             sl_step = sum(s["seconds"] for s in ranks[0]["steps"][1:]) / (a.steps - 1)
             sl_rss = max(r["memory"]["peak_rss"] for r in ranks)

@@ -19,7 +19,7 @@ _procs = []
 
 # One pass/fail reporter for every test script (the closing line ctest reads).
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from harness import Checks  # noqa: E402,F401
+from harness import Checks, free_port  # noqa: E402,F401
 
 
 def _cleanup():
@@ -62,13 +62,6 @@ def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard",
         f.write(JOB.format(name=name, workers=workers, steps=steps, strategy=strategy,
                            micro=micro or (12 // workers // 2 or 1)) + extra)
     return path
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred, timeout, what):

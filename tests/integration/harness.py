@@ -64,6 +64,22 @@ def config(strategy="no_shard", world=1, micro_batches=2, **overrides):
     return cfg
 
 
+# The benchmarks' small GPT (bench/engine_bench.py, bench/torch_compare.py,
+# plan_check.py): one model, so their figures compare.
+SMALL_GPT = {"n_layer": 6, "n_head": 8, "n_embd": 512, "vocab_size": 16384, "block_size": 256}
+
+
+def small_gpt_config(strategy, world, steps, batch):
+    """SMALL_GPT at `world` ranks, one micro-batch of batch/world sequences per
+    rank; hybrid strategies shard over groups of world/2."""
+    cfg = config(strategy, world, micro_batches=1)
+    cfg["model"] = dict(SMALL_GPT)
+    cfg["train"].update(steps=steps, batch_size=batch, micro_batch_size=batch // world)
+    if strategy.startswith("hybrid"):
+        cfg["parallelism"]["shard_group_size"] = max(1, world // 2)
+    return cfg
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ from nanogpt import GPT  # noqa: E402
 
 SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
 COLL_BENCH = os.path.join(harness.BUILD, "bench", "collective_bench")
-MODEL = {"n_layer": 6, "n_head": 8, "n_embd": 512, "vocab_size": 16384, "block_size": 256}  # engine_bench's
+MODEL = harness.SMALL_GPT
 WORLD, BATCH, STEPS = 2, 8, 5
 
 
@@ -71,9 +71,7 @@ def main():
     print(f"this machine: {flops / 1e9:.1f} GFLOP/s per thread (PyTorch GPT fwd+bwd), "
           f"{mem_bw / 1e9:.1f} GB/s memory, {busbw / 1e9:.2f} GB/s Gloo bus bandwidth")
     for strategy in ("no_shard", "shard_grad_op", "full_shard"):
-        cfg = harness.config(strategy, WORLD, micro_batches=1)
-        cfg["model"] = dict(MODEL)
-        cfg["train"].update(steps=STEPS, batch_size=BATCH, micro_batch_size=micro)
+        cfg = harness.small_gpt_config(strategy, WORLD, STEPS, BATCH)
         out, ranks = harness.run(cfg, WORLD, timeout=600, threads=1)
         timed = ranks[0]["steps"][1:]
         # The best step, as the calibration keeps its best run: this VM's
