@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   c.train.steps = 100;
   c.parallelism.strategy = Strategy::kNoShard;
   Communicators comms{comm::CreateSelfCommunicator(), comm::CreateSelfCommunicator()};
-  auto engine = Engine::Create(c, 0, 1, std::move(comms));
+  auto engine = Engine::Create(c, 0, 1, *Device::Open("cpu"), std::move(comms));
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;
   if (auto r = e.Step(0); !r.ok()) return Fail(r.status());

@@ -223,6 +223,7 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   prec.Enum<DType>("param_dtype", &c.precision.param_dtype, ParseDType);
   prec.Enum<DType>("reduce_dtype", &c.precision.reduce_dtype, ParseDType);
   prec.Enum<DType>("buffer_dtype", &c.precision.buffer_dtype, ParseDType);
+  prec.Bool("allow_tf32", &c.precision.allow_tf32);
   TableReader mem(table("memory"), "memory", src);
   mem.Bool("activation_checkpointing", &c.memory.activation_checkpointing);
   mem.Bool("cpu_offload", &c.memory.cpu_offload);

@@ -56,6 +56,9 @@ struct ParallelismConfig {
 };
 struct PrecisionConfig {
   DType param_dtype = DType::kFloat32, reduce_dtype = DType::kFloat32, buffer_dtype = DType::kFloat32;
+  // TF32 matrix products on CUDA (faster, ~1e-3 relative error); off by
+  // default so that fp32 means fp32, as in PyTorch since 1.12.
+  bool allow_tf32 = false;
 };
 struct MemoryConfig {
   bool activation_checkpointing = false, cpu_offload = false;

@@ -37,8 +37,16 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   const char* options[] = {"listening_ports", listen.c_str(), "num_threads", "2", "request_timeout_ms", "10000",
                            nullptr};
   mg_callbacks callbacks{};
-  server->ctx_ = mg_start(&callbacks, nullptr, options);
-  if (!server->ctx_) return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen));
+  mg_init_data init_data{};
+  init_data.callbacks = &callbacks;
+  init_data.configuration_options = options;
+  char why[256] = {0};
+  unsigned code = 0;
+  mg_error_data error{&code, why, sizeof(why)};
+  server->ctx_ = mg_start2(&init_data, &error);
+  if (!server->ctx_) {
+    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen, ": ", why));
+  }
   mg_server_port ports[4];
   const int n = mg_get_server_ports(server->ctx_, 4, ports);
   if (n < 1) return absl::UnavailableError(absl::StrCat("metrics: no port bound for ", listen));

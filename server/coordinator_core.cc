@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -209,11 +210,33 @@ void CoordinatorCore::Schedule() {
   while (!queue_.empty()) {
     JobRecord& r = jobs_.at(queue_.front());
     v1::Job& j = JobOf(r);
-    std::vector<WorkerRecord*> idle;
+    // A job's ranks share one device kind: NCCL and Gloo ranks cannot form
+    // one group. CUDA is preferred where enough of both are idle.
+    std::map<std::string, std::vector<WorkerRecord*>> idle_by_kind;
+    int idle_total = 0;
     for (auto& [id, w] : workers_) {
-      if (w.info.state() == "IDLE") idle.push_back(&w);
+      if (w.info.state() != "IDLE") continue;
+      const std::string& d = w.info.device();
+      idle_by_kind[d.substr(0, d.find(':'))].push_back(&w);
+      ++idle_total;
     }
-    if (static_cast<int>(idle.size()) < j.workers()) return;  // FIFO: nobody overtakes the head
+    std::vector<WorkerRecord*> idle;
+    for (const char* kind : {"cuda", "cpu"}) {
+      auto it = idle_by_kind.find(kind);
+      if (idle.empty() && it != idle_by_kind.end() && static_cast<int>(it->second.size()) >= j.workers()) {
+        idle = it->second;
+      }
+    }
+    if (idle.empty()) {  // FIFO: nobody overtakes the head
+      if (idle_total >= j.workers()) {
+        std::string kinds;
+        for (const auto& [kind, ws] : idle_by_kind) {
+          absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", ws.size(), " ", kind);
+        }
+        j.set_message(absl::StrFormat("waiting for %d idle workers of one device kind (idle: %s)", j.workers(), kinds));
+      }
+      return;
+    }
     // Ranks are stable: by host, then device, then registration order; ranks
     // of one host are consecutive, so hybrid shard groups stay within a host.
     std::sort(idle.begin(), idle.end(), [](const WorkerRecord* a, const WorkerRecord* b) {

@@ -4,6 +4,7 @@
 // coordinator; the worker daemon runs the same Engine.
 //
 //   shardline-train --config job.toml --rank R --world N --store-port P [--out DIR]
+//                   [--device cpu|cuda:N] [--backend auto|gloo|nccl]
 //
 // Prints one JSON object per step on stdout. With --out, rank r writes
 // DIR/rank-<r>.json (per-step results, memory by kind, bytes and seconds per
@@ -25,8 +26,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "worker/comm/gloo_communicator.h"
 #include "common/checkpoint_manifest.h"
+#include "worker/comm/groups.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/tensor_file.h"
@@ -35,7 +36,7 @@ namespace shardline {
 namespace {
 
 struct Flags {
-  std::string config, out, dump_grads, store_host = "127.0.0.1", ckpt_dir, resume;
+  std::string config, out, dump_grads, store_host = "127.0.0.1", ckpt_dir, resume, device = "cpu", backend = "auto";
   int rank = 0, world = 1, store_port = 0, threads = 1, steps = 0, save_at = 0, stop_after = 0;
   double timeout_s = 60;
   std::vector<std::string> overrides;
@@ -155,9 +156,11 @@ absl::Status Run(const Flags& f) {
                                                  ": ", std::string(e.what()).substr(0, 200)));
     }
   }
+  SL_ASSIGN_OR_RETURN(std::shared_ptr<const Device> device, Device::Open(f.device));
+  SL_ASSIGN_OR_RETURN(const Backend backend, ParseBackend(f.backend));
   const GroupPlan plan = PlanGroups(config, f.rank, f.world);
-  SL_ASSIGN_OR_RETURN(Communicators comms, ConnectGlooGroups(store, plan, timeout));
-  SL_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, f.rank, f.world, std::move(comms), timeout));
+  SL_ASSIGN_OR_RETURN(Communicators comms, ConnectGroups(store, plan, *device, backend, timeout));
+  SL_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, f.rank, f.world, device, std::move(comms), timeout));
   if (!f.dump_grads.empty()) return DumpGradients(*engine, config, f.dump_grads);
 
   int64_t start = 0;
@@ -190,9 +193,11 @@ absl::Status Run(const Flags& f) {
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  absl::StrAppendFormat(&mem, "\"state\":%d,\"peak\":%d,\"activation_peak\":%d,\"init_peak\":%d,\"tensor_peak\":%d,\"peak_rss\":%d}",
+  absl::StrAppendFormat(&mem,
+                        "\"state\":%d,\"peak\":%d,\"activation_peak\":%d,\"init_peak\":%d,\"tensor_peak\":%d,"
+                        "\"reserved_peak\":%d,\"peak_rss\":%d}",
                         m.state_bytes, m.peak_bytes, m.activation_peak_bytes, m.init_peak_bytes, m.tensor_peak_bytes,
-                        int64_t{ru.ru_maxrss} * 1024);
+                        m.reserved_peak_bytes, int64_t{ru.ru_maxrss} * 1024);
   std::string units = "[";
   for (const ShardLayout& l : engine->layouts()) {
     absl::StrAppendFormat(&units, "%s{\"unit\":\"%s\",\"numel\":%d,\"padded\":%d,\"shard\":%d}",
@@ -202,9 +207,9 @@ absl::Status Run(const Flags& f) {
   const std::string path = absl::StrCat(f.out, "/rank-", f.rank, ".json");
   std::ofstream out(path);
   out << absl::StrFormat(
-      "{\"rank\":%d,\"world\":%d,\"shard_group_size\":%d,\"steps\":[%s],\"memory\":%s,\"units\":%s,"
-      "\"comm\":{\"shard\":%s,\"replicate\":%s}}\n",
-      f.rank, f.world, engine->shard_group_size(), steps_json, mem, units, StatsJson(engine->ShardCommStats()),
+      "{\"rank\":%d,\"world\":%d,\"device\":\"%s\",\"shard_group_size\":%d,\"steps\":[%s],\"memory\":%s,"
+      "\"units\":%s,\"comm\":{\"shard\":%s,\"replicate\":%s}}\n",
+      f.rank, f.world, engine->device().name(), engine->shard_group_size(), steps_json, mem, units, StatsJson(engine->ShardCommStats()),
       StatsJson(engine->ReplicateCommStats()));
   if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
   return absl::OkStatus();
@@ -222,6 +227,8 @@ int main(int argc, char** argv) {
   app.add_option("--store-host", f.store_host, "host of the TCP store (rank 0 serves it)");
   app.add_option("--store-port", f.store_port, "port of the TCP store");
   app.add_option("--threads", f.threads, "intra-op threads");
+  app.add_option("--device", f.device, "cpu, cuda or cuda:N");
+  app.add_option("--backend", f.backend, "auto (NCCL on CUDA, Gloo on CPU), gloo (CUDA staged through host) or nccl");
   app.add_option("--steps", f.steps, "override [train] steps");
   app.add_option("--timeout", f.timeout_s, "deadline of rendezvous and of every collective, seconds");
   app.add_option("--out", f.out, "directory for rank-N.json and params.safetensors");

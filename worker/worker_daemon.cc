@@ -110,6 +110,7 @@ absl::Status WorkerDaemon::RunSession() {
   info->set_pid(getpid());
   info->set_metrics_port(options_.metrics->port());
   info->add_capabilities("gloo");
+  if (options_.device != "cpu") info->add_capabilities("nccl");
   {
     absl::MutexLock lock(&job_mu_);
     info->set_job_id(job_id_);
@@ -217,10 +218,6 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
 }
 
 absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
-  if (options_.device != "cpu") {
-    return absl::UnimplementedError(absl::StrCat("device ", options_.device,
-                                                 ": this engine version trains on CPU ranks only"));
-  }
   SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(a.spec_toml(), a.job_id()));
   config.data.path = ResolveJobPath(a.base_dir(), config.data.path);
   config.model.init_from = ResolveJobPath(a.base_dir(), config.model.init_from);
@@ -233,7 +230,12 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   WorkerMetrics& metrics = *options_.metrics;
   metrics.BeginJob(a.job_id(), a.rank(), a.world_size(), config.model,
                    options_.peak_flops > 0 ? options_.peak_flops : DefaultPeakFlops(options_.device, options_.threads));
-  SL_ASSIGN_OR_RETURN(Communicators comms, ConnectGlooGroups(store, plan, options_.collective_timeout));
+  // Per job, so that a GPU that is gone or busy fails this job, naming the
+  // rank and the device, and the worker takes the next one.
+  absl::StatusOr<std::shared_ptr<const Device>> device = Device::Open(options_.device);
+  if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat("[rank ", a.rank(), "] ", device.status().message()));
+  SL_ASSIGN_OR_RETURN(Communicators comms,
+                      ConnectGroups(store, plan, **device, Backend::kAuto, options_.collective_timeout));
   comms.shard->set_observer(metrics.ObserverFor(/*shard_group=*/true));
   comms.replicate->set_observer(metrics.ObserverFor(/*shard_group=*/false));
   {
@@ -243,7 +245,8 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     Write(connected);
   }
   SL_ASSIGN_OR_RETURN(auto engine,
-                      Engine::Create(config, a.rank(), a.world_size(), std::move(comms), options_.collective_timeout));
+                      Engine::Create(config, a.rank(), a.world_size(), *device, std::move(comms),
+                                     options_.collective_timeout));
   int64_t start = 0;
   if (!a.resume_from().empty()) {
     SL_ASSIGN_OR_RETURN(CheckpointManifest m, LoadCheckpoint(*engine, config, a.resume_from()));

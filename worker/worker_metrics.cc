@@ -55,7 +55,8 @@ WorkerMetrics::WorkerMetrics()
       memory_(registry_.AddGauge("shardline_memory_bytes",
                                  "Memory by kind: params, grads, master, optimizer as held at the last step's peak; "
                                  "activation_peak; step_peak (all tracked kinds together); tensor_peak (every tensor "
-                                 "byte, measured by the allocator); process_rss.")),
+                                 "byte, measured by the device's allocator); reserved_peak (what that allocator "
+                                 "held, the CUDA caching allocator's reserve included); process_rss.")),
       ckpt_seconds_(registry_.AddHistogram("shardline_checkpoint_save_duration_seconds",
                                            "Time to write, fsync, hash and report this rank's checkpoint shard.",
                                            ExponentialBuckets(0.01, 2, 16))),
@@ -160,6 +161,7 @@ void WorkerMetrics::OnStep(const StepResult& r, const MemoryReport& m) {
   set("activation_peak", m.activation_peak_bytes);
   set("step_peak", m.peak_bytes);
   set("tensor_peak", m.tensor_peak_bytes);
+  set("reserved_peak", m.reserved_peak_bytes);
   set("process_rss", ProcessRssBytes());
 }
 

@@ -102,8 +102,8 @@ class Cluster:
         self.port = int(m.group(2))
         self.address = f"127.0.0.1:{self.port}"
 
-    def add_worker(self, host, env=None, args=(), collective_timeout=10):
-        args = [WORKER, "--coordinator", self.address, "--device", "cpu", "--host", host,
+    def add_worker(self, host, env=None, args=(), collective_timeout=10, device="cpu"):
+        args = [WORKER, "--coordinator", self.address, "--device", device, "--host", host,
                 "--collective-timeout", str(collective_timeout)] + list(args)
         if self.token_file:
             args += ["--token-file", self.token_file]

@@ -1,7 +1,22 @@
-// NcclCommunicator on a real GPU: one rank, every collective, results checked
-// on the host. Exits 77 (ctest: skipped) where no CUDA device exists.
-#include <cuda_runtime_api.h>
+// NcclCommunicator on a real GPU at one rank: every collective checked against
+// its definition on the host (fp32 and bf16), device-side waits, stats and the
+// observer at completion, rejected arguments, and both abort paths (a host
+// wait that runs out, the watchdog's op timeout). Exits 77 (ctest: skipped)
+// where no CUDA device exists.
+//
+// At one rank every collective finishes almost at once, so the tests that
+// need an op still running delay it with at::cuda::sleep (a spinning kernel)
+// on a stream it waits for.
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -10,34 +25,208 @@
 namespace shardline::comm {
 namespace {
 
-at::Tensor DeviceFloats(std::vector<float> host) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, host.size() * sizeof(float)), cudaSuccess);
-  cudaMemcpy(p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
-  return at::from_blob(p, {static_cast<int64_t>(host.size())}, [](void* q) { cudaFree(q); },
-                       at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0));
-}
-std::vector<float> Host(const at::Tensor& t) {
-  std::vector<float> h(t.numel());
-  cudaMemcpy(h.data(), t.data_ptr(), h.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  return h;
+constexpr int64_t kSpinCycles = 1'000'000'000;  // about half a second of one spinning kernel
+
+struct Heard {
+  Op op;
+  int64_t bytes, seq;
+  bool ok;
+};
+class Recorder : public CollectiveObserver {
+ public:
+  void OnCollective(Op op, int64_t bytes, double, int64_t seq, bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    heard_.push_back({op, bytes, seq, ok});
+  }
+  std::vector<Heard> heard() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return heard_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Heard> heard_;
+};
+
+std::unique_ptr<Communicator> Connect(NcclOptions o, std::shared_ptr<Recorder> recorder) {
+  auto c = CreateNcclCommunicator(c10::make_intrusive<c10d::HashStore>(), "test", 0, 1, o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return nullptr;
+  (*c)->set_observer(std::move(recorder));
+  return std::move(*c);
 }
 
-TEST(Nccl, OneRankCollectivesComplete) {
-  auto c = CreateNcclCommunicator(c10::make_intrusive<c10d::HashStore>(), "g/", 0, 1, NcclOptions{});
-  ASSERT_TRUE(c.ok()) << c.status();
-  at::Tensor in = DeviceFloats({1, 2, 3}), out = DeviceFloats({0, 0, 0});
-  ASSERT_TRUE((*c)->AllGather(out, in)->Wait(absl::Seconds(30)).ok());
-  cudaDeviceSynchronize();
-  EXPECT_EQ(Host(out), (std::vector<float>{1, 2, 3}));
-  at::Tensor ar = DeviceFloats({4, 5});
-  ASSERT_TRUE((*c)->AllReduce(ar)->Wait(absl::Seconds(30)).ok());
-  ASSERT_TRUE((*c)->ReduceScatter(out, in)->Wait(absl::Seconds(30)).ok());
-  ASSERT_TRUE((*c)->Barrier()->Wait(absl::Seconds(30)).ok());
-  cudaDeviceSynchronize();
-  EXPECT_EQ(Host(ar), (std::vector<float>{4, 5}));
-  EXPECT_EQ((*c)->Stats().last_completed_seq, 4);
-  EXPECT_GT((*c)->Stats().of(Op::kAllGather).seconds, 0);
+// On the host in fp32 (the copy runs on, and waits for, the current stream).
+at::Tensor Host(const at::Tensor& t) { return t.to(at::kFloat).cpu(); }
+at::Tensor Iota(int64_t n, float plus) { return at::arange(n, at::kFloat) + plus; }
+
+bool EventuallyDone(Work& w) {
+  for (int i = 0; i < 10000 && !w.Done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return w.Done();
+}
+
+class NcclOneRank : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(NcclOneRank, CollectivesMatchTheirDefinitions) {
+  c10::cuda::CUDAStream compute = c10::cuda::getStreamFromPool(false, 0);
+  c10::cuda::CUDAStream gather = c10::cuda::getStreamFromPool(false, 0);
+  c10::cuda::CUDAStreamGuard on_compute(compute);  // ATen below runs on the compute stream
+  NcclOptions o;
+  o.compute_stream = compute.stream();
+  o.all_gather_stream = gather.stream();  // a caller's stream; reduce-scatter gets the communicator's own
+  auto recorder = std::make_shared<Recorder>();
+  auto comm = Connect(o, recorder);
+  ASSERT_NE(comm, nullptr);
+  const int n = comm->size(), r = comm->rank();
+  const int64_t c = 96;  // values stay below 256: exact in bf16
+  const auto opts = at::TensorOptions().dtype(GetParam()).device(at::kCUDA, 0);
+  const absl::Duration t = absl::Seconds(30);
+  // Rank j's input is its own: arange + j (only rank 0 exists here).
+
+  // all_gather: out[n*c] = concatenation of every rank's in[c].
+  at::Tensor in = at::arange(c, opts) + r, out = at::full({n * c}, -1, opts);
+  ASSERT_TRUE(comm->AllGather(out, in)->Wait(t).ok());
+  std::vector<at::Tensor> parts;
+  for (int j = 0; j < n; ++j) parts.push_back(Iota(c, j));
+  EXPECT_TRUE(at::equal(Host(out), at::cat(parts)));
+
+  // reduce_scatter: out[c] = sum over ranks j of chunk r of in_j[n*c].
+  at::Tensor rs_in = at::arange(n * c, opts) + r, rs_out = at::full({c}, -1, opts);
+  ASSERT_TRUE(comm->ReduceScatter(rs_out, rs_in)->Wait(t).ok());
+  at::Tensor rs_want = at::zeros({c}, at::kFloat);
+  for (int j = 0; j < n; ++j) rs_want += Iota(n * c, j).narrow(0, r * c, c);
+  EXPECT_TRUE(at::equal(Host(rs_out), rs_want));
+
+  // all_reduce: x <- sum over ranks of x_j.
+  at::Tensor x = at::arange(c, opts) + r;
+  ASSERT_TRUE(comm->AllReduce(x)->Wait(t).ok());
+  at::Tensor ar_want = at::zeros({c}, at::kFloat);
+  for (int j = 0; j < n; ++j) ar_want += Iota(c, j);
+  EXPECT_TRUE(at::equal(Host(x), ar_want));
+
+  // broadcast from 0: every rank ends with rank 0's buffer.
+  at::Tensor b = r == 0 ? at::arange(c, opts) + 7 : at::zeros({c}, opts);
+  ASSERT_TRUE(comm->Broadcast(b, 0)->Wait(t).ok());
+  EXPECT_TRUE(at::equal(Host(b), Iota(c, 7)));
+
+  ASSERT_TRUE(comm->Barrier()->Wait(t).ok());
+  EXPECT_EQ(comm->Stats().last_completed_seq, 5);  // a host wait returns after the op was accounted
+
+  // Device-side wait: the all-gather stream is held up by a spinning kernel,
+  // so the op is still running when WaitOnDevice returns (the host did not
+  // wait) and is not yet counted; the kernel after it on the compute stream
+  // must still read the gathered result, not the -1 fill.
+  at::Tensor out2 = at::full({n * c}, -1, opts);
+  {
+    c10::cuda::CUDAStreamGuard on_gather(gather);
+    at::cuda::sleep(kSpinCycles);
+  }
+  auto w = comm->AllGather(out2, in);
+  ASSERT_TRUE(w->WaitOnDevice(t).ok());
+  EXPECT_FALSE(w->Done());
+  EXPECT_EQ(comm->Stats().of(Op::kAllGather).calls, 1);  // counted at completion, not at launch
+  at::Tensor read = out2 * 2 + 1;                         // on the compute stream, after the op
+  EXPECT_TRUE(at::equal(Host(read), at::cat(parts) * 2 + 1));
+  ASSERT_TRUE(EventuallyDone(*w));
+
+  // Rejected without launching or aborting: no sequence number, no observer call.
+  at::Tensor short_out = at::zeros({n * c - 1}, opts), other = at::zeros({n * c}, opts.dtype(at::kDouble));
+  for (const auto& bad : {comm->AllGather(short_out, in), comm->ReduceScatter(in, short_out),
+                          comm->AllGather(other, in), comm->AllReduce(at::zeros({c}, at::kFloat)),
+                          comm->AllReduce(at::zeros({2 * c}, opts).as_strided({c}, {2})),
+                          comm->Broadcast(b, n)}) {
+    const absl::Status s = bad->Wait(t);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(bad->Done());
+  }
+  EXPECT_TRUE(comm->status().ok()) << comm->status();
+  ASSERT_TRUE(comm->Barrier()->Wait(t).ok());
+
+  // Stats and the observer, at completion: 7 ops, seq 1..7 once each.
+  const CommStats st = comm->Stats();
+  EXPECT_EQ(st.last_completed_seq, 7);
+  EXPECT_EQ(st.of(Op::kAllGather).calls, 2);
+  EXPECT_EQ(st.of(Op::kReduceScatter).calls, 1);
+  EXPECT_EQ(st.of(Op::kAllReduce).calls, 1);
+  EXPECT_EQ(st.of(Op::kBroadcast).calls, 1);
+  EXPECT_EQ(st.of(Op::kBarrier).calls, 2);
+  EXPECT_EQ(st.of(Op::kAllGather).bytes_sent, 2 * RingAllGatherBytes(out.nbytes(), n));
+  EXPECT_EQ(st.of(Op::kReduceScatter).bytes_sent, RingReduceScatterBytes(rs_in.nbytes(), n));
+  EXPECT_EQ(st.of(Op::kAllReduce).bytes_sent, RingAllReduceBytes(x.nbytes(), x.element_size(), n));
+  EXPECT_EQ(st.of(Op::kBroadcast).bytes_sent, n > 1 ? b.nbytes() : 0);
+  for (const OpStats& s : st.ops) EXPECT_GE(s.seconds, 0);
+  const std::vector<Heard> heard = recorder->heard();
+  const Op order[] = {Op::kAllGather, Op::kReduceScatter, Op::kAllReduce, Op::kBroadcast,
+                      Op::kBarrier,   Op::kAllGather,     Op::kBarrier};
+  ASSERT_EQ(heard.size(), 7u);
+  for (size_t i = 0; i < heard.size(); ++i) {
+    EXPECT_EQ(heard[i].seq, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(heard[i].op, order[i]) << i;
+    EXPECT_TRUE(heard[i].ok);
+  }
+  EXPECT_TRUE(comm->status().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, NcclOneRank, ::testing::Values(at::kFloat, at::kBFloat16),
+                         [](const auto& info) { return std::string(at::toString(info.param)); });
+
+// A host wait of zero on an op that cannot have finished (it waits behind a
+// spinning kernel on the compute stream) aborts the communicator: the wait
+// says DeadlineExceeded, status() keeps it, later calls fail with Aborted.
+// Should the op still finish first (it cannot, short of a spin shorter than
+// this host path), the abort path is not reached and the test is skipped.
+TEST(NcclAbort, HostWaitTimeoutAbortsTheCommunicator) {
+  c10::cuda::CUDAStream compute = c10::cuda::getStreamFromPool(false, 0);
+  c10::cuda::CUDAStreamGuard on_compute(compute);
+  NcclOptions o;
+  o.compute_stream = compute.stream();
+  auto recorder = std::make_shared<Recorder>();
+  auto comm = Connect(o, recorder);
+  ASSERT_NE(comm, nullptr);
+  at::Tensor big = at::ones({64 << 20}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0));  // 256 MiB
+  at::cuda::sleep(kSpinCycles);
+  auto w = comm->AllReduce(big);
+  const absl::Status s = w->Wait(absl::ZeroDuration());
+  if (s.ok()) GTEST_SKIP() << "the all-reduce finished before a zero host wait; abort path not reached";
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(s.message().rfind("[rank 0] all_reduce #1", 0), 0u) << s;
+  EXPECT_TRUE(w->Done());
+  EXPECT_EQ(comm->status().code(), absl::StatusCode::kDeadlineExceeded) << comm->status();
+
+  at::Tensor in = at::zeros({4}, big.options()), out = at::zeros({4}, big.options());
+  auto later = comm->AllGather(out, in);
+  for (const absl::Status& l : {later->Wait(absl::Seconds(1)), later->WaitOnDevice(absl::Seconds(1))}) {
+    EXPECT_EQ(l.code(), absl::StatusCode::kAborted) << l;
+    EXPECT_NE(l.message().find("all_gather #2"), std::string::npos) << l;
+    EXPECT_NE(l.message().find("all_reduce #1"), std::string::npos) << l;
+  }
+  const std::vector<Heard> heard = recorder->heard();
+  ASSERT_EQ(heard.size(), 1u);
+  EXPECT_EQ(heard[0].op, Op::kAllReduce);
+  EXPECT_FALSE(heard[0].ok);
+  compute.synchronize();
+}
+
+// The watchdog bounds an op nobody waits for on the host: past op_timeout it
+// aborts the communicator on its own.
+TEST(NcclAbort, WatchdogTimesOutAnOp) {
+  c10::cuda::CUDAStream compute = c10::cuda::getStreamFromPool(false, 0);
+  c10::cuda::CUDAStreamGuard on_compute(compute);
+  NcclOptions o;
+  o.compute_stream = compute.stream();
+  o.op_timeout = absl::Milliseconds(50);
+  auto comm = Connect(o, std::make_shared<Recorder>());
+  ASSERT_NE(comm, nullptr);
+  at::Tensor x = at::ones({1024}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0));
+  at::cuda::sleep(kSpinCycles);
+  auto w = comm->AllReduce(x);
+  ASSERT_TRUE(w->WaitOnDevice(absl::Seconds(1)).ok());  // nothing known yet; the host does not wait
+  ASSERT_TRUE(EventuallyDone(*w));
+  if (comm->status().ok()) GTEST_SKIP() << "the op finished within 50 ms despite the spinning kernel";
+  EXPECT_EQ(comm->status().code(), absl::StatusCode::kDeadlineExceeded) << comm->status();
+  EXPECT_EQ(comm->status().message().rfind("[rank 0] all_reduce #1", 0), 0u) << comm->status();
+  EXPECT_EQ(w->Wait(absl::Seconds(1)).code(), absl::StatusCode::kDeadlineExceeded);
+  compute.synchronize();
 }
 
 }  // namespace

@@ -17,21 +17,13 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import harness  # noqa: E402
-from nanogpt import GPT, lr_at  # noqa: E402
+from nanogpt import model_from, train_reference  # noqa: E402
 
 torch.set_num_threads(1)
 
 
 def rel(a, b):
     return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
-
-
-def model_from(dump, m):
-    model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"])
-    state = {k: v for k, v in dump.items() if k.startswith("transformer.")}
-    state["lm_head.weight"] = state["transformer.wte.weight"]
-    model.load_state_dict(state, strict=True)
-    return model
 
 
 def main():
@@ -60,26 +52,7 @@ def main():
         checks.check(worst < 1e-4, f"every gradient{tag}", f"max rel error {worst:.2e} ({worst_name})")
 
     # Ten steps of training against torch.optim.AdamW.
-    o = cfg["optimizer"]
-    model = model_from(dump, m)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]),
-                            eps=o["eps"], foreach=False)
-    steps = cfg["train"]["steps"]
-    torch_losses = []
-    for s in range(steps):
-        key = "batch" if s == 0 else f"batch.{s}"
-        for g in opt.param_groups:
-            g["lr"] = lr_at(s, steps, o["lr"], o["min_lr"], o["warmup_steps"])
-        opt.zero_grad()
-        _, loss = model(dump[f"{key}.inputs"], dump[f"{key}.targets"])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
-        opt.step()
-        torch_losses.append(loss.item())
-    ref = {k: v.detach() for k, v in model.state_dict().items() if k.startswith("transformer.")}
+    ref, torch_losses = train_reference(dump, cfg)
     for strategy, world in (("no_shard", 1), ("full_shard", 4)):
         c = harness.config(strategy, world, micro_batches=2)
         run_out, ranks = harness.run(c, world)

@@ -43,7 +43,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         T = idx.size(1)
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T))
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T, device=idx.device))
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
@@ -58,3 +58,39 @@ def lr_at(step, total, lr, min_lr, warmup):
         return lr * (step + 1) / (warmup + 1)
     ratio = (step - warmup) / max(total - warmup, 1)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def model_from(dump, m):
+    """The GPT with the weights of an engine dump (shardline-train --dump-grads)."""
+    model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"])
+    state = {k: v for k, v in dump.items() if k.startswith("transformer.")}
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def train_reference(dump, cfg, device="cpu"):
+    """cfg's steps with torch.optim.AdamW (weight decay on 2-D tensors only),
+    clip_grad_norm_ and the warmup+cosine schedule, on the dump's weights and
+    batches. Returns (final transformer.* parameters on the host, losses)."""
+    m, o = cfg["model"], cfg["optimizer"]
+    model = model_from(dump, m).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]),
+                            eps=o["eps"], foreach=False)
+    steps = cfg["train"]["steps"]
+    losses = []
+    for s in range(steps):
+        key = "batch" if s == 0 else f"batch.{s}"
+        for g in opt.param_groups:
+            g["lr"] = lr_at(s, steps, o["lr"], o["min_lr"], o["warmup_steps"])
+        opt.zero_grad()
+        _, loss = model(dump[f"{key}.inputs"].to(device), dump[f"{key}.targets"].to(device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
+        opt.step()
+        losses.append(loss.item())
+    params = {k: v.detach().cpu() for k, v in model.state_dict().items() if k.startswith("transformer.")}
+    return params, losses

@@ -80,18 +80,33 @@ class CoreTest : public ::testing::Test {
   std::unique_ptr<CoordinatorCore> core_;
 };
 
+TEST_F(CoreTest, AJobNeverMixesCpuAndCudaWorkers) {
+  RecordingChannel gpu, cpu1, cpu2;
+  AddWorker("a", "cuda:0", &gpu);
+  AddWorker("a", "cpu", &cpu1);
+  const std::string job = Submit(2);
+  EXPECT_EQ(State(job), "PENDING");
+  EXPECT_NE(core_->GetJob(job)->message().find("one device kind (idle: 1 cpu, 1 cuda)"), std::string::npos)
+      << core_->GetJob(job)->message();
+  EXPECT_TRUE(gpu.Starts().empty());
+  AddWorker("b", "cpu", &cpu2);
+  EXPECT_EQ(State(job), "RUNNING");
+  EXPECT_TRUE(gpu.Starts().empty());
+  EXPECT_EQ(cpu1.Starts().size() + cpu2.Starts().size(), 2u);
+}
+
 TEST_F(CoreTest, JobWaitsForWorkersThenRanksFollowHostAndDevice) {
   RecordingChannel a, b, c;
-  const std::string wb = AddWorker("host-b", "cpu", &b);
+  const std::string wb = AddWorker("host-b", "cuda:0", &b);
   const std::string job = Submit(3);
   EXPECT_EQ(State(job), "PENDING");
-  const std::string wa = AddWorker("host-a", "cpu", &a);
+  const std::string wa = AddWorker("host-a", "cuda:1", &a);
   EXPECT_EQ(State(job), "PENDING");
   const std::string wc = AddWorker("host-a", "cuda:0", &c);  // the third arrives: the job starts
   EXPECT_EQ(State(job), "RUNNING");
   ASSERT_EQ(a.Starts().size(), 1u);
-  EXPECT_EQ(a.Starts()[0].rank(), 0);  // host-a cpu
-  EXPECT_EQ(c.Starts()[0].rank(), 1);  // host-a cuda:0
+  EXPECT_EQ(c.Starts()[0].rank(), 0);  // host-a cuda:0
+  EXPECT_EQ(a.Starts()[0].rank(), 1);  // host-a cuda:1
   EXPECT_EQ(b.Starts()[0].rank(), 2);  // host-b
   EXPECT_EQ(b.Starts()[0].world_size(), 3);
   Finish(wa, job, 0, true);

@@ -63,6 +63,7 @@ TEST(JobConfig, WrongTypesAreNamed) {
   EXPECT_NE(ErrorOf("[model]\nn_layer = \"six\"\n").find("[model] n_layer must be an integer"),
             std::string::npos);
   EXPECT_NE(ErrorOf("[optimizer]\nlr = \"fast\"\n").find("[optimizer] lr must be a number"), std::string::npos);
+  EXPECT_NE(ErrorOf("[precision]\nallow_tf32 = \"yes\"\n").find("allow_tf32"), std::string::npos);
   EXPECT_NE(ErrorOf("[memory]\nactivation_checkpointing = 1\n").find("activation_checkpointing must be true"),
             std::string::npos);
   EXPECT_NE(ErrorOf("[parallelism]\nstrategy = \"zero4\"\n").find("[parallelism] strategy: unknown strategy"),

@@ -21,9 +21,15 @@ TEST(Schedule, WarmupThenCosineToMinLr) {
 }
 
 TEST(Clip, MatchesClipGradNorm) {
-  EXPECT_EQ(ClipCoefficient(0.5, 1.0), 1.0);
-  EXPECT_NEAR(ClipCoefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6), 1e-7);
-  EXPECT_EQ(ClipCoefficient(100.0, 0.0), 1.0);  // clipping off
+  auto coef = [](double norm, double max_norm) {
+    const at::Tensor c = ClipCoefficient(at::scalar_tensor(norm, at::kDouble), max_norm);
+    EXPECT_EQ(c.scalar_type(), at::kFloat);
+    return c.item<float>();
+  };
+  EXPECT_EQ(coef(0.5, 1.0), 1.0f);
+  // Bit for bit what torch's fp32 arithmetic gives.
+  EXPECT_EQ(coef(4.0, 1.0), 1.0f / (4.0f + 1e-6f));
+  EXPECT_EQ(coef(100.0, 0.0), 1.0f);  // clipping off
 }
 
 TEST(Decay, OnlyTensorsOfTwoOrMoreDimensionsAcrossShardBoundaries) {
@@ -53,7 +59,7 @@ TEST(AdamW, DecayedAndUndecayedElementsFollowTorch) {
   s.beta2 = 0.95;
   s.eps = 1e-8;
   s.weight_decay = 0.1;
-  AdamWUpdate(s, {{0, 1}}, p, m, v, g);
+  AdamWUpdate(s, {{0, 1}}, p, m, v, g, at::scalar_tensor(1.0f));
   // Bias-corrected m/sqrt(v) is g/|g| = 1 on step 1, so the step is -lr.
   EXPECT_NEAR(p[0].item<float>(), 1.0f * (1 - 0.1f * 0.1f) - 0.1f, 1e-6);
   EXPECT_NEAR(p[1].item<float>(), 1.0f - 0.1f, 1e-6);

@@ -45,7 +45,10 @@ ShardSnapshot SnapshotShards(const Engine& engine, bool copy) {
   snap.shard_rank = engine.shard_rank();
   for (int u = 0; u < static_cast<int>(engine.layouts().size()); ++u) {
     Engine::ShardState s = engine.Shard(u);
-    if (copy) s = {s.master.clone(), s.exp_avg.clone(), s.exp_avg_sq.clone()};
+    // Files are written from host memory: a device's shards are always
+    // copied (synchronously, on the caller's stream); a host's only if asked.
+    auto host = [copy](const at::Tensor& t) { return t.is_cpu() ? (copy ? t.clone() : t) : t.to(at::kCPU); };
+    s = {host(s.master), host(s.exp_avg), host(s.exp_avg_sq)};
     snap.units.push_back(engine.layouts()[u].unit);
     snap.shards.push_back(std::move(s));
   }
@@ -118,8 +121,11 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfi
     const int64_t end = std::min(begin + now.shard_numel, now.numel);  // padding stays zero
     const at::Tensor* targets[] = {&dst.master, &dst.exp_avg, &dst.exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
-      targets[k]->zero_();
-      if (end > begin) SL_RETURN_IF_ERROR(ckpt->Read(u, kKinds[k], begin, end, targets[k]->data_ptr<float>()));
+      // Read on the host; a device's shard is then copied in one piece.
+      at::Tensor host = targets[k]->is_cpu() ? *targets[k] : at::empty(targets[k]->sizes(), at::kFloat);
+      host.zero_();
+      if (end > begin) SL_RETURN_IF_ERROR(ckpt->Read(u, kKinds[k], begin, end, host.data_ptr<float>()));
+      if (!host.is_same(*targets[k])) targets[k]->copy_(host);
     }
   }
   SL_RETURN_IF_ERROR(engine.PublishLoadedState());

@@ -18,6 +18,7 @@ namespace {
 class DoneWork : public Work {
  public:
   absl::Status Wait(absl::Duration) override { return absl::OkStatus(); }
+  absl::Status WaitOnDevice(absl::Duration) override { return absl::OkStatus(); }
   bool Done() const override { return true; }
 };
 
@@ -34,6 +35,7 @@ class SelfCommunicator : public Communicator {
   std::shared_ptr<Work> Broadcast(at::Tensor, int) override { return Count(Op::kBroadcast); }
   std::shared_ptr<Work> Barrier() override { return Count(Op::kBarrier); }
   CommStats Stats() const override { return stats_; }
+  absl::Status status() const override { return absl::OkStatus(); }
 
  private:
   std::shared_ptr<Work> Copy(at::Tensor& out, const at::Tensor& in, Op op) {

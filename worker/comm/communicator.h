@@ -3,12 +3,23 @@
 // above comm/ knows which backend it talks to.
 //
 // Every collective is split-phase: the call starts it and returns a Work at
-// once; Work::Wait blocks until it finished or the deadline passed. Calls are
-// executed in the order they are made, and every rank of the group must make
-// the same calls in the same order (as with NCCL and Gloo).
+// once. Calls are executed in the order they are made, and every rank of the
+// group must make the same calls in the same order (as with NCCL and Gloo).
 //
-// Buffers: the tensors passed in must stay alive and must not be touched by
-// the caller until Wait returned OK. All tensors are 1-D and contiguous.
+// Devices and streams (DESIGN.md): a collective sees every kernel the caller
+// issued on its compute stream (the stream current on the calling thread)
+// before the call. Work::WaitOnDevice orders the compute stream after the
+// collective without blocking the host where the backend completes on the
+// device (NCCL); Work::Wait blocks the host. Host-side backends (Gloo, the
+// group of one) complete on the host, so for them both waits are host waits;
+// Gloo stages CUDA tensors through host memory.
+//
+// Buffers: the tensors passed in must stay alive, and must not be touched by
+// the caller, until a wait returned OK (for a device wait: the caller's later
+// kernels on the compute stream are ordered after the op; freeing a buffer
+// after WaitOnDevice is safe because the caching allocator hands its memory
+// only to work ordered after the free on that stream). All tensors are 1-D,
+// contiguous and on one device.
 //
 // Errors: a collective that cannot complete (a peer died, a peer hung past
 // the op deadline) fails with a Status whose message starts with "[rank N]"
@@ -50,12 +61,21 @@ struct CommStats {
   const OpStats& of(Op op) const { return ops[static_cast<int>(op)]; }
 };
 
+// Lifetime: a Work may outlive its communicator; it then reports what it
+// knew (an op not finished by then fails with Aborted).
 class Work {
  public:
   virtual ~Work() = default;
-  // Blocks until the op finished (its status) or `timeout` passed
-  // (DeadlineExceeded naming the op; the communicator is then aborted).
+  // Host wait: blocks until the op finished (its status) or `timeout` passed
+  // (DeadlineExceeded naming the op; the communicator is then aborted). On
+  // success the caller's compute stream is also ordered after the op.
   virtual absl::Status Wait(absl::Duration timeout) = 0;
+  // Device wait: the caller's compute stream waits for the op; the host does
+  // not, where the backend completes on the device (the communicator's
+  // watchdog then bounds the op by its own op timeout, aborts it, and reports
+  // the failure through Communicator::status() and every later call).
+  // Elsewhere this is Wait(timeout). Returns any failure already known.
+  virtual absl::Status WaitOnDevice(absl::Duration timeout) = 0;
   virtual bool Done() const = 0;
 };
 
@@ -88,6 +108,10 @@ class Communicator {
   virtual std::shared_ptr<Work> Barrier() = 0;
 
   virtual CommStats Stats() const = 0;
+  // OK until the communicator aborted; then the failure that aborted it
+  // ("[rank N] op #seq ..."). Device-side backends fail asynchronously, so
+  // the engine checks this after each host synchronisation.
+  virtual absl::Status status() const = 0;
 
  protected:
   void Notify(Op op, int64_t bytes_sent, double seconds, int64_t seq, bool ok) const {

@@ -5,14 +5,18 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 
 namespace shardline::comm {
 namespace {
@@ -48,6 +52,8 @@ class TaskWork : public Work {
     }
     return status_;
   }
+  // Gloo completes on the host, after any staged outputs were copied back.
+  absl::Status WaitOnDevice(absl::Duration timeout) override { return Wait(timeout); }
   bool Done() const override {
     absl::MutexLock lock(&mu_);
     return done_;
@@ -65,6 +71,32 @@ class TaskWork : public Work {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
+
+// A tensor as Gloo sees it: itself on the host, else a host copy (of its
+// values where the op reads it) that WriteBack copies to the device.
+class HostView {
+ public:
+  HostView(const at::Tensor& t, bool read)
+      : device_(t), host_(t.is_cpu() ? t : read ? t.to(at::kCPU) : at::empty(t.sizes(), t.options().device(at::kCPU))) {}
+  at::Tensor& host() { return host_; }
+  void WriteBack() {
+    if (!device_.is_cpu()) device_.copy_(host_);  // synchronous for pageable memory
+  }
+
+ private:
+  at::Tensor device_, host_;
+};
+
+// Runs `body` on host views of CUDA tensors; LibTorch's exceptions (a
+// failed copy) become a Status naming the op.
+template <typename Body>
+absl::Status OnHost(const std::string& label, Body body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(label, ": staging through host memory failed: ", FirstLine(e)));
+  }
+}
 
 class GlooCommunicator : public Communicator {
  public:
@@ -92,33 +124,55 @@ class GlooCommunicator : public Communicator {
   std::string backend() const override { return "gloo"; }
 
   std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override {
-    return Enqueue(Op::kAllGather, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
-      return RingAllGather(out, in, seq, deadline, sent);
+    return Enqueue(Op::kAllGather, in, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
+      return OnHost(OpLabel(Op::kAllGather, seq), [&] {
+        HostView o(out, /*read=*/false), i(in, /*read=*/true);
+        SL_RETURN_IF_ERROR(RingAllGather(o.host(), i.host(), seq, deadline, sent));
+        o.WriteBack();
+        return absl::OkStatus();
+      });
     });
   }
   std::shared_ptr<Work> ReduceScatter(at::Tensor out, at::Tensor in) override {
-    return Enqueue(Op::kReduceScatter, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
-      return RingReduceScatter(out, in, seq, deadline, sent);
+    return Enqueue(Op::kReduceScatter, in, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
+      return OnHost(OpLabel(Op::kReduceScatter, seq), [&] {
+        // Staged, `out` may alias a chunk of `in` on the device but not on
+        // the host; the write-back restores the aliasing's meaning.
+        HostView o(out, /*read=*/false), i(in, /*read=*/true);
+        SL_RETURN_IF_ERROR(RingReduceScatter(o.host(), i.host(), seq, deadline, sent));
+        o.WriteBack();
+        return absl::OkStatus();
+      });
     });
   }
   std::shared_ptr<Work> AllReduce(at::Tensor inout) override {
-    return Enqueue(Op::kAllReduce, [this, inout](int64_t seq, absl::Time deadline, int64_t* sent) {
-      return NativeAllReduce(inout, seq, deadline, sent);
+    return Enqueue(Op::kAllReduce, inout, [this, inout](int64_t seq, absl::Time deadline, int64_t* sent) {
+      return OnHost(OpLabel(Op::kAllReduce, seq), [&] {
+        HostView t(inout, /*read=*/true);
+        SL_RETURN_IF_ERROR(NativeAllReduce(t.host(), seq, deadline, sent));
+        t.WriteBack();
+        return absl::OkStatus();
+      });
     });
   }
   std::shared_ptr<Work> Broadcast(at::Tensor inout, int root) override {
-    return Enqueue(Op::kBroadcast, [this, inout, root](int64_t seq, absl::Time deadline, int64_t* sent) {
+    return Enqueue(Op::kBroadcast, inout, [this, inout, root](int64_t seq, absl::Time deadline, int64_t* sent) {
       if (size_ == 1) return absl::OkStatus();
-      std::vector<at::Tensor> ts{inout};
-      c10d::BroadcastOptions o;
-      o.rootRank = root;
-      o.timeout = Remaining(deadline);
-      if (rank_ == root) *sent = inout.nbytes();
-      return RunGloo(Op::kBroadcast, seq, deadline, [&] { return pg_->broadcast(ts, o); });
+      return OnHost(OpLabel(Op::kBroadcast, seq), [&] {
+        HostView t(inout, /*read=*/true);
+        std::vector<at::Tensor> ts{t.host()};
+        c10d::BroadcastOptions o;
+        o.rootRank = root;
+        o.timeout = Remaining(deadline);
+        if (rank_ == root) *sent = inout.nbytes();
+        SL_RETURN_IF_ERROR(RunGloo(Op::kBroadcast, seq, deadline, [&] { return pg_->broadcast(ts, o); }));
+        t.WriteBack();
+        return absl::OkStatus();
+      });
     });
   }
   std::shared_ptr<Work> Barrier() override {
-    return Enqueue(Op::kBarrier, [this](int64_t seq, absl::Time deadline, int64_t*) {
+    return Enqueue(Op::kBarrier, at::Tensor(), [this](int64_t seq, absl::Time deadline, int64_t*) {
       if (size_ == 1) return absl::OkStatus();
       c10d::BarrierOptions o;
       o.timeout = Remaining(deadline);
@@ -130,6 +184,10 @@ class GlooCommunicator : public Communicator {
     absl::MutexLock lock(&mu_);
     return stats_;
   }
+  absl::Status status() const override {
+    absl::MutexLock lock(&mu_);
+    return abort_status_;
+  }
 
  private:
   using Body = std::function<absl::Status(int64_t seq, absl::Time deadline, int64_t* bytes_sent)>;
@@ -138,6 +196,9 @@ class GlooCommunicator : public Communicator {
     int64_t seq;
     Body body;
     std::shared_ptr<TaskWork> work;
+    // Recorded on the caller's current stream at the call where the op's
+    // tensors live on a device: the op's thread waits for it before reading.
+    std::optional<c10::Event> ready;
   };
 
   std::string OpLabel(Op op, int64_t seq) const {
@@ -152,12 +213,18 @@ class GlooCommunicator : public Communicator {
     if (abort_status_.ok()) abort_status_ = why;
   }
 
-  std::shared_ptr<Work> Enqueue(Op op, Body body) {
+  std::shared_ptr<Work> Enqueue(Op op, const at::Tensor& tensor, Body body) {
+    std::optional<c10::Event> ready;
+    if (tensor.defined() && !tensor.is_cpu()) {
+      const c10::Device d = tensor.device();
+      ready.emplace(d.type());
+      ready->record(c10::impl::VirtualGuardImpl(d.type()).getStream(d));
+    }
     absl::MutexLock lock(&mu_);
     const int64_t seq = ++next_seq_;
     auto work = std::make_shared<TaskWork>([this](const absl::Status& s) { Abort(s); },
                                            OpLabel(op, seq));
-    queue_.push_back(Task{op, seq, std::move(body), work});
+    queue_.push_back(Task{op, seq, std::move(body), work, std::move(ready)});
     return work;
   }
 
@@ -182,7 +249,8 @@ class GlooCommunicator : public Communicator {
       }
       int64_t sent = 0;
       const absl::Time t0 = absl::Now();
-      absl::Status s = task.body(task.seq, t0 + options_.op_timeout, &sent);
+      absl::Status s = WaitReady(task, t0 + options_.op_timeout);
+      if (s.ok()) s = task.body(task.seq, t0 + options_.op_timeout, &sent);
       const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
       {
         absl::MutexLock lock(&mu_);
@@ -196,6 +264,22 @@ class GlooCommunicator : public Communicator {
       Notify(task.op, sent, secs, task.seq, s.ok());
       task.work->Finish(std::move(s));
     }
+  }
+
+  // Waits until the caller's stream reached the point of the call, polling
+  // within the op's deadline (a hung kernel must not hold this thread).
+  absl::Status WaitReady(const Task& task, absl::Time deadline) {
+    if (!task.ready) return absl::OkStatus();
+    return OnHost(OpLabel(task.op, task.seq), [&] {
+      while (!task.ready->query()) {
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(
+              absl::StrCat(OpLabel(task.op, task.seq), ": the caller's stream did not reach the call in time"));
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      return absl::OkStatus();
+    });
   }
 
   // Runs one c10d Gloo collective and waits for it within the deadline.

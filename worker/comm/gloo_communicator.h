@@ -10,6 +10,11 @@
 //
 // Ops run on one communication thread per communicator, in call order, so a
 // prefetched all-gather overlaps the caller's compute.
+//
+// CUDA tensors are staged through host memory: the op waits (on its thread)
+// for the caller's stream as it was at the call, copies the inputs to the
+// host, runs there and copies the outputs back before it completes. This is
+// how several ranks share one GPU where NCCL refuses that; it is not fast.
 #pragma once
 
 #include <memory>

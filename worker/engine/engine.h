@@ -1,18 +1,19 @@
 // Engine: one rank's training loop over sharded units. It owns the FlatParams,
 // runs DESIGN.md's step schedule (gather, forward, free; gather, backward,
-// free, reduce-scatter; clip; optimizer on the local shard) and counts what it
-// holds and moves.
+// free, reduce-scatter; clip; optimizer on the local shard) on its Device and
+// counts what it holds and moves.
 //
-// Groups: the world of R ranks is split into shard groups of G consecutive
-// ranks (state is sharded over a shard group) and replicate groups of the
-// ranks with the same position in every shard group (gradients are all-reduced
-// across them). ZeRO strategies have G = R, no_shard G = 1, the hybrid ones
-// the configured shard_group_size. The caller connects both communicators.
+// Groups and communicators come from worker/comm/groups.h; the engine never
+// knows which backend runs. On a CUDA device the step computes on the
+// device's compute stream, orders it after collectives with device-side
+// waits, and synchronises the host once per step, to read the loss and the
+// gradient norm.
 //
 // Errors: Step returns the first error of any collective (naming the op and
 // rank); after an error the engine must not be stepped again.
 // Threading: one thread drives the engine; collectives run on the
-// communicators' own threads, which is how prefetch overlaps compute.
+// communicators' own threads or streams, which is how prefetch overlaps
+// compute.
 #pragma once
 
 #include <memory>
@@ -25,9 +26,12 @@
 #include "common/job_config.h"
 #include "common/shard_layout.h"
 #include "worker/comm/communicator.h"
-#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/groups.h"
 #include "worker/data/token_dataset.h"
+#include "worker/engine/comm_waiter.h"
+#include "worker/engine/device.h"
 #include "worker/engine/flat_param.h"
+#include "worker/engine/grad_reduction.h"
 #include "worker/engine/optimizer.h"
 #include "worker/model/gpt.h"
 
@@ -43,11 +47,6 @@ struct StepResult {
   double exposed_comm_seconds = 0;  // time the step thread waited on collectives
 };
 
-struct Communicators {
-  std::unique_ptr<comm::Communicator> shard;      // size G
-  std::unique_ptr<comm::Communicator> replicate;  // size R / G
-};
-
 // Per-rank memory by kind; at rest (between steps) and the peak of all kinds
 // together during the last step.
 struct MemoryReport {
@@ -57,20 +56,23 @@ struct MemoryReport {
   int64_t peak_bytes = 0;
   int64_t activation_peak_bytes = 0;
   int64_t init_peak_bytes = 0;  // peak while the model was built
-  // Measured by the allocator (worker/engine/tensor_memory.h): every CPU
-  // tensor byte of the process at the peak of the last step, activations and
-  // temporaries included.
+  // Measured by the device's allocator (TensorMemory on CPU, the caching
+  // allocator on CUDA): every tensor byte at the peak of the last step,
+  // activations and temporaries included, and what the allocator reserved.
   int64_t tensor_peak_bytes = 0;
+  int64_t reserved_peak_bytes = 0;
   int64_t Of(MemKind k) const { return bytes[static_cast<int>(k)]; }
 };
 
 class Engine {
  public:
-  // Builds the model one unit at a time (peak: this rank's shards plus one
-  // unit) and opens the data. `config` must have passed ValidateJobConfig.
-  // `collective_timeout` bounds every wait on a collective.
+  // Builds the model one unit at a time on `device` (peak: this rank's
+  // shards plus one unit) and opens the data. `config` must have passed
+  // ValidateJobConfig; `comms` must match PlanGroups and live on `device`.
+  // `collective_timeout` bounds every wait on a collective and the host's
+  // wait for the device.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const JobConfig& config, int rank, int world,
-                                                        Communicators comms,
+                                                        std::shared_ptr<const Device> device, Communicators comms,
                                                         absl::Duration collective_timeout = absl::Seconds(60));
   ~Engine();
 
@@ -82,6 +84,7 @@ class Engine {
   // holds the reduced (unclipped) gradient.
   absl::StatusOr<double> ComputeGradients(int64_t step);
   const at::Tensor& GradShard(int unit) const { return units_[unit]->grad_shard; }
+  const Device& device() const { return *device_; }
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -91,11 +94,13 @@ class Engine {
   comm::CommStats ShardCommStats() const { return comms_.shard->Stats(); }
   comm::CommStats ReplicateCommStats() const { return comms_.replicate->Stats(); }
 
-  // The full fp32 parameters of one unit (padded), gathered from the shard
-  // group. Every rank of the shard group must call it, in the same order.
+  // The full fp32 parameters of one unit (padded, on the host), gathered from
+  // the shard group. Every rank of the shard group must call it, in the same
+  // order.
   absl::StatusOr<at::Tensor> GatherUnitMaster(int unit);
   // This rank's optimizer state of a unit, as checkpoints save and load it:
-  // fp32 master, Adam m and v, each layouts()[unit].shard_numel long.
+  // fp32 master, Adam m and v, each layouts()[unit].shard_numel long, on the
+  // engine's device (views of the live state).
   struct ShardState {
     at::Tensor master, exp_avg, exp_avg_sq;
   };
@@ -109,66 +114,52 @@ class Engine {
   absl::Status PublishLoadedState();
 
  private:
-  struct PendingReduce;
   struct UnitActivation;
 
-  Engine(const JobConfig& config, int rank, int world, Communicators comms, absl::Duration timeout);
+  Engine(const JobConfig& config, int rank, int world, std::shared_ptr<const Device> device, Communicators comms,
+         absl::Duration timeout);
   absl::Status Init();
-  absl::Status ForwardBackward(const at::Tensor& x, const at::Tensor& y, bool final_micro, double* loss);
+  // Forward and backward of every micro-batch of `step` and the gradient
+  // reduction; returns this rank's summed loss as a device scalar (fp64).
+  absl::StatusOr<at::Tensor> ForwardBackwardAll(int64_t step);
+  absl::Status ForwardBackward(const at::Tensor& x, const at::Tensor& y, bool final_micro, at::Tensor* loss);
   absl::Status Forward(int u, const at::Tensor& input, const at::Tensor& targets);
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
   gpt::Weights WeightsOf(int u) const;
 
-  // Unshard life cycle (ZeRO-3 family; a no-op where params persist).
-  void IssueGather(int u);
-  absl::Status WaitGather(int u);
+  // The unshard life cycle as the schedule uses it (FlatParam owns it).
+  absl::Status Unsharded(int u);  // unshard (unless prefetched) and wait
   void Prefetch(int u);
-  void Reshard(int u);
   int inflight_gathers() const;
 
-  // Gradient reduction of one unit, started after its last backward.
-  void StartReduce(int u);
-  absl::Status PumpReductions(bool wait_all);
-  absl::Status WaitWork(const std::shared_ptr<comm::Work>& w);
-
-  absl::StatusOr<double> GlobalGradNorm();
-  absl::Status OptimizerStep(int64_t step, double lr, double clip_coef);
-  absl::StatusOr<double> SumOverWorld(double local);
+  // Squared global gradient norm (fp64 device scalar), summed over the shard group.
+  absl::StatusOr<at::Tensor> GradNormSquared();
+  absl::Status OptimizerStep(int64_t step, double lr, const at::Tensor& clip_coef);
+  absl::Status AllGatherPersistentParams();
+  absl::Status SumOverWorld(at::Tensor t);
+  // The host's one wait per step, then a check that no communicator failed
+  // asynchronously meanwhile.
+  absl::Status SyncHost();
   void TrackActivation(const at::Tensor& t, bool add);
 
   const JobConfig config_;
   const int rank_, world_;
+  const std::shared_ptr<const Device> device_;
   Communicators comms_;
+  CommWaiter waiter_;
   std::unique_ptr<TokenDataset> data_;
   std::vector<ShardLayout> layouts_;
   std::vector<std::unique_ptr<FlatParam>> units_;
   std::vector<std::vector<DecayRange>> decay_;
-  std::vector<std::shared_ptr<comm::Work>> gathers_;  // per unit, while kGathering
   std::vector<UnitActivation> acts_;
-  std::vector<PendingReduce> pending_;
+  std::unique_ptr<GradReduction> reduction_;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
   int64_t init_peak_ = 0;
-  int64_t tensor_peak_ = 0;
-  double exposed_comm_ = 0;
+  int64_t tensor_peak_ = 0, reserved_peak_ = 0;
   double loss_scale_ = 0;
-  const absl::Duration timeout_;
 };
-
-// Decides G for a world and config, and which ranks form this rank's groups.
-struct GroupPlan {
-  int shard_size = 1, replicate_size = 1;
-  int shard_index = 0;      // which shard group (rank / G)
-  int shard_rank = 0;       // rank inside it (rank % G)
-  std::string shard_name, replicate_name;  // store prefixes
-};
-GroupPlan PlanGroups(const JobConfig& config, int rank, int world);
-
-// Connects this rank's shard and replicate groups over Gloo through `store`
-// (a group of one needs no store and moves nothing).
-absl::StatusOr<Communicators> ConnectGlooGroups(const c10::intrusive_ptr<c10d::Store>& store, const GroupPlan& plan,
-                                                absl::Duration timeout);
 
 }  // namespace shardline

@@ -1,5 +1,7 @@
 #include "worker/engine/flat_param.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace shardline {
 
 const char* MemKindName(MemKind k) {
@@ -9,6 +11,15 @@ const char* MemKindName(MemKind k) {
     case MemKind::kMaster: return "master";
     case MemKind::kOptimizer: return "optimizer";
     case MemKind::kActivations: return "activations";
+  }
+  return "?";
+}
+
+const char* UnshardStateName(UnshardState s) {
+  switch (s) {
+    case UnshardState::kSharded: return "sharded";
+    case UnshardState::kGathering: return "gathering";
+    case UnshardState::kUnsharded: return "unsharded";
   }
   return "?";
 }
@@ -39,7 +50,7 @@ void ReacquireStorage(const at::Tensor& t, int64_t nbytes) {
 }  // namespace
 
 at::Tensor FlatParam::NewTensor(int64_t numel, at::ScalarType dtype, MemKind kind) {
-  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
+  at::Tensor t = device_.Empty(numel, dtype);
   ledger_->Add(kind, t.nbytes());
   return t;
 }
@@ -53,9 +64,9 @@ at::Tensor FlatParam::ViewOf(const at::Tensor& flat, int64_t offset, const std::
   return v;
 }
 
-FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options,
+FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options, const Device& device,
                      MemoryLedger* ledger, const at::Tensor& init_full)
-    : layout_(std::move(layout)), shard_rank_(shard_rank), options_(options), ledger_(ledger) {
+    : layout_(std::move(layout)), shard_rank_(shard_rank), options_(options), device_(device), ledger_(ledger) {
   const int64_t shard = layout_.shard_numel, padded = layout_.padded_numel;
   exp_avg = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
   exp_avg_sq = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
@@ -82,7 +93,7 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
     master.copy_(init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard));
   }
   if (options_.persistent_params) {
-    state = UnshardState::kUnsharded;
+    state_ = UnshardState::kUnsharded;
   } else {
     param_shard = options_.param_dtype == at::kFloat ? master
                                                      : NewTensor(shard, options_.param_dtype, MemKind::kParams);
@@ -100,12 +111,16 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
 }
 
 FlatParam::~FlatParam() {
-  FreeUnsharded();
+  // An all-gather still in flight writes into the buffer: it is left to its
+  // Work (which the communicator's teardown ends) rather than freed under it.
+  if (state_ != UnshardState::kGathering) FreeUnsharded();
   FreeGrad();
 }
 
 void FlatParam::AllocUnsharded() {
   if (unsharded_allocated()) return;
+  // The storage's allocator allocates on the current stream: the compute
+  // stream, which the step thread holds current.
   ReacquireStorage(unsharded_, layout_.padded_numel * unsharded_.element_size());
   ledger_->Add(MemKind::kParams, unsharded_.nbytes());
 }
@@ -114,7 +129,42 @@ void FlatParam::FreeUnsharded() {
   if (!unsharded_allocated()) return;
   ledger_->Sub(MemKind::kParams, unsharded_.nbytes());
   ReleaseStorage(unsharded_);
-  state = UnshardState::kSharded;
+}
+
+void FlatParam::Unshard(comm::Communicator& shard_group) {
+  if (state_ != UnshardState::kSharded) return;
+  AllocUnsharded();
+  gather_ = shard_group.AllGather(unsharded_, param_shard);
+  state_ = UnshardState::kGathering;
+}
+
+absl::Status FlatParam::WaitForUnshard(CommWaiter& waiter) {
+  if (state_ == UnshardState::kUnsharded) return absl::OkStatus();
+  if (state_ == UnshardState::kSharded) {
+    return absl::FailedPreconditionError(absl::StrCat(layout_.unit, ": wait for an unshard that was never started"));
+  }
+  absl::Status s = waiter.OnDevice(*gather_);
+  gather_.reset();
+  // A failed gather leaves garbage: the buffer is freed and the unit is
+  // sharded again (the communicator is aborted; the step fails).
+  if (!s.ok()) {
+    FreeUnsharded();
+    state_ = UnshardState::kSharded;
+    return s;
+  }
+  state_ = UnshardState::kUnsharded;
+  return absl::OkStatus();
+}
+
+absl::Status FlatParam::Reshard() {
+  if (options_.persistent_params || state_ == UnshardState::kSharded) return absl::OkStatus();
+  if (state_ == UnshardState::kGathering) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(layout_.unit, ": reshard while its all-gather is in flight (its buffer is still being written)"));
+  }
+  FreeUnsharded();
+  state_ = UnshardState::kSharded;
+  return absl::OkStatus();
 }
 
 void FlatParam::EnsureGrad() {

@@ -16,7 +16,21 @@
 // re-gathered. The leaves have their own version counters, so refilling the
 // buffer does not look like an in-place edit to autograd.
 //
-// Every allocation and free is recorded in the MemoryLedger by kind.
+// Unshard life cycle (FSDP2's unshard / wait_for_unshard / reshard), for the
+// ZeRO-3 family whose parameters are sharded between uses:
+//
+//   kSharded --Unshard--> kGathering --WaitForUnshard--> kUnsharded --Reshard--> kSharded
+//
+// Repeating a transition is a no-op (Unshard while gathering or unsharded,
+// WaitForUnshard when unsharded, Reshard when sharded). WaitForUnshard with
+// no gather issued, and Reshard while a gather is in flight (its buffer is
+// still being written), are errors. Where parameters persist (ZeRO 0-2) the
+// state is always kUnsharded and Unshard / Reshard do nothing.
+//
+// Memory lives on the rank's Device, which makes every allocation; each
+// allocation and free is recorded in the MemoryLedger by kind. Freeing after
+// a device-side wait is safe without recordStream: the caching allocator
+// reuses the memory only for work ordered after the free.
 // Not thread-safe: owned and driven by the engine's step thread.
 #pragma once
 
@@ -26,8 +40,12 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/status/status.h"
 #include "common/job_config.h"
 #include "common/shard_layout.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/comm_waiter.h"
+#include "worker/engine/device.h"
 
 namespace shardline {
 
@@ -55,6 +73,7 @@ class MemoryLedger {
 };
 
 enum class UnshardState { kSharded, kGathering, kUnsharded };
+const char* UnshardStateName(UnshardState s);
 
 struct FlatParamOptions {
   at::ScalarType param_dtype = at::kFloat;
@@ -65,11 +84,12 @@ struct FlatParamOptions {
 
 class FlatParam {
  public:
-  // Allocates the persistent state for `shard_rank` of layout.group_size and
-  // fills master (and param_shard / unsharded) from `init_full` (fp32,
-  // layout.padded_numel), which the caller may free afterwards.
-  FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options, MemoryLedger* ledger,
-            const at::Tensor& init_full);
+  // Allocates the persistent state for `shard_rank` of layout.group_size on
+  // `device` and fills master (and param_shard / unsharded) from `init_full`
+  // (fp32, layout.padded_numel, on any device), which the caller may free
+  // afterwards. `device` and `ledger` must outlive the FlatParam.
+  FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options, const Device& device,
+            MemoryLedger* ledger, const at::Tensor& init_full);
   ~FlatParam();
   FlatParam(const FlatParam&) = delete;
   FlatParam& operator=(const FlatParam&) = delete;
@@ -78,11 +98,14 @@ class FlatParam {
   int shard_rank() const { return shard_rank_; }
   const FlatParamOptions& options() const { return options_; }
 
-  // Unsharded parameter storage: allocate (before an all-gather) or free.
-  void AllocUnsharded();
-  void FreeUnsharded();
+  // The unshard life cycle (see above). Unshard allocates the unsharded
+  // buffer and starts its all-gather on `shard_group`; WaitForUnshard makes
+  // the compute stream wait for it; Reshard frees the buffer.
+  void Unshard(comm::Communicator& shard_group);
+  absl::Status WaitForUnshard(CommWaiter& waiter);
+  absl::Status Reshard();
+  UnshardState state() const { return state_; }
   bool unsharded_allocated() const { return unsharded_.storage().nbytes() > 0; }
-  UnshardState state = UnshardState::kSharded;
 
   // Gradient storage: allocated zeroed on first use in a step.
   void EnsureGrad();
@@ -108,13 +131,18 @@ class FlatParam {
  private:
   at::Tensor NewTensor(int64_t numel, at::ScalarType dtype, MemKind kind);
   static at::Tensor ViewOf(const at::Tensor& flat, int64_t offset, const std::vector<int64_t>& shape);
+  void AllocUnsharded();
+  void FreeUnsharded();
 
   const ShardLayout layout_;
   const int shard_rank_;
   const FlatParamOptions options_;
+  const Device& device_;
   MemoryLedger* const ledger_;
   at::Tensor unsharded_, grad_full_;
   std::vector<at::Tensor> weights_;
+  UnshardState state_ = UnshardState::kSharded;
+  std::shared_ptr<comm::Work> gather_;  // while kGathering
 };
 
 }  // namespace shardline

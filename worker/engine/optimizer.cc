@@ -13,11 +13,11 @@ double LearningRate(const OptimizerConfig& o, int64_t s, int64_t total) {
   return o.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (o.lr - o.min_lr);
 }
 
-double ClipCoefficient(double total_norm, double max_norm) {
-  if (max_norm <= 0) return 1.0;
-  // torch computes this in fp32.
-  const float coef = static_cast<float>(max_norm) / (static_cast<float>(total_norm) + 1e-6f);
-  return std::min(coef, 1.0f);
+at::Tensor ClipCoefficient(const at::Tensor& total_norm, double max_norm) {
+  const at::Tensor norm = total_norm.to(at::kFloat);
+  if (max_norm <= 0) return at::ones_like(norm);
+  // torch computes this in fp32: max_norm / (norm + 1e-6), clamped to 1.
+  return at::full_like(norm, static_cast<float>(max_norm)).div_(norm + 1e-6f).clamp_max_(1.0f);
 }
 
 std::vector<DecayRange> DecayRanges(const ShardLayout& layout, int shard_rank) {
@@ -32,8 +32,8 @@ std::vector<DecayRange> DecayRanges(const ShardLayout& layout, int shard_rank) {
 namespace {
 
 template <typename G>
-void UpdateRange(const AdamWStep& s, bool decay, int64_t begin, int64_t end, float* p, float* m, float* v,
-                 const G* g) {
+void UpdateRange(const AdamWStep& s, float scale, bool decay, int64_t begin, int64_t end, float* p, float* m,
+                 float* v, const G* g) {
   const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
   const float decay_mul = decay ? 1.0f - static_cast<float>(s.lr * s.weight_decay) : 1.0f;
   const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
@@ -41,7 +41,6 @@ void UpdateRange(const AdamWStep& s, bool decay, int64_t begin, int64_t end, flo
   const float step_size = static_cast<float>(s.lr / bc1);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float eps = static_cast<float>(s.eps);
-  const float scale = static_cast<float>(s.grad_scale);
   for (int64_t i = begin; i < end; ++i) {
     const float gi = static_cast<float>(g[i]) * scale;
     p[i] *= decay_mul;
@@ -53,11 +52,11 @@ void UpdateRange(const AdamWStep& s, bool decay, int64_t begin, int64_t end, flo
 }
 
 template <typename G>
-void UpdateShard(const AdamWStep& s, const std::vector<DecayRange>& decay, float* p, float* m, float* v,
-                 const G* g, int64_t n) {
+void UpdateShard(const AdamWStep& s, float scale, const std::vector<DecayRange>& decay, float* p, float* m,
+                 float* v, const G* g, int64_t n) {
   // Walk the shard as alternating no-decay / decay runs.
   auto run = [&](int64_t b, int64_t e, bool d) {
-    at::parallel_for(b, e, 1 << 15, [&](int64_t lo, int64_t hi) { UpdateRange(s, d, lo, hi, p, m, v, g); });
+    at::parallel_for(b, e, 1 << 15, [&](int64_t lo, int64_t hi) { UpdateRange(s, scale, d, lo, hi, p, m, v, g); });
   };
   int64_t pos = 0;
   for (const DecayRange& r : decay) {
@@ -68,18 +67,50 @@ void UpdateShard(const AdamWStep& s, const std::vector<DecayRange>& decay, float
   if (pos < n) run(pos, n, false);
 }
 
+// The device path: the shard is cut into its decay and no-decay runs and
+// each group goes through torch's fused AdamW kernel in one launch.
+void FusedUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::Tensor param, at::Tensor exp_avg,
+                 at::Tensor exp_avg_sq, const at::Tensor& grad, const at::Tensor& clip_coef) {
+  at::Tensor g = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
+  g.mul_(clip_coef);
+  std::vector<at::Tensor> params[2], grads[2], ms[2], vs[2], steps[2];
+  auto add = [&](int64_t b, int64_t e, bool d) {
+    if (e <= b) return;
+    params[d].push_back(param.narrow(0, b, e - b));
+    grads[d].push_back(g.narrow(0, b, e - b));
+    ms[d].push_back(exp_avg.narrow(0, b, e - b));
+    vs[d].push_back(exp_avg_sq.narrow(0, b, e - b));
+    // The kernel reads the step count (torch increments it before the call).
+    steps[d].push_back(at::full({}, static_cast<double>(s.step), param.options()));
+  };
+  int64_t pos = 0;
+  for (const DecayRange& r : decay) {
+    add(pos, r.begin, false);
+    add(r.begin, r.end, true);
+    pos = r.end;
+  }
+  add(pos, param.numel(), false);
+  for (int d = 0; d < 2; ++d) {
+    if (params[d].empty()) continue;
+    at::_fused_adamw_(params[d], grads[d], ms[d], vs[d], /*max_exp_avg_sqs=*/{}, steps[d], s.lr, s.beta1, s.beta2,
+                      d ? s.weight_decay : 0.0, s.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+}
+
 }  // namespace
 
 void AdamWUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::Tensor param, at::Tensor exp_avg,
-                 at::Tensor exp_avg_sq, const at::Tensor& grad) {
+                 at::Tensor exp_avg_sq, const at::Tensor& grad, const at::Tensor& clip_coef) {
+  if (!param.is_cpu()) return FusedUpdate(s, decay, param, exp_avg, exp_avg_sq, grad, clip_coef);
+  const float scale = clip_coef.item<float>();
   float* p = param.data_ptr<float>();
   float* m = exp_avg.data_ptr<float>();
   float* v = exp_avg_sq.data_ptr<float>();
   const int64_t n = param.numel();
   if (grad.scalar_type() == at::kBFloat16) {
-    UpdateShard(s, decay, p, m, v, grad.data_ptr<at::BFloat16>(), n);
+    UpdateShard(s, scale, decay, p, m, v, grad.data_ptr<at::BFloat16>(), n);
   } else {
-    UpdateShard(s, decay, p, m, v, grad.data_ptr<float>(), n);
+    UpdateShard(s, scale, decay, p, m, v, grad.data_ptr<float>(), n);
   }
 }
 

@@ -19,9 +19,10 @@ namespace shardline {
 
 double LearningRate(const OptimizerConfig& o, int64_t step, int64_t total_steps);
 
-// torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6));
-// 1 when clipping is off (max_norm == 0).
-double ClipCoefficient(double total_norm, double max_norm);
+// torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6)),
+// in fp32 as torch computes it; 1 when clipping is off (max_norm == 0).
+// `total_norm` is a scalar tensor; the result is an fp32 scalar on its device.
+at::Tensor ClipCoefficient(const at::Tensor& total_norm, double max_norm);
 
 // [begin, end) ranges of a shard whose elements get weight decay.
 struct DecayRange {
@@ -32,12 +33,13 @@ std::vector<DecayRange> DecayRanges(const ShardLayout& layout, int shard_rank);
 struct AdamWStep {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;          // 1-based, as torch counts
-  double grad_scale = 1.0;   // the clipping coefficient
 };
 
-// Updates param, exp_avg, exp_avg_sq (fp32, same length) in place from grad
-// (fp32 or bf16).
+// Updates param, exp_avg, exp_avg_sq (fp32, same length, one device) in
+// place from grad (fp32 or bf16) times `clip_coef` (an fp32 scalar on the
+// same device). On CUDA an fp32 grad is scaled in place, as
+// clip_grad_norm_ does.
 void AdamWUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::Tensor param,
-                 at::Tensor exp_avg, at::Tensor exp_avg_sq, const at::Tensor& grad);
+                 at::Tensor exp_avg, at::Tensor exp_avg_sq, const at::Tensor& grad, const at::Tensor& clip_coef);
 
 }  // namespace shardline

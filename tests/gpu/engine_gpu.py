@@ -1,0 +1,168 @@
+"""The engine on a CUDA device (ctest label gpu; exits 77 where there is none).
+
+    engine_gpu.py [numerics|shared_gpu|memory]   (default: all three)
+
+numerics   One rank on cuda:0, fp32 with TF32 off, 10 steps of the tiny GPT
+           (2 micro-batches, clipping, warmup and cosine): parameters within
+           1e-4 max abs of the CPU engine's and of PyTorch's own training of
+           the same model on cuda:0 (torch.optim.AdamW, clip_grad_norm_), and
+           losses within 1e-5 relative. bf16 params with fp32 reduction: the
+           loss curve within 2^-8 relative of the CPU engine's bf16 run, and
+           parameters within 0.2 * lr * steps (see Tolerances).
+shared_gpu Several ranks sharing cuda:0: N = 2 and 4 processes over Gloo
+           (CUDA buffers staged through host memory) for every strategy equal
+           the one-rank cuda:0 run within 1e-4 (params) and 1e-5 (losses),
+           and their bytes per collective equal the ring formulas. Where
+           PyTorch's NCCL is 2.30 or later, also N = 2 over NCCL with
+           NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL 2.28, the wheel's pin, refuses
+           two ranks on one GPU).
+memory     Per strategy at N = 1: the engine's ledger (state, and its peak
+           with activations) against the CUDA caching allocator's peak of
+           allocated and reserved bytes, as a table; the ledger's peak may not
+           exceed the allocator's (it counts a subset of the same bytes).
+
+Tolerances. fp32 on CPU and GPU runs the same arithmetic with other kernels
+(cuBLAS, SDPA's GPU kernels): sums are taken in other orders, so each op
+differs by a few ulp (~1e-7 relative) and 10 Adam steps of lr 6e-4 amplify
+that to ~1e-5 at most; 1e-4 leaves margin and still catches any real error (a
+stale shard or a wrong reduction moves parameters by ~lr = 6e-4 per step).
+In bf16 (unit roundoff u = 2^-8) the CPU and the GPU round activations and
+partial sums differently at every op: per-token losses differ by O(u)
+relative and their mean by less, so the loss curve is held to u; parameters
+are held to 0.2 * lr * steps as in tests/integration/bf16.py, with the key
+third of c_attn.bias (zero true gradient) held to 2 * lr * steps.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(0, os.path.join(HERE, "..", "oracle"))
+import formulas  # noqa: E402
+import harness  # noqa: E402
+from nanogpt import train_reference  # noqa: E402
+
+GPU = ("--device", "cuda:0")
+STEPS = harness.TINY["train"]["steps"]
+LR = harness.TINY["optimizer"]["lr"]
+
+
+def max_abs(a, b, keys=None):
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in (keys or b))
+
+
+def losses_of(ranks):
+    return [s["loss"] for s in ranks[0]["steps"]]
+
+
+def max_rel(a, b):
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def numerics(checks):
+    cfg = harness.config("no_shard", 1, micro_batches=2)
+    cpu_out, cpu = harness.run(cfg, 1)
+    gpu_out, gpu = harness.run(cfg, 1, extra_args=GPU)
+    checks.check(gpu[0].get("device") == "cuda:0", "the run computed on cuda:0", str(gpu[0].get("device")))
+    cpu_p, gpu_p = harness.load_params(cpu_out), harness.load_params(gpu_out)
+    d = max_abs(gpu_p, cpu_p)
+    checks.check(d <= 1e-4, "fp32 cuda:0 vs CPU engine: params", f"max abs diff {d:.2e} (tol 1e-4)")
+    r = max_rel(losses_of(gpu), losses_of(cpu))
+    checks.check(r <= 1e-5, "fp32 cuda:0 vs CPU engine: losses", f"max rel diff {r:.2e} (tol 1e-5)")
+
+    # PyTorch on the same GPU, same weights and batches, TF32 off.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dump_path = os.path.join(harness.tempfile.mkdtemp(prefix="shardline-gpu-"), "dump.safetensors")
+    job = os.path.join(os.path.dirname(dump_path), "job.toml")
+    harness.write_toml(cfg, job)
+    subprocess.run([harness.TRAIN, "--config", job, "--dump-grads", dump_path], check=True, timeout=120)
+    ref, ref_losses = train_reference(load_file(dump_path), cfg, device="cuda:0")
+    got = load_file(os.path.join(gpu_out, "params.safetensors"))
+    d = max(float((got[k] - ref[k]).abs().max()) for k in ref)
+    checks.check(d <= 1e-4, "fp32 cuda:0 vs PyTorch on cuda:0: params", f"max abs diff {d:.2e} (tol 1e-4)")
+    r = max_rel(losses_of(gpu), ref_losses)
+    checks.check(r <= 1e-5, "fp32 cuda:0 vs PyTorch on cuda:0: losses", f"max rel diff {r:.2e} (tol 1e-5)")
+
+    bf16 = harness.config("no_shard", 1, micro_batches=2, precision__param_dtype="bf16",
+                          precision__reduce_dtype="fp32")
+    cpu_out, cpu = harness.run(bf16, 1)
+    gpu_out, gpu = harness.run(bf16, 1, extra_args=GPU)
+    r = max_rel(losses_of(gpu), losses_of(cpu))
+    checks.check(r <= 2 ** -8, "bf16 cuda:0 vs CPU engine: loss curve", f"max rel diff {r:.2e} (tol {2 ** -8:.1e})")
+    cpu_p, gpu_p = harness.load_params(cpu_out), harness.load_params(gpu_out)
+    C = harness.TINY["model"]["n_embd"]
+    key_bias = [k for k in cpu_p if k.endswith("attn.c_attn.bias")]
+    d = max_abs(gpu_p, cpu_p, [k for k in cpu_p if k not in key_bias])
+    for k in key_bias:
+        for part in (slice(0, C), slice(2 * C, 3 * C)):
+            d = max(d, float(np.max(np.abs(gpu_p[k][part] - cpu_p[k][part]))))
+    kd = max(float(np.max(np.abs(gpu_p[k][C:2 * C] - cpu_p[k][C:2 * C]))) for k in key_bias)
+    checks.check(d <= 0.2 * LR * STEPS, "bf16 cuda:0 vs CPU engine: params",
+                 f"max abs diff {d:.2e} (tol {0.2 * LR * STEPS:.1e})")
+    checks.check(kd <= 2 * LR * STEPS, "bf16 cuda:0 vs CPU engine: key bias", f"max abs diff {kd:.2e}")
+
+
+def shared_gpu(checks):
+    ref_out, ref = harness.run(harness.config("no_shard", 1), 1, extra_args=GPU)
+    ref_p = harness.load_params(ref_out)
+    runs = [(s, w, "gloo", {}) for s in harness.STRATEGIES for w in (2, 4)]
+    nccl = torch.cuda.nccl.version()
+    if nccl >= (2, 30, 0):
+        runs += [(s, 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}) for s in ("full_shard", "hybrid_shard")]
+    else:
+        print(f"NOTE NCCL {'.'.join(map(str, nccl))} refuses two ranks on one GPU: the NCCL runs need 2.30+")
+    for strategy, world, backend, env in runs:
+        cfg = harness.config(strategy, world)
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            out, ranks = harness.run(cfg, world, timeout=300, extra_args=GPU + ("--backend", backend))
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        name = f"{strategy} N={world} {backend} on cuda:0"
+        d = max_abs(harness.load_params(out), ref_p)
+        checks.check(d <= 1e-4, f"{name}: params", f"max abs diff {d:.2e} (tol 1e-4)")
+        r = max_rel(losses_of(ranks), losses_of(ref))
+        checks.check(r <= 1e-5, f"{name}: losses", f"max rel diff {r:.2e} (tol 1e-5)")
+        expected = formulas.comm_bytes(cfg, world, cfg["train"]["steps"])
+        got = {(c, op): ranks[0]["comm"][c][op]["bytes"] for (c, op) in expected}
+        checks.check(got == expected, f"{name}: bytes per collective", "" if got == expected else f"{got} vs {expected}")
+
+
+def memory(checks):
+    print(f"{'strategy':<20}{'state MiB':>11}{'ledger peak':>13}{'alloc peak':>12}{'reserved':>10}{'ledger/alloc':>14}")
+    for strategy in harness.STRATEGIES:
+        cfg = harness.small_gpt_config(strategy, 1, steps=3, batch=8)
+        cfg["precision"] = {"param_dtype": "bf16", "reduce_dtype": "fp32"}
+        _, ranks = harness.run(cfg, 1, timeout=300, extra_args=GPU)
+        m = ranks[0]["memory"]
+        mib = 1 << 20
+        print(f"{strategy:<20}{m['state'] / mib:>11.1f}{m['peak'] / mib:>13.1f}{m['tensor_peak'] / mib:>12.1f}"
+              f"{m['reserved_peak'] / mib:>10.1f}{m['peak'] / max(m['tensor_peak'], 1):>14.2f}")
+        checks.check(0 < m["peak"] <= m["tensor_peak"] <= m["reserved_peak"],
+                      f"{strategy}: ledger peak <= allocated peak <= reserved peak")
+
+
+def main():
+    if torch.cuda.device_count() == 0:
+        print("no CUDA device: skipped")
+        sys.exit(77)
+    parts = sys.argv[1:] or ["numerics", "shared_gpu", "memory"]
+    checks = harness.Checks()
+    for part in parts:
+        {"numerics": numerics, "shared_gpu": shared_gpu, "memory": memory}[part](checks)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()

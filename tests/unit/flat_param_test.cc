@@ -1,0 +1,182 @@
+// FlatParam's unshard life cycle and Device / backend selection on CPU:
+// transitions and their no-ops, the errors for a wait with no gather and a
+// reshard under an in-flight gather, what memory each state holds, and the
+// refusals of device specs and backends that cannot run here.
+#include "worker/engine/flat_param.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+
+#include "worker/comm/groups.h"
+#include "worker/engine/device.h"
+
+namespace shardline {
+namespace {
+
+// A Work that completes only when told: lets a test hold a gather in flight.
+class HeldWork : public comm::Work {
+ public:
+  absl::Status Wait(absl::Duration) override {
+    done_ = true;
+    return absl::OkStatus();
+  }
+  absl::Status WaitOnDevice(absl::Duration t) override { return Wait(t); }
+  bool Done() const override { return done_; }
+
+ private:
+  bool done_ = false;
+};
+
+// A group of one whose all-gather copies at once but reports through a
+// HeldWork, and counts calls.
+class CountingGroup : public comm::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "test"; }
+  std::shared_ptr<comm::Work> AllGather(at::Tensor out, at::Tensor in) override {
+    ++gathers;
+    out.copy_(in);
+    return std::make_shared<HeldWork>();
+  }
+  std::shared_ptr<comm::Work> ReduceScatter(at::Tensor, at::Tensor) override { return nullptr; }
+  std::shared_ptr<comm::Work> AllReduce(at::Tensor) override { return nullptr; }
+  std::shared_ptr<comm::Work> Broadcast(at::Tensor, int) override { return nullptr; }
+  std::shared_ptr<comm::Work> Barrier() override { return nullptr; }
+  comm::CommStats Stats() const override { return {}; }
+  absl::Status status() const override { return absl::OkStatus(); }
+  int gathers = 0;
+};
+
+struct Fixture {
+  std::shared_ptr<const Device> device = *Device::Open("cpu");
+  MemoryLedger ledger;
+  at::Tensor init;
+  std::unique_ptr<FlatParam> param;
+
+  explicit Fixture(bool persistent_params) {
+    auto layout = MakeShardLayout("unit", {{"w", {2, 3}, true}, {"b", {3}, false}}, 1);
+    EXPECT_TRUE(layout.ok());
+    init = at::arange(9, at::kFloat);
+    FlatParamOptions o;
+    o.param_dtype = at::kBFloat16;
+    o.persistent_params = persistent_params;
+    o.persistent_grads = persistent_params;
+    param = std::make_unique<FlatParam>(*layout, 0, o, *device, &ledger, init);
+  }
+};
+
+TEST(FlatParamLifeCycle, TransitionsRepeatAsNoOpsAndRefuseUnsafeOnes) {
+  Fixture f(/*persistent_params=*/false);
+  FlatParam& p = *f.param;
+  CountingGroup group;
+  CommWaiter waiter(absl::Seconds(1));
+  EXPECT_EQ(p.state(), UnshardState::kSharded);
+  EXPECT_FALSE(p.unsharded_allocated());
+  const int64_t sharded_params = f.ledger.current(MemKind::kParams);  // the bf16 param shard
+  EXPECT_EQ(sharded_params, 9 * 2);
+
+  EXPECT_TRUE(p.Reshard().ok());  // sharded: no-op
+  const absl::Status no_gather = p.WaitForUnshard(waiter);
+  EXPECT_EQ(no_gather.code(), absl::StatusCode::kFailedPrecondition) << no_gather;
+  EXPECT_NE(no_gather.message().find("unit"), std::string::npos);
+
+  p.Unshard(group);
+  EXPECT_EQ(p.state(), UnshardState::kGathering);
+  EXPECT_TRUE(p.unsharded_allocated());
+  EXPECT_EQ(f.ledger.current(MemKind::kParams), sharded_params + 9 * 2);
+  p.Unshard(group);  // gathering: no second gather
+  EXPECT_EQ(group.gathers, 1);
+  const absl::Status early = p.Reshard();
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
+  EXPECT_EQ(p.state(), UnshardState::kGathering);  // the refused reshard changed nothing
+
+  ASSERT_TRUE(p.WaitForUnshard(waiter).ok());
+  EXPECT_EQ(p.state(), UnshardState::kUnsharded);
+  EXPECT_TRUE(p.weights()[1].to(at::kFloat).equal(at::arange(6, 9, at::kFloat)));
+  EXPECT_TRUE(p.WaitForUnshard(waiter).ok());  // unsharded: no-op
+  p.Unshard(group);                            // unsharded: no-op
+  EXPECT_EQ(group.gathers, 1);
+
+  ASSERT_TRUE(p.Reshard().ok());
+  EXPECT_EQ(p.state(), UnshardState::kSharded);
+  EXPECT_FALSE(p.unsharded_allocated());
+  EXPECT_EQ(f.ledger.current(MemKind::kParams), sharded_params);
+  EXPECT_TRUE(p.Reshard().ok());
+
+  // A second cycle gathers again into the same leaves.
+  p.Unshard(group);
+  ASSERT_TRUE(p.WaitForUnshard(waiter).ok());
+  EXPECT_EQ(group.gathers, 2);
+  EXPECT_TRUE(p.weights()[0].to(at::kFloat).equal(at::arange(6, at::kFloat).view({2, 3})));
+}
+
+TEST(FlatParamLifeCycle, PersistentParamsStayUnsharded) {
+  Fixture f(/*persistent_params=*/true);
+  CountingGroup group;
+  CommWaiter waiter(absl::Seconds(1));
+  EXPECT_EQ(f.param->state(), UnshardState::kUnsharded);
+  f.param->Unshard(group);
+  EXPECT_TRUE(f.param->WaitForUnshard(waiter).ok());
+  EXPECT_TRUE(f.param->Reshard().ok());
+  EXPECT_EQ(f.param->state(), UnshardState::kUnsharded);
+  EXPECT_TRUE(f.param->unsharded_allocated());
+  EXPECT_EQ(group.gathers, 0);
+}
+
+TEST(Device, CpuIsTheHostAndBadSpecsAreNamed) {
+  auto cpu = Device::Open("cpu");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_FALSE((*cpu)->is_cuda());
+  EXPECT_EQ((*cpu)->name(), "cpu");
+  at::Tensor t = (*cpu)->Zeros(5, at::kFloat);
+  EXPECT_TRUE(t.is_cpu());
+  EXPECT_EQ(t.sum().item<float>(), 0.0f);
+  EXPECT_TRUE((*cpu)->Synchronize(absl::Seconds(1)).ok());
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:0x"}) {
+    auto d = Device::Open(bad);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(d.status().message().find(bad), std::string::npos) << d.status();
+  }
+  if (CudaDeviceCount() == 0) {
+    auto d = Device::Open("cuda:0");
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition) << d.status();
+    EXPECT_NE(d.status().message().find("cuda:0"), std::string::npos) << d.status();
+  }
+  auto far = Device::Open("cuda:1000");
+  EXPECT_FALSE(far.ok());
+}
+
+#ifdef SHARDLINE_WITH_CUDA
+TEST(Device, LibTorchCudaLoadsOnDemand) {
+  // Not linked: CPU processes never load it (see device.cc).
+  auto op = c10::Dispatcher::singleton().findSchema({"aten::_fused_adamw_", ""});
+  ASSERT_TRUE(op.has_value());
+  EXPECT_FALSE(op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+  ASSERT_TRUE(LoadLibTorchCuda().ok()) << LoadLibTorchCuda();
+  EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+  EXPECT_TRUE(LoadLibTorchCuda().ok());  // once
+}
+#endif
+
+TEST(Groups, BackendFollowsTheDevice) {
+  auto cpu = *Device::Open("cpu");
+  EXPECT_EQ(*ResolveBackend(Backend::kAuto, *cpu), Backend::kGloo);
+  EXPECT_EQ(*ResolveBackend(Backend::kGloo, *cpu), Backend::kGloo);
+  auto nccl = ResolveBackend(Backend::kNccl, *cpu);
+  EXPECT_EQ(nccl.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nccl.status().message().find("cpu"), std::string::npos);
+  EXPECT_FALSE(ParseBackend("mpi").ok());
+  EXPECT_EQ(*ParseBackend("nccl"), Backend::kNccl);
+  JobConfig c;
+  c.parallelism.strategy = Strategy::kHybridShard;
+  c.parallelism.shard_group_size = 2;
+  const GroupPlan p = PlanGroups(c, 3, 4);
+  EXPECT_EQ(p.shard_size, 2);
+  EXPECT_EQ(p.replicate_size, 2);
+  EXPECT_EQ(p.shard_rank, 1);
+  EXPECT_EQ(p.shard_index, 1);
+}
+
+}  // namespace
+}  // namespace shardline

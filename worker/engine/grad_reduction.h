@@ -1,0 +1,54 @@
+// GradReduction: the gradient reduction of DESIGN.md's step. As soon as a
+// unit's backward is complete its gradient is reduce-scattered over the
+// shard group (cast to the reduce dtype first where that differs), and once
+// that finished the shard is all-reduced across replicate groups (hybrid
+// strategies). Units are started in backward order and finish in that order
+// on every rank, so the replicate all-reduces are issued in the same order
+// everywhere and their sequence numbers agree.
+//
+// Memory: the cast copy lives until its reduce-scatter finished; a unit's
+// full gradient is freed then too, unless the strategy keeps it (ZeRO 0-1).
+// Not thread-safe: the engine's step thread drives it.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/comm_waiter.h"
+#include "worker/engine/flat_param.h"
+
+namespace shardline {
+
+class GradReduction {
+ public:
+  // The communicators, waiter and ledger must outlive this object.
+  GradReduction(comm::Communicator* shard, comm::Communicator* replicate, CommWaiter* waiter,
+                MemoryLedger* ledger)
+      : shard_(shard), replicate_(replicate), waiter_(waiter), ledger_(ledger) {}
+
+  // Starts reducing `unit`'s full gradient into its grad_shard.
+  void Start(FlatParam* unit);
+  // Advances reductions in order: without `wait_all`, only those already
+  // done (no waiting); with it, every one, after which grad_shard of every
+  // started unit holds the reduced gradient for the compute stream.
+  absl::Status Pump(bool wait_all);
+
+ private:
+  struct Pending {
+    FlatParam* unit = nullptr;
+    std::shared_ptr<comm::Work> reduce_scatter;
+    at::Tensor cast;  // reduce-dtype copy of the gradient, alive until the op ends
+    bool scattered = false;
+    std::shared_ptr<comm::Work> all_reduce;  // across replicate groups
+  };
+
+  comm::Communicator* const shard_;
+  comm::Communicator* const replicate_;
+  CommWaiter* const waiter_;
+  MemoryLedger* const ledger_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace shardline
