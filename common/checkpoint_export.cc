@@ -50,14 +50,14 @@ absl::Status CheckpointReader::Read(int unit, const std::string& kind, int64_t l
 absl::Status ExportModel(const std::string& step_dir, const std::string& out_path) {
   SL_ASSIGN_OR_RETURN(auto ckpt, CheckpointReader::Open(step_dir));
   const ModelConfig& m = ckpt->manifest().model;
-  const int units = gpt::NumUnits(m);
+  const int units = model::NumUnits(m);
   if (static_cast<int>(ckpt->manifest().units.size()) != units) {
     return absl::DataLossError(absl::StrCat(step_dir, ": manifest lists ", ckpt->manifest().units.size(),
                                             " units, the model has ", units));
   }
   std::vector<SafetensorsStreamWriter::Decl> decls;
   for (int u = 0; u < units; ++u) {
-    for (const ParamSpec& p : gpt::UnitParams(m, u)) decls.push_back({p.name, p.shape});
+    for (const ParamSpec& p : model::UnitParams(m, u)) decls.push_back({p.name, p.shape});
   }
   const std::vector<int64_t> wte_shape = {m.vocab_size, m.n_embd};
   decls.push_back({"lm_head.weight", wte_shape});  // tied to wte; both names, as nanoGPT's state_dict has

@@ -60,6 +60,22 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
   j["model"] = {{"family", m.model.family},         {"n_layer", m.model.n_layer},
                 {"n_head", m.model.n_head},         {"n_embd", m.model.n_embd},
                 {"vocab_size", m.model.vocab_size}, {"block_size", m.model.block_size}};
+  if (m.model.is_llama()) {
+    const ModelConfig& l = m.model;
+    j["model"].update({{"n_kv_head", l.kv_heads()},
+                       {"intermediate_size", l.intermediate_size},
+                       {"head_dim", l.head_dim()},
+                       {"rope_theta", l.rope_theta},
+                       {"rms_norm_eps", l.rms_norm_eps},
+                       {"qkv_bias", l.qkv_bias},
+                       {"qk_norm", l.qk_norm},
+                       {"tie_word_embeddings", l.tie_word_embeddings},
+                       {"rope_scaling", l.rope_scaling},
+                       {"rope_scaling_factor", l.rope_scaling_factor},
+                       {"rope_low_freq_factor", l.rope_low_freq_factor},
+                       {"rope_high_freq_factor", l.rope_high_freq_factor},
+                       {"rope_original_max_position", l.rope_original_max_position}});
+  }
   j["strategy"] = m.strategy;
   j["world_size"] = m.world_size;
   j["shard_group_size"] = m.shard_group_size;
@@ -108,6 +124,22 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
     m.model.n_embd = mo.at("n_embd").get<int>();
     m.model.vocab_size = mo.at("vocab_size").get<int>();
     m.model.block_size = mo.at("block_size").get<int>();
+    if (m.model.is_llama()) {
+      ModelConfig& l = m.model;
+      l.n_kv_head = mo.at("n_kv_head").get<int>();
+      l.intermediate_size = mo.at("intermediate_size").get<int>();
+      l.head_dim_override = mo.at("head_dim").get<int>();
+      l.rope_theta = mo.at("rope_theta").get<double>();
+      l.rms_norm_eps = mo.at("rms_norm_eps").get<double>();
+      l.qkv_bias = mo.at("qkv_bias").get<bool>();
+      l.qk_norm = mo.at("qk_norm").get<bool>();
+      l.tie_word_embeddings = mo.at("tie_word_embeddings").get<bool>();
+      l.rope_scaling = mo.at("rope_scaling").get<std::string>();
+      l.rope_scaling_factor = mo.at("rope_scaling_factor").get<double>();
+      l.rope_low_freq_factor = mo.at("rope_low_freq_factor").get<double>();
+      l.rope_high_freq_factor = mo.at("rope_high_freq_factor").get<double>();
+      l.rope_original_max_position = mo.at("rope_original_max_position").get<int>();
+    }
     m.strategy = j.at("strategy").get<std::string>();
     m.world_size = j.at("world_size").get<int>();
     m.shard_group_size = j.at("shard_group_size").get<int>();
@@ -141,6 +173,17 @@ absl::Status CheckSameModel(const CheckpointManifest& m, const ModelConfig& mode
   if (m.model.n_embd != model.n_embd) return differ("n_embd", m.model.n_embd, model.n_embd);
   if (m.model.vocab_size != model.vocab_size) return differ("vocab_size", m.model.vocab_size, model.vocab_size);
   if (m.model.block_size != model.block_size) return differ("block_size", m.model.block_size, model.block_size);
+  if (!model.is_llama()) return absl::OkStatus();
+  if (m.model.kv_heads() != model.kv_heads()) return differ("n_kv_head", m.model.kv_heads(), model.kv_heads());
+  if (m.model.intermediate_size != model.intermediate_size) {
+    return differ("intermediate_size", m.model.intermediate_size, model.intermediate_size);
+  }
+  if (m.model.head_dim() != model.head_dim()) return differ("head_dim", m.model.head_dim(), model.head_dim());
+  if (m.model.qkv_bias != model.qkv_bias) return differ("qkv_bias", m.model.qkv_bias, model.qkv_bias);
+  if (m.model.qk_norm != model.qk_norm) return differ("qk_norm", m.model.qk_norm, model.qk_norm);
+  if (m.model.tie_word_embeddings != model.tie_word_embeddings) {
+    return differ("tie_word_embeddings", m.model.tie_word_embeddings, model.tie_word_embeddings);
+  }
   return absl::OkStatus();
 }
 

@@ -198,6 +198,19 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   model.Int("n_head", &c.model.n_head);
   model.Int("n_embd", &c.model.n_embd);
   model.Int("vocab_size", &c.model.vocab_size);
+  model.Int("n_kv_head", &c.model.n_kv_head);
+  model.Int("intermediate_size", &c.model.intermediate_size);
+  model.Int("head_dim", &c.model.head_dim_override);
+  model.Double("rope_theta", &c.model.rope_theta);
+  model.Double("rms_norm_eps", &c.model.rms_norm_eps);
+  model.Bool("qkv_bias", &c.model.qkv_bias);
+  model.Bool("qk_norm", &c.model.qk_norm);
+  model.Bool("tie_word_embeddings", &c.model.tie_word_embeddings);
+  model.String("rope_scaling", &c.model.rope_scaling);
+  model.Double("rope_scaling_factor", &c.model.rope_scaling_factor);
+  model.Double("rope_low_freq_factor", &c.model.rope_low_freq_factor);
+  model.Double("rope_high_freq_factor", &c.model.rope_high_freq_factor);
+  model.Int("rope_original_max_position", &c.model.rope_original_max_position);
   model.Int("block_size", &c.model.block_size);
   model.String("init_from", &c.model.init_from);
   TableReader data(table("data"), "data", src);
@@ -295,7 +308,9 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
     return absl::InvalidArgumentError(absl::StrCat(src, ": [", section, "] ", msg));
   };
   const ModelConfig& m = c.model;
-  if (m.family != "gpt2") return bad("model", absl::StrCat("family = \"", m.family, "\": only gpt2 is supported"));
+  if (m.family != "gpt2" && m.family != "llama") {
+    return bad("model", absl::StrCat("family = \"", m.family, "\": expected gpt2 or llama"));
+  }
   if (m.n_layer < 1) return bad("model", "n_layer must be >= 1");
   if (m.n_head < 1) return bad("model", "n_head must be >= 1");
   if (m.n_embd < 1) return bad("model", "n_embd must be >= 1");
@@ -303,6 +318,24 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
     return bad("model", absl::StrCat("n_embd = ", m.n_embd, " is not divisible by n_head = ", m.n_head));
   }
   if (m.vocab_size < 2) return bad("model", "vocab_size must be >= 2");
+  if (m.is_llama()) {
+    if (m.n_kv_head < 0 || m.n_head % m.kv_heads() != 0) {
+      return bad("model", absl::StrCat("n_head = ", m.n_head, " is not a multiple of n_kv_head = ", m.n_kv_head));
+    }
+    if (m.head_dim_override < 0) return bad("model", "head_dim must be >= 1 (or 0: n_embd / n_head)");
+    if (m.head_dim() % 2 != 0) return bad("model", "head_dim must be even (rotary embeddings rotate pairs)");
+    if (m.intermediate_size < 1) return bad("model", "intermediate_size must be >= 1 for family = \"llama\"");
+    if (!(m.rope_theta > 0) || !(m.rms_norm_eps > 0)) return bad("model", "rope_theta and rms_norm_eps must be > 0");
+    if (m.rope_scaling != "none" && m.rope_scaling != "llama3") {
+      return bad("model", absl::StrCat("rope_scaling = \"", m.rope_scaling, "\": expected none or llama3"));
+    }
+    if (m.rope_scaling == "llama3" &&
+        (!(m.rope_scaling_factor > 0) || !(m.rope_high_freq_factor > m.rope_low_freq_factor) ||
+         m.rope_low_freq_factor <= 0 || m.rope_original_max_position < 1)) {
+      return bad("model", "rope_scaling = \"llama3\" needs factor > 0, high_freq_factor > low_freq_factor > 0 and "
+                          "rope_original_max_position >= 1");
+    }
+  }
   if (m.block_size < 1) return bad("model", "block_size must be >= 1");
   if (c.data.format != DataFormat::kSynthetic && c.data.path.empty()) {
     return bad("data", "path is required unless format = \"synthetic\"");

@@ -30,11 +30,32 @@ bool ShardsParams(Strategy s);
 bool ShardsGrads(Strategy s);
 bool IsHybrid(Strategy s);
 
+// The model: its family and sizes. `gpt2` is nanoGPT's GPT-2; `llama` is the
+// decoder of Llama 2/3, Mistral, Qwen2 and Qwen3 as transformers writes it
+// (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention), whose extra
+// keys below are ignored by gpt2.
 struct ModelConfig {
   std::string family = "gpt2";
   int n_layer = 6, n_head = 8, n_embd = 512;
   int vocab_size = 16384, block_size = 256;
   std::string init_from;
+  // llama only.
+  int n_kv_head = 0;            // key/value heads (GQA); 0 = n_head
+  int intermediate_size = 0;    // SwiGLU width; required for llama
+  int head_dim_override = 0;    // [model] head_dim: 0 = n_embd / n_head (Qwen3 sets its own)
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  bool qkv_bias = false;        // Qwen2
+  bool qk_norm = false;         // Qwen3: RMSNorm over each head of q and k
+  bool tie_word_embeddings = false;
+  std::string rope_scaling = "none";  // none | llama3
+  double rope_scaling_factor = 8.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int rope_original_max_position = 8192;
+  bool is_llama() const { return family == "llama"; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_dim() const { return head_dim_override > 0 ? head_dim_override : n_embd / n_head; }
+  // The lm_head is the token embedding (always for gpt2).
+  bool tied() const { return !is_llama() || tie_word_embeddings; }
 };
 struct DataConfig {
   DataFormat format = DataFormat::kSynthetic;

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace shardline::gpt {
+namespace shardline::model {
 
 int NumUnits(const ModelConfig& m) { return m.n_layer + 2; }
 int HeadUnit(const ModelConfig& m) { return m.n_layer + 1; }
@@ -11,15 +11,49 @@ bool IsBlock(const ModelConfig& m, int unit) { return unit >= 1 && unit <= m.n_l
 std::string UnitName(const ModelConfig& m, int unit) {
   if (unit == 0) return "embed";
   if (unit == HeadUnit(m)) return "head";
-  return absl::StrCat("h.", unit - 1);
+  return absl::StrCat(m.is_llama() ? "layers." : "h.", unit - 1);
 }
 
+namespace {
+
+ParamSpec P(std::string name, std::vector<int64_t> shape) {
+  const bool decay = shape.size() >= 2;
+  return ParamSpec{std::move(name), std::move(shape), decay};
+}
+
+std::vector<ParamSpec> LlamaUnitParams(const ModelConfig& m, int unit) {
+  const int64_t C = m.n_embd, D = m.head_dim(), H = m.n_head, KV = m.kv_heads(), I = m.intermediate_size;
+  if (unit == 0) return {P("model.embed_tokens.weight", {m.vocab_size, C})};
+  if (unit == HeadUnit(m)) {
+    std::vector<ParamSpec> out{P("model.norm.weight", {C})};
+    if (!m.tied()) out.push_back(P("lm_head.weight", {m.vocab_size, C}));
+    return out;
+  }
+  const std::string l = absl::StrCat("model.layers.", unit - 1, ".");
+  std::vector<ParamSpec> out{P(l + "input_layernorm.weight", {C})};
+  for (const auto& [proj, rows] : {std::pair<const char*, int64_t>{"q_proj", H * D}, {"k_proj", KV * D},
+                                   {"v_proj", KV * D}}) {
+    out.push_back(P(l + "self_attn." + proj + ".weight", {rows, C}));
+    if (m.qkv_bias) out.push_back(P(l + "self_attn." + proj + ".bias", {rows}));
+  }
+  out.push_back(P(l + "self_attn.o_proj.weight", {C, H * D}));
+  if (m.qk_norm) {
+    out.push_back(P(l + "self_attn.q_norm.weight", {D}));
+    out.push_back(P(l + "self_attn.k_norm.weight", {D}));
+  }
+  out.push_back(P(l + "post_attention_layernorm.weight", {C}));
+  out.push_back(P(l + "mlp.gate_proj.weight", {I, C}));
+  out.push_back(P(l + "mlp.up_proj.weight", {I, C}));
+  out.push_back(P(l + "mlp.down_proj.weight", {C, I}));
+  return out;
+}
+
+}  // namespace
+
 std::vector<ParamSpec> UnitParams(const ModelConfig& m, int unit) {
+  if (m.is_llama()) return LlamaUnitParams(m, unit);
   const int64_t C = m.n_embd;
-  auto p = [](std::string name, std::vector<int64_t> shape) {
-    const bool decay = shape.size() >= 2;
-    return ParamSpec{std::move(name), std::move(shape), decay};
-  };
+  auto p = P;
   if (unit == 0) {
     return {p("transformer.wte.weight", {m.vocab_size, C}), p("transformer.wpe.weight", {m.block_size, C})};
   }
@@ -44,7 +78,9 @@ int64_t NumParams(const ModelConfig& m) {
 }
 
 double TrainingFlopsPerToken(const ModelConfig& m) {
-  const double n = static_cast<double>(NumParams(m)) - static_cast<double>(m.block_size) * m.n_embd;
+  const int64_t lookup = m.is_llama() ? (m.tied() ? 0 : int64_t{m.vocab_size} * m.n_embd)
+                                      : int64_t{m.block_size} * m.n_embd;
+  const double n = static_cast<double>(NumParams(m) - lookup);
   const double q = static_cast<double>(m.n_embd) / m.n_head;
   return 6 * n + 12.0 * m.n_layer * m.n_head * q * m.block_size;
 }
@@ -59,4 +95,4 @@ absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int 
   return out;
 }
 
-}  // namespace shardline::gpt
+}  // namespace shardline::model

@@ -77,15 +77,15 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   }
   const int p = Bytes(in.param_dtype), r = Bytes(in.reduce_dtype);
   Plan plan;
-  plan.params = gpt::NumParams(m);
-  plan.flops_per_token = gpt::TrainingFlopsPerToken(m);
+  plan.params = model::NumParams(m);
+  plan.flops_per_token = model::TrainingFlopsPerToken(m);
   plan.tokens_per_step = static_cast<int64_t>(batch) * m.block_size;
   plan.micro_batches = batch / (b * world);
   const double tokens_per_rank = static_cast<double>(plan.tokens_per_step) / world;
   const double compute = plan.flops_per_token * tokens_per_rank / c.flops;
   // Recomputation repeats the blocks' forward: a third of their training FLOPs.
   double block_numel = 0;
-  for (const ParamSpec& spec : gpt::UnitParams(m, 1)) block_numel += spec.numel();
+  for (const ParamSpec& spec : model::UnitParams(m, 1)) block_numel += spec.numel();
   const double block_flops = 6.0 * block_numel * m.n_layer + 12.0 * m.n_layer * m.n_embd * m.block_size;
   const double recompute = compute * (block_flops / plan.flops_per_token) / 3;
 
@@ -104,7 +104,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
     }
     sp.shard_group = g;
     const int replicas = world / g;
-    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, gpt::OwnershipMap(m, g));
+    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, model::OwnershipMap(m, g));
     StateBytes(layouts, s, p, r, &sp);
 
     const int64_t embed = layouts.front().padded_numel, head = layouts.back().padded_numel,

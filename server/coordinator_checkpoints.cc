@@ -32,7 +32,7 @@ absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   v1::Job& j = JobOf(r);
   const int world = j.workers();
   const int g = ShardGroupSize(r.config, world);
-  auto layouts = gpt::OwnershipMap(r.config.model, g);
+  auto layouts = model::OwnershipMap(r.config.model, g);
   if (!layouts.ok()) return layouts.status();
   CheckpointManifest m = NewManifest(j.id(), r.config, world, step, *layouts);
   std::string dir;

@@ -411,7 +411,7 @@ absl::StatusOr<v1::Ownership> CoordinatorCore::GetOwnership(const std::string& i
   const JobConfig& c = it->second.config;
   const int world = it->second.stored.job.workers();
   const int g = ShardGroupSize(c, world);
-  auto layouts = gpt::OwnershipMap(c.model, g);
+  auto layouts = model::OwnershipMap(c.model, g);
   if (!layouts.ok()) return layouts.status();
   v1::Ownership o;
   o.set_job_id(id);

@@ -1,7 +1,9 @@
 # Sourced by tests/run.sh, bench/ and deploy/local: installs what is missing.
 # Pinned: torch 2.11.0 (its Linux wheel is built for CUDA 13.0; the GPU
-# machines run the 2.11 series), safetensors and numpy for the Python oracle.
+# machines run the 2.11 series), safetensors and numpy for the Python oracle,
+# transformers 5.17.0 (the GPU machines' version) as the llama family's oracle.
 SHARDLINE_TORCH_VERSION="2.11.0"
+SHARDLINE_TRANSFORMERS_VERSION="5.17.0"
 SHARDLINE_APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtomlplusplus-dev libcli11-dev libsqlite3-dev libgtest-dev libgmock-dev libgloo-dev openssl libssl-dev nlohmann-json3-dev
@@ -24,5 +26,9 @@ shardline_install_deps() {
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
     "$venv/bin/pip" install -q "torch==$SHARDLINE_TORCH_VERSION" numpy safetensors
+  fi
+  if ! "$venv/bin/python" -c "import transformers,sys; sys.exit(transformers.__version__ != '$SHARDLINE_TRANSFORMERS_VERSION')" 2>/dev/null; then
+    echo "installing transformers==$SHARDLINE_TRANSFORMERS_VERSION into $venv"
+    "$venv/bin/pip" install -q "transformers==$SHARDLINE_TRANSFORMERS_VERSION"
   fi
 }

@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/checkpoint_manifest.h"
+#include "common/model_shapes.h"
 #include "worker/comm/groups.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/engine.h"
@@ -83,14 +84,15 @@ absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& pat
   // Logits of the whole batch from the gathered weights, unit by unit.
   {
     c10::NoGradGuard no_grad;
-    std::vector<gpt::Weights> w(e.layouts().size());
+    std::vector<Weights> w(e.layouts().size());
     size_t i = 0;
     for (int u = 0; u < static_cast<int>(e.layouts().size()); ++u) {
       for (size_t k = 0; k < e.layouts()[u].params.size(); ++k) w[u].push_back(params[i++].second);
     }
-    at::Tensor h = gpt::EmbedForward(x, w[0]);
-    for (int u = 1; u <= c.model.n_layer; ++u) h = gpt::BlockForward(h, w[u], c.model.n_head);
-    t.emplace_back("logits", gpt::HeadLogits(h, w[gpt::HeadUnit(c.model)], w[0][0]));
+    const std::unique_ptr<ModelFamily> family = MakeModelFamily(c.model);
+    at::Tensor h = family->Embed(x, w[0]);
+    for (int u = 1; u <= c.model.n_layer; ++u) h = family->Block(h, w[u]);
+    t.emplace_back("logits", family->HeadLogits(h, w[model::HeadUnit(c.model)], w[0]));
   }
   t.emplace_back("batch.inputs", x);
   t.emplace_back("batch.targets", y);

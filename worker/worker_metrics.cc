@@ -102,7 +102,7 @@ void WorkerMetrics::BeginJob(const std::string& job, int rank, int world, const 
     rank_ = rank;
   }
   world_ = world;
-  flops_per_token_value_ = gpt::TrainingFlopsPerToken(model);
+  flops_per_token_value_ = model::TrainingFlopsPerToken(model);
   peak_flops_value_ = peak_flops > 0 ? peak_flops : 1;
   last_seq_ = 0;
   const auto l = JobLabels();

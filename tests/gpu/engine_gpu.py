@@ -84,7 +84,7 @@ def numerics(checks):
     subprocess.run([harness.TRAIN, "--config", job, "--dump-grads", dump_path], check=True, timeout=120)
     ref, ref_losses = train_reference(load_file(dump_path), cfg, device="cuda:0")
     got = load_file(os.path.join(gpu_out, "params.safetensors"))
-    d = max(float((got[k] - ref[k]).abs().max()) for k in ref)
+    d = max(float((got[k] - ref[k]).abs().max()) for k in got)
     checks.check(d <= 1e-4, "fp32 cuda:0 vs PyTorch on cuda:0: params", f"max abs diff {d:.2e} (tol 1e-4)")
     r = max_rel(losses_of(gpu), ref_losses)
     checks.check(r <= 1e-5, "fp32 cuda:0 vs PyTorch on cuda:0: losses", f"max rel diff {r:.2e} (tol 1e-5)")

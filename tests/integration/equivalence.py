@@ -4,7 +4,9 @@ clipping, warmup and cosine end within 2e-5 (max abs) of the single-process
 run's parameters, with per-step losses within 1e-6 relative. The bytes each
 rank sent, by collective, must equal the ring formulas.
 
-    equivalence.py STRATEGY [--checkpointing] [--prefetch none|post]
+    equivalence.py STRATEGY [--checkpointing] [--prefetch none|post] [--model llama3|qwen2|qwen3]
+
+--model runs one of harness.LLAMA_MODELS instead of the tiny GPT-2.
 """
 import argparse
 
@@ -23,18 +25,26 @@ def main():
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--backward-prefetch", default="pre")
     ap.add_argument("--worlds", default="1,2,3,4")
+    ap.add_argument("--model", choices=sorted(harness.LLAMA_MODELS))
     args = ap.parse_args()
     checks = harness.Checks()
     extra = {"memory__activation_checkpointing": args.checkpointing,
              "prefetch__backward": args.backward_prefetch}
-    ref_out, ref = harness.run(harness.config("no_shard", 1), 1)
+
+    def config(strategy, world, **kw):
+        cfg = harness.config(strategy, world, **kw)
+        if args.model:
+            cfg["model"] = harness.llama_model(args.model)
+        return cfg
+
+    ref_out, ref = harness.run(config("no_shard", 1), 1)
     ref_params = harness.load_params(ref_out)
     ref_losses = [s["loss"] for s in ref[0]["steps"]]
     checks.check(ref_losses[-1] < ref_losses[0], "reference loss falls",
                  f"{ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
     worst_param, worst_loss = 0.0, 0.0
     for world in [int(w) for w in args.worlds.split(",")]:
-        cfg = harness.config(args.strategy, world, **extra)
+        cfg = config(args.strategy, world, **extra)
         out, ranks = harness.run(cfg, world)
         params = harness.load_params(out)
         diff = max(float(np.max(np.abs(params[k] - ref_params[k]))) for k in ref_params)

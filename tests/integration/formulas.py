@@ -8,8 +8,16 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
 
 def unit_sizes(model):
-    """Parameter count of each unit: embed (wte, wpe), blocks, head (ln_f)."""
+    """Parameter count of each unit: embed (wte, wpe), blocks, head (ln_f);
+    for the llama family embed_tokens, layers, head (norm, lm_head unless tied)."""
     C, V, T, L = model["n_embd"], model["vocab_size"], model["block_size"], model["n_layer"]
+    if model.get("family") == "llama":
+        H, KV, I = model["n_head"], model.get("n_kv_head") or model["n_head"], model["intermediate_size"]
+        D = model.get("head_dim") or C // H
+        layer = 2 * C + (H + 2 * KV) * D * C + C * H * D + 3 * I * C
+        layer += (H + 2 * KV) * D if model.get("qkv_bias") else 0
+        layer += 2 * D if model.get("qk_norm") else 0
+        return [V * C] + [layer] * L + [C + (0 if model.get("tie_word_embeddings") else V * C)]
     block = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C
     return [V * C + T * C] + [block] * L + [2 * C]
 

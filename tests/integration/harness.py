@@ -27,6 +27,23 @@ TINY = {
     "prefetch": {"forward": True, "backward": "pre", "max_inflight_all_gathers": 2},
 }
 
+# Tiny llama-family models shaped like the families it covers (GQA; sizes
+# that pad at N=3): tests/oracle/llama_oracle.py holds them to transformers.
+LLAMA_MODELS = {
+    "llama3": dict(n_kv_head=2, intermediate_size=48, rope_theta=500000.0, rope_scaling="llama3",
+                   rope_scaling_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                   rope_original_max_position=8192, tie_word_embeddings=False),
+    "qwen2": dict(n_kv_head=2, intermediate_size=40, rope_theta=1000000.0, qkv_bias=True, tie_word_embeddings=True),
+    "qwen3": dict(n_kv_head=1, intermediate_size=40, rope_theta=1000000.0, qk_norm=True, head_dim=16,
+                  tie_word_embeddings=True),
+}
+
+
+def llama_model(name):
+    """The [model] table of LLAMA_MODELS[name] at TINY's sizes."""
+    return {**TINY["model"], "family": "llama", "rms_norm_eps": 1e-5, **LLAMA_MODELS[name]}
+
+
 # Shard group size used for the hybrid strategies at each world size: both
 # levels (sharding inside a group, all-reduce across groups) are exercised at 4.
 HYBRID_GROUP = {1: 1, 2: 1, 3: 3, 4: 2}

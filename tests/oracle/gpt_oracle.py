@@ -57,7 +57,7 @@ def main():
         c = harness.config(strategy, world, micro_batches=2)
         run_out, ranks = harness.run(c, world)
         params = load_file(os.path.join(run_out, "params.safetensors"))
-        diff = max(float((params[k] - ref[k]).abs().max()) for k in ref)
+        diff = max(float((params[k] - ref[k]).abs().max()) for k in params)
         losses = [s["loss"] for s in ranks[0]["steps"]]
         lrel = max(abs(a - b) / b for a, b in zip(losses, torch_losses))
         checks.check(diff < 2e-5, f"10 steps vs torch AdamW: {strategy} N={world} params", f"max abs diff {diff:.2e}")

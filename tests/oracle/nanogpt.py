@@ -69,12 +69,15 @@ def model_from(dump, m):
     return model
 
 
-def train_reference(dump, cfg, device="cpu"):
+def train_reference(dump, cfg, device="cpu", model=None, loss_of=None):
     """cfg's steps with torch.optim.AdamW (weight decay on 2-D tensors only),
-    clip_grad_norm_ and the warmup+cosine schedule, on the dump's weights and
-    batches. Returns (final transformer.* parameters on the host, losses)."""
+    clip_grad_norm_ and the warmup+cosine schedule, on the dump's batches,
+    from `model` (default: this GPT with the dump's weights) and its
+    loss_of(model, inputs, targets) (default: the GPT's own). Returns (the
+    final parameters by state-dict name, on the host; the losses)."""
     m, o = cfg["model"], cfg["optimizer"]
-    model = model_from(dump, m).to(device)
+    model = (model if model is not None else model_from(dump, m)).to(device)
+    loss_of = loss_of or (lambda net, x, y: net(x, y)[1])
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
@@ -87,10 +90,10 @@ def train_reference(dump, cfg, device="cpu"):
         for g in opt.param_groups:
             g["lr"] = lr_at(s, steps, o["lr"], o["min_lr"], o["warmup_steps"])
         opt.zero_grad()
-        _, loss = model(dump[f"{key}.inputs"].to(device), dump[f"{key}.targets"].to(device))
+        loss = loss_of(model, dump[f"{key}.inputs"].to(device), dump[f"{key}.targets"].to(device))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), o["grad_clip"])
         opt.step()
         losses.append(loss.item())
-    params = {k: v.detach().cpu() for k, v in model.state_dict().items() if k.startswith("transformer.")}
+    params = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return params, losses

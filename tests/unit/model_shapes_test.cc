@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace shardline::gpt {
+namespace shardline::model {
 namespace {
 
 ModelConfig Gpt2Small() {
@@ -25,5 +25,28 @@ TEST(ModelShapes, TrainingFlopsPerTokenIsPalmsFormula) {
   EXPECT_DOUBLE_EQ(TrainingFlopsPerToken(Gpt2Small()), 6.0 * 123653376 + 12.0 * 12 * 12 * 64 * 1024);
 }
 
+TEST(ModelShapes, Llama32OneBHasItsPublishedParameterCount) {
+  ModelConfig m;
+  m.family = "llama";
+  m.n_layer = 16;
+  m.n_head = 32;
+  m.n_kv_head = 8;
+  m.n_embd = 2048;
+  m.intermediate_size = 8192;
+  m.vocab_size = 128256;
+  m.tie_word_embeddings = true;
+  EXPECT_EQ(NumParams(m), 1235814400);  // meta-llama/Llama-3.2-1B
+  EXPECT_EQ(UnitName(m, 1), "layers.0");
+  const auto layer = UnitParams(m, 1);
+  EXPECT_EQ(layer[2].name, "model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(layer[2].shape, (std::vector<int64_t>{512, 2048}));  // 8 kv heads of 64
+  EXPECT_EQ(UnitParams(m, HeadUnit(m)).size(), 1u);              // tied: no lm_head
+  m.tie_word_embeddings = false;
+  m.qkv_bias = true;
+  m.qk_norm = true;
+  EXPECT_EQ(UnitParams(m, HeadUnit(m)).back().name, "lm_head.weight");
+  EXPECT_EQ(UnitParams(m, 1).size(), 14u);  // 2 norms, q/k/v with biases (6), o, q/k norms, 3 MLP
+}
+
 }  // namespace
-}  // namespace shardline::gpt
+}  // namespace shardline::model

@@ -53,7 +53,7 @@ TEST(Plan, CommunicationIsTheRingBytes) {
   // backward, then reduce-scatters every gradient: (N-1)/N of each, bf16.
   auto numel = [&](int unit) {
     int64_t n = 0;
-    for (const auto& s : gpt::UnitParams(in.model, unit)) n += s.numel();
+    for (const auto& s : model::UnitParams(in.model, unit)) n += s.numel();
     return static_cast<double>(n);
   };
   const double embed = numel(0), head = numel(13), blocks = 12 * numel(1);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model_shapes.h"
 #include "common/safetensors.h"
 #include "worker/engine/tensor_memory.h"
 #include "common/status_macros.h"
@@ -18,13 +19,15 @@ struct Engine::UnitActivation {
   at::Tensor output;  // the unit's output with its graph (unless recomputed)
 };
 
-// Fills a unit's flat buffer from a model file by nanoGPT's names (the tied
-// wte may be stored as either name).
-absl::Status ReadUnitFromModelFile(const SafetensorsReader& f, const ShardLayout& layout, at::Tensor flat) {
+// Fills a unit's flat buffer from a model file by the family's names (a token
+// embedding tied to the lm_head may be stored under either name).
+absl::Status ReadUnitFromModelFile(const SafetensorsReader& f, const ModelConfig& m, const ShardLayout& layout,
+                                   at::Tensor flat) {
   flat.zero_();
+  const std::string embedding = model::UnitParams(m, 0)[0].name;
   for (const ParamSlot& p : layout.params) {
     std::string name = p.spec.name;
-    if (!f.entries().count(name) && name == "transformer.wte.weight") name = "lm_head.weight";
+    if (!f.entries().count(name) && m.tied() && name == embedding) name = "lm_head.weight";
     auto it = f.entries().find(name);
     if (it == f.entries().end()) {
       return absl::NotFoundError(absl::StrCat(f.path(), ": [model] init_from has no tensor ", p.spec.name));
@@ -45,8 +48,8 @@ at::ScalarType TorchDType(DType d) { return d == DType::kFloat32 ? at::kFloat : 
 
 Engine::Engine(const JobConfig& config, int rank, int world, std::shared_ptr<const Device> device,
                Communicators comms, absl::Duration timeout)
-    : config_(config), rank_(rank), world_(world), device_(std::move(device)), comms_(std::move(comms)),
-      waiter_(timeout) {}
+    : config_(config), rank_(rank), world_(world), device_(std::move(device)),
+      family_(MakeModelFamily(config.model)), comms_(std::move(comms)), waiter_(timeout) {}
 
 Engine::~Engine() = default;
 
@@ -86,16 +89,16 @@ absl::Status Engine::Init() {
   if (!m.init_from.empty()) {
     SL_ASSIGN_OR_RETURN(init_from, SafetensorsReader::Open(m.init_from));
   }
-  for (int u = 0; u < gpt::NumUnits(m); ++u) {
-    SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(gpt::UnitName(m, u), gpt::UnitParams(m, u), G));
+  for (int u = 0; u < model::NumUnits(m); ++u) {
+    SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(model::UnitName(m, u), model::UnitParams(m, u), G));
     // One unit at a time, on the host (the values are a function of the
     // seed alone, whatever the device): the full fp32 values exist only
     // while this unit's shard is cut from them.
     at::Tensor init = at::empty({layout.padded_numel}, at::kFloat);
     if (init_from) {
-      SL_RETURN_IF_ERROR(ReadUnitFromModelFile(*init_from, layout, init));
+      SL_RETURN_IF_ERROR(ReadUnitFromModelFile(*init_from, m, layout, init));
     } else {
-      gpt::InitUnit(m, layout, config_.train.seed, init);
+      family_->InitUnit(layout, config_.train.seed, init);
     }
     decay_.push_back(DecayRanges(layout, shard_rank));
     layouts_.push_back(layout);
@@ -106,7 +109,7 @@ absl::Status Engine::Init() {
   return device_->Synchronize(waiter_.timeout());
 }
 
-gpt::Weights Engine::WeightsOf(int u) const { return units_[u]->weights(); }
+Weights Engine::WeightsOf(int u) const { return units_[u]->weights(); }
 
 // ---- unshard life cycle -------------------------------------------------
 
@@ -139,18 +142,18 @@ absl::Status Engine::Forward(int u, const at::Tensor& input, const at::Tensor& t
   const ModelConfig& m = config_.model;
   UnitActivation& a = acts_[u];
   a.input = input;
-  const gpt::Weights w = WeightsOf(u);
+  const Weights w = WeightsOf(u);
   if (u == 0) {
-    a.output = gpt::EmbedForward(input, w);
-  } else if (u == gpt::HeadUnit(m)) {
+    a.output = family_->Embed(input, w);
+  } else if (u == model::HeadUnit(m)) {
     a.leaf = input.detach().requires_grad_(true);
-    a.output = gpt::HeadLoss(a.leaf, w, units_[0]->weights()[0], targets, loss_scale_);
+    a.output = family_->HeadLoss(a.leaf, w, units_[0]->weights(), targets, loss_scale_);
   } else if (config_.memory.activation_checkpointing) {
     c10::NoGradGuard no_grad;  // keep only the input; recompute in backward
-    a.output = gpt::BlockForward(input, w, m.n_head);
+    a.output = family_->Block(input, w);
   } else {
     a.leaf = input.detach().requires_grad_(true);
-    a.output = gpt::BlockForward(a.leaf, w, m.n_head);
+    a.output = family_->Block(a.leaf, w);
   }
   TrackActivation(a.output, true);
   return absl::OkStatus();
@@ -160,11 +163,11 @@ absl::Status Engine::Backward(int u, at::Tensor* grad) {
   const ModelConfig& m = config_.model;
   UnitActivation& a = acts_[u];
   units_[u]->EnsureGrad();
-  if (u == gpt::HeadUnit(m)) units_[0]->EnsureGrad();  // lm_head is tied to wte
+  if (u == model::HeadUnit(m) && m.tied()) units_[0]->EnsureGrad();  // the lm_head is the token embedding
   at::Tensor out = a.output;
-  if (gpt::IsBlock(m, u) && config_.memory.activation_checkpointing) {
+  if (model::IsBlock(m, u) && config_.memory.activation_checkpointing) {
     a.leaf = a.input.detach().requires_grad_(true);
-    out = gpt::BlockForward(a.leaf, WeightsOf(u), m.n_head);
+    out = family_->Block(a.leaf, WeightsOf(u));
   }
   if (grad->defined()) {
     out.backward(*grad);
@@ -181,7 +184,7 @@ absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, b
                                      at::Tensor* loss) {
   const ModelConfig& m = config_.model;
   const int U = static_cast<int>(units_.size());
-  const int head = gpt::HeadUnit(m);
+  const int head = model::HeadUnit(m);
   acts_.assign(U, UnitActivation{});
   at::Tensor h = x;
   for (int u = 0; u < U; ++u) {
@@ -193,7 +196,7 @@ absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, b
     if (u != head) h = acts_[u].output.detach();
     // The embed unit stays gathered for the tied lm_head; the head unit runs
     // backward next, so neither is freed after forward.
-    if (gpt::IsBlock(m, u)) SL_RETURN_IF_ERROR(units_[u]->Reshard());
+    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(units_[u]->Reshard());
   }
   // Summed on the device; the host reads the loss once, at the step's end.
   *loss = *loss + acts_[head].output.detach().to(at::kDouble);
@@ -204,7 +207,7 @@ absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, b
     if (bp == BackwardPrefetch::kPre && u - 1 >= 1) Prefetch(u - 1);
     SL_RETURN_IF_ERROR(Backward(u, &grad));
     if (bp == BackwardPrefetch::kPost && u - 1 >= 1) Prefetch(u - 1);
-    if (gpt::IsBlock(m, u)) SL_RETURN_IF_ERROR(units_[u]->Reshard());
+    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(units_[u]->Reshard());
     // The last micro-batch reduces each unit as soon as its gradient is
     // complete; earlier ones accumulate locally (no communication).
     // (The embed unit comes last, after the tied lm_head added to wte.)

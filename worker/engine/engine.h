@@ -33,7 +33,7 @@
 #include "worker/engine/flat_param.h"
 #include "worker/engine/grad_reduction.h"
 #include "worker/engine/optimizer.h"
-#include "worker/model/gpt.h"
+#include "worker/model/family.h"
 
 namespace shardline {
 
@@ -127,7 +127,7 @@ class Engine {
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
-  gpt::Weights WeightsOf(int u) const;
+  Weights WeightsOf(int u) const;
 
   // The unshard life cycle as the schedule uses it (FlatParam owns it).
   absl::Status Unsharded(int u);  // unshard (unless prefetched) and wait
@@ -147,6 +147,7 @@ class Engine {
   const JobConfig config_;
   const int rank_, world_;
   const std::shared_ptr<const Device> device_;
+  const std::unique_ptr<ModelFamily> family_;
   Communicators comms_;
   CommWaiter waiter_;
   std::unique_ptr<TokenDataset> data_;

@@ -1,0 +1,122 @@
+#include "worker/model/llama.h"
+
+#include <cmath>
+
+namespace shardline {
+
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// transformers' LlamaRMSNorm: in fp32, cast back, then scaled.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor h = x.to(at::kFloat);
+  h = h * at::rsqrt(h.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// transformers' _compute_default_rope_parameters and, for "llama3",
+// _compute_llama3_parameters, in the same fp32 operations.
+at::Tensor InvFreq(const ModelConfig& m) {
+  const int64_t D = m.head_dim();
+  at::Tensor exponent = at::arange(0, D, 2, at::kLong).to(at::kFloat) / static_cast<double>(D);
+  at::Tensor inv = 1.0 / at::pow(m.rope_theta, exponent);
+  if (m.rope_scaling != "llama3") return inv;
+  const double factor = m.rope_scaling_factor, low = m.rope_low_freq_factor, high = m.rope_high_freq_factor;
+  const double old_len = m.rope_original_max_position;
+  const double low_wavelen = old_len / low, high_wavelen = old_len / high;
+  at::Tensor wavelen = 2 * M_PI / inv;
+  at::Tensor scaled = at::where(wavelen > low_wavelen, inv / factor, inv);
+  at::Tensor smooth = (old_len / wavelen - low) / (high - low);
+  at::Tensor smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
+  at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
+}  // namespace
+
+LlamaFamily::LlamaFamily(const ModelConfig& m) : m_(m), inv_freq_(InvFreq(m)) {}
+
+void LlamaFamily::InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const {
+  flat.zero_();
+  for (const auto& slot : layout.params) {
+    const std::string& name = slot.spec.name;
+    at::Tensor w = flat.narrow(0, slot.offset, slot.spec.numel());
+    if (EndsWith(name, "norm.weight")) {
+      w.fill_(1.0);  // input_layernorm, post_attention_layernorm, q_norm, k_norm, model.norm
+    } else if (slot.spec.shape.size() >= 2) {
+      SeededNormal(name, seed, 0.02, w);
+    }  // biases stay zero
+  }
+}
+
+at::Tensor LlamaFamily::Embed(const at::Tensor& idx, const Weights& w) const { return at::embedding(w[0], idx); }
+
+std::pair<at::Tensor, at::Tensor> LlamaFamily::Rotary(int64_t T, at::ScalarType dtype, at::Device device) const {
+  at::Tensor freqs = at::outer(at::arange(T, at::kFloat), inv_freq_);  // [T, D/2], fp32
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
+}
+
+at::Tensor LlamaFamily::Block(const at::Tensor& x, const Weights& w) const {
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t H = m_.n_head, KV = m_.kv_heads(), D = m_.head_dim();
+  const double eps = m_.rms_norm_eps;
+  size_t i = 0;
+  auto next = [&]() -> const at::Tensor& { return w[i++]; };
+  const at::Tensor& in_norm = next();
+  auto projection = [&]() {
+    const at::Tensor& weight = next();
+    const at::Tensor bias = m_.qkv_bias ? next() : at::Tensor();
+    return std::make_pair(weight, bias);
+  };
+  const auto q_proj = projection(), k_proj = projection(), v_proj = projection();
+  const at::Tensor& o_proj = next();
+  at::Tensor q_norm, k_norm;
+  if (m_.qk_norm) {
+    q_norm = next();
+    k_norm = next();
+  }
+  const at::Tensor& post_norm = next();
+  const at::Tensor& gate = next();
+  const at::Tensor& up = next();
+  const at::Tensor& down = next();
+
+  at::Tensor h = RmsNorm(x, in_norm, eps);
+  at::Tensor q = at::linear(h, q_proj.first, q_proj.second).view({B, T, H, D});
+  at::Tensor k = at::linear(h, k_proj.first, k_proj.second).view({B, T, KV, D});
+  at::Tensor v = at::linear(h, v_proj.first, v_proj.second).view({B, T, KV, D});
+  if (m_.qk_norm) {
+    q = RmsNorm(q, q_norm, eps);
+    k = RmsNorm(k, k_norm, eps);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  const auto [cos, sin] = Rotary(T, x.scalar_type(), x.device());
+  q = q * cos + RotateHalf(q) * sin;
+  k = k * cos + RotateHalf(k) * sin;
+  if (KV != H) {  // transformers' repeat_kv: each key/value head serves H / KV consecutive query heads
+    k = k.repeat_interleave(H / KV, 1);
+    v = v.repeat_interleave(H / KV, 1);
+  }
+  at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                  /*scale=*/1.0 / std::sqrt(static_cast<double>(D)));
+  y = y.transpose(1, 2).reshape({B, T, H * D});
+  at::Tensor x1 = x + at::linear(y, o_proj);
+  h = RmsNorm(x1, post_norm, eps);
+  return x1 + at::linear(at::silu(at::linear(h, gate)) * at::linear(h, up), down);
+}
+
+at::Tensor LlamaFamily::HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const {
+  return at::linear(RmsNorm(x, head[0], m_.rms_norm_eps), m_.tied() ? embed[0] : head[1]);
+}
+
+}  // namespace shardline
