@@ -59,8 +59,10 @@ absl::Status ExportModel(const std::string& step_dir, const std::string& out_pat
   for (int u = 0; u < units; ++u) {
     for (const ParamSpec& p : model::UnitParams(m, u)) decls.push_back({p.name, p.shape});
   }
+  // A head tied to the token embedding is written under both names, as the
+  // models' state_dicts have them (an untied head has its own lm_head).
   const std::vector<int64_t> wte_shape = {m.vocab_size, m.n_embd};
-  decls.push_back({"lm_head.weight", wte_shape});  // tied to wte; both names, as nanoGPT's state_dict has
+  if (m.tied()) decls.push_back({"lm_head.weight", wte_shape});
   SL_ASSIGN_OR_RETURN(auto out, SafetensorsStreamWriter::Create(out_path, decls));
   std::vector<float> buf;
   for (int u = 0; u < units; ++u) {
@@ -69,9 +71,11 @@ absl::Status ExportModel(const std::string& step_dir, const std::string& out_pat
     SL_RETURN_IF_ERROR(ckpt->Read(u, "param", 0, numel, buf.data()));
     SL_RETURN_IF_ERROR(out->Append(buf.data(), numel));
   }
-  buf.assign(wte_shape[0] * wte_shape[1], 0.0f);  // wte leads the embed unit
-  SL_RETURN_IF_ERROR(ckpt->Read(0, "param", 0, static_cast<int64_t>(buf.size()), buf.data()));
-  SL_RETURN_IF_ERROR(out->Append(buf.data(), static_cast<int64_t>(buf.size())));
+  if (m.tied()) {
+    buf.assign(wte_shape[0] * wte_shape[1], 0.0f);  // the embedding leads the embed unit
+    SL_RETURN_IF_ERROR(ckpt->Read(0, "param", 0, static_cast<int64_t>(buf.size()), buf.data()));
+    SL_RETURN_IF_ERROR(out->Append(buf.data(), static_cast<int64_t>(buf.size())));
+  }
   return out->Finish();
 }
 

@@ -81,7 +81,7 @@ double TrainingFlopsPerToken(const ModelConfig& m) {
   const int64_t lookup = m.is_llama() ? (m.tied() ? 0 : int64_t{m.vocab_size} * m.n_embd)
                                       : int64_t{m.block_size} * m.n_embd;
   const double n = static_cast<double>(NumParams(m) - lookup);
-  const double q = static_cast<double>(m.n_embd) / m.n_head;
+  const double q = m.head_dim();
   return 6 * n + 12.0 * m.n_layer * m.n_head * q * m.block_size;
 }
 
