@@ -39,6 +39,27 @@ TEST_F(TokenDatasetTest, OrderFollowsTheGlobalStep) {
   EXPECT_TRUE(all_x.narrow(0, 1, 2).equal(x));
 }
 
+TEST_F(TokenDatasetTest, Llama3FilesHoldUint32Tokens) {
+  // Llama 3's vocabulary (128,256) does not fit uint16: llm.c's magic 20240801, version 7.
+  std::vector<uint32_t> tokens(41);
+  for (int i = 0; i < 41; ++i) tokens[i] = 100000u + static_cast<uint32_t>(i);
+  const std::string p = Path("llama3.bin");
+  ASSERT_TRUE(WriteLlmcFile(p, tokens).ok());
+  auto ds = TokenDataset::Open(Llmc(p), 128256, 4, 1);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  at::Tensor x, y;
+  (*ds)->Batch(0, 2, 1, 1, &x, &y);  // sequence 1: tokens 4..7, targets 5..8
+  EXPECT_EQ(x[0][0].item<int64_t>(), 100004);
+  EXPECT_EQ(y[0][3].item<int64_t>(), 100008);
+  // A token past the vocabulary is named with its position.
+  const std::string e = ErrorOf(Llmc(p), 100010);
+  EXPECT_NE(e.find(p + ": token 100010 at position 10 is >= vocab_size 100010"), std::string::npos) << e;
+  // The version belongs to the magic.
+  { std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary); f.seekp(4); int32_t v = 1; f.write(reinterpret_cast<char*>(&v), 4); }
+  const std::string v = ErrorOf(Llmc(p), 128256);
+  EXPECT_NE(v.find("unsupported llm.c version 1 (expected 7 for magic 20240801)"), std::string::npos) << v;
+}
+
 TEST_F(TokenDatasetTest, BadMagicNamesTheFile) {
   const std::string p = Path("magic.bin");
   ASSERT_TRUE(WriteLlmcFile(p, std::vector<uint16_t>(100, 1)).ok());

@@ -59,33 +59,8 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const DataConfi
         return absl::InvalidArgumentError(absl::StrCat(path, ": text data needs vocab_size >= 256, got ", vocab_size));
       }
     } else {
-      constexpr size_t kHeader = 256 * sizeof(int32_t);
-      if (ds->map_bytes_ < kHeader) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": truncated llm.c header (", ds->map_bytes_,
-                                                       " bytes, need ", kHeader, ")"));
-      }
-      const int32_t* h = static_cast<const int32_t*>(ds->map_);
-      if (h[0] != kLlmcMagic) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": bad magic ", h[0], " (expected ", kLlmcMagic,
-                                                       "; not an llm.c token file)"));
-      }
-      if (h[1] != kLlmcVersion) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": unsupported llm.c version ", h[1], " (expected 1)"));
-      }
-      const int64_t count = h[2];
-      const size_t need = kHeader + static_cast<size_t>(count) * 2;
-      if (count < 0 || ds->map_bytes_ < need) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": truncated: header promises ", count,
-                                                       " tokens (", need, " bytes), file has ", ds->map_bytes_));
-      }
-      ds->u16_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(ds->map_) + kHeader);
-      ds->num_tokens_ = count;
-      for (int64_t i = 0; i < count; ++i) {
-        if (ds->u16_[i] >= vocab_size) {
-          return absl::InvalidArgumentError(absl::StrCat(path, ": token ", ds->u16_[i], " at position ", i,
-                                                         " is >= vocab_size ", vocab_size));
-        }
-      }
+      absl::Status parsed = ds->ParseLlmc(path);
+      if (!parsed.ok()) return parsed;
     }
   }
   if (ds->num_tokens_ < int64_t{block_size} + 1) {
@@ -96,13 +71,54 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const DataConfi
   return ds;
 }
 
+absl::Status TokenDataset::ParseLlmc(const std::string& path) {
+  constexpr size_t kHeader = 256 * sizeof(int32_t);
+  if (map_bytes_ < kHeader) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": truncated llm.c header (", map_bytes_, " bytes, need ", kHeader, ")"));
+  }
+  const int32_t* h = static_cast<const int32_t*>(map_);
+  if (h[0] != kLlmcMagic && h[0] != kLlmcLlama3Magic) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": bad magic ", h[0], " (expected ", kLlmcMagic, " or ",
+                                                   kLlmcLlama3Magic, "; not an llm.c token file)"));
+  }
+  const bool wide = h[0] == kLlmcLlama3Magic;
+  const int32_t version = wide ? kLlmcLlama3Version : kLlmcVersion;
+  if (h[1] != version) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": unsupported llm.c version ", h[1], " (expected ", version, " for magic ", h[0], ")"));
+  }
+  const int64_t count = h[2];
+  const size_t width = wide ? sizeof(uint32_t) : sizeof(uint16_t);
+  const size_t need = kHeader + static_cast<size_t>(count) * width;
+  if (count < 0 || map_bytes_ < need) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": truncated: header promises ", count, " tokens (", need,
+                                                   " bytes), file has ", map_bytes_));
+  }
+  const char* tokens = static_cast<const char*>(map_) + kHeader;
+  if (wide) {
+    u32_ = reinterpret_cast<const uint32_t*>(tokens);
+  } else {
+    u16_ = reinterpret_cast<const uint16_t*>(tokens);
+  }
+  num_tokens_ = count;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t t = TokenAt(i);
+    if (t >= vocab_size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": token ", t, " at position ", i, " is >= vocab_size ", vocab_size_));
+    }
+  }
+  return absl::OkStatus();
+}
+
 TokenDataset::~TokenDataset() {
   if (map_) munmap(map_, map_bytes_);
 }
 
 int64_t TokenDataset::TokenAt(int64_t pos) const {
   switch (format_) {
-    case DataFormat::kLlmc: return u16_[pos];
+    case DataFormat::kLlmc: return u16_ ? int64_t{u16_[pos]} : int64_t{u32_[pos]};
     case DataFormat::kText: return u8_[pos];
     case DataFormat::kSynthetic: {
       const uint64_t r = Mix(seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(pos));
@@ -130,17 +146,28 @@ void TokenDataset::Batch(int64_t step, int batch_size, int j0, int count, at::Te
   }
 }
 
-absl::Status WriteLlmcFile(const std::string& path, const std::vector<uint16_t>& tokens) {
+namespace {
+template <typename Token>
+absl::Status WriteLlmc(const std::string& path, const std::vector<Token>& tokens, int32_t magic, int32_t version) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
   int32_t header[256] = {0};
-  header[0] = kLlmcMagic;
-  header[1] = kLlmcVersion;
+  header[0] = magic;
+  header[1] = version;
   header[2] = static_cast<int32_t>(tokens.size());
   out.write(reinterpret_cast<const char*>(header), sizeof(header));
-  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * sizeof(Token)));
   if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
   return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status WriteLlmcFile(const std::string& path, const std::vector<uint16_t>& tokens) {
+  return WriteLlmc(path, tokens, kLlmcMagic, kLlmcVersion);
+}
+
+absl::Status WriteLlmcFile(const std::string& path, const std::vector<uint32_t>& tokens) {
+  return WriteLlmc(path, tokens, kLlmcLlama3Magic, kLlmcLlama3Version);
 }
 
 }  // namespace shardline

@@ -1,9 +1,11 @@
 // TokenDataset: the training tokens of a job, memory-mapped, and the batch
 // order of DESIGN.md's numerics contract.
 //
-// Sources: llm.c `.bin` files (a 256 x int32 header: magic 20240520, version
-// 1, token count; then uint16 tokens), raw text read as bytes (vocab 256),
-// and a synthetic generator (a function of the seed, nothing on disk).
+// Sources: llm.c `.bin` files (a 256 x int32 header: magic, version, token
+// count; then the tokens: GPT-2's magic 20240520 version 1 with uint16
+// tokens, or Llama 3's magic 20240801 version 7 with uint32 tokens, for
+// vocabularies past 65,536), raw text read as bytes (vocab 256), and a
+// synthetic generator (a function of the seed, nothing on disk).
 //
 // Order: with T = block_size, B = batch_size and n = floor((tokens - 1) / T)
 // sequences, global step s uses sequences i = (s*B + j) mod n for j = 0..B-1;
@@ -26,8 +28,10 @@
 
 namespace shardline {
 
-constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcMagic = 20240520;  // uint16 tokens
 constexpr int32_t kLlmcVersion = 1;
+constexpr int32_t kLlmcLlama3Magic = 20240801;  // uint32 tokens
+constexpr int32_t kLlmcLlama3Version = 7;
 
 class TokenDataset {
  public:
@@ -48,6 +52,8 @@ class TokenDataset {
  private:
   TokenDataset() = default;
   int64_t TokenAt(int64_t pos) const;
+  // Validates the mapped llm.c file (header, length, every token < vocab).
+  absl::Status ParseLlmc(const std::string& path);
 
   DataFormat format_ = DataFormat::kSynthetic;
   int block_size_ = 0, vocab_size_ = 0;
@@ -55,11 +61,14 @@ class TokenDataset {
   int64_t num_tokens_ = 0;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
-  const uint16_t* u16_ = nullptr;  // llmc tokens
+  const uint16_t* u16_ = nullptr;  // llmc GPT-2 tokens
+  const uint32_t* u32_ = nullptr;  // llmc Llama 3 tokens
   const uint8_t* u8_ = nullptr;    // text bytes
 };
 
-// Writes an llm.c .bin file (used by tests and the demo's data preparation).
+// Writes an llm.c .bin file (used by tests and the demo's data preparation):
+// GPT-2's format for uint16 tokens, Llama 3's for uint32.
 absl::Status WriteLlmcFile(const std::string& path, const std::vector<uint16_t>& tokens);
+absl::Status WriteLlmcFile(const std::string& path, const std::vector<uint32_t>& tokens);
 
 }  // namespace shardline
