@@ -1,21 +1,14 @@
-// The NCCL backend. The shape (see the header for the contract):
+// The NCCL backend. The shape (see the header for the contract, and
+// nccl_state.h for the state the Works and the watchdog share):
 //
 //   caller thread   Launch: validate, take a sequence number, order the op's
 //                   stream after the compute stream, time the NCCL call with
 //                   two events, register the op's record as outstanding.
-//   watchdog        polls the outstanding records: an end event that
-//                   completed is accounted (stats, observer) and its record
-//                   marked done; a late op, an NCCL async error or a CUDA error
-//                   fails the communicator (State::Fail).
-//   State::Fail     first failure wins: abort the NCCL communicator once,
-//                   fail every outstanding record, tell the observer.
+//   watchdog        State::Watch (nccl_state.h) accounts completed ops and
+//                   fails the communicator on a late op or an error.
 //
-// Records and State are shared with the Works, so a Work never dangles.
-// Locks: NcclCommunicator::launch_mu_ (one launch at a time) is taken first;
-// State's three are never held together: mu_ guards the bookkeeping, comm_mu_
-// the NCCL handle (no NCCL call on it may race ncclCommAbort), notify_mu_ the
-// way to the observer (held while it runs, so its calls never overlap; it may
-// call Stats(), which takes mu_).
+// Locks: NcclCommunicator::launch_mu_ (one launch at a time) is taken first,
+// before any of State's (nccl_state.h says which and how).
 #ifdef SHARDLINE_WITH_CUDA
 
 #include "worker/comm/nccl_communicator.h"
@@ -26,9 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -36,36 +27,21 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/comm/nccl_state.h"
 
 namespace shardline::comm {
 namespace {
 
+using nccl_internal::CudaStatus;
+using nccl_internal::DeviceGuard;
+using nccl_internal::NcclStatus;
+using nccl_internal::OpRecord;
+using nccl_internal::RankPrefix;
+using nccl_internal::State;
+
 // How long a host wait that saw the end event complete gives the watchdog to
 // account the op (it polls every millisecond; this only bounds a stuck one).
 constexpr absl::Duration kAccountGrace = absl::Seconds(1);
-constexpr absl::Duration kPollInterval = absl::Milliseconds(1);
-
-std::string RankPrefix(int rank) { return absl::StrCat("[rank ", rank, "] "); }
-
-// `where` is "[rank N] op #seq" or "[rank N] ...". The failed call's error is
-// cleared from the thread's CUDA state, so that LibTorch's next launch check
-// on this thread does not report it a second time (sticky errors stay).
-absl::Status CudaStatus(const std::string& where, const char* call, cudaError_t e) {
-  (void)cudaGetLastError();  // clearing, not checking: `e` is what we report
-  return absl::InternalError(
-      absl::StrCat(where, ": ", call, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
-}
-
-absl::Status NcclStatus(const std::string& where, const char* call, ncclResult_t r, ncclComm_t comm) {
-  std::string msg = absl::StrCat(where, ": ", call, ": ", ncclGetErrorString(r));
-  const char* last = ncclGetLastError(comm);
-  if (last != nullptr && *last != '\0') absl::StrAppend(&msg, " (", last, ")");
-  switch (r) {
-    case ncclRemoteError:
-    case ncclSystemError: return absl::UnavailableError(msg);
-    default: return absl::InternalError(msg);
-  }
-}
 
 absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType t) {
   switch (t) {
@@ -80,356 +56,6 @@ absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType t) {
     default: return absl::InvalidArgumentError(absl::StrCat("dtype ", at::toString(t), " is not supported by NCCL"));
   }
 }
-
-// Sets the current device for a scope and restores the caller's afterwards.
-class DeviceGuard {
- public:
-  DeviceGuard() = default;
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  ~DeviceGuard() {
-    if (restore_) (void)cudaSetDevice(previous_);  // nothing to report to from here
-  }
-  absl::Status Set(int device, const std::string& where) {
-    if (cudaError_t e = cudaGetDevice(&previous_); e != cudaSuccess) return CudaStatus(where, "cudaGetDevice", e);
-    if (previous_ == device) return absl::OkStatus();
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaStatus(where, "cudaSetDevice", e);
-    restore_ = true;
-    return absl::OkStatus();
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
-
-// One launched collective. The immutable part is set before the record is
-// shared; `phase`, `status` and `stash` are guarded by State::mu.
-struct OpRecord {
-  enum class Phase { kPending, kFinishing, kDone };
-
-  OpRecord(Op op, int64_t seq, int64_t bytes, std::string label)
-      : op(op), seq(seq), bytes(bytes), label(std::move(label)), launched(absl::Now()) {}
-  OpRecord(const OpRecord&) = delete;
-  OpRecord& operator=(const OpRecord&) = delete;
-  ~OpRecord() {
-    // An event may be destroyed while still pending; failures here (a CUDA
-    // context already torn down at exit) leave nothing to clean up.
-    if (start != nullptr) (void)cudaEventDestroy(start);
-    if (end != nullptr) (void)cudaEventDestroy(end);
-  }
-
-  const Op op;
-  const int64_t seq;
-  const int64_t bytes;
-  const std::string label;  // "[rank N] all_gather #7"
-  const absl::Time launched;
-  cudaEvent_t start = nullptr, end = nullptr;  // both recorded once the record is outstanding
-
-  Phase phase = Phase::kPending;     // State::mu
-  absl::Status status;               // State::mu; meaningful once kDone
-  std::vector<at::Tensor> stash;     // State::mu; the op's tensors until it is safe to drop them
-};
-
-// What the communicator shares with its Works and its watchdog.
-class State {
- public:
-  using NotifyFn = std::function<void(Op, int64_t bytes, double seconds, int64_t seq, bool ok)>;
-
-  State(int rank, int size, const NcclOptions& options, ncclComm_t comm)
-      : rank(rank), size(size), device(options.device), compute_stream(options.compute_stream),
-        op_timeout(options.op_timeout), comm_(comm) {}
-
-  const int rank, size, device;
-  const cudaStream_t compute_stream;
-  const absl::Duration op_timeout;
-
-  std::string Label(Op op, int64_t seq) const { return absl::StrCat(RankPrefix(rank), OpName(op), " #", seq); }
-
-  absl::Status status() const {
-    absl::MutexLock lock(&mu_);
-    return failure_;
-  }
-  CommStats Stats() const {
-    absl::MutexLock lock(&mu_);
-    return stats_;
-  }
-  void SetNotify(NotifyFn fn) {
-    absl::MutexLock lock(&notify_mu_);
-    notify_ = std::move(fn);
-  }
-
-  // Runs `fn` with the NCCL handle unless the communicator was aborted or
-  // destroyed (then Aborted). No NCCL call on the handle may race its abort.
-  absl::Status WithComm(const std::string& where, const std::function<absl::Status(ncclComm_t)>& fn) {
-    absl::MutexLock lock(&comm_mu_);
-    if (comm_gone_) return absl::AbortedError(absl::StrCat(where, ": the NCCL communicator was aborted"));
-    return fn(comm_);
-  }
-
-  // Makes `rec` outstanding, or fails it at once when the communicator failed
-  // in the meantime (another thread's Fail may race a launch).
-  void Register(const std::shared_ptr<OpRecord>& rec) {
-    absl::Status prior;
-    {
-      absl::MutexLock lock(&mu_);
-      if (failure_.ok()) {
-        outstanding_.push_back(rec);  // wakes the watchdog (its Await condition)
-        return;
-      }
-      prior = failure_;
-      rec->phase = OpRecord::Phase::kFinishing;
-    }
-    FinishFailed({rec}, absl::Status(prior.code(), absl::StrCat(rec->label, ": failed by an earlier failure: ",
-                                                                prior.message())));
-  }
-
-  // Fails a record that never became outstanding (its launch failed).
-  void FailUnregistered(const std::shared_ptr<OpRecord>& rec, const absl::Status& s) {
-    {
-      absl::MutexLock lock(&mu_);
-      rec->phase = OpRecord::Phase::kFinishing;
-    }
-    FinishFailed({rec}, s);
-  }
-
-  // The first failure of the communicator: recorded as status(), the NCCL
-  // communicator aborted, every outstanding op failed. `culprit` is the
-  // sequence number whose op failed (0: none in particular). Later calls do
-  // nothing. Call without holding any of State's locks.
-  void Fail(const absl::Status& why, int64_t culprit) {
-    std::vector<std::shared_ptr<OpRecord>> failed;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!failure_.ok()) return;
-      failure_ = why;
-      failed.assign(outstanding_.begin(), outstanding_.end());
-      outstanding_.clear();
-      for (auto& rec : failed) rec->phase = OpRecord::Phase::kFinishing;
-    }
-    // Abort before any waiter learns of the failure: once a Wait returns, the
-    // caller may free the op's buffers, so NCCL's kernels must be gone.
-    {
-      absl::MutexLock lock(&comm_mu_);
-      if (!comm_gone_) {
-        comm_gone_ = true;
-        if (ncclResult_t r = ncclCommAbort(comm_); r != ncclSuccess) {
-          std::fprintf(stderr, "%sncclCommAbort: %s\n", RankPrefix(rank).c_str(), ncclGetErrorString(r));
-        }
-      }
-    }
-    for (auto& rec : failed) {
-      absl::Status s = rec->seq == culprit
-                           ? why
-                           : absl::Status(why.code(), absl::StrCat(rec->label, ": failed with the communicator: ",
-                                                                   why.message()));
-      FinishFailed({rec}, s);
-    }
-  }
-
-  // One watchdog pass over the outstanding ops.
-  void Poll() {
-    std::vector<std::shared_ptr<OpRecord>> ops;
-    {
-      absl::MutexLock lock(&mu_);
-      ops.assign(outstanding_.begin(), outstanding_.end());
-    }
-    if (ops.empty()) return;
-    absl::Status failure;
-    int64_t culprit = ops.front()->seq;
-    absl::Status comm = WithComm(ops.front()->label, [&](ncclComm_t c) {
-      ncclResult_t async = ncclSuccess;
-      if (ncclResult_t r = ncclCommGetAsyncError(c, &async); r != ncclSuccess) {
-        return NcclStatus(ops.front()->label, "ncclCommGetAsyncError", r, c);
-      }
-      if (async != ncclSuccess && async != ncclInProgress) {
-        return NcclStatus(ops.front()->label, "NCCL async error", async, c);
-      }
-      return absl::OkStatus();
-    });
-    if (!comm.ok() && !absl::IsAborted(comm)) failure = comm;  // Aborted: someone else's Fail is under way
-
-    std::vector<std::pair<std::shared_ptr<OpRecord>, double>> finished;
-    const absl::Time now = absl::Now();
-    for (const auto& rec : ops) {
-      if (!failure.ok()) break;
-      const cudaError_t q = cudaEventQuery(rec->end);
-      if (q == cudaSuccess) {
-        float ms = 0;
-        if (cudaError_t e = cudaEventElapsedTime(&ms, rec->start, rec->end); e != cudaSuccess) {
-          failure = CudaStatus(rec->label, "cudaEventElapsedTime", e);
-          culprit = rec->seq;
-          break;
-        }
-        finished.emplace_back(rec, ms / 1e3);
-      } else if (q == cudaErrorNotReady) {
-        (void)cudaGetLastError();  // not-ready is not an error; keep the thread's state clean
-        if (now - rec->launched > op_timeout) {
-          failure = absl::DeadlineExceededError(absl::StrCat(
-              rec->label, ": not complete ", absl::FormatDuration(now - rec->launched),
-              " after its launch (op timeout ", absl::FormatDuration(op_timeout),
-              "); the NCCL communicator was aborted"));
-          culprit = rec->seq;
-          break;
-        }
-      } else {
-        failure = CudaStatus(rec->label, "cudaEventQuery", q);
-        culprit = rec->seq;
-        break;
-      }
-    }
-    Complete(finished);
-    if (!failure.ok()) Fail(failure, culprit);
-  }
-
-  // The watchdog's loop: asleep while nothing is outstanding, a pass every
-  // kPollInterval otherwise, one last pass once stopping.
-  void Watch() {
-    DeviceGuard guard;  // for the thread's lifetime: the watchdog works on one device
-    if (absl::Status s = guard.Set(device, RankPrefix(rank) + "watchdog"); !s.ok()) Fail(s, 0);
-    for (;;) {
-      bool stop;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !outstanding_.empty(); };
-        mu_.Await(absl::Condition(&ready));
-        stop = stopping_;
-      }
-      Poll();
-      if (stop) return;
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), kPollInterval);
-    }
-  }
-
-  void Stop() {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-
-  // The oldest op still outstanding (null: none).
-  std::shared_ptr<OpRecord> OldestOutstanding() const {
-    absl::MutexLock lock(&mu_);
-    return outstanding_.empty() ? nullptr : outstanding_.front();
-  }
-
-  // The end of a healthy NCCL communicator: finalize (flushes its work),
-  // polled up to op_timeout, then destroy; aborted instead if that fails.
-  void CloseComm() {
-    absl::MutexLock lock(&comm_mu_);
-    if (comm_gone_) return;
-    comm_gone_ = true;
-    const std::string where = RankPrefix(rank) + "closing the NCCL communicator";
-    ncclResult_t r = ncclCommFinalize(comm_);
-    const absl::Time deadline = absl::Now() + op_timeout;
-    while (r == ncclInProgress && absl::Now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      ncclResult_t state = ncclInProgress;
-      if (ncclResult_t q = ncclCommGetAsyncError(comm_, &state); q != ncclSuccess) {
-        r = q;
-        break;
-      }
-      r = state;
-    }
-    if (r == ncclSuccess) r = ncclCommDestroy(comm_);
-    if (r == ncclSuccess) return;
-    std::fprintf(stderr, "%s: %s; aborting it\n", where.c_str(), ncclGetErrorString(r));
-    if (ncclResult_t a = ncclCommAbort(comm_); a != ncclSuccess) {
-      std::fprintf(stderr, "%s: ncclCommAbort: %s\n", where.c_str(), ncclGetErrorString(a));
-    }
-  }
-
-  // Waits up to `timeout` for `rec` to be done; true if it is.
-  bool AwaitDone(const OpRecord& rec, absl::Duration timeout) const {
-    absl::MutexLock lock(&mu_);
-    auto done = [&rec]() { return rec.phase == OpRecord::Phase::kDone; };
-    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
-  }
-  absl::Status DoneStatus(const OpRecord& rec) const {
-    absl::MutexLock lock(&mu_);
-    return rec.status;
-  }
-  bool Done(const OpRecord& rec) const {
-    absl::MutexLock lock(&mu_);
-    return rec.phase == OpRecord::Phase::kDone;
-  }
-  // Drops the op's tensors (outside the lock: the allocator runs there).
-  void Unstash(OpRecord& rec) {
-    std::vector<at::Tensor> drop;  // destroyed after `lock` releases mu_
-    absl::MutexLock lock(&mu_);
-    drop.swap(rec.stash);
-  }
-
- private:
-  void Tell(Op op, int64_t bytes, double seconds, int64_t seq, bool ok) {
-    absl::MutexLock lock(&notify_mu_);
-    if (notify_) notify_(op, bytes, seconds, seq, ok);
-  }
-
-  // Records in kFinishing: tell the observer, then mark them done (so a wait
-  // returns only after the observer heard of the op).
-  void FinishFailed(const std::vector<std::shared_ptr<OpRecord>>& recs, const absl::Status& s) {
-    for (const auto& rec : recs) {
-      Tell(rec->op, 0, absl::ToDoubleSeconds(absl::Now() - rec->launched), rec->seq, false);
-    }
-    std::vector<at::Tensor> drop;  // destroyed after `lock` releases mu_
-    absl::MutexLock lock(&mu_);
-    for (const auto& rec : recs) {
-      rec->phase = OpRecord::Phase::kDone;
-      rec->status = s;
-      for (auto& t : rec->stash) drop.push_back(std::move(t));
-      rec->stash.clear();
-    }
-  }
-
-  // Accounts ops whose end event completed, at completion.
-  void Complete(const std::vector<std::pair<std::shared_ptr<OpRecord>, double>>& finished) {
-    if (finished.empty()) return;
-    std::vector<std::pair<std::shared_ptr<OpRecord>, double>> mine;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const auto& [rec, seconds] : finished) {
-        if (rec->phase != OpRecord::Phase::kPending) continue;  // a Fail got there first
-        rec->phase = OpRecord::Phase::kFinishing;
-        outstanding_.erase(std::find(outstanding_.begin(), outstanding_.end(), rec));
-        OpStats& s = stats_.ops[static_cast<int>(rec->op)];
-        s.calls += 1;
-        s.bytes_sent += rec->bytes;
-        s.seconds += seconds;
-        completed_ahead_.insert(rec->seq);
-        while (!completed_ahead_.empty() && *completed_ahead_.begin() == stats_.last_completed_seq + 1) {
-          stats_.last_completed_seq += 1;
-          completed_ahead_.erase(completed_ahead_.begin());
-        }
-        mine.emplace_back(rec, seconds);
-      }
-    }
-    for (const auto& [rec, seconds] : mine) Tell(rec->op, rec->bytes, seconds, rec->seq, true);
-    std::vector<at::Tensor> drop;  // destroyed after `lock` releases mu_
-    absl::MutexLock lock(&mu_);
-    for (const auto& entry : mine) {
-      OpRecord& rec = *entry.first;
-      rec.phase = OpRecord::Phase::kDone;
-      rec.status = absl::OkStatus();
-      for (auto& t : rec.stash) drop.push_back(std::move(t));
-      rec.stash.clear();
-    }
-  }
-
-  mutable absl::Mutex mu_;
-  std::deque<std::shared_ptr<OpRecord>> outstanding_ ABSL_GUARDED_BY(mu_);  // in sequence order
-  std::set<int64_t> completed_ahead_ ABSL_GUARDED_BY(mu_);  // completed beyond last_completed_seq
-  CommStats stats_ ABSL_GUARDED_BY(mu_);
-  absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-
-  absl::Mutex comm_mu_;
-  ncclComm_t comm_ ABSL_GUARDED_BY(comm_mu_);
-  bool comm_gone_ ABSL_GUARDED_BY(comm_mu_) = false;  // aborted or destroyed: never touch comm_ again
-
-  absl::Mutex notify_mu_;
-  NotifyFn notify_ ABSL_GUARDED_BY(notify_mu_);
-};
 
 // A call that never launched (bad arguments, or the communicator had failed).
 class FailedWork : public Work {
