@@ -18,6 +18,9 @@ fi
 mkdir -p "$prefix"
 for f in .gpu-debs/*.deb; do dpkg-deb -x "$f" "$prefix"; done
 lib="$prefix/usr/lib/x86_64-linux-gnu"
+# The .pc files say prefix=/usr; pkgconf's --define-prefix would guess two
+# folders up from lib/x86_64-linux-gnu/pkgconfig, one short. Say it plainly.
+sed -i "s|^prefix=/usr\$|prefix=$prefix/usr|" "$lib"/pkgconfig/*.pc "$prefix"/usr/share/pkgconfig/*.pc 2>/dev/null || true
 export PATH="$prefix/usr/bin:$PATH"
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PKG_CONFIG_PATH="$lib/pkgconfig:$prefix/usr/share/pkgconfig"
@@ -29,7 +32,7 @@ t0=$(date +%s)
 # what the machine lacks (toml++, CLI11, gloo) and never shadow its libc.
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDLINE_PYTHON="$python" \
   -DCMAKE_PREFIX_PATH="$prefix/usr;$lib/cmake" -DOPENSSL_ROOT_DIR="$prefix/usr" \
-  -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf" -DPKG_CONFIG_ARGN=--define-prefix \
+  -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf" \
   -DCMAKE_CXX_FLAGS="-idirafter $prefix/usr/include" >/dev/null
 cmake --build build-gpu -j"$(nproc)"
 t1=$(date +%s)
