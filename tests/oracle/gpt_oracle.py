@@ -18,12 +18,9 @@ from safetensors.torch import load_file
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import harness  # noqa: E402
 from nanogpt import model_from, train_reference  # noqa: E402
+from step0 import check_step0  # noqa: E402
 
 torch.set_num_threads(1)
-
-
-def rel(a, b):
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
 
 
 def main():
@@ -39,17 +36,7 @@ def main():
         m = cfg["model"]
         model = model_from(dump, m)
         logits, loss = model(dump["batch.inputs"], dump["batch.targets"])
-        loss.backward()
-        e_logits = rel(dump["logits"], logits.detach())
-        checks.check(e_logits < 1e-5, f"logits{tag}", f"max rel error {e_logits:.2e}")
-        e_loss = abs(float(dump["loss"][0]) - loss.item()) / loss.item()
-        checks.check(e_loss < 1e-6, f"loss{tag}", f"rel error {e_loss:.2e} ({loss.item():.6f})")
-        worst, worst_name = 0.0, ""
-        for name, p in model.named_parameters():
-            e = rel(dump["grad." + name], p.grad)
-            if e > worst:
-                worst, worst_name = e, name
-        checks.check(worst < 1e-4, f"every gradient{tag}", f"max rel error {worst:.2e} ({worst_name})")
+        check_step0(checks, dump, model, logits, loss, f"step 0{tag}: ")
 
     # Ten steps of training against torch.optim.AdamW.
     ref, torch_losses = train_reference(dump, cfg)

@@ -26,6 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import harness  # noqa: E402
 from nanogpt import train_reference  # noqa: E402
+from step0 import check_step0  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -63,10 +64,6 @@ def hf_loss(model, x, y):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
 
 
-def rel(a, b):
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
-
-
 def main():
     checks = harness.Checks()
     for name in harness.LLAMA_MODELS:
@@ -85,18 +82,8 @@ def main():
         checks.check(sorted(missing) == expected_missing and not unexpected,
                      f"{name}: every engine tensor is a transformers tensor", f"missing {missing} unexpected {unexpected}")
         logits = model(input_ids=dump["batch.inputs"]).logits
-        e = rel(dump["logits"], logits.detach())
-        checks.check(e < 1e-5, f"{name}: logits", f"max rel error {e:.2e}")
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), dump["batch.targets"].reshape(-1))
-        loss.backward()
-        e = abs(float(dump["loss"][0]) - loss.item()) / loss.item()
-        checks.check(e < 1e-6, f"{name}: loss", f"rel error {e:.2e} ({loss.item():.6f})")
-        worst, worst_name = 0.0, ""
-        for pname, p in model.named_parameters():
-            e = rel(dump["grad." + pname], p.grad)
-            if e > worst:
-                worst, worst_name = e, pname
-        checks.check(worst < 1e-4, f"{name}: every gradient", f"max rel error {worst:.2e} ({worst_name})")
+        check_step0(checks, dump, model, logits, loss, f"{name}: ")
 
         # The reference starts from the dump's weights, not its own init.
         fresh = hf_model(name, m)
