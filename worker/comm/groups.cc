@@ -29,15 +29,6 @@ absl::StatusOr<Backend> ParseBackend(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("backend '", name, "': expected auto, gloo or nccl"));
 }
 
-const char* BackendName(Backend b) {
-  switch (b) {
-    case Backend::kAuto: return "auto";
-    case Backend::kGloo: return "gloo";
-    case Backend::kNccl: return "nccl";
-  }
-  return "?";
-}
-
 absl::StatusOr<Backend> ResolveBackend(Backend requested, const Device& device) {
   if (requested == Backend::kAuto) return device.is_cuda() ? Backend::kNccl : Backend::kGloo;
   if (requested == Backend::kNccl && !device.is_cuda()) {

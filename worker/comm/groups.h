@@ -46,7 +46,6 @@ struct Communicators {
 // that); kNccl needs a CUDA device.
 enum class Backend { kAuto, kGloo, kNccl };
 absl::StatusOr<Backend> ParseBackend(const std::string& name);
-const char* BackendName(Backend b);
 // The backend that runs for `requested` on `device`, or why none can.
 absl::StatusOr<Backend> ResolveBackend(Backend requested, const Device& device);
 

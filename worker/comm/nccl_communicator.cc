@@ -429,15 +429,6 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace
 
-bool CudaDeviceAvailable() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // "no device" is the answer, not an error to keep
-    return false;
-  }
-  return n > 0;
-}
-
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const std::string& group_name, int rank, int size,
     const NcclOptions& options) {

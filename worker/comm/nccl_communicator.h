@@ -95,7 +95,5 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const std::string& group_name, int rank, int size,
     const NcclOptions& options);
 
-// True where a CUDA device is visible (tests labelled gpu skip otherwise).
-bool CudaDeviceAvailable();
 
 }  // namespace shardline::comm

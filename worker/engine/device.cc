@@ -18,15 +18,6 @@
 
 namespace shardline {
 
-const char* StreamRoleName(StreamRole role) {
-  switch (role) {
-    case StreamRole::kCompute: return "compute";
-    case StreamRole::kAllGather: return "all_gather";
-    case StreamRole::kReduceScatter: return "reduce_scatter";
-  }
-  return "?";
-}
-
 int CudaDeviceCount() {
 #ifdef SHARDLINE_WITH_CUDA
   // device_count_ensure_non_zero would throw; device_count() reports 0 where

@@ -33,7 +33,6 @@ namespace shardline {
 
 enum class StreamRole { kCompute = 0, kAllGather, kReduceScatter };
 constexpr int kNumStreamRoles = 3;
-const char* StreamRoleName(StreamRole role);
 
 // Bytes of tensor memory: what live tensors hold (allocated), what the
 // allocator keeps from the system (reserved; equals allocated on CPU), and

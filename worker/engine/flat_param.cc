@@ -15,15 +15,6 @@ const char* MemKindName(MemKind k) {
   return "?";
 }
 
-const char* UnshardStateName(UnshardState s) {
-  switch (s) {
-    case UnshardState::kSharded: return "sharded";
-    case UnshardState::kGathering: return "gathering";
-    case UnshardState::kUnsharded: return "unsharded";
-  }
-  return "?";
-}
-
 void MemoryLedger::Add(MemKind k, int64_t bytes) {
   const int i = static_cast<int>(k);
   current_[i] += bytes;

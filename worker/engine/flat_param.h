@@ -73,7 +73,6 @@ class MemoryLedger {
 };
 
 enum class UnshardState { kSharded, kGathering, kUnsharded };
-const char* UnshardStateName(UnshardState s);
 
 struct FlatParamOptions {
   at::ScalarType param_dtype = at::kFloat;

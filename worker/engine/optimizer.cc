@@ -51,20 +51,25 @@ void UpdateRange(const AdamWStep& s, float scale, bool decay, int64_t begin, int
   }
 }
 
-template <typename G>
-void UpdateShard(const AdamWStep& s, float scale, const std::vector<DecayRange>& decay, float* p, float* m,
-                 float* v, const G* g, int64_t n) {
-  // Walk the shard as alternating no-decay / decay runs.
-  auto run = [&](int64_t b, int64_t e, bool d) {
-    at::parallel_for(b, e, 1 << 15, [&](int64_t lo, int64_t hi) { UpdateRange(s, scale, d, lo, hi, p, m, v, g); });
-  };
+// Calls run(begin, end, decay) for each non-empty run of a shard of `n`
+// elements, alternating between no-decay and decay ranges in order.
+template <typename Run>
+void ForEachDecayRun(const std::vector<DecayRange>& decay, int64_t n, Run run) {
   int64_t pos = 0;
   for (const DecayRange& r : decay) {
     if (r.begin > pos) run(pos, r.begin, false);
-    run(r.begin, r.end, true);
+    if (r.end > r.begin) run(r.begin, r.end, true);
     pos = r.end;
   }
   if (pos < n) run(pos, n, false);
+}
+
+template <typename G>
+void UpdateShard(const AdamWStep& s, float scale, const std::vector<DecayRange>& decay, float* p, float* m,
+                 float* v, const G* g, int64_t n) {
+  ForEachDecayRun(decay, n, [&](int64_t b, int64_t e, bool d) {
+    at::parallel_for(b, e, 1 << 15, [&](int64_t lo, int64_t hi) { UpdateRange(s, scale, d, lo, hi, p, m, v, g); });
+  });
 }
 
 // The device path: the shard is cut into its decay and no-decay runs and
@@ -74,22 +79,14 @@ void FusedUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::T
   at::Tensor g = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
   g.mul_(clip_coef);
   std::vector<at::Tensor> params[2], grads[2], ms[2], vs[2], steps[2];
-  auto add = [&](int64_t b, int64_t e, bool d) {
-    if (e <= b) return;
+  ForEachDecayRun(decay, param.numel(), [&](int64_t b, int64_t e, bool d) {
     params[d].push_back(param.narrow(0, b, e - b));
     grads[d].push_back(g.narrow(0, b, e - b));
     ms[d].push_back(exp_avg.narrow(0, b, e - b));
     vs[d].push_back(exp_avg_sq.narrow(0, b, e - b));
     // The kernel reads the step count (torch increments it before the call).
     steps[d].push_back(at::full({}, static_cast<double>(s.step), param.options()));
-  };
-  int64_t pos = 0;
-  for (const DecayRange& r : decay) {
-    add(pos, r.begin, false);
-    add(r.begin, r.end, true);
-    pos = r.end;
-  }
-  add(pos, param.numel(), false);
+  });
   for (int d = 0; d < 2; ++d) {
     if (params[d].empty()) continue;
     at::_fused_adamw_(params[d], grads[d], ms[d], vs[d], /*max_exp_avg_sqs=*/{}, steps[d], s.lr, s.beta1, s.beta2,
