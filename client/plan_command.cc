@@ -1,5 +1,6 @@
 #include "client/plan_command.h"
 
+#include <filesystem>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -36,7 +37,9 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
   in.cluster.workers = 8;
   if (!f.job_file.empty()) {
     SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.job_file, "job file"));
-    SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(text, f.job_file));
+    std::error_code ec;
+    const std::string base = std::filesystem::absolute(f.job_file, ec).parent_path().string();
+    SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(text, f.job_file, base));
     in.model = config.model;
     in.batch_size = config.train.batch_size;
     in.micro_batch_size = config.train.micro_batch_size;

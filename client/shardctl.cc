@@ -97,7 +97,7 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int 
   req.set_source(path);
   req.set_base_dir(base);
   if (!local_check) return req;
-  SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobConfig(text, path));
+  SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobSpec(text, path, base));
   const int w = workers > 0 ? workers : cfg.workers;
   SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, path));
   SL_RETURN_IF_ERROR(CheckJobFiles(cfg, base, path));
@@ -133,7 +133,7 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareResume(const Client& c, const std::s
       return absl::InternalError(absl::StrCat("job ", id, ": its spec does not parse: ", e.what()));
     }
   }
-  SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobConfig(spec, id));
+  SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobSpec(spec, id, old.base_dir()));
   const int w = workers > 0 ? workers : old.workers();
   SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, absl::StrCat("resume of ", id)));
   v1::SubmitJobRequest req;

@@ -75,6 +75,7 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
                        {"rope_low_freq_factor", l.rope_low_freq_factor},
                        {"rope_high_freq_factor", l.rope_high_freq_factor},
                        {"rope_original_max_position", l.rope_original_max_position}});
+    if (l.max_position_embeddings > 0) j["model"]["max_position_embeddings"] = l.max_position_embeddings;
   }
   j["strategy"] = m.strategy;
   j["world_size"] = m.world_size;
@@ -139,6 +140,7 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
       l.rope_low_freq_factor = mo.at("rope_low_freq_factor").get<double>();
       l.rope_high_freq_factor = mo.at("rope_high_freq_factor").get<double>();
       l.rope_original_max_position = mo.at("rope_original_max_position").get<int>();
+      l.max_position_embeddings = mo.value("max_position_embeddings", 0);
     }
     m.strategy = j.at("strategy").get<std::string>();
     m.world_size = j.at("world_size").get<int>();

@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/hf_config.h"
+#include "common/weight_source.h"
 #define TOML_EXCEPTIONS 1
 #include <toml++/toml.h>
 
@@ -134,6 +136,15 @@ class TableReader {
     (*out)[1] = *(*a)[1].value<double>();
   }
 
+  // Every key the table holds (after Finish, all of them were read).
+  std::set<std::string> Present() const {
+    std::set<std::string> keys;
+    if (table_) {
+      for (const auto& [k, v] : *table_) keys.insert(std::string(k.str()));
+    }
+    return keys;
+  }
+
   absl::Status Finish() {
     if (status_.ok() && table_) {
       for (const auto& [k, v] : *table_) {
@@ -213,6 +224,8 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   model.Int("rope_original_max_position", &c.model.rope_original_max_position);
   model.Int("block_size", &c.model.block_size);
   model.String("init_from", &c.model.init_from);
+  model.String("hf_dir", &c.model.hf_dir);
+  c.model.explicit_keys = model.Present();
   TableReader data(table("data"), "data", src);
   data.Enum<DataFormat>("format", &c.data.format, ParseDataFormat);
   data.String("path", &c.data.path);
@@ -273,12 +286,13 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   return c;
 }
 
-absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open job file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseJobConfig(ss.str(), path);
+absl::StatusOr<JobConfig> ParseJobSpec(const std::string& toml_text, const std::string& source,
+                                       const std::string& base_dir) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(toml_text, source);
+  if (!c.ok()) return c;
+  absl::Status s = ApplyHfConfig(*c, base_dir, source);
+  if (!s.ok()) return s;
+  return c;
 }
 
 bool IsFinalJobState(const std::string& s) { return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED"; }
@@ -299,7 +313,18 @@ absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, cons
     absl::Status s = missing("[data] path", c.data.path);
     if (!s.ok()) return s;
   }
-  if (!c.model.init_from.empty()) return missing("[model] init_from", c.model.init_from);
+  if (!c.model.init_from.empty()) {
+    absl::Status s = missing("[model] init_from", c.model.init_from);
+    if (!s.ok()) return s;
+  }
+  if (c.model.init_from.empty() && c.model.hf_dir.empty()) return absl::OkStatus();
+  ModelConfig m = c.model;
+  m.init_from = ResolveJobPath(base_dir, m.init_from);
+  m.hf_dir = ResolveJobPath(base_dir, m.hf_dir);
+  absl::StatusOr<std::unique_ptr<WeightSource>> w = WeightSource::Open(m);
+  if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(source, ": ", w.status().message()));
+  absl::Status s = (*w)->Check();
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -38,7 +39,11 @@ struct ModelConfig {
   std::string family = "gpt2";
   int n_layer = 6, n_head = 8, n_embd = 512;
   int vocab_size = 16384, block_size = 256;
-  std::string init_from;
+  std::string init_from;  // a safetensors file of the engine's names (nanoGPT export)
+  std::string hf_dir;     // a transformers save_pretrained directory (common/hf_config.h)
+  // The [model] keys the job file set (so that config.json can fill the rest
+  // and refuse a contradiction); not part of the model's identity.
+  std::set<std::string> explicit_keys;
   // llama only.
   int n_kv_head = 0;            // key/value heads (GQA); 0 = n_head
   int intermediate_size = 0;    // SwiGLU width; required for llama
@@ -51,6 +56,7 @@ struct ModelConfig {
   std::string rope_scaling = "none";  // none | llama3
   double rope_scaling_factor = 8.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
   int rope_original_max_position = 8192;
+  int max_position_embeddings = 0;  // from config.json (0: block_size); what an HF export declares
   bool is_llama() const { return family == "llama"; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_dim() const { return head_dim_override > 0 ? head_dim_override : n_embd / n_head; }
@@ -111,7 +117,12 @@ struct JobConfig {
 
 // Parses TOML text; `source` names the file in error messages.
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source);
-absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+
+// ParseJobConfig, then [model] hf_dir resolved against `base_dir` and its
+// config.json applied (ApplyHfConfig): what every program that runs or plans
+// a job uses, so that all of them see the same model.
+absl::StatusOr<JobConfig> ParseJobSpec(const std::string& toml_text, const std::string& source,
+                                       const std::string& base_dir);
 
 // Checks the values that only make sense together, for a world of `world_size`
 // ranks (n_embd % n_head, batch divisibility, shard group size, ...).
@@ -124,8 +135,9 @@ bool IsFinalJobState(const std::string& state);
 // see it: relative paths resolve against `base_dir`, the job file's folder.
 std::string ResolveJobPath(const std::string& base_dir, const std::string& path);
 
-// The files the job reads exist: [data] path (unless synthetic) and
-// [model] init_from; NotFound names the key and the resolved path.
+// The files the job reads exist: [data] path (unless synthetic), and the
+// weights of [model] init_from or hf_dir hold every parameter of the model
+// with its shape (headers only are read). Errors name the key and the file.
 absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, const std::string& source);
 
 // The shard group size G actually used: world for ZeRO strategies, 1 for

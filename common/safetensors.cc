@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -17,15 +19,87 @@
 
 namespace shardline {
 
+int SafetensorsElementBytes(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "BF16" || dtype == "F16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2") return 1;
+  return 0;
+}
+
+int64_t SafetensorsReader::Entry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+float Bf16BitsToFloat(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float F16BitsToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float f;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24
+    f = std::ldexp(static_cast<float>(mant), -24);
+    if (sign) f = -f;
+    return f;
+  }
+  const uint32_t u = sign | (exp == 31 ? (0xffu << 23) | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Checks one header entry against the data section; errors name the tensor.
+absl::Status CheckEntry(const std::string& path, const std::string& name, const SafetensorsReader::Entry& e,
+                        int64_t data_bytes) {
+  if (e.begin < 0 || e.end < e.begin || e.end > data_bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " lies outside the file"));
+  }
+  // The element count is checked as it grows, so that it cannot overflow.
+  int64_t numel = 1;
+  for (int64_t d : e.shape) {
+    if (d < 0 || (d > 0 && numel > (int64_t{1} << 56) / d)) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " has a bad shape"));
+    }
+    numel *= d;
+  }
+  const int bytes = SafetensorsElementBytes(e.dtype);
+  if (bytes != 0 && numel * bytes != e.end - e.begin) {
+    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " holds ", e.end - e.begin,
+                                            " bytes, its shape and dtype need ", numel * bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint16_t FloatToBf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
 absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path) {
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
   r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (r->fd_ < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   struct stat st;
-  fstat(r->fd_, &st);
+  if (fstat(r->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
   uint64_t len = 0;
-  if (st.st_size < 8 || ::pread(r->fd_, &len, 8, 0) != 8 || len > static_cast<uint64_t>(st.st_size) - 8) {
+  if (st.st_size < 8 || ::pread(r->fd_, &len, 8, 0) != 8 || len > static_cast<uint64_t>(st.st_size) - 8 ||
+      len > (uint64_t{100} << 20)) {
     return absl::DataLossError(absl::StrCat(path, ": not a safetensors file (bad header length)"));
   }
   std::string header(len, '\0');
@@ -46,13 +120,24 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
       e.shape = v.at("shape").get<std::vector<int64_t>>();
       e.begin = v.at("data_offsets").at(0).get<int64_t>();
       e.end = v.at("data_offsets").at(1).get<int64_t>();
-      if (e.begin < 0 || e.end < e.begin || e.end > data_bytes) {
-        return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " lies outside the file"));
-      }
+      absl::Status s = CheckEntry(path, name, e, data_bytes);
+      if (!s.ok()) return s;
       r->entries_[name] = std::move(e);
     }
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat(path, ": malformed safetensors header: ", e.what()));
+  }
+  // Two tensors sharing bytes would alias each other's values.
+  std::vector<std::pair<int64_t, const std::string*>> starts;
+  for (const auto& [name, e] : r->entries_) {
+    if (e.end > e.begin) starts.push_back({e.begin, &name});
+  }
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i) {
+    if (r->entries_.at(*starts[i - 1].second).end > starts[i].first) {
+      return absl::DataLossError(absl::StrCat(path, ": tensors ", *starts[i - 1].second, " and ", *starts[i].second,
+                                              " overlap"));
+    }
   }
   return r;
 }
@@ -65,13 +150,19 @@ absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t firs
   auto it = entries_.find(name);
   if (it == entries_.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", name));
   const Entry& e = it->second;
-  if (e.dtype != "F32") return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor ", name, " is ", e.dtype));
-  if (first < 0 || count < 0 || (first + count) * 4 > e.end - e.begin) {
+  if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": tensor ", name, " is ", e.dtype, " (expected F32, BF16 or F16)"));
+  }
+  const int size = SafetensorsElementBytes(e.dtype);
+  if (first < 0 || count < 0 || first + count > e.numel()) {
     return absl::OutOfRangeError(absl::StrCat(path_, ": tensor ", name, " has no elements [", first, ", ",
                                               first + count, ")"));
   }
-  char* out = reinterpret_cast<char*>(dst);
-  int64_t left = count * 4, at = data_start_ + e.begin + first * 4;
+  // 16-bit values are read into the upper half of dst and widened in place,
+  // front to back (element i's source bytes lie at or after its result's).
+  char* out = reinterpret_cast<char*>(dst) + (size == 2 ? count * 2 : 0);
+  int64_t left = count * size, at = data_start_ + e.begin + first * size;
   while (left > 0) {
     const ssize_t n = ::pread(fd_, out, left, at);
     if (n <= 0) return absl::DataLossError(absl::StrCat(path_, ": short read of ", name));
@@ -79,21 +170,35 @@ absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t firs
     at += n;
     left -= n;
   }
+  if (size == 2) {
+    const char* src = reinterpret_cast<const char*>(dst) + count * 2;
+    const bool bf16 = e.dtype == "BF16";
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t b;
+      std::memcpy(&b, src + 2 * i, 2);
+      dst[i] = bf16 ? Bf16BitsToFloat(b) : F16BitsToFloat(b);
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::Create(
-    const std::string& path, const std::vector<Decl>& tensors) {
+    const std::string& path, const std::vector<Decl>& tensors, StoredDType dtype) {
   std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter());
   w->path_ = path;
   w->tmp_ = path + ".tmp";
+  w->dtype_ = dtype;
+  const int size = dtype == StoredDType::kF32 ? 4 : 2;
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = {{"format", "pt"}};
   int64_t offset = 0;
   for (const Decl& d : tensors) {
     int64_t n = 1;
     for (int64_t x : d.shape) n *= x;
-    header[d.name] = {{"dtype", "F32"}, {"shape", d.shape}, {"data_offsets", {offset, offset + 4 * n}}};
-    offset += 4 * n;
+    header[d.name] = {{"dtype", dtype == StoredDType::kF32 ? "F32" : "BF16"},
+                      {"shape", d.shape},
+                      {"data_offsets", {offset, offset + size * n}}};
+    offset += size * n;
   }
   w->expected_bytes_ = offset;
   std::string text = header.dump();
@@ -113,11 +218,21 @@ SafetensorsStreamWriter::~SafetensorsStreamWriter() {
 }
 
 absl::Status SafetensorsStreamWriter::Append(const float* data, int64_t count) {
-  const int64_t bytes = count * 4;
+  const int64_t bytes = count * (dtype_ == StoredDType::kF32 ? 4 : 2);
   if (written_bytes_ + bytes > expected_bytes_) {
     return absl::InternalError(absl::StrCat(path_, ": more data than the header declares"));
   }
-  absl::Status s = WriteFully(fd_, data, static_cast<size_t>(bytes), path_);
+  absl::Status s;
+  if (dtype_ == StoredDType::kF32) {
+    s = WriteFully(fd_, data, static_cast<size_t>(bytes), path_);
+  } else {
+    std::vector<uint16_t> half(static_cast<size_t>(std::min<int64_t>(count, 1 << 20)));
+    for (int64_t done = 0; done < count && s.ok(); done += static_cast<int64_t>(half.size())) {
+      const int64_t n = std::min<int64_t>(count - done, static_cast<int64_t>(half.size()));
+      for (int64_t i = 0; i < n; ++i) half[i] = FloatToBf16Bits(data[done + i]);
+      s = WriteFully(fd_, half.data(), static_cast<size_t>(n * 2), path_);
+    }
+  }
   if (s.ok()) written_bytes_ += bytes;
   return s;
 }

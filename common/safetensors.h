@@ -4,6 +4,9 @@
 //
 // Format: 8-byte little-endian header length, a JSON header of name ->
 // {dtype, shape, data_offsets} (and optional "__metadata__"), then the bytes.
+// Floating-point data crosses this API as fp32: F32, BF16 and F16 tensors are
+// read (converted exactly), F32 or BF16 written (rounded to nearest even, as
+// torch casts).
 #pragma once
 
 #include <cstdint>
@@ -24,13 +27,18 @@ class SafetensorsReader {
     std::string dtype;
     std::vector<int64_t> shape;
     int64_t begin = 0, end = 0;  // byte offsets into the data section
+    int64_t numel() const;
   };
+  // Reads and checks the header: every tensor lies inside the file, holds
+  // exactly shape x element size bytes (for the dtypes it knows), and no two
+  // tensors overlap. Errors name the file and the tensor.
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
   ~SafetensorsReader();
   const std::string& path() const { return path_; }
   const std::map<std::string, Entry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  // Elements [first, first + count) of the F32 tensor `name` into dst.
+  // Elements [first, first + count) of the F32, BF16 or F16 tensor `name`
+  // into dst as fp32.
   absl::Status ReadFloats(const std::string& name, int64_t first, int64_t count, float* dst) const;
 
  private:
@@ -42,9 +50,12 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes F32 tensors declared up front, then appended in declaration order,
-// to "<path>.tmp"; Finish() fsyncs and renames it to `path`. Until then no
-// file exists at `path`; a writer destroyed unfinished removes its temp file.
+// Writes tensors of one dtype (F32 or BF16), declared up front and then
+// appended in declaration order, to "<path>.tmp"; Finish() fsyncs and renames
+// it to `path`. Until then no file exists at `path`; a writer destroyed
+// unfinished removes its temp file. The header's metadata says
+// {"format": "pt"}, which transformers requires.
+enum class StoredDType { kF32, kBF16 };
 class SafetensorsStreamWriter {
  public:
   struct Decl {
@@ -52,9 +63,11 @@ class SafetensorsStreamWriter {
     std::vector<int64_t> shape;
   };
   static absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> Create(const std::string& path,
-                                                                         const std::vector<Decl>& tensors);
+                                                                         const std::vector<Decl>& tensors,
+                                                                         StoredDType dtype = StoredDType::kF32);
   ~SafetensorsStreamWriter();
-  // Appends (part of) the next tensor's data; a tensor may come in pieces.
+  // Appends (part of) the next tensor's data, converted to the file's dtype;
+  // a tensor may come in pieces.
   absl::Status Append(const float* data, int64_t count);
   absl::Status Finish();
 
@@ -62,9 +75,17 @@ class SafetensorsStreamWriter {
   SafetensorsStreamWriter() = default;
   std::string path_, tmp_;
   int fd_ = -1;
+  StoredDType dtype_ = StoredDType::kF32;
   int64_t expected_bytes_ = 0, written_bytes_ = 0;
   bool finished_ = false;
 };
+
+// The size in bytes of one element of a safetensors dtype ("F32" -> 4), or 0
+// for a name this reader does not know.
+int SafetensorsElementBytes(const std::string& dtype);
+
+// fp32 -> bf16 bits, rounding to nearest even (NaN stays NaN), as torch casts.
+uint16_t FloatToBf16Bits(float f);
 
 // Hex SHA-256 of a whole file, read in 4 MiB pieces.
 absl::StatusOr<std::string> Sha256OfFile(const std::string& path);

@@ -27,7 +27,7 @@ absl::Status CoordinatorCore::Recover() {
   for (StoredJob& s : *jobs) {
     JobRecord r;
     r.stored = std::move(s);
-    auto cfg = ParseJobConfig(r.stored.spec_toml, r.stored.job.name());
+    auto cfg = ParseJobSpec(r.stored.spec_toml, r.stored.job.name(), r.stored.base_dir);
     if (cfg.ok()) r.config = *cfg;
     const std::string id = r.stored.job.id();
     int n = 0;
@@ -306,7 +306,7 @@ void CoordinatorCore::Tick(absl::Time now) {
 
 absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobRequest& req, int* workers) const {
   const std::string source = req.source().empty() ? "job" : req.source();
-  auto cfg = ParseJobConfig(req.spec_toml(), source);
+  auto cfg = ParseJobSpec(req.spec_toml(), source, req.base_dir());
   if (!cfg.ok()) return cfg.status();
   *workers = req.workers() > 0 ? req.workers() : cfg->workers;
   absl::Status s = ValidateJobConfig(*cfg, *workers, source);

@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/checkpoint_manifest.h"
+#include "common/file_util.h"
 #include "common/model_shapes.h"
 #include "worker/comm/groups.h"
 #include "worker/checkpoint/checkpoint.h"
@@ -138,7 +139,9 @@ absl::Status SaveCheckpoint(const Engine& e, const JobConfig& c, const Flags& f,
 }
 
 absl::Status Run(const Flags& f) {
-  SL_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(f.config));
+  SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.config, "job file"));
+  // Paths in the job file are taken as given (relative to the working directory).
+  SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(text, f.config, ""));
   if (f.steps > 0) config.train.steps = f.steps;
   SL_RETURN_IF_ERROR(ValidateJobConfig(config, f.world, f.config));
   at::set_num_threads(f.threads);

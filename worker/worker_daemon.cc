@@ -218,7 +218,7 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
 }
 
 absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
-  SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(a.spec_toml(), a.job_id()));
+  SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(a.spec_toml(), a.job_id(), a.base_dir()));
   config.data.path = ResolveJobPath(a.base_dir(), config.data.path);
   config.model.init_from = ResolveJobPath(a.base_dir(), config.model.init_from);
   SL_RETURN_IF_ERROR(ValidateJobConfig(config, a.world_size(), a.job_id()));

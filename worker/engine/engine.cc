@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/model_shapes.h"
-#include "common/safetensors.h"
+#include "common/weight_source.h"
 #include "worker/engine/tensor_memory.h"
 #include "common/status_macros.h"
 
@@ -18,29 +18,6 @@ struct Engine::UnitActivation {
   at::Tensor leaf;    // the grad-requiring copy of input the graph starts at
   at::Tensor output;  // the unit's output with its graph (unless recomputed)
 };
-
-// Fills a unit's flat buffer from a model file by the family's names (a token
-// embedding tied to the lm_head may be stored under either name).
-absl::Status ReadUnitFromModelFile(const SafetensorsReader& f, const ModelConfig& m, const ShardLayout& layout,
-                                   at::Tensor flat) {
-  flat.zero_();
-  const std::string embedding = model::UnitParams(m, 0)[0].name;
-  for (const ParamSlot& p : layout.params) {
-    std::string name = p.spec.name;
-    if (!f.entries().count(name) && m.tied() && name == embedding) name = "lm_head.weight";
-    auto it = f.entries().find(name);
-    if (it == f.entries().end()) {
-      return absl::NotFoundError(absl::StrCat(f.path(), ": [model] init_from has no tensor ", p.spec.name));
-    }
-    if (it->second.shape != p.spec.shape) {
-      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tensor ", name, " has shape [",
-                                                     absl::StrJoin(it->second.shape, ","), "], the model needs [",
-                                                     absl::StrJoin(p.spec.shape, ","), "]"));
-    }
-    SL_RETURN_IF_ERROR(f.ReadFloats(name, 0, p.spec.numel(), flat.data_ptr<float>() + p.offset));
-  }
-  return absl::OkStatus();
-}
 
 namespace {
 at::ScalarType TorchDType(DType d) { return d == DType::kFloat32 ? at::kFloat : at::kBFloat16; }
@@ -85,18 +62,19 @@ absl::Status Engine::Init() {
   opts.persistent_grads = !ShardsGrads(s);
   const int G = comms_.shard->size();
   const int shard_rank = comms_.shard->rank();
-  std::unique_ptr<SafetensorsReader> init_from;
-  if (!m.init_from.empty()) {
-    SL_ASSIGN_OR_RETURN(init_from, SafetensorsReader::Open(m.init_from));
-  }
+  SL_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> weights, WeightSource::Open(m));
+  if (weights) SL_RETURN_IF_ERROR(weights->Check());
   for (int u = 0; u < model::NumUnits(m); ++u) {
     SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(model::UnitName(m, u), model::UnitParams(m, u), G));
     // One unit at a time, on the host (the values are a function of the
     // seed alone, whatever the device): the full fp32 values exist only
     // while this unit's shard is cut from them.
     at::Tensor init = at::empty({layout.padded_numel}, at::kFloat);
-    if (init_from) {
-      SL_RETURN_IF_ERROR(ReadUnitFromModelFile(*init_from, m, layout, init));
+    if (weights) {
+      // Where parameters stay sharded a rank reads only the ranges it owns.
+      init.zero_();
+      SL_RETURN_IF_ERROR(ReadUnitWeights(*weights, layout, !opts.persistent_params, shard_rank,
+                                         init.data_ptr<float>()));
     } else {
       family_->InitUnit(layout, config_.train.seed, init);
     }
