@@ -6,6 +6,7 @@
 // Errors are one line on stderr and a nonzero exit (2 for usage). `watch` (and
 // `submit --follow`) exit 0 only when the job SUCCEEDED. The job file is
 // validated here before it is sent, and again by the coordinator.
+#include <cctype>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -103,6 +104,22 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int 
   SL_RETURN_IF_ERROR(CheckJobFiles(cfg, base, path));
   req.set_workers(w);
   return req;
+}
+
+// "5GB", "500MB", "20KB" or "4096" (bytes; powers of 1000, as transformers).
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text, const std::string& flag) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  const std::string unit = text.substr(digits);
+  int64_t scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  if (unit == "KB") scale = 1000;
+  if (unit == "MB") scale = 1000 * 1000;
+  if (unit == "GB") scale = 1000 * 1000 * 1000;
+  if (digits == 0 || digits > 9 || scale == 0 || std::stoll(text.substr(0, digits)) < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " \"", text, "\": expected a size such as 5GB, 500MB or 20KB"));
+  }
+  return std::stoll(text.substr(0, digits)) * scale;
 }
 
 // The spec of `old` for a resume: another strategy, validated for `workers`.
@@ -226,9 +243,18 @@ int main(int argc, char** argv) {
   ckpt->require_subcommand(1);
   auto* ckpt_save = ckpt->add_subcommand("save", "save a running job's state after its current step");
   auto* ckpt_list = ckpt->add_subcommand("list", "a job's committed checkpoints");
-  auto* ckpt_export = ckpt->add_subcommand("export", "write a checkpoint as one model file (no coordinator needed)");
+  auto* ckpt_export = ckpt->add_subcommand("export", "write a checkpoint's model for other tools (no coordinator needed)");
   ckpt_export->add_option("STEP_DIR", step_dir)->required();
-  ckpt_export->add_option("--out", out_file, "the model.safetensors to write")->required();
+  ckpt_export->add_option("--out", out_file, "nanogpt: the .safetensors file to write; hf: the directory")->required();
+  std::string export_format = "nanogpt", export_dtype = "fp32";
+  std::string max_shard_size = "5GB";
+  ckpt_export->add_option("--format", export_format, "nanogpt (one file, the engine's names) or hf "
+                                                     "(a transformers directory)")
+      ->check(CLI::IsMember({"nanogpt", "hf"}));
+  ckpt_export->add_option("--dtype", export_dtype, "hf: fp32 or bf16 (default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  ckpt_export->add_option("--max-shard-size", max_shard_size,
+                          "hf: the largest weight file, as transformers writes it: 5GB, 500MB, 20KB (default 5GB)");
   for (auto* sc : {ckpt_save, ckpt_list}) sc->add_option("JOB", job)->required();
   PlanFlags plan_flags;
   AddPlanOptions(app.add_subcommand("plan", "predict memory, communication and step time of every strategy "
@@ -241,7 +267,15 @@ int main(int argc, char** argv) {
     if (cmd == "ckpt") cmd += " " + ckpt->get_subcommands()[0]->get_name();
     if (cmd == "plan") return RunPlan(plan_flags, o.json);  // local arithmetic
     if (cmd == "ckpt export") {  // local: reads the shard files, one unit at a time
-      SL_RETURN_IF_ERROR(ExportModel(step_dir, out_file));
+      if (export_format == "hf") {
+        HfExportOptions options;
+        options.dtype = export_dtype == "bf16" ? StoredDType::kBF16 : StoredDType::kF32;
+        SL_ASSIGN_OR_RETURN(options.max_shard_bytes, ParseByteSize(max_shard_size, "--max-shard-size"));
+        SL_RETURN_IF_ERROR(ExportHf(step_dir, out_file, options));
+      } else {
+        if (export_dtype != "fp32") return absl::InvalidArgumentError("--dtype bf16 needs --format hf");
+        SL_RETURN_IF_ERROR(ExportModel(step_dir, out_file));
+      }
       if (o.json) {
         std::cout << "{\"path\":" << JsonString(out_file) << "}" << std::endl;
       } else {

@@ -1,8 +1,17 @@
 #include "common/checkpoint_export.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file_util.h"
+#include "common/hf_config.h"
 #include "common/model_shapes.h"
 #include "common/status_macros.h"
 
@@ -47,14 +56,111 @@ absl::Status CheckpointReader::Read(int unit, const std::string& kind, int64_t l
   return absl::OkStatus();
 }
 
-absl::Status ExportModel(const std::string& step_dir, const std::string& out_path) {
+namespace {
+
+// The checkpoint at step_dir, whose manifest lists the model's units.
+absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenForExport(const std::string& step_dir) {
   SL_ASSIGN_OR_RETURN(auto ckpt, CheckpointReader::Open(step_dir));
   const ModelConfig& m = ckpt->manifest().model;
-  const int units = model::NumUnits(m);
-  if (static_cast<int>(ckpt->manifest().units.size()) != units) {
+  if (static_cast<int>(ckpt->manifest().units.size()) != model::NumUnits(m)) {
     return absl::DataLossError(absl::StrCat(step_dir, ": manifest lists ", ckpt->manifest().units.size(),
-                                            " units, the model has ", units));
+                                            " units, the model has ", model::NumUnits(m)));
   }
+  return ckpt;
+}
+
+// One output file of an HF export: a run of tensors in model order.
+struct HfFile {
+  std::string name;
+  std::vector<SafetensorsStreamWriter::Decl> tensors;
+  int64_t bytes = 0;
+};
+
+// Packs the model's tensors, in order, into files of at most `max_bytes`.
+std::vector<HfFile> PlanHfFiles(const ModelConfig& m, int element_bytes, int64_t max_bytes) {
+  std::vector<HfFile> files(1);
+  for (int u = 0; u < model::NumUnits(m); ++u) {
+    for (const ParamSpec& p : model::UnitParams(m, u)) {
+      std::vector<int64_t> shape = p.shape;
+      if (HfStoredTransposed(m, p.name)) std::swap(shape[0], shape[1]);
+      const int64_t bytes = p.numel() * element_bytes;
+      if (!files.back().tensors.empty() && files.back().bytes + bytes > max_bytes) files.emplace_back();
+      files.back().tensors.push_back({p.name, shape});
+      files.back().bytes += bytes;
+    }
+  }
+  const size_t n = files.size();
+  for (size_t i = 0; i < n; ++i) {
+    files[i].name = n == 1 ? "model.safetensors"
+                           : absl::StrFormat("model-%05d-of-%05d.safetensors", static_cast<int>(i + 1),
+                                             static_cast<int>(n));
+  }
+  return files;
+}
+
+}  // namespace
+
+absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, const HfExportOptions& options) {
+  SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
+  const ModelConfig& m = ckpt->manifest().model;
+  if (::mkdir(out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::PermissionDeniedError(absl::StrCat(out_dir, ": cannot create: ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (stat(out_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(out_dir, ": not a directory"));
+  }
+  const int element_bytes = options.dtype == StoredDType::kF32 ? 4 : 2;
+  const std::vector<HfFile> files = PlanHfFiles(m, element_bytes, std::max<int64_t>(options.max_shard_bytes, 1));
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  int64_t total = 0;
+  size_t file = 0, tensor = 0;  // the next tensor to write
+  std::unique_ptr<SafetensorsStreamWriter> out;
+  std::vector<float> buf, transposed;
+  for (int u = 0; u < model::NumUnits(m); ++u) {
+    const int64_t numel = ckpt->manifest().units[u].numel;
+    buf.assign(numel, 0.0f);  // one unit at a time
+    SL_RETURN_IF_ERROR(ckpt->Read(u, "param", 0, numel, buf.data()));
+    int64_t offset = 0;
+    for (const ParamSpec& p : model::UnitParams(m, u)) {
+      if (!out) {
+        SL_ASSIGN_OR_RETURN(out, SafetensorsStreamWriter::Create(out_dir + "/" + files[file].name,
+                                                                 files[file].tensors, options.dtype));
+      }
+      const float* data = buf.data() + offset;
+      if (HfStoredTransposed(m, p.name)) {  // [out, in] -> Conv1D's [in, out]
+        const int64_t rows = p.shape[0], cols = p.shape[1];
+        transposed.resize(static_cast<size_t>(rows * cols));
+        for (int64_t o = 0; o < rows; ++o) {
+          for (int64_t i = 0; i < cols; ++i) transposed[i * rows + o] = data[o * cols + i];
+        }
+        data = transposed.data();
+      }
+      SL_RETURN_IF_ERROR(out->Append(data, p.numel()));
+      weight_map[p.name] = files[file].name;
+      total += p.numel() * element_bytes;
+      offset += p.numel();
+      if (++tensor == files[file].tensors.size()) {
+        SL_RETURN_IF_ERROR(out->Finish());
+        out.reset();
+        ++file;
+        tensor = 0;
+      }
+    }
+  }
+  if (files.size() > 1) {
+    const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    SL_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+  }
+  // config.json last: a directory with it is complete.
+  return WriteFileAtomically(out_dir + "/config.json",
+                             HfConfigJson(m, options.dtype == StoredDType::kF32 ? "float32" : "bfloat16"));
+}
+
+absl::Status ExportModel(const std::string& step_dir, const std::string& out_path) {
+  SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
+  const ModelConfig& m = ckpt->manifest().model;
+  const int units = model::NumUnits(m);
   std::vector<SafetensorsStreamWriter::Decl> decls;
   for (int u = 0; u < units; ++u) {
     for (const ParamSpec& p : model::UnitParams(m, u)) decls.push_back({p.name, p.shape});

@@ -5,9 +5,15 @@
 // overlap it; each file is verified against the manifest's SHA-256 the first
 // time it is opened (a mismatch is an error naming the file).
 //
-// ExportModel writes the full model as one safetensors file with nanoGPT's
-// names, both `transformer.wte.weight` and `lm_head.weight` (tied), built one
-// unit at a time: no step holds more than one unit in memory.
+// ExportModel writes the full model as one safetensors file with the
+// engine's names (nanoGPT's for gpt2), a tied embedding under both
+// `transformer.wte.weight` and `lm_head.weight`. ExportHf writes a directory
+// that transformers' from_pretrained loads: config.json, the weights in
+// transformers' names and layouts (common/hf_config.h), split into
+// model-0000i-of-0000N.safetensors files of at most max_shard_bytes each
+// (a single tensor larger than that gets a file of its own) with
+// model.safetensors.index.json, or one model.safetensors. Both work one unit
+// at a time: no step holds more than one unit in memory.
 #pragma once
 
 #include <map>
@@ -36,5 +42,11 @@ class CheckpointReader {
 };
 
 absl::Status ExportModel(const std::string& step_dir, const std::string& out_path);
+
+struct HfExportOptions {
+  StoredDType dtype = StoredDType::kF32;
+  int64_t max_shard_bytes = int64_t{5} << 30;  // transformers' default, 5 GB
+};
+absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, const HfExportOptions& options);
 
 }  // namespace shardline

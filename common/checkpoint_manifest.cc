@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 
 namespace shardline {
 
@@ -35,19 +36,6 @@ CheckpointManifest NewManifest(const std::string& job, const JobConfig& c, int w
   for (const ShardLayout& l : ownership) m.units.push_back({l.unit, l.numel, l.padded_numel, l.shard_numel, l.group_size});
   return m;
 }
-
-namespace {
-
-absl::Status SyncPath(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return absl::DataLossError(absl::StrCat(path, ": cannot open to sync: ", std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return absl::DataLossError(absl::StrCat(path, ": fsync failed: ", std::strerror(errno)));
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) {
   json j;
@@ -89,18 +77,7 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
   for (const auto& r : m.ranks) {
     j["ranks"].push_back({{"rank", r.rank}, {"file", r.file}, {"size", r.size}, {"sha256", r.sha256}});
   }
-  const std::string path = dir + "/manifest.json", tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot write"));
-  }
-  absl::Status s = SyncPath(tmp, O_RDONLY);
-  if (!s.ok()) return s;
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(errno)));
-  }
-  return SyncPath(dir, O_RDONLY | O_DIRECTORY);
+  return WriteFileAtomically(dir + "/manifest.json", j.dump(2) + "\n");
 }
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {

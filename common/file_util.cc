@@ -1,6 +1,10 @@
 #include "common/file_util.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
 
 #include <cerrno>
 #include <cstring>
@@ -23,6 +27,35 @@ absl::Status WriteFully(int fd, const void* data, size_t n, const std::string& p
     n -= static_cast<size_t>(w);
   }
   return absl::OkStatus();
+}
+
+namespace {
+absl::Status SyncPath(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return absl::DataLossError(absl::StrCat(path, ": cannot open to sync: ", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return absl::DataLossError(absl::StrCat(path, ": fsync failed: ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot write: ", std::strerror(errno)));
+  absl::Status s = WriteFully(fd, text.data(), text.size(), tmp);
+  if (s.ok() && ::fsync(fd) != 0) s = absl::DataLossError(absl::StrCat(tmp, ": fsync failed: ", std::strerror(errno)));
+  ::close(fd);
+  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(errno)));
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return SyncPath(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what) {

@@ -10,6 +10,10 @@ namespace shardline {
 // Writes all n bytes to fd (retrying short writes and EINTR); errors name `path`.
 absl::Status WriteFully(int fd, const void* data, size_t n, const std::string& path);
 
+// Writes `text` to "<path>.tmp", fsyncs it, renames it over `path` and fsyncs
+// the folder: readers see the old file or the whole new one, never a part.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
+
 // The whole file; NotFound naming the file and `what` it was meant to be.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what);
 
