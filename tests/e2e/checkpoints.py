@@ -75,7 +75,30 @@ def main():
     c.check(rc == 1 and "has no committed checkpoint" in err, "resume of a job without checkpoints refused",
             err.strip())
     c.check(sorted(os.listdir(root)) == on_disk, "nothing was deleted by the refused resumes")
+    fine_tune_from_hf_dir(c, cl)
     c.finish()
+
+
+def fine_tune_from_hf_dir(c, cl):
+    """A transformers directory named relative to the job file: the
+    coordinator, the workers and a resume at another world size all find it."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                 max_position_embeddings=64)).save_pretrained(os.path.join(cl.dir, "qwen-tiny"))
+    path = os.path.join(cl.dir, "finetune.toml")
+    with open(path, "w") as f:
+        f.write('[job]\nname = "finetune"\nworkers = 2\n[model]\nhf_dir = "qwen-tiny"\nblock_size = 16\n'
+                '[data]\nformat = "synthetic"\n[train]\nsteps = 10\nbatch_size = 12\nmicro_batch_size = 2\n'
+                '[checkpoint]\ndir = "ckpt"\ninterval = 5\n')
+    rc, out, err = cl.ctl("--json", "submit", path, "--follow", timeout=120)
+    c.check(rc == 0, "a job with a relative [model] hf_dir succeeds through the cluster", err.strip())
+    job = json.loads(out.splitlines()[0])["job_id"]
+    first = cl.ctl_json("ckpt", "list", job)["checkpoints"][0]["path"]
+    rc, out, err = cl.ctl("--json", "resume", job, "--from", first, "--workers", "3", "--follow", timeout=120)
+    c.check(rc == 0, "its resume at 3 workers succeeds", err.strip())
 
 
 if __name__ == "__main__":
