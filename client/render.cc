@@ -44,7 +44,8 @@ std::string JobJson(const v1::Job& j) {
   return absl::StrCat("{\"id\":", JsonString(j.id()), ",\"name\":", JsonString(j.name()), ",\"state\":",
                       JsonString(j.state()), ",\"step\":", j.step(), ",\"steps\":", j.steps(), ",\"loss\":",
                       Num(j.loss()), ",\"tokens_per_second\":", Num(j.tokens_per_second()), ",\"lr\":", Num(j.lr()),
-                      ",\"grad_norm\":", Num(j.grad_norm()), ",\"workers\":", j.workers(), ",\"strategy\":",
+                      ",\"grad_norm\":", Num(j.grad_norm()), ",\"val_loss\":", j.has_val_loss() ? Num(j.val_loss()) : "null",
+                      ",\"val_step\":", j.val_step(), ",\"workers\":", j.workers(), ",\"strategy\":",
                       JsonString(j.strategy()), ",\"message\":", JsonString(j.message()), ",\"worker_ids\":[",
                       absl::StrJoin(workers, ","), "],\"created_unix_ms\":", j.created_unix_ms(), ",\"stalled\":",
                       JsonString(j.stalled()), ",\"ranks\":[", absl::StrJoin(ranks, ","), "]}");
@@ -75,6 +76,7 @@ std::string JobDetails(const v1::Job& j) {
       "grad norm %.4f\nworkers   %d (%s) %s\nmessage   %s\n",
       j.id(), j.name(), j.state(), j.step(), j.steps(), j.loss(), j.tokens_per_second(), j.lr(), j.grad_norm(),
       j.workers(), j.strategy(), absl::StrJoin(j.worker_ids(), ","), j.message());
+  if (j.has_val_loss()) absl::StrAppendFormat(&out, "val loss  %.4f (after step %d)\n", j.val_loss(), j.val_step());
   if (!j.stalled().empty()) absl::StrAppend(&out, "STALLED   ", j.stalled(), "\n");
   if (j.ranks_size() == 0) return out;
   absl::StrAppendFormat(&out, "\n%-5s %-16s %-7s %-10s %-9s %-9s %-10s %-13s %s\n", "RANK", "HOST", "STEP",

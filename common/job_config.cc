@@ -1,5 +1,6 @@
 #include "common/job_config.h"
 
+#include <glob.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -124,6 +125,26 @@ class TableReader {
       Fail(absl::StrCat(Where(key), ": ", v.status().message()));
     }
   }
+  // A string or an array of strings.
+  void StringList(const std::string& key, std::vector<std::string>* out) {
+    const toml::node* n = Take(key);
+    if (!n) return;
+    out->clear();
+    if (auto v = n->value_exact<std::string>()) {
+      out->push_back(*v);
+      return;
+    }
+    const toml::array* a = n->as_array();
+    bool ok = a && !a->empty();
+    if (ok) {
+      for (const auto& e : *a) {
+        auto v = e.value_exact<std::string>();
+        ok = ok && v.has_value();
+        if (v) out->push_back(*v);
+      }
+    }
+    if (!ok) Fail(absl::StrCat(Where(key), " must be a string or a non-empty array of strings"));
+  }
   void DoublePair(const std::string& key, std::array<double, 2>* out) {
     const toml::node* n = Take(key);
     if (!n) return;
@@ -228,12 +249,17 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   c.model.explicit_keys = model.Present();
   TableReader data(table("data"), "data", src);
   data.Enum<DataFormat>("format", &c.data.format, ParseDataFormat);
-  data.String("path", &c.data.path);
+  data.StringList("path", &c.data.train.paths);
+  data.StringList("mask_path", &c.data.train.mask_paths);
+  data.StringList("val_path", &c.data.val.paths);
+  data.StringList("val_mask_path", &c.data.val.mask_paths);
   TableReader train(table("train"), "train", src);
   train.Int("steps", &c.train.steps);
   train.Int("batch_size", &c.train.batch_size);
   train.Int("micro_batch_size", &c.train.micro_batch_size);
   train.Int("seed", &c.train.seed);
+  train.Int("eval_interval", &c.train.eval_interval);
+  train.Int("eval_batches", &c.train.eval_batches);
   TableReader opt(table("optimizer"), "optimizer", src);
   opt.Double("lr", &c.optimizer.lr);
   opt.Double("min_lr", &c.optimizer.min_lr);
@@ -302,6 +328,37 @@ std::string ResolveJobPath(const std::string& base_dir, const std::string& path)
   return base_dir + "/" + path;
 }
 
+absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::vector<std::string>& patterns,
+                                                         const std::string& base_dir, const std::string& key) {
+  std::vector<std::string> files;
+  for (const std::string& p : patterns) {
+    const std::string full = ResolveJobPath(base_dir, p);
+    glob_t g;
+    const int rc = glob(full.c_str(), 0, nullptr, &g);  // matches come sorted
+    std::vector<std::string> matches;
+    if (rc == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) matches.emplace_back(g.gl_pathv[i]);
+    }
+    globfree(&g);
+    std::vector<std::string> regular;
+    for (const std::string& m : matches) {
+      struct stat st;
+      if (stat(m.c_str(), &st) == 0 && S_ISREG(st.st_mode)) regular.push_back(m);
+    }
+    if (regular.empty()) return absl::NotFoundError(absl::StrCat(key, ": ", full, ": no such file"));
+    files.insert(files.end(), regular.begin(), regular.end());
+  }
+  return files;
+}
+
+void ResolveDataPaths(DataConfig& d, const std::string& base_dir) {
+  for (TokenSource* s : {&d.train, &d.val}) {
+    for (auto* list : {&s->paths, &s->mask_paths}) {
+      for (std::string& p : *list) p = ResolveJobPath(base_dir, p);
+    }
+  }
+}
+
 absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, const std::string& source) {
   auto missing = [&](const char* key, const std::string& p) {
     const std::string full = ResolveJobPath(base_dir, p);
@@ -309,9 +366,13 @@ absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, cons
     if (stat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return absl::OkStatus();
     return absl::NotFoundError(absl::StrCat(source, ": ", key, ": ", full, ": no such file"));
   };
-  if (c.data.format != DataFormat::kSynthetic) {
-    absl::Status s = missing("[data] path", c.data.path);
-    if (!s.ok()) return s;
+  const std::pair<const char*, const std::vector<std::string>*> lists[] = {
+      {"[data] path", &c.data.train.paths}, {"[data] mask_path", &c.data.train.mask_paths},
+      {"[data] val_path", &c.data.val.paths}, {"[data] val_mask_path", &c.data.val.mask_paths}};
+  for (const auto& [key, list] : lists) {
+    if (c.data.format == DataFormat::kSynthetic) break;
+    absl::StatusOr<std::vector<std::string>> files = ExpandDataPaths(*list, base_dir, key);
+    if (!files.ok()) return absl::Status(files.status().code(), absl::StrCat(source, ": ", files.status().message()));
   }
   if (!c.model.init_from.empty()) {
     absl::Status s = missing("[model] init_from", c.model.init_from);
@@ -362,8 +423,23 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
     }
   }
   if (m.block_size < 1) return bad("model", "block_size must be >= 1");
-  if (c.data.format != DataFormat::kSynthetic && c.data.path.empty()) {
+  const DataConfig& d = c.data;
+  if (d.format != DataFormat::kSynthetic && d.train.empty()) {
     return bad("data", "path is required unless format = \"synthetic\"");
+  }
+  if (d.format == DataFormat::kSynthetic && (!d.train.empty() || !d.val.empty() || !d.train.mask_paths.empty())) {
+    return bad("data", "format = \"synthetic\" reads no files: remove path, mask_path and val_path");
+  }
+  for (const TokenSource* ts : {&d.train, &d.val}) {
+    if (!ts->mask_paths.empty() && d.format != DataFormat::kLlmc) {
+      return bad("data", "loss masks (mask_path, val_mask_path) need format = \"llmc\"");
+    }
+  }
+  if (d.val.empty() && !d.val.mask_paths.empty()) return bad("data", "val_mask_path needs val_path");
+  if (c.train.eval_interval < 0) return bad("train", "eval_interval must be >= 0 (0: no validation)");
+  if (c.train.eval_batches < 1) return bad("train", "eval_batches must be >= 1");
+  if (c.train.eval_interval > 0 && d.val.empty() && d.format != DataFormat::kSynthetic) {
+    return bad("train", absl::StrCat("eval_interval = ", c.train.eval_interval, " needs [data] val_path"));
   }
   if (c.data.format == DataFormat::kText && m.vocab_size < 256) {
     return bad("model", "vocab_size must be >= 256 for format = \"text\" (bytes are tokens)");

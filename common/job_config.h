@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -63,13 +64,26 @@ struct ModelConfig {
   // The lm_head is the token embedding (always for gpt2).
   bool tied() const { return !is_llama() || tie_word_embeddings; }
 };
+// One stream of tokens: files (each path may be a glob; a glob's matches in
+// sorted order) read one after another as one stream, and optionally a loss
+// mask per token file (supervised fine-tuning: worker/data/token_dataset.h).
+struct TokenSource {
+  std::vector<std::string> paths;       // [data] path / val_path: a string or an array
+  std::vector<std::string> mask_paths;  // [data] mask_path / val_mask_path
+  bool empty() const { return paths.empty(); }
+};
 struct DataConfig {
   DataFormat format = DataFormat::kSynthetic;
-  std::string path;
+  TokenSource train;  // [data] path, mask_path
+  TokenSource val;    // [data] val_path, val_mask_path
 };
 struct TrainConfig {
   int steps = 200, batch_size = 32, micro_batch_size = 8;
   uint64_t seed = 1337;
+  // Validation loss every eval_interval steps and after the last (0: never),
+  // over the first eval_batches global batches of [data] val_path (synthetic
+  // data: a synthetic stream of another seed).
+  int eval_interval = 0, eval_batches = 20;
 };
 struct OptimizerConfig {
   double lr = 6e-4, min_lr = 6e-5;
@@ -134,6 +148,16 @@ bool IsFinalJobState(const std::string& state);
 // A path of the job file (data, init_from, checkpoint dir) as the programs
 // see it: relative paths resolve against `base_dir`, the job file's folder.
 std::string ResolveJobPath(const std::string& base_dir, const std::string& path);
+
+// The token files `patterns` name, each resolved against `base_dir` and
+// glob-expanded (matches in sorted order), in order. A pattern that matches
+// nothing is NotFound naming `key` and the pattern.
+absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::vector<std::string>& patterns,
+                                                         const std::string& base_dir, const std::string& key);
+
+// Every data path and pattern of `d` resolved against `base_dir` (not yet
+// expanded: each program expands globs where it reads).
+void ResolveDataPaths(DataConfig& d, const std::string& base_dir);
 
 // The files the job reads exist: [data] path (unless synthetic), and the
 // weights of [model] init_from or hf_dir hold every parameter of the model

@@ -160,6 +160,10 @@ void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
   j.set_tokens_per_second(p.tokens_per_second());
   j.set_lr(p.lr());
   j.set_grad_norm(p.grad_norm());
+  if (p.has_val_loss()) {
+    j.set_val_loss(p.val_loss());
+    j.set_val_step(p.step());
+  }
   // Progress is persisted at most once a second; states always at once.
   if (absl::Now() - it->second.last_persist > absl::Seconds(1)) Persist(it->second);
   Notify(it->second);

@@ -13,6 +13,7 @@
 // the gradients of step 0 and writes weights, batch, loss and gradients.
 #include <sys/resource.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -78,7 +79,7 @@ absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& pat
     }
   }
   // The batch of step 0 and the logits of the first sequence's forward pass.
-  auto data = TokenDataset::Open(c.data, c.model.vocab_size, c.model.block_size, c.train.seed);
+  auto data = TokenDataset::Open(c.data.format, c.data.train, c.model.vocab_size, c.model.block_size, c.train.seed);
   if (!data.ok()) return data.status();
   at::Tensor x, y;
   (*data)->Batch(0, c.train.batch_size, 0, c.train.batch_size, &x, &y);
@@ -178,8 +179,9 @@ absl::Status Run(const Flags& f) {
     SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
     const std::string line = absl::StrFormat(
         "{\"step\":%d,\"loss\":%.17g,\"grad_norm\":%.17g,\"lr\":%.10g,\"seconds\":%.6f,"
-        "\"exposed_comm_seconds\":%.6f,\"tokens_per_s\":%.2f}",
-        r.step, r.loss, r.grad_norm, r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds);
+        "\"exposed_comm_seconds\":%.6f,\"tokens_per_s\":%.2f,\"val_loss\":%s}",
+        r.step, r.loss, r.grad_norm, r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds,
+        std::isnan(r.val_loss) ? "null" : absl::StrFormat("%.17g", r.val_loss));
     if (f.rank == 0) std::cout << line << std::endl;
     absl::StrAppend(&steps_json, steps_json.empty() ? "" : ",", line);
     if (f.save_at == s + 1) SL_RETURN_IF_ERROR(SaveCheckpoint(*engine, config, f, store.get(), s + 1));

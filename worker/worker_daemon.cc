@@ -219,7 +219,7 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
 
 absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(a.spec_toml(), a.job_id(), a.base_dir()));
-  config.data.path = ResolveJobPath(a.base_dir(), config.data.path);
+  ResolveDataPaths(config.data, a.base_dir());
   config.model.init_from = ResolveJobPath(a.base_dir(), config.model.init_from);
   SL_RETURN_IF_ERROR(ValidateJobConfig(config, a.world_size(), a.job_id()));
   at::set_num_threads(options_.threads);
@@ -267,6 +267,7 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     p->set_lr(r.lr);
     p->set_grad_norm(r.grad_norm);
     p->set_step_seconds(r.seconds);
+    if (!std::isnan(r.val_loss)) p->set_val_loss(r.val_loss);
     Write(m);
     const int interval = config.checkpoint.interval;
     if ((interval > 0 && (s + 1) % interval == 0) || save_requested_.exchange(false)) {

@@ -35,6 +35,8 @@ WorkerMetrics::WorkerMetrics()
       tokens_(registry_.AddCounter("shardline_tokens_total", "Tokens this rank processed (its share of each batch).")),
       step_(registry_.AddGauge("shardline_step", "Steps this rank completed.")),
       loss_(registry_.AddGauge("shardline_loss", "Mean loss of the last step's global batch (NaN or Inf if not finite).")),
+      val_loss_(registry_.AddGauge("shardline_val_loss",
+                                   "Mean loss over the validation batches at the latest evaluation.")),
       nonfinite_loss_(registry_.AddCounter("shardline_loss_nonfinite_steps_total", "Steps whose loss was NaN or Inf.")),
       lr_(registry_.AddGauge("shardline_learning_rate", "Learning rate of the last step.")),
       grad_norm_(registry_.AddGauge("shardline_grad_norm", "Global gradient norm of the last step, before clipping.")),
@@ -64,7 +66,7 @@ WorkerMetrics::WorkerMetrics()
       ckpt_failures_(registry_.AddCounter("shardline_checkpoint_failures_total",
                                           "Checkpoint saves of this rank that failed.")) {
   job_families_ = {&step_seconds_,       &exposed_comm_seconds_, &tokens_,         &step_,
-                   &loss_,               &nonfinite_loss_,       &lr_,             &grad_norm_,
+                   &loss_,               &val_loss_,             &nonfinite_loss_,       &lr_,             &grad_norm_,
                    &mfu_,                &flops_per_token_,      &peak_flops_,     &collective_seconds_,
                    &collective_bytes_,   &collective_failures_,  &last_seq_gauge_, &memory_,
                    &ckpt_seconds_,       &ckpt_bytes_,           &ckpt_failures_};
@@ -145,6 +147,7 @@ void WorkerMetrics::OnStep(const StepResult& r, const MemoryReport& m) {
   tokens_.Add(l).Increment(my_tokens);
   step_.Add(l).Set(static_cast<double>(r.step + 1));
   loss_.Add(l).Set(r.loss);
+  if (!std::isnan(r.val_loss)) val_loss_.Add(l).Set(r.val_loss);
   if (!std::isfinite(r.loss)) nonfinite_loss_.Add(l).Increment();
   lr_.Add(l).Set(r.lr);
   grad_norm_.Add(l).Set(r.grad_norm);

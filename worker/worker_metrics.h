@@ -56,6 +56,7 @@ class WorkerMetrics {
   metrics::Family<metrics::Counter>& tokens_;
   metrics::Family<metrics::Gauge>& step_;
   metrics::Family<metrics::Gauge>& loss_;
+  metrics::Family<metrics::Gauge>& val_loss_;
   metrics::Family<metrics::Counter>& nonfinite_loss_;
   metrics::Family<metrics::Gauge>& lr_;
   metrics::Family<metrics::Gauge>& grad_norm_;

@@ -88,14 +88,25 @@ def fine_tune_from_hf_dir(c, cl):
     Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                  max_position_embeddings=64)).save_pretrained(os.path.join(cl.dir, "qwen-tiny"))
+    import numpy as np
+    rng = np.random.default_rng(0)
+    for name, n in (("train.bin", 2000), ("val.bin", 600)):
+        header = np.zeros(256, dtype=np.int32)
+        header[:3] = (20240520, 1, n)
+        with open(os.path.join(cl.dir, name), "wb") as f:
+            f.write(header.tobytes() + rng.integers(0, 64, n).astype(np.uint16).tobytes())
     path = os.path.join(cl.dir, "finetune.toml")
     with open(path, "w") as f:
         f.write('[job]\nname = "finetune"\nworkers = 2\n[model]\nhf_dir = "qwen-tiny"\nblock_size = 16\n'
-                '[data]\nformat = "synthetic"\n[train]\nsteps = 10\nbatch_size = 12\nmicro_batch_size = 2\n'
+                '[data]\nformat = "llmc"\npath = "train.bin"\nval_path = "val.bin"\n'
+                '[train]\nsteps = 10\nbatch_size = 12\nmicro_batch_size = 2\neval_interval = 3\neval_batches = 2\n'
                 '[checkpoint]\ndir = "ckpt"\ninterval = 5\n')
     rc, out, err = cl.ctl("--json", "submit", path, "--follow", timeout=120)
     c.check(rc == 0, "a job with a relative [model] hf_dir succeeds through the cluster", err.strip())
     job = json.loads(out.splitlines()[0])["job_id"]
+    st = cl.job(job)
+    c.check(st["val_loss"] is not None and st["val_step"] == 10 and 3 < st["val_loss"] < 6,
+            "shardctl status shows the validation loss after the last step", f"{st['val_loss']} at {st['val_step']}")
     first = cl.ctl_json("ckpt", "list", job)["checkpoints"][0]["path"]
     rc, out, err = cl.ctl("--json", "resume", job, "--from", first, "--workers", "3", "--follow", timeout=120)
     c.check(rc == 0, "its resume at 3 workers succeeds", err.strip())

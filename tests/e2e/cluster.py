@@ -47,6 +47,7 @@ format = "synthetic"
 steps = {steps}
 batch_size = 12
 micro_batch_size = {micro}
+eval_interval = {eval_interval}
 [optimizer]
 lr = 3e-3
 min_lr = 3e-4
@@ -56,11 +57,12 @@ strategy = "{strategy}"
 """
 
 
-def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard", extra="", micro=None):
+def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard", extra="", micro=None,
+             eval_interval=0):
     path = os.path.join(directory, f"{name}.toml")
     with open(path, "w") as f:
         f.write(JOB.format(name=name, workers=workers, steps=steps, strategy=strategy,
-                           micro=micro or (12 // workers // 2 or 1)) + extra)
+                           micro=micro or (12 // workers // 2 or 1), eval_interval=eval_interval) + extra)
     return path
 
 

@@ -12,9 +12,18 @@ namespace {
 class TokenDatasetTest : public ::testing::Test {
  protected:
   std::string Path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
-  DataConfig Llmc(const std::string& path) { return DataConfig{DataFormat::kLlmc, path}; }
-  std::string ErrorOf(const DataConfig& d, int vocab = 64, int block = 4) {
-    auto ds = TokenDataset::Open(d, vocab, block, 1);
+  struct Source {
+    DataFormat format;
+    TokenSource files;
+  };
+  static Source Llmc(const std::string& path) { return {DataFormat::kLlmc, {{path}, {}}}; }
+  static Source Text(const std::string& path) { return {DataFormat::kText, {{path}, {}}}; }
+  static Source Synthetic() { return {DataFormat::kSynthetic, {}}; }
+  static absl::StatusOr<std::unique_ptr<TokenDataset>> Open(const Source& s, int vocab, int block, uint64_t seed) {
+    return TokenDataset::Open(s.format, s.files, vocab, block, seed);
+  }
+  std::string ErrorOf(const Source& d, int vocab = 64, int block = 4) {
+    auto ds = Open(d, vocab, block, 1);
     return ds.ok() ? "" : std::string(ds.status().message());
   }
 };
@@ -24,7 +33,7 @@ TEST_F(TokenDatasetTest, OrderFollowsTheGlobalStep) {
   for (int i = 0; i < 41; ++i) tokens[i] = static_cast<uint16_t>(i);
   const std::string p = Path("order.bin");
   ASSERT_TRUE(WriteLlmcFile(p, tokens).ok());
-  auto ds = TokenDataset::Open(Llmc(p), 64, 4, 1);
+  auto ds = Open(Llmc(p), 64, 4, 1);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ((*ds)->num_sequences(), 10);  // floor(40 / 4)
   // Step 3 with B = 4 uses sequences (12 + j) mod 10 = 2, 3, 4, 5.
@@ -45,7 +54,7 @@ TEST_F(TokenDatasetTest, Llama3FilesHoldUint32Tokens) {
   for (int i = 0; i < 41; ++i) tokens[i] = 100000u + static_cast<uint32_t>(i);
   const std::string p = Path("llama3.bin");
   ASSERT_TRUE(WriteLlmcFile(p, tokens).ok());
-  auto ds = TokenDataset::Open(Llmc(p), 128256, 4, 1);
+  auto ds = Open(Llmc(p), 128256, 4, 1);
   ASSERT_TRUE(ds.ok()) << ds.status();
   at::Tensor x, y;
   (*ds)->Batch(0, 2, 1, 1, &x, &y);  // sequence 1: tokens 4..7, targets 5..8
@@ -96,18 +105,18 @@ TEST_F(TokenDatasetTest, FileShorterThanOneSequenceNamesTheFile) {
   EXPECT_NE(e.find(p + ": 4 tokens is shorter than one sequence"), std::string::npos) << e;
   const std::string t = Path("short.txt");
   std::ofstream(t) << "abc";
-  EXPECT_NE(ErrorOf(DataConfig{DataFormat::kText, t}, 256, 8).find(t + ": 3 tokens"), std::string::npos);
+  EXPECT_NE(ErrorOf(Text(t), 256, 8).find(t + ": 3 tokens"), std::string::npos);
 }
 
 TEST_F(TokenDatasetTest, MissingFileIsNamed) {
   const std::string e = ErrorOf(Llmc(Path("nope.bin")));
-  EXPECT_NE(e.find("nope.bin: cannot open data file"), std::string::npos) << e;
+  EXPECT_NE(e.find("[data] path: " + Path("nope.bin") + ": no such file"), std::string::npos) << e;
 }
 
 TEST_F(TokenDatasetTest, TextIsBytes) {
   const std::string p = Path("t.txt");
   std::ofstream(p) << "hello world, hello shards";
-  auto ds = TokenDataset::Open(DataConfig{DataFormat::kText, p}, 256, 4, 1);
+  auto ds = Open(Text(p), 256, 4, 1);
   ASSERT_TRUE(ds.ok());
   at::Tensor x, y;
   (*ds)->Batch(0, 1, 0, 1, &x, &y);
@@ -116,9 +125,9 @@ TEST_F(TokenDatasetTest, TextIsBytes) {
 }
 
 TEST_F(TokenDatasetTest, SyntheticIsAFunctionOfTheSeed) {
-  auto a = TokenDataset::Open(DataConfig{}, 64, 8, 5);
-  auto b = TokenDataset::Open(DataConfig{}, 64, 8, 5);
-  auto c = TokenDataset::Open(DataConfig{}, 64, 8, 6);
+  auto a = Open(Synthetic(), 64, 8, 5);
+  auto b = Open(Synthetic(), 64, 8, 5);
+  auto c = Open(Synthetic(), 64, 8, 6);
   at::Tensor xa, ya, xb, yb, xc, yc;
   (*a)->Batch(7, 4, 0, 4, &xa, &ya);
   (*b)->Batch(7, 4, 0, 4, &xb, &yb);
@@ -126,6 +135,63 @@ TEST_F(TokenDatasetTest, SyntheticIsAFunctionOfTheSeed) {
   EXPECT_TRUE(xa.equal(xb));
   EXPECT_FALSE(xa.equal(xc));
   EXPECT_LT(xa.max().item<int64_t>(), 64);
+}
+
+TEST_F(TokenDatasetTest, FilesAndGlobsAreOneStreamInOrder) {
+  // Three shards of 10 tokens each (0..29), named so that a glob sorts them.
+  for (int f = 0; f < 3; ++f) {
+    std::vector<uint16_t> tokens(10);
+    for (int i = 0; i < 10; ++i) tokens[i] = static_cast<uint16_t>(f * 10 + i);
+    ASSERT_TRUE(WriteLlmcFile(Path("shard_" + std::to_string(f) + ".bin"), tokens).ok());
+  }
+  Source s{DataFormat::kLlmc, {{Path("shard_[12].bin"), Path("shard_0.bin")}, {}}};  // listed order, then globs sorted
+  auto ds = Open(s, 64, 4, 1);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_tokens(), 30);
+  at::Tensor x, y;
+  (*ds)->Batch(0, 7, 0, 7, &x, &y);
+  // The stream is 10..29 then 0..9: sequence 2 (positions 8..11) crosses from shard 1 into shard 2.
+  EXPECT_EQ(x[2][0].item<int64_t>(), 18);
+  EXPECT_EQ(x[2][2].item<int64_t>(), 20);
+  EXPECT_EQ(y[4][3].item<int64_t>(), 0);  // position 20 is shard 0's first token
+  const std::string e = ErrorOf({DataFormat::kLlmc, {{Path("shard_9*.bin")}, {}}});
+  EXPECT_NE(e.find("[data] path: " + Path("shard_9*.bin") + ": no such file"), std::string::npos) << e;
+}
+
+TEST_F(TokenDatasetTest, MaskedTargetsAreIgnoredAndNotCounted) {
+  std::vector<uint16_t> tokens(21);
+  std::vector<uint8_t> mask(21);
+  for (int i = 0; i < 21; ++i) {
+    tokens[i] = static_cast<uint16_t>(i);
+    mask[i] = i % 3 == 0;  // tokens 0, 3, 6, ... count as targets
+  }
+  ASSERT_TRUE(WriteLlmcFile(Path("sft.bin"), tokens).ok());
+  ASSERT_TRUE(WriteLossMaskFile(Path("sft.mask"), mask).ok());
+  Source s{DataFormat::kLlmc, {{Path("sft.bin")}, {Path("sft.mask")}}};
+  auto ds = Open(s, 64, 4, 1);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  at::Tensor x, y;
+  (*ds)->Batch(0, 2, 0, 2, &x, &y);  // targets 1..4 and 5..8
+  EXPECT_EQ(y[0][0].item<int64_t>(), kIgnoreTarget);
+  EXPECT_EQ(y[0][2].item<int64_t>(), 3);
+  EXPECT_EQ(y[1][1].item<int64_t>(), 6);
+  EXPECT_EQ(y[1][2].item<int64_t>(), kIgnoreTarget);
+  EXPECT_EQ(x[0][0].item<int64_t>(), 0);  // inputs are never masked
+  EXPECT_EQ((*ds)->CountedTargets(0, 2), 2);  // 3 and 6
+  EXPECT_EQ(y.ne(kIgnoreTarget).sum().item<int64_t>(), 2);
+  // A mask of another length, a byte other than 0/1, and a count mismatch are named.
+  ASSERT_TRUE(WriteLossMaskFile(Path("short.mask"), std::vector<uint8_t>(20, 1)).ok());
+  std::string e = ErrorOf({DataFormat::kLlmc, {{Path("sft.bin")}, {Path("short.mask")}}});
+  EXPECT_NE(e.find(Path("short.mask") + ": mask of 20 entries for " + Path("sft.bin") + " of 21 tokens"),
+            std::string::npos) << e;
+  mask[5] = 2;
+  ASSERT_TRUE(WriteLossMaskFile(Path("two.mask"), mask).ok());
+  e = ErrorOf({DataFormat::kLlmc, {{Path("sft.bin")}, {Path("two.mask")}}});
+  EXPECT_NE(e.find(Path("two.mask") + ": mask byte 2 at position 5"), std::string::npos) << e;
+  e = ErrorOf({DataFormat::kLlmc, {{Path("sft.bin")}, {Path("sft.mask"), Path("sft.mask")}}});
+  EXPECT_NE(e.find("[data] mask_path names 2 files for 1 token files"), std::string::npos) << e;
+  e = ErrorOf({DataFormat::kLlmc, {{Path("sft.bin")}, {Path("sft.bin")}}});
+  EXPECT_NE(e.find("not a loss mask file"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -5,11 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace shardline {
 namespace {
@@ -22,19 +24,12 @@ uint64_t Mix(uint64_t x) {
 }
 constexpr int64_t kSyntheticTokens = int64_t{1} << 22;
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const DataConfig& data, int vocab_size,
-                                                                 int block_size, uint64_t seed) {
-  std::unique_ptr<TokenDataset> ds(new TokenDataset());
-  ds->format_ = data.format;
-  ds->block_size_ = block_size;
-  ds->vocab_size_ = vocab_size;
-  ds->seed_ = seed;
-  const std::string& path = data.path;
-  if (data.format == DataFormat::kSynthetic) {
-    ds->num_tokens_ = kSyntheticTokens;
-  } else {
+// A read-only memory map of a whole file; unmapped when destroyed.
+class MappedFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path) {
+    std::unique_ptr<MappedFile> f(new MappedFile());
+    f->path_ = path;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open data file: ", std::strerror(errno)));
     struct stat st;
@@ -42,108 +37,220 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(const DataConfi
       ::close(fd);
       return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
     }
-    ds->map_bytes_ = static_cast<size_t>(st.st_size);
-    if (ds->map_bytes_ > 0) {
-      ds->map_ = mmap(nullptr, ds->map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (ds->map_ == MAP_FAILED) {
-        ds->map_ = nullptr;
+    f->bytes_ = static_cast<size_t>(st.st_size);
+    if (f->bytes_ > 0) {
+      void* m = mmap(nullptr, f->bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (m == MAP_FAILED) {
         ::close(fd);
         return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(errno)));
       }
+      f->data_ = m;
     }
     ::close(fd);
-    if (data.format == DataFormat::kText) {
-      ds->u8_ = static_cast<const uint8_t*>(ds->map_);
-      ds->num_tokens_ = static_cast<int64_t>(ds->map_bytes_);
-      if (vocab_size < 256) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": text data needs vocab_size >= 256, got ", vocab_size));
+    return f;
+  }
+  ~MappedFile() {
+    if (data_) munmap(data_, bytes_);
+  }
+  const std::string& path() const { return path_; }
+  const char* data() const { return static_cast<const char*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  MappedFile() = default;
+  std::string path_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+constexpr size_t kHeaderBytes = 256 * sizeof(int32_t);
+
+// The count of an llm.c-style header: magic and version among `accepted`,
+// and a file long enough for count elements of its width.
+struct HeaderKind {
+  int32_t magic, version;
+  size_t width;
+};
+absl::StatusOr<std::pair<HeaderKind, int64_t>> ReadHeader(const MappedFile& f, std::vector<HeaderKind> accepted,
+                                                          const char* what) {
+  if (f.bytes() < kHeaderBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f.path(), ": truncated ", what, " header (", f.bytes(), " bytes, need ", kHeaderBytes, ")"));
+  }
+  const int32_t* h = reinterpret_cast<const int32_t*>(f.data());
+  for (const HeaderKind& k : accepted) {
+    if (h[0] != k.magic) continue;
+    if (h[1] != k.version) {
+      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": unsupported ", what, " version ", h[1],
+                                                     " (expected ", k.version, " for magic ", h[0], ")"));
+    }
+    const int64_t count = h[2];
+    const size_t need = kHeaderBytes + static_cast<size_t>(std::max<int64_t>(count, 0)) * k.width;
+    if (count < 0 || f.bytes() < need) {
+      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": truncated: header promises ", count, " entries (",
+                                                     need, " bytes), file has ", f.bytes()));
+    }
+    return std::make_pair(k, count);
+  }
+  std::string expected;
+  for (const HeaderKind& k : accepted) absl::StrAppend(&expected, expected.empty() ? "" : " or ", k.magic);
+  return absl::InvalidArgumentError(absl::StrCat(f.path(), ": bad magic ", h[0], " (expected ", expected, "; not ",
+                                                 std::string(what) == "llm.c" ? "an llm.c token" : "a loss mask",
+                                                 " file)"));
+}
+
+}  // namespace
+
+struct TokenDataset::File {
+  std::unique_ptr<MappedFile> tokens, mask;
+  const uint16_t* u16 = nullptr;  // llmc GPT-2 tokens
+  const uint32_t* u32 = nullptr;  // llmc Llama 3 tokens
+  const uint8_t* u8 = nullptr;    // text bytes
+  const uint8_t* mask_bytes = nullptr;
+  int64_t count = 0;
+  int64_t At(int64_t i) const { return u16 ? int64_t{u16[i]} : u32 ? int64_t{u32[i]} : int64_t{u8[i]}; }
+};
+
+absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(DataFormat format, const TokenSource& source,
+                                                                 int vocab_size, int block_size, uint64_t seed) {
+  std::unique_ptr<TokenDataset> ds(new TokenDataset());
+  ds->format_ = format;
+  ds->block_size_ = block_size;
+  ds->vocab_size_ = vocab_size;
+  ds->seed_ = seed;
+  std::string name = "synthetic data";
+  if (format == DataFormat::kSynthetic) {
+    ds->num_tokens_ = kSyntheticTokens;
+  } else {
+    SL_ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPaths(source.paths, "", "[data] path"));
+    std::vector<std::string> masks;
+    if (!source.mask_paths.empty()) {
+      SL_ASSIGN_OR_RETURN(masks, ExpandDataPaths(source.mask_paths, "", "[data] mask_path"));
+      if (masks.size() != paths.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("[data] mask_path names ", masks.size(),
+                                                       " files for ", paths.size(), " token files (one each)"));
       }
-    } else {
-      absl::Status parsed = ds->ParseLlmc(path);
-      if (!parsed.ok()) return parsed;
+      ds->masked_ = true;
+    }
+    name = paths.size() == 1 ? paths[0] : absl::StrCat(paths.size(), " files from ", paths[0]);
+    if (format == DataFormat::kText && vocab_size < 256) {
+      return absl::InvalidArgumentError(absl::StrCat(paths[0], ": text data needs vocab_size >= 256, got ", vocab_size));
+    }
+    for (size_t i = 0; i < paths.size(); ++i) {
+      auto file = std::make_unique<File>();
+      if (format == DataFormat::kText) {
+        SL_ASSIGN_OR_RETURN(file->tokens, MappedFile::Open(paths[i]));
+        file->u8 = reinterpret_cast<const uint8_t*>(file->tokens->data());
+        file->count = static_cast<int64_t>(file->tokens->bytes());
+      } else {
+        SL_RETURN_IF_ERROR(OpenLlmc(paths[i], vocab_size, file.get()));
+      }
+      if (ds->masked_) {
+        SL_ASSIGN_OR_RETURN(file->mask, MappedFile::Open(masks[i]));
+        SL_ASSIGN_OR_RETURN(auto header, ReadHeader(*file->mask, {{kLossMaskMagic, kLossMaskVersion, 1}}, "loss mask"));
+        if (header.second != file->count) {
+          return absl::InvalidArgumentError(absl::StrCat(masks[i], ": mask of ", header.second, " entries for ",
+                                                         paths[i], " of ", file->count, " tokens"));
+        }
+        file->mask_bytes = reinterpret_cast<const uint8_t*>(file->mask->data() + kHeaderBytes);
+        for (int64_t k = 0; k < file->count; ++k) {
+          if (file->mask_bytes[k] > 1) {
+            return absl::InvalidArgumentError(absl::StrCat(masks[i], ": mask byte ", int{file->mask_bytes[k]},
+                                                           " at position ", k, " (expected 0 or 1)"));
+          }
+        }
+      }
+      ds->starts_.push_back(ds->num_tokens_);
+      ds->num_tokens_ += file->count;
+      ds->files_.push_back(std::move(file));
     }
   }
   if (ds->num_tokens_ < int64_t{block_size} + 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        data.format == DataFormat::kSynthetic ? "synthetic data" : path, ": ", ds->num_tokens_,
-        " tokens is shorter than one sequence (block_size + 1 = ", block_size + 1, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", ds->num_tokens_,
+                                                   " tokens is shorter than one sequence (block_size + 1 = ",
+                                                   block_size + 1, ")"));
   }
   return ds;
 }
 
-absl::Status TokenDataset::ParseLlmc(const std::string& path) {
-  constexpr size_t kHeader = 256 * sizeof(int32_t);
-  if (map_bytes_ < kHeader) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": truncated llm.c header (", map_bytes_, " bytes, need ", kHeader, ")"));
-  }
-  const int32_t* h = static_cast<const int32_t*>(map_);
-  if (h[0] != kLlmcMagic && h[0] != kLlmcLlama3Magic) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": bad magic ", h[0], " (expected ", kLlmcMagic, " or ",
-                                                   kLlmcLlama3Magic, "; not an llm.c token file)"));
-  }
-  const bool wide = h[0] == kLlmcLlama3Magic;
-  const int32_t version = wide ? kLlmcLlama3Version : kLlmcVersion;
-  if (h[1] != version) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": unsupported llm.c version ", h[1], " (expected ", version, " for magic ", h[0], ")"));
-  }
-  const int64_t count = h[2];
-  const size_t width = wide ? sizeof(uint32_t) : sizeof(uint16_t);
-  const size_t need = kHeader + static_cast<size_t>(count) * width;
-  if (count < 0 || map_bytes_ < need) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": truncated: header promises ", count, " tokens (", need,
-                                                   " bytes), file has ", map_bytes_));
-  }
-  const char* tokens = static_cast<const char*>(map_) + kHeader;
-  if (wide) {
-    u32_ = reinterpret_cast<const uint32_t*>(tokens);
+absl::Status TokenDataset::OpenLlmc(const std::string& path, int vocab_size, File* file) {
+  SL_ASSIGN_OR_RETURN(file->tokens, MappedFile::Open(path));
+  SL_ASSIGN_OR_RETURN(auto header, ReadHeader(*file->tokens,
+                                              {{kLlmcMagic, kLlmcVersion, sizeof(uint16_t)},
+                                               {kLlmcLlama3Magic, kLlmcLlama3Version, sizeof(uint32_t)}},
+                                              "llm.c"));
+  const char* tokens = file->tokens->data() + kHeaderBytes;
+  if (header.first.width == sizeof(uint32_t)) {
+    file->u32 = reinterpret_cast<const uint32_t*>(tokens);
   } else {
-    u16_ = reinterpret_cast<const uint16_t*>(tokens);
+    file->u16 = reinterpret_cast<const uint16_t*>(tokens);
   }
-  num_tokens_ = count;
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t t = TokenAt(i);
-    if (t >= vocab_size_) {
+  file->count = header.second;
+  for (int64_t i = 0; i < file->count; ++i) {
+    const int64_t t = file->At(i);
+    if (t >= vocab_size) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ": token ", t, " at position ", i, " is >= vocab_size ", vocab_size_));
+          absl::StrCat(path, ": token ", t, " at position ", i, " is >= vocab_size ", vocab_size));
     }
   }
   return absl::OkStatus();
 }
 
-TokenDataset::~TokenDataset() {
-  if (map_) munmap(map_, map_bytes_);
+TokenDataset::~TokenDataset() = default;
+
+const TokenDataset::File& TokenDataset::FileAt(int64_t pos, int64_t* offset) const {
+  const size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin()) - 1;
+  *offset = pos - starts_[i];
+  return *files_[i];
 }
 
 int64_t TokenDataset::TokenAt(int64_t pos) const {
-  switch (format_) {
-    case DataFormat::kLlmc: return u16_ ? int64_t{u16_[pos]} : int64_t{u32_[pos]};
-    case DataFormat::kText: return u8_[pos];
-    case DataFormat::kSynthetic: {
-      const uint64_t r = Mix(seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(pos));
-      if (r % 8 == 0) return static_cast<int64_t>((r >> 8) % vocab_size_);
-      return (pos * 7 + (pos / block_size_) * 3) % vocab_size_;
-    }
+  if (format_ == DataFormat::kSynthetic) {
+    const uint64_t r = Mix(seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(pos));
+    if (r % 8 == 0) return static_cast<int64_t>((r >> 8) % vocab_size_);
+    return (pos * 7 + (pos / block_size_) * 3) % vocab_size_;
   }
-  return 0;
+  int64_t offset;
+  const File& f = FileAt(pos, &offset);
+  return f.At(offset);
+}
+
+bool TokenDataset::Counts(int64_t pos) const {
+  if (!masked_) return true;
+  int64_t offset;
+  const File& f = FileAt(pos, &offset);
+  return f.mask_bytes[offset] != 0;
+}
+
+int64_t TokenDataset::SequenceOf(int64_t step, int batch_size, int64_t j) const {
+  return (step * batch_size + j) % num_sequences();
 }
 
 void TokenDataset::Batch(int64_t step, int batch_size, int j0, int count, at::Tensor* inputs,
                          at::Tensor* targets) const {
   const int64_t T = block_size_;
-  const int64_t n = num_sequences();
   *inputs = at::empty({count, T}, at::kLong);
   *targets = at::empty({count, T}, at::kLong);
   int64_t* x = inputs->data_ptr<int64_t>();
   int64_t* y = targets->data_ptr<int64_t>();
   for (int k = 0; k < count; ++k) {
-    const int64_t i = (step * batch_size + j0 + k) % n;
+    const int64_t i = SequenceOf(step, batch_size, j0 + k);
     for (int64_t t = 0; t < T; ++t) {
       x[k * T + t] = TokenAt(i * T + t);
-      y[k * T + t] = TokenAt(i * T + t + 1);
+      y[k * T + t] = Counts(i * T + t + 1) ? TokenAt(i * T + t + 1) : kIgnoreTarget;
     }
   }
+}
+
+int64_t TokenDataset::CountedTargets(int64_t step, int batch_size) const {
+  const int64_t T = block_size_;
+  if (!masked_) return batch_size * T;
+  int64_t n = 0;
+  for (int64_t j = 0; j < batch_size; ++j) {
+    const int64_t i = SequenceOf(step, batch_size, j);
+    for (int64_t t = 0; t < T; ++t) n += Counts(i * T + t + 1);
+  }
+  return n;
 }
 
 namespace {
@@ -161,6 +268,10 @@ absl::Status WriteLlmc(const std::string& path, const std::vector<Token>& tokens
   return absl::OkStatus();
 }
 }  // namespace
+
+absl::Status WriteLossMaskFile(const std::string& path, const std::vector<uint8_t>& mask) {
+  return WriteLlmc(path, mask, kLossMaskMagic, kLossMaskVersion);
+}
 
 absl::Status WriteLlmcFile(const std::string& path, const std::vector<uint16_t>& tokens) {
   return WriteLlmc(path, tokens, kLlmcMagic, kLlmcVersion);

@@ -7,19 +7,31 @@
 // vocabularies past 65,536), raw text read as bytes (vocab 256), and a
 // synthetic generator (a function of the seed, nothing on disk).
 //
+// Several files (TokenSource: a list, globs expanded in sorted order) are one
+// stream: their tokens back to back, in order.
+//
 // Order: with T = block_size, B = batch_size and n = floor((tokens - 1) / T)
 // sequences, global step s uses sequences i = (s*B + j) mod n for j = 0..B-1;
 // sequence i is tokens [i*T, i*T + T) as input and the next T as targets.
 // It depends on the global step alone, so any world size reads one stream.
 //
-// Open() validates the whole file: a wrong magic or version, a truncated file,
-// a token >= vocab_size, or a file shorter than one sequence is an error that
-// names the file. The object is immutable and safe to share across threads.
+// Loss masks (supervised fine-tuning): one mask file per token file, a
+// 256 x int32 header (magic 20240905, version 1, count equal to its token
+// file's) then one byte per token, 1 where the token counts as a target and 0
+// where it does not (a prompt). A target whose mask byte is 0 is given as
+// kIgnoreTarget, which the cross-entropy skips; the loss is the mean over the
+// counted targets of the global batch (CountedTargets).
+//
+// Open() validates every file: a wrong magic or version, a truncated file, a
+// token >= vocab_size, a mask of the wrong length or with a byte other than
+// 0 or 1, or a stream shorter than one sequence is an error that names the
+// file. The object is immutable and safe to share across threads.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -32,11 +44,16 @@ constexpr int32_t kLlmcMagic = 20240520;  // uint16 tokens
 constexpr int32_t kLlmcVersion = 1;
 constexpr int32_t kLlmcLlama3Magic = 20240801;  // uint32 tokens
 constexpr int32_t kLlmcLlama3Version = 7;
+constexpr int32_t kLossMaskMagic = 20240905;  // uint8 mask bytes
+constexpr int32_t kLossMaskVersion = 1;
+constexpr int64_t kIgnoreTarget = -100;  // torch's cross_entropy ignore_index
 
 class TokenDataset {
  public:
-  static absl::StatusOr<std::unique_ptr<TokenDataset>> Open(const DataConfig& data, int vocab_size,
-                                                            int block_size, uint64_t seed);
+  // The stream of `source`'s files (paths resolved; globs expanded here),
+  // or the synthetic one.
+  static absl::StatusOr<std::unique_ptr<TokenDataset>> Open(DataFormat format, const TokenSource& source,
+                                                            int vocab_size, int block_size, uint64_t seed);
   ~TokenDataset();
   TokenDataset(const TokenDataset&) = delete;
   TokenDataset& operator=(const TokenDataset&) = delete;
@@ -44,31 +61,42 @@ class TokenDataset {
   int64_t num_tokens() const { return num_tokens_; }
   int64_t num_sequences() const { return (num_tokens_ - 1) / block_size_; }
 
+  bool masked() const { return masked_; }
+
   // Inputs and targets [count, T] (int64) of sequences j in [j0, j0 + count)
-  // of global step `step` with `batch_size` sequences per step.
+  // of global step `step` with `batch_size` sequences per step; masked-out
+  // targets are kIgnoreTarget.
   void Batch(int64_t step, int batch_size, int j0, int count, at::Tensor* inputs,
              at::Tensor* targets) const;
+  // The targets of global step `step` that count: batch_size * T without
+  // masks.
+  int64_t CountedTargets(int64_t step, int batch_size) const;
 
  private:
+  struct File;  // one mapped token file and its mask
   TokenDataset() = default;
+  // Opens one llm.c token file and checks every token against the vocabulary.
+  static absl::Status OpenLlmc(const std::string& path, int vocab_size, File* file);
   int64_t TokenAt(int64_t pos) const;
-  // Validates the mapped llm.c file (header, length, every token < vocab).
-  absl::Status ParseLlmc(const std::string& path);
+  bool Counts(int64_t pos) const;  // the mask of token pos (as a target)
+  const File& FileAt(int64_t pos, int64_t* offset) const;
+  // Sequence i of global step `step`.
+  int64_t SequenceOf(int64_t step, int batch_size, int64_t j) const;
 
   DataFormat format_ = DataFormat::kSynthetic;
   int block_size_ = 0, vocab_size_ = 0;
   uint64_t seed_ = 0;
   int64_t num_tokens_ = 0;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const uint16_t* u16_ = nullptr;  // llmc GPT-2 tokens
-  const uint32_t* u32_ = nullptr;  // llmc Llama 3 tokens
-  const uint8_t* u8_ = nullptr;    // text bytes
+  bool masked_ = false;
+  std::vector<std::unique_ptr<File>> files_;
+  std::vector<int64_t> starts_;  // first stream position of each file
 };
 
 // Writes an llm.c .bin file (used by tests and the demo's data preparation):
 // GPT-2's format for uint16 tokens, Llama 3's for uint32.
 absl::Status WriteLlmcFile(const std::string& path, const std::vector<uint16_t>& tokens);
 absl::Status WriteLlmcFile(const std::string& path, const std::vector<uint32_t>& tokens);
+// Writes a loss mask file (one byte, 0 or 1, per token of its token file).
+absl::Status WriteLossMaskFile(const std::string& path, const std::vector<uint8_t>& mask);
 
 }  // namespace shardline

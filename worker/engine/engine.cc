@@ -53,7 +53,15 @@ absl::Status Engine::Init() {
   at::globalContext().setAllowTF32CuBLAS(config_.precision.allow_tf32);
   at::globalContext().setAllowTF32CuDNN(config_.precision.allow_tf32);
   const ModelConfig& m = config_.model;
-  SL_ASSIGN_OR_RETURN(data_, TokenDataset::Open(config_.data, m.vocab_size, m.block_size, config_.train.seed));
+  SL_ASSIGN_OR_RETURN(data_, TokenDataset::Open(config_.data.format, config_.data.train, m.vocab_size,
+                                                 m.block_size, config_.train.seed));
+  const bool synthetic = config_.data.format == DataFormat::kSynthetic;
+  if (!config_.data.val.empty() || (synthetic && config_.train.eval_interval > 0)) {
+    // Synthetic validation data is the generator under another seed.
+    const uint64_t val_seed = synthetic ? config_.train.seed ^ 0x5eedda7aull : config_.train.seed;
+    SL_ASSIGN_OR_RETURN(val_, TokenDataset::Open(config_.data.format, config_.data.val, m.vocab_size, m.block_size,
+                                                 val_seed));
+  }
   const Strategy s = config_.parallelism.strategy;
   FlatParamOptions opts;
   opts.param_dtype = TorchDType(config_.precision.param_dtype);
@@ -258,7 +266,9 @@ absl::StatusOr<at::Tensor> Engine::ForwardBackwardAll(int64_t step) {
   const TrainConfig& t = config_.train;
   const int per_rank = t.batch_size / world_;
   const int micro = per_rank / t.micro_batch_size;
-  loss_scale_ = 1.0 / (static_cast<double>(t.batch_size) * config_.model.block_size);
+  // The mean over the targets of the global batch that count (all, without
+  // loss masks): every rank computes the same count from the data alone.
+  loss_scale_ = 1.0 / static_cast<double>(std::max<int64_t>(1, data_->CountedTargets(step, t.batch_size)));
   for (auto& f : units_) f->ZeroGrad();
   at::Tensor loss = device_->Zeros(1, at::kDouble).squeeze();
   for (int mb = 0; mb < micro; ++mb) {
@@ -299,10 +309,53 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step) {
   r.tokens = static_cast<int64_t>(t.batch_size) * config_.model.block_size;
   r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   r.exposed_comm_seconds = waiter_.exposed_seconds();
+  const int interval = t.eval_interval;
+  if (val_ && interval > 0 && ((step + 1) % interval == 0 || step + 1 == t.steps)) {
+    const absl::Time e0 = absl::Now();
+    SL_ASSIGN_OR_RETURN(r.val_loss, Evaluate());
+    r.eval_seconds = absl::ToDoubleSeconds(absl::Now() - e0);
+  }
   const DeviceMemory mem = device_->Memory();
   tensor_peak_ = mem.peak_allocated;
   reserved_peak_ = mem.peak_reserved;
   return r;
+}
+
+absl::StatusOr<double> Engine::Evaluate() {
+  if (!val_) return absl::FailedPreconditionError("no [data] val_path to evaluate on");
+  const Device::ComputeScope on_device(*device_);
+  c10::NoGradGuard no_grad;
+  const TrainConfig& t = config_.train;
+  const ModelConfig& m = config_.model;
+  const int per_rank = t.batch_size / world_;
+  const int U = static_cast<int>(units_.size()), head = model::HeadUnit(m);
+  int64_t counted = 0;
+  for (int b = 0; b < t.eval_batches; ++b) counted += val_->CountedTargets(b, t.batch_size);
+  const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, counted));
+  at::Tensor loss = device_->Zeros(1, at::kDouble);
+  for (int b = 0; b < t.eval_batches; ++b) {
+    for (int mb = 0; mb < per_rank / t.micro_batch_size; ++mb) {
+      at::Tensor x, y;
+      val_->Batch(b, t.batch_size, rank_ * per_rank + mb * t.micro_batch_size, t.micro_batch_size, &x, &y);
+      at::Tensor h = device_->FromHost(x);
+      for (int u = 0; u < U; ++u) {
+        SL_RETURN_IF_ERROR(Unsharded(u));
+        if (config_.prefetch.forward && u + 1 < U) Prefetch(u + 1);
+        if (u == 0) {
+          h = family_->Embed(h, WeightsOf(0));
+        } else if (u == head) {
+          loss.add_(family_->HeadLoss(h, WeightsOf(u), WeightsOf(0), device_->FromHost(y), scale).to(at::kDouble));
+        } else {
+          h = family_->Block(h, WeightsOf(u));
+        }
+        if (model::IsBlock(m, u) || u == head) SL_RETURN_IF_ERROR(units_[u]->Reshard());
+      }
+      SL_RETURN_IF_ERROR(units_[0]->Reshard());
+    }
+  }
+  SL_RETURN_IF_ERROR(SumOverWorld(loss));
+  SL_RETURN_IF_ERROR(SyncHost());
+  return loss.item<double>();
 }
 
 MemoryReport Engine::Memory() const {

@@ -16,6 +16,7 @@
 // compute.
 #pragma once
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,10 @@ struct StepResult {
   int64_t tokens = 0;     // tokens of the global batch
   double seconds = 0;
   double exposed_comm_seconds = 0;  // time the step thread waited on collectives
+  // Mean loss over [train] eval_batches of the validation stream, after this
+  // step's update; NaN where the step ran no evaluation.
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
+  double eval_seconds = 0;  // not part of `seconds`
 };
 
 // Per-rank memory by kind; at rest (between steps) and the peak of all kinds
@@ -76,8 +81,13 @@ class Engine {
                                                         absl::Duration collective_timeout = absl::Seconds(60));
   ~Engine();
 
-  // Runs global step `step` (0-based): every micro-batch, then the update.
+  // Runs global step `step` (0-based): every micro-batch, then the update,
+  // then (every [train] eval_interval steps, and after the last) Evaluate.
   absl::StatusOr<StepResult> Step(int64_t step);
+  // The mean loss over the first eval_batches global batches of [data]
+  // val_path, forward only (every rank must call it). Masked validation
+  // files count their masked-in targets only.
+  absl::StatusOr<double> Evaluate();
   // The first half of Step: forward and backward of every micro-batch and the
   // gradient reduction; returns this rank's share of the mean loss (the
   // global mean when world == 1). Afterwards GradShard
@@ -151,6 +161,7 @@ class Engine {
   Communicators comms_;
   CommWaiter waiter_;
   std::unique_ptr<TokenDataset> data_;
+  std::unique_ptr<TokenDataset> val_;  // null without [data] val_path
   std::vector<ShardLayout> layouts_;
   std::vector<std::unique_ptr<FlatParam>> units_;
   std::vector<std::vector<DecayRange>> decay_;

@@ -1,0 +1,183 @@
+"""Data for fine-tuning: token shards as one stream, loss masks, validation.
+
+The training data is three llm.c shards, named once as a list and once
+through a glob, with a loss mask per shard (prompt tokens masked out,
+completion tokens in):
+
+1. Step 0 in one process: the batch is the stream order of DESIGN.md over the
+   concatenated shards, computed here; the masked-out targets are -100; the
+   engine's loss and every gradient equal PyTorch's cross_entropy with
+   ignore_index (the mean over the counted targets) in fp32.
+2. Ten steps against torch.optim.AdamW on those batches; full_shard at N=3 and
+   hybrid_shard at N=4 equal one process (the loss divisor is the global
+   count of counted targets, whatever the split over ranks).
+3. Validation: eval_interval = 4, eval_batches = 3 over a val shard: the
+   engine reports val_loss after steps 4, 8 and the last (10), none
+   elsewhere, and the last equals PyTorch's loss of the final parameters over
+   the same three batches; N=3 reports what N=1 does.
+4. Refused, naming the key: eval_interval without val_path, a mask with
+   text data, a glob that matches nothing.
+"""
+import glob
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+import harness
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "oracle"))
+from nanogpt import GPT, model_from, train_reference  # noqa: E402
+from step0 import check_step0  # noqa: E402
+
+torch.set_num_threads(1)
+SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
+VOCAB, T = 64, 16
+
+
+def write_llmc(path, tokens, magic=20240520, version=1, dtype=np.uint16):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (magic, version, len(tokens))
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype=dtype).tobytes())
+
+
+def make_data(d):
+    """Three shards of prompt/completion pairs (completion tokens count), and a val shard."""
+    rng = np.random.default_rng(0)
+    streams = []
+    for i, n in enumerate((300, 411, 257)):
+        tokens = rng.integers(0, VOCAB, n)
+        mask = np.zeros(n, dtype=np.uint8)
+        pos = 0
+        while pos < n:  # prompt of 3..9 tokens, then a completion of 2..12
+            prompt, completion = rng.integers(3, 10), rng.integers(2, 13)
+            mask[pos + prompt:pos + prompt + completion] = 1
+            pos += prompt + completion
+        write_llmc(os.path.join(d, f"train_{i:02d}.bin"), tokens)
+        write_llmc(os.path.join(d, f"train_{i:02d}.mask"), mask, magic=20240905, dtype=np.uint8)
+        streams.append((tokens, mask))
+    write_llmc(os.path.join(d, "val.bin"), rng.integers(0, VOCAB, 700))
+    tokens = np.concatenate([s[0] for s in streams])
+    mask = np.concatenate([s[1] for s in streams])
+    return tokens, mask
+
+
+def batch(tokens, mask, step, B):
+    """DESIGN's order over the stream: sequence (step*B + j) mod n; masked targets -100."""
+    n = (len(tokens) - 1) // T
+    xs, ys = [], []
+    for j in range(B):
+        i = (step * B + j) % n
+        xs.append(tokens[i * T:i * T + T])
+        y = tokens[i * T + 1:i * T + T + 1].astype(np.int64)
+        if mask is not None:
+            y = np.where(mask[i * T + 1:i * T + T + 1] == 1, y, -100)
+        ys.append(y)
+    return torch.tensor(np.array(xs), dtype=torch.long), torch.tensor(np.array(ys), dtype=torch.long)
+
+
+def config(d, strategy, world, globbed=False, **overrides):
+    cfg = harness.config(strategy, world, micro_batches=2, data__format="llmc", **overrides)
+    if globbed:
+        cfg["data"]["path"] = os.path.join(d, "train_*.bin")
+        cfg["data"]["mask_path"] = os.path.join(d, "train_*.mask")
+    else:
+        cfg["data"]["path"] = [os.path.join(d, f"train_{i:02d}.bin") for i in range(3)]
+        cfg["data"]["mask_path"] = [os.path.join(d, f"train_{i:02d}.mask") for i in range(3)]
+    return cfg
+
+
+def refused(checks, label, d, cfg, expected):
+    path = os.path.join(d, f"bad-{label.replace(' ', '_')}.toml")
+    harness.write_toml(cfg, path)
+    r = subprocess.run([SHARDCTL, "--coordinator", "127.0.0.1:1", "submit", path], capture_output=True, text=True,
+                       timeout=60)
+    err = r.stderr.strip()
+    checks.check(r.returncode == 1 and expected in err and len(err.splitlines()) == 1, f"refused: {label}", err)
+
+
+def main():
+    checks = harness.Checks()
+    d = harness.tempfile.mkdtemp(prefix="shardline-data-")
+    tokens, mask = make_data(d)
+
+    # 1. Step 0 against cross_entropy(ignore_index=-100).
+    cfg = config(d, "no_shard", 1)
+    job = os.path.join(d, "job.toml")
+    harness.write_toml(cfg, job)
+    out = os.path.join(d, "dump.safetensors")
+    subprocess.run([harness.TRAIN, "--config", job, "--dump-grads", out], check=True, timeout=120)
+    dump = load_file(out)
+    x, y = batch(tokens, mask, 0, cfg["train"]["batch_size"])
+    checks.check(torch.equal(dump["batch.inputs"], x) and torch.equal(dump["batch.targets"], y),
+                 "step 0's batch is the stream order over three shards, masked targets -100",
+                 f"{int((y != -100).sum())} of {y.numel()} targets count")
+    model = model_from(dump, cfg["model"])
+    logits, _ = model(x)
+    loss = F.cross_entropy(logits.view(-1, VOCAB), y.view(-1), ignore_index=-100)
+    check_step0(checks, dump, model, logits, loss, "masked step 0: ")
+
+    # 2. Ten steps against AdamW; other world sizes and strategies.
+    ref, ref_losses = train_reference(dump, cfg)
+    runs = {}
+    for strategy, world, globbed in (("no_shard", 1, False), ("full_shard", 3, True), ("hybrid_shard", 4, True)):
+        c = config(d, strategy, world, globbed, train__eval_interval=4, train__eval_batches=3,
+                   data__val_path=os.path.join(d, "val.bin"))
+        run_out, ranks = harness.run(c, world)
+        runs[(strategy, world)] = (load_file(os.path.join(run_out, "params.safetensors")), ranks[0]["steps"])
+    params, steps = runs[("no_shard", 1)]
+    diff = max(float((params[k] - ref[k]).abs().max()) for k in params)
+    checks.check(diff < 2e-5, "masked: 10 steps vs torch AdamW", f"max abs diff {diff:.2e}")
+    lrel = max(abs(s["loss"] - r) / r for s, r in zip(steps, ref_losses))
+    checks.check(lrel < 1e-5, "masked: losses vs torch", f"max rel diff {lrel:.2e}")
+    for key in (("full_shard", 3), ("hybrid_shard", 4)):
+        p, s = runs[key]
+        diff = max(float((p[k] - params[k]).abs().max()) for k in params)
+        checks.check(diff < 1e-6, f"masked: {key[0]} N={key[1]} (globbed paths) equals one process",
+                     f"max abs diff {diff:.2e}")
+
+    # 3. Validation losses.
+    evaluated = [s["step"] + 1 for s in steps if s["val_loss"] is not None]
+    checks.check(evaluated == [4, 8, 10], "val_loss after steps 4, 8 and the last", str(evaluated))
+    model = GPT(**{k: cfg["model"][k] for k in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")})
+    state = {k: v for k, v in params.items() if k.startswith("transformer.")}
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    model.load_state_dict(state)
+    val = np.fromfile(os.path.join(d, "val.bin"), dtype=np.uint16, offset=1024)
+    with torch.no_grad():
+        total = 0.0
+        for b in range(3):
+            vx, vy = batch(val, None, b, cfg["train"]["batch_size"])
+            total += F.cross_entropy(model(vx)[0].view(-1, VOCAB), vy.view(-1), reduction="sum").item()
+        expected = total / (3 * cfg["train"]["batch_size"] * T)
+    got = steps[-1]["val_loss"]
+    checks.check(abs(got - expected) / expected < 1e-6, "final val_loss equals PyTorch's over the same batches",
+                 f"{got:.6f} vs {expected:.6f}")
+    for key in (("full_shard", 3), ("hybrid_shard", 4)):
+        v = [s["val_loss"] for s in runs[key][1] if s["val_loss"] is not None]
+        ref_v = [s["val_loss"] for s in steps if s["val_loss"] is not None]
+        worst = max(abs(a - b) / b for a, b in zip(v, ref_v))
+        checks.check(len(v) == 3 and worst < 1e-6, f"val_loss at {key[0]} N={key[1]} equals one process",
+                     f"max rel diff {worst:.2e}")
+
+    # 4. Refusals.
+    bad = config(d, "no_shard", 1, train__eval_interval=5)
+    refused(checks, "eval_interval without val_path", d, bad, "[train] eval_interval = 5 needs [data] val_path")
+    bad = config(d, "no_shard", 1)
+    bad["data"]["format"] = "text"
+    refused(checks, "mask with text", d, bad, 'loss masks (mask_path, val_mask_path) need format = "llmc"')
+    bad = config(d, "no_shard", 1)
+    bad["data"]["path"] = os.path.join(d, "nothing_*.bin")
+    refused(checks, "glob matching nothing", d, bad, f"[data] path: {d}/nothing_*.bin: no such file")
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
