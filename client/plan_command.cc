@@ -1,5 +1,6 @@
 #include "client/plan_command.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
@@ -12,7 +13,12 @@ namespace shardline::ctl {
 
 void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("JOB.toml", f->job_file, "a job file: its model, batch, precision and workers");
-  cmd->add_option("--params", f->params, "or a GPT-shaped model of about this many parameters (e.g. 7e9)");
+  cmd->add_option("--params", f->params, "or a model of this many parameters (e.g. 7e9), shaped as --family's");
+  cmd->add_option("--family", f->family, "gpt2 (default) or llama (GQA, SwiGLU, untied head)")
+      ->check(CLI::IsMember({"gpt2", "llama"}));
+  cmd->add_option("--kv-heads", f->kv_heads, "llama: key/value heads (default: --heads)");
+  cmd->add_option("--intermediate", f->intermediate, "llama: SwiGLU width (default: 8/3 x hidden, rounded to 256)");
+  cmd->add_flag("--tied", f->tied, "llama: the head is the token embedding");
   cmd->add_option("--layers", f->layers, "or the shape: layers");
   cmd->add_option("--hidden", f->hidden, "hidden size");
   cmd->add_option("--heads", f->heads, "attention heads");
@@ -28,7 +34,11 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--batch", f->batch, "global batch in sequences (default: the job file's)");
   cmd->add_option("--micro-batch", f->micro_batch, "sequences per rank per forward (default: the job file's, else 1)");
   cmd->add_option("--shard-group", f->shard_group, "hybrid shard group size (default: --gpus-per-node)");
-  cmd->add_option("--dtype", f->dtype, "parameter dtype, bf16 or fp32 (default: the job file's, else bf16)");
+  cmd->add_option("--dtype", f->dtype, "parameter dtype, bf16 or fp32 (default: the job file's, else bf16)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  cmd->add_option("--reduce-dtype", f->reduce_dtype, "gradient reduction dtype, bf16 or fp32 (default: the job "
+                                                     "file's, else fp32; fp32 with --dtype fp32)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
 }
 
 absl::Status RunPlan(const PlanFlags& f, bool json) {
@@ -52,13 +62,21 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     if (f.layers <= 0 || f.hidden <= 0 || f.heads <= 0) {
       return absl::InvalidArgumentError("plan: --layers, --hidden and --heads go together");
     }
+    in.model.family = f.family;
     in.model.n_layer = f.layers;
     in.model.n_embd = f.hidden;
     in.model.n_head = f.heads;
     in.model.vocab_size = f.vocab;
     in.model.block_size = f.seq;
+    if (in.model.is_llama()) {
+      in.model.n_kv_head = f.kv_heads;
+      in.model.intermediate_size =
+          f.intermediate > 0 ? f.intermediate : std::max(256, static_cast<int>(f.hidden * 8 / 3 / 256 * 256));
+      in.model.tie_word_embeddings = f.tied;
+    }
   } else if (f.params > 0) {
-    in.model = ModelForParams(f.params, f.vocab, f.seq);
+    in.model = ModelForParams(f.params, f.vocab, f.seq, f.family);
+    if (in.model.is_llama()) in.model.tie_word_embeddings = f.tied;
   } else {
     return absl::InvalidArgumentError("plan: give a JOB.toml, --params, or --layers/--hidden/--heads");
   }
@@ -67,18 +85,20 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
   if (f.micro_batch > 0) in.micro_batch_size = f.micro_batch;
   if (f.shard_group > 0) in.shard_group_size = f.shard_group;
   if (!f.dtype.empty()) {
-    if (f.dtype != "bf16" && f.dtype != "fp32") {
-      return absl::InvalidArgumentError(absl::StrCat("plan: --dtype ", f.dtype, ": expected bf16 or fp32"));
-    }
     in.param_dtype = f.dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
     if (in.param_dtype == DType::kFloat32) in.reduce_dtype = DType::kFloat32;
   }
+  if (!f.reduce_dtype.empty()) in.reduce_dtype = f.reduce_dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
   SL_ASSIGN_OR_RETURN(Plan plan, MakePlan(in));
   if (json) {
     std::cout << PlanJson(plan) << std::endl;
   } else {
-    std::cout << absl::StrCat("model: ", in.model.n_layer, " layers, hidden ", in.model.n_embd, ", ",
-                              in.model.n_head, " heads, vocab ", in.model.vocab_size, ", seq ",
+    const ModelConfig& m = in.model;
+    const std::string llama = m.is_llama() ? absl::StrCat(" (", m.kv_heads(), " kv), SwiGLU ", m.intermediate_size,
+                                                          m.tied() ? ", tied" : ", untied head")
+                                           : "";
+    std::cout << absl::StrCat("model: ", m.family, ", ", in.model.n_layer, " layers, hidden ", in.model.n_embd, ", ",
+                              in.model.n_head, " heads", llama, ", vocab ", in.model.vocab_size, ", seq ",
                               in.model.block_size, "; ", in.cluster.workers, " workers, ",
                               in.cluster.gpus_per_node, " per node\n")
               << PlanTable(plan);

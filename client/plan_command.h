@@ -15,6 +15,10 @@ struct PlanFlags {
   std::string job_file;
   double params = 0;
   int layers = 0, hidden = 0, heads = 0, vocab = 50304, seq = 2048;
+  std::string family = "gpt2";      // for --params and --layers/--hidden/--heads
+  int kv_heads = 0, intermediate = 0;  // llama; 0 = heads, 8/3 x hidden rounded to 256
+  bool tied = false;                // llama: tie the head to the embedding
+  std::string reduce_dtype;         // bf16 | fp32; default: the job file's, else fp32
   int workers = 0, batch = 0, micro_batch = 0, shard_group = 0;
   std::string dtype;  // bf16 | fp32; default: the job file's, else bf16
   ClusterSpec cluster;

@@ -38,20 +38,74 @@ void StateBytes(const std::vector<ShardLayout>& layouts, Strategy s, int p, int 
 // of one layer's saved activations at 2-byte activations; doubled in fp32.
 double LayerActivationBytes(const ModelConfig& m, int b, int p) {
   const double s = m.block_size, h = m.n_embd, a = m.n_head;
-  return s * b * h * (34 + 5 * a * s / h) * (p == 4 ? 2.0 : 1.0);
+  const double scale = p == 4 ? 2.0 : 1.0;
+  if (!m.is_llama()) return s * b * h * (34 + 5 * a * s / h) * scale;
+  // Llama, in 2-byte units per token: norm input and q/k/v input (4h); q, and
+  // k and v at the key/value width, before and after rotation (4q + 4kv);
+  // the attention output (2q); the MLP's norm input and input (4h); gate,
+  // up, silu(gate) and their product (8i); and the softmax (2as per token).
+  const double q = static_cast<double>(m.n_head) * m.head_dim(), kv = static_cast<double>(m.kv_heads()) * m.head_dim();
+  const double i = m.intermediate_size;
+  return s * b * (8 * h + 6 * q + 4 * kv + 8 * i + 2 * a * s) * scale;
+}
+
+// Parameters of one block and of everything else, by the shape tables.
+std::pair<int64_t, int64_t> ParamSplit(ModelConfig m) {
+  m.n_layer = 1;
+  int64_t block = 0, rest = 0;
+  for (int u = 0; u < model::NumUnits(m); ++u) {
+    for (const ParamSpec& p : model::UnitParams(m, u)) (model::IsBlock(m, u) ? block : rest) += p.numel();
+  }
+  return {block, rest};
 }
 
 }  // namespace
 
-ModelConfig ModelForParams(double params, int vocab_size, int seq_len) {
-  // 12 * L * h^2 with h = 128 L: L = cbrt(P / 196608).
-  ModelConfig m;
-  m.n_layer = std::max(1, static_cast<int>(std::lround(std::cbrt(params / 196608.0))));
-  m.n_embd = 128 * m.n_layer;
-  m.n_head = m.n_layer;
-  m.vocab_size = vocab_size;
-  m.block_size = seq_len;
-  return m;
+ModelConfig ModelForParams(double params, int vocab_size, int seq_len, const std::string& family) {
+  const bool llama = family == "llama";
+  auto shape = [&](int hidden, int intermediate_step) {
+    ModelConfig m;
+    m.family = family;
+    m.vocab_size = vocab_size;
+    m.block_size = seq_len;
+    m.n_embd = hidden;
+    m.n_head = hidden / (llama && hidden % 128 == 0 ? 128 : 64);
+    if (llama) {
+      m.n_kv_head = m.n_head % 4 == 0 ? m.n_head / 4 : m.n_head;
+      const int base = static_cast<int>(std::lround(8.0 * hidden / 3 / 256)) * 256;
+      m.intermediate_size = std::max(256, base + 256 * intermediate_step);
+    }
+    return m;
+  };
+  // Among the shapes within 0.4% of `params`, the most conventional one:
+  // hidden nearest 128 x layers (GPT-2's and Llama's aspect) and, for llama,
+  // heads in groups of four (GQA 4:1). With none that close, the closest.
+  ModelConfig best = shape(64, 0), closest = best;
+  best.n_layer = closest.n_layer = 1;
+  double best_score = 1e300, closest_err = 1e300;
+  for (int hidden = 64; hidden <= 65536; hidden += 64) {
+    for (int step = llama ? -3 : 0; step <= (llama ? 3 : 0); ++step) {
+      ModelConfig m = shape(hidden, step);
+      const auto [block, rest] = ParamSplit(m);
+      const double want_layers = (params - static_cast<double>(rest)) / static_cast<double>(block);
+      for (int l : {static_cast<int>(std::floor(want_layers)), static_cast<int>(std::ceil(want_layers))}) {
+        if (l < 1 || hidden < 32 * l || hidden > 256 * l) continue;
+        m.n_layer = l;
+        const double err = std::abs(static_cast<double>(l) * block + rest - params) / params;
+        if (err < closest_err) {
+          closest_err = err;
+          closest = m;
+        }
+        const double score = std::abs(std::log(hidden / (128.0 * l))) + (llama && m.n_head % 4 != 0 ? 1.0 : 0.0);
+        if (err <= 0.004 && score < best_score) {
+          best_score = score;
+          best = m;
+        }
+      }
+    }
+  }
+  if (best_score == 1e300) return closest;
+  return best;
 }
 
 absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
@@ -64,9 +118,12 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.vocab_size < 1 || m.block_size < 1) {
     return absl::InvalidArgumentError("model: layers, hidden, heads, vocab and seq must all be positive");
   }
-  if (m.n_embd % m.n_head != 0) {
+  if (!m.is_llama() && m.n_embd % m.n_head != 0) {
     return absl::InvalidArgumentError(absl::StrCat("model: hidden ", m.n_embd, " is not divisible by heads ",
                                                    m.n_head));
+  }
+  if (m.is_llama() && (m.intermediate_size < 1 || m.n_head % m.kv_heads() != 0)) {
+    return absl::InvalidArgumentError("model: llama needs an intermediate size and heads divisible by kv heads");
   }
   const int world = c.workers;
   const int b = std::max(1, in.micro_batch_size);
@@ -86,7 +143,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   // Recomputation repeats the blocks' forward: a third of their training FLOPs.
   double block_numel = 0;
   for (const ParamSpec& spec : model::UnitParams(m, 1)) block_numel += spec.numel();
-  const double block_flops = 6.0 * block_numel * m.n_layer + 12.0 * m.n_layer * m.n_embd * m.block_size;
+  const double block_flops =
+      6.0 * block_numel * m.n_layer + 12.0 * m.n_layer * m.n_head * m.head_dim() * m.block_size;
   const double recompute = compute * (block_flops / plan.flops_per_token) / 3;
 
   const double layer_act = LayerActivationBytes(m, b, p);

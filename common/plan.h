@@ -8,10 +8,13 @@
 //  - transient memory is the unsharded units the schedule holds at once
 //    (the tied embedding, the head, the unit being computed and the
 //    prefetched ones) and one unit's unsharded gradient;
-//  - activations follow Korthikanti et al. 2022 (per layer s*b*h*(34 +
-//    5*a*s/h) bytes at 2-byte activations, doubled in fp32) plus the head's
-//    logits; with checkpointing each layer keeps its input and one layer is
-//    live during its recomputation;
+//  - activations follow Korthikanti et al. 2022 (GPT-2: per layer
+//    s*b*h*(34 + 5*a*s/h) bytes at 2-byte activations, doubled in fp32; the
+//    llama family: the same count over its own saved tensors, with GQA's
+//    narrower k and v, the rotated q and k, and SwiGLU's three
+//    intermediate-wide tensors) plus the head's logits; with checkpointing
+//    each layer keeps its input and one layer is live during its
+//    recomputation;
 //  - compute is (6N + 12*L*H*Q*T) FLOPs per token (+1/3 with checkpointing)
 //    at the given FLOP/s; communication is ring bytes at the bandwidth of
 //    the link the group spans; per-unit collectives overlap compute, the
@@ -77,9 +80,14 @@ struct Plan {
 
 absl::StatusOr<Plan> MakePlan(const PlanInput& in);
 
-// A GPT-2-shaped model of about `params` parameters (hidden = 128 x layers,
-// heads of 128), for `--params` without a shape.
-ModelConfig ModelForParams(double params, int vocab_size, int seq_len);
+// A model of `params` parameters (within 0.5% wherever the embedding alone
+// does not exceed it) for `--params` without a shape: `family` "gpt2" (heads
+// of 64, tied) or "llama" (heads of 128 where hidden allows, else 64; GQA
+// with a quarter as many key/value heads; SwiGLU width 8/3 x hidden rounded
+// to 256; untied). Layers grow as the cube root of the size (hidden about
+// 128 x layers, as GPT-2 and Llama do); hidden is the multiple of 64 that
+// lands closest.
+ModelConfig ModelForParams(double params, int vocab_size, int seq_len, const std::string& family = "gpt2");
 
 // Tables and JSON for shardctl.
 std::string PlanTable(const Plan& p);

@@ -1,5 +1,6 @@
 // The planner's arithmetic: DESIGN.md's state table, the ring bytes, the
 // choice of strategy, and errors naming the flag.
+#include <cmath>
 #include "common/plan.h"
 
 #include <gtest/gtest.h>
@@ -70,7 +71,7 @@ TEST(Plan, SevenBillionOnEightH100sShardsAndRecommendsTheFastestThatFits) {
   in.micro_batch_size = 1;
   auto plan = MakePlan(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_NEAR(static_cast<double>(plan->params), 7e9, 0.15 * 7e9);
+  EXPECT_NEAR(static_cast<double>(plan->params), 7e9, 0.005 * 7e9);
   EXPECT_FALSE(Of(*plan, Strategy::kNoShard).fits) << "16 bytes x 7e9 parameters is 112 GB";
   EXPECT_TRUE(Of(*plan, Strategy::kFullShard).fits_checkpointed);
   ASSERT_FALSE(plan->recommended.empty());
@@ -85,6 +86,47 @@ TEST(Plan, SevenBillionOnEightH100sShardsAndRecommendsTheFastestThatFits) {
     const double bt = plan->recommended_checkpointing ? best->step_s_checkpointed : best->step_s;
     if (fits) EXPECT_LE(bt, t) << StrategyName(sp.strategy) << " fits and is faster";
   }
+}
+
+TEST(Plan, ParamsGivesThatManyParametersInEitherFamily) {
+  for (const char* family : {"gpt2", "llama"}) {
+    for (double n : {1.24e8, 1e9, 7e9, 7e10}) {
+      const ModelConfig m = ModelForParams(n, 128256, 4096, family);
+      const double got = static_cast<double>(model::NumParams(m));
+      EXPECT_NEAR(got, n, 0.005 * n) << family << " " << n << ": " << m.n_layer << " x " << m.n_embd;
+      EXPECT_EQ(m.family, family);
+    }
+  }
+  // Llama-shaped: GQA 4:1, SwiGLU near 8/3 hidden, an untied head (Llama 2 7B's shape).
+  const ModelConfig m = ModelForParams(7e9, 32000, 4096, "llama");
+  EXPECT_EQ(m.n_head, 4 * m.kv_heads());
+  EXPECT_NEAR(m.intermediate_size, 8.0 * m.n_embd / 3, 3 * 256 + 128);
+  EXPECT_FALSE(m.tied());
+}
+
+TEST(Plan, LlamaWithBf16ReductionHoldsSixteenBytesPerParameter) {
+  PlanInput in;
+  in.model = ModelForParams(1e9, 32000, 2048, "llama");
+  in.cluster.workers = 8;
+  in.param_dtype = DType::kBFloat16;
+  in.reduce_dtype = DType::kBFloat16;
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const double P = static_cast<double>(plan->params);
+  // Padding to the group of 8 adds at most 7 elements per unit.
+  const double pad = 16.0 * 7 * model::NumUnits(in.model);
+  EXPECT_NEAR(Of(*plan, Strategy::kNoShard).state_bytes, 16 * P, pad);
+  EXPECT_NEAR(Of(*plan, Strategy::kFullShard).state_bytes, 16 * P / 8, pad);
+  // Activations: per layer and token, norm inputs and projections' inputs
+  // (8h), q (and rotated q) and the attention output (6q), k and v at the kv
+  // width before and after rotation (4kv), SwiGLU's four intermediate-wide
+  // tensors (8i) and the softmax (2as), in bytes at bf16; then the logits.
+  const ModelConfig& m = in.model;
+  const double sb = 2048.0 * in.micro_batch_size, h = m.n_embd, q = m.n_head * m.head_dim(),
+               kv = m.kv_heads() * m.head_dim(), i = m.intermediate_size;
+  const double layer = sb * (8 * h + 6 * q + 4 * kv + 8 * i + 2 * m.n_head * 2048.0);
+  EXPECT_DOUBLE_EQ(Of(*plan, Strategy::kFullShard).activation_bytes,
+                   std::floor(m.n_layer * layer + 2.0 * sb * m.vocab_size * 4));
 }
 
 TEST(Plan, BadInputsNameTheFlag) {
