@@ -17,7 +17,13 @@ torch) runs its matching one:
 Columns: tokens/s (the first step is a warm-up and left out), Shardline's
 ratio to PyTorch, peak RSS per rank (the largest rank's), final loss.
 
-    .venv/bin/python bench/torch_compare.py [--steps 5] [--worlds 1,2,4] [--strategies a,b]
+`--model llama100m` runs full fine-tuning of a ~100M-parameter Llama-style
+model instead (LLAMA_100M: GQA 12:4, SwiGLU, untied head): Shardline's llama
+family against transformers' LlamaForCausalLM (SDPA attention) under the same
+PyTorch wrappers, FSDP2 sharding each decoder layer.
+
+    .venv/bin/python bench/torch_compare.py [--model gpt|llama100m] [--steps 5] [--worlds 1,2,4]
+                                            [--strategies a,b] [--batch 8] [--seq T]
 """
 import argparse
 import json
@@ -37,6 +43,39 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
 import harness  # noqa: E402
 
 SMALL_GPT = harness.SMALL_GPT
+# ~100M parameters (99.4M): 8 layers of width 768, 12 heads over 4 key/value
+# heads, SwiGLU 2048, Llama 2's 32000 vocabulary, untied.
+LLAMA_100M = {"family": "llama", "n_layer": 8, "n_head": 12, "n_kv_head": 4, "n_embd": 768,
+              "intermediate_size": 2048, "vocab_size": 32000, "block_size": 256, "rope_theta": 10000.0,
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+def model_config(name, seq):
+    m = dict(SMALL_GPT if name == "gpt" else LLAMA_100M)
+    if seq:
+        m["block_size"] = seq
+    return m
+
+
+def torch_model(name, m):
+    """(model, blocks to shard, loss_of(net, x, y))."""
+    import torch
+    import torch.nn.functional as F
+    if name == "gpt":
+        from nanogpt import GPT
+        model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"])
+        return model, model.transformer.h, lambda net, x, y: net(x, y)[1]
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=m["vocab_size"], hidden_size=m["n_embd"], intermediate_size=m["intermediate_size"],
+                      num_hidden_layers=m["n_layer"], num_attention_heads=m["n_head"],
+                      num_key_value_heads=m["n_kv_head"], max_position_embeddings=m["block_size"],
+                      rms_norm_eps=m["rms_norm_eps"], tie_word_embeddings=False, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).float()
+
+    def loss_of(net, x, y):
+        logits = net(input_ids=x).logits
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+    return model, model.model.layers, loss_of
 PEER = {"no_shard": "DDP", "zero1": "DDP+ZeRO-1", "shard_grad_op": "FSDP2 no-reshard", "full_shard": "FSDP2",
         "hybrid_shard": "HSDP", "hybrid_shard_zero2": "HSDP no-reshard"}
 
@@ -69,12 +108,12 @@ def batch(tokens, step, B, T, j0, count):
 def torch_rank(a):
     import torch
     import torch.distributed as dist
-    from nanogpt import GPT, lr_at
+    from nanogpt import lr_at
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world)
-    m = SMALL_GPT
-    model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"])
+    m = model_config(a.model, a.seq)
+    model, blocks, loss_of = torch_model(a.model, m)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02) if p.dim() >= 2 else None
     opt_args = dict(lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
@@ -102,7 +141,7 @@ def torch_rank(a):
         else:
             mesh = init_device_mesh("cpu", (a.world,))
         reshard = s in ("full_shard", "hybrid_shard")
-        for block in model.transformer.h:
+        for block in blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
         net = model
@@ -116,7 +155,7 @@ def torch_rank(a):
             g_["lr"] = lr_at(step, a.steps, 6e-4, 6e-5, 2)
         opt.zero_grad(set_to_none=True)
         x, y = batch(tokens, step, B, T, a.rank * per, per)
-        _, loss = net(x, y)
+        loss = loss_of(net, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
@@ -132,12 +171,13 @@ def torch_rank(a):
     dist.destroy_process_group()
 
 
-def run_torch(strategy, world, threads, steps, batch_size, data):
+def run_torch(model, seq, strategy, world, threads, steps, batch_size, data):
     out = tempfile.mkdtemp(prefix="torch-compare-")
     port = harness.free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--torch-rank", str(r), "--world", str(world),
                                "--port", str(port), "--threads", str(threads), "--strategy", strategy,
-                               "--steps", str(steps), "--batch", str(batch_size), "--data", data, "--out", out],
+                               "--steps", str(steps), "--batch", str(batch_size), "--data", data, "--out", out,
+                               "--model", model, "--seq", str(seq)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
     errs = []
     for r, p in enumerate(procs):
@@ -156,6 +196,8 @@ def main():
     ap.add_argument("--worlds", default="1,2,4")
     ap.add_argument("--strategies", default="no_shard,zero1,shard_grad_op,full_shard,hybrid_shard,hybrid_shard_zero2")
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--model", default="gpt", choices=["gpt", "llama100m"])
+    ap.add_argument("--seq", type=int, default=0, help="sequence length (default: the model's block_size)")
     # one PyTorch rank
     ap.add_argument("--torch-rank", type=int, default=-1)
     ap.add_argument("--world", type=int, default=1)
@@ -172,12 +214,13 @@ def main():
     import torch
     work = tempfile.mkdtemp(prefix="torch-compare-")
     data = os.path.join(work, "tokens.bin")
-    T = SMALL_GPT["block_size"]
-    write_tokens(data, a.steps * a.batch * T * 2 + 1, SMALL_GPT["vocab_size"])
+    m = model_config(a.model, a.seq)
+    T = m["block_size"]
+    write_tokens(data, a.steps * a.batch * T * 2 + 1, m["vocab_size"])
     cores = os.cpu_count()
     tokens = a.batch * T
     mib = 1 << 20
-    print(f"# small GPT {SMALL_GPT}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed steps after "
+    print(f"# {a.model} {m}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed steps after "
           f"1 warm-up, {cores} cores; torch {torch.__version__}; threads per rank = max(1, cores // N), both sides")
     print(f"{'strategy':<19} {'N':>2} {'thr':>3} {'shardline_tok/s':>15} {'pytorch':<17} {'pytorch_tok/s':>13} "
           f"{'ratio':>6} {'sl_rss_MiB':>10} {'pt_rss_MiB':>10} {'sl_loss':>8} {'pt_loss':>8}")
@@ -187,13 +230,14 @@ def main():
             if strategy.startswith("hybrid") and world < 2:
                 continue  # a hybrid of one rank is no_shard
             cfg = harness.small_gpt_config(strategy, world, a.steps, a.batch)
+            cfg["model"] = dict(m)
             cfg["data"] = {"format": "llmc", "path": data}
             cfg["optimizer"]["warmup_steps"] = 2
             _, ranks = harness.run(cfg, world, timeout=1800, threads=threads)
             sl_step = sum(s["seconds"] for s in ranks[0]["steps"][1:]) / (a.steps - 1)
             sl_rss = max(r["memory"]["peak_rss"] for r in ranks)
             sl_loss = ranks[0]["steps"][-1]["loss"]
-            pt, err = run_torch(strategy, world, threads, a.steps, a.batch, data)
+            pt, err = run_torch(a.model, a.seq, strategy, world, threads, a.steps, a.batch, data)
             if pt is None:
                 print(f"{strategy:<19} {world:>2} {threads:>3} {tokens / sl_step:>15.0f} {PEER[strategy]:<17} "
                       f"{'failed':>13} {'-':>6} {sl_rss / mib:>10.0f} {'-':>10} {sl_loss:>8.4f} {'-':>8}  ({err})",
