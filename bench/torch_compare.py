@@ -81,12 +81,7 @@ PEER = {"no_shard": "DDP", "zero1": "DDP+ZeRO-1", "shard_grad_op": "FSDP2 no-res
 
 
 def write_tokens(path, n, vocab, seed=1234):
-    rng = np.random.default_rng(seed)
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = (20240520, 1, n)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(rng.integers(0, vocab, n, dtype=np.uint16).tobytes())
+    harness.write_llmc(path, np.random.default_rng(seed).integers(0, vocab, n))
 
 
 def read_tokens(path):

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 
@@ -12,10 +13,6 @@ namespace shardline {
 using nlohmann::json;
 
 namespace {
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string Show(const std::string& v) { return absl::StrCat("\"", v, "\""); }
 std::string Show(bool v) { return v ? "true" : "false"; }
@@ -183,7 +180,7 @@ absl::Status ApplyHfConfig(JobConfig& c, const std::string& base_dir, const std:
   if (r.Has("architectures") && j.at("architectures").is_array() && !j.at("architectures").empty() &&
       j.at("architectures")[0].is_string()) {
     const std::string arch = j.at("architectures")[0].get<std::string>();
-    if (!EndsWith(arch, "ForCausalLM") && arch != "GPT2LMHeadModel") {
+    if (!absl::EndsWith(arch, "ForCausalLM") && arch != "GPT2LMHeadModel") {
       return absl::InvalidArgumentError(absl::StrCat(file, ": architectures = ", Show(arch),
                                                      " is not a causal language model (not supported)"));
     }
@@ -212,8 +209,8 @@ absl::Status ApplyHfConfig(JobConfig& c, const std::string& base_dir, const std:
 
 bool HfStoredTransposed(const ModelConfig& m, const std::string& name) {
   if (m.is_llama()) return false;
-  return EndsWith(name, "attn.c_attn.weight") || EndsWith(name, "attn.c_proj.weight") ||
-         EndsWith(name, "mlp.c_fc.weight") || EndsWith(name, "mlp.c_proj.weight");
+  return absl::EndsWith(name, "attn.c_attn.weight") || absl::EndsWith(name, "attn.c_proj.weight") ||
+         absl::EndsWith(name, "mlp.c_fc.weight") || absl::EndsWith(name, "mlp.c_proj.weight");
 }
 
 std::string HfConfigJson(const ModelConfig& m, const std::string& torch_dtype) {

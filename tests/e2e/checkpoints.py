@@ -89,12 +89,10 @@ def fine_tune_from_hf_dir(c, cl):
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                  max_position_embeddings=64)).save_pretrained(os.path.join(cl.dir, "qwen-tiny"))
     import numpy as np
+    from harness import write_llmc
     rng = np.random.default_rng(0)
     for name, n in (("train.bin", 2000), ("val.bin", 600)):
-        header = np.zeros(256, dtype=np.int32)
-        header[:3] = (20240520, 1, n)
-        with open(os.path.join(cl.dir, name), "wb") as f:
-            f.write(header.tobytes() + rng.integers(0, 64, n).astype(np.uint16).tobytes())
+        write_llmc(os.path.join(cl.dir, name), rng.integers(0, 64, n))
     path = os.path.join(cl.dir, "finetune.toml")
     with open(path, "w") as f:
         f.write('[job]\nname = "finetune"\nworkers = 2\n[model]\nhf_dir = "qwen-tiny"\nblock_size = 16\n'

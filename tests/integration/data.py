@@ -18,7 +18,6 @@ completion tokens in):
 4. Refused, naming the key: eval_interval without val_path, a mask with
    text data, a glob that matches nothing.
 """
-import glob
 import os
 import struct
 import subprocess
@@ -36,16 +35,7 @@ from nanogpt import GPT, model_from, train_reference  # noqa: E402
 from step0 import check_step0  # noqa: E402
 
 torch.set_num_threads(1)
-SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
 VOCAB, T = 64, 16
-
-
-def write_llmc(path, tokens, magic=20240520, version=1, dtype=np.uint16):
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = (magic, version, len(tokens))
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype=dtype).tobytes())
 
 
 def make_data(d):
@@ -60,10 +50,10 @@ def make_data(d):
             prompt, completion = rng.integers(3, 10), rng.integers(2, 13)
             mask[pos + prompt:pos + prompt + completion] = 1
             pos += prompt + completion
-        write_llmc(os.path.join(d, f"train_{i:02d}.bin"), tokens)
-        write_llmc(os.path.join(d, f"train_{i:02d}.mask"), mask, magic=20240905, dtype=np.uint8)
+        harness.write_llmc(os.path.join(d, f"train_{i:02d}.bin"), tokens)
+        harness.write_llmc(os.path.join(d, f"train_{i:02d}.mask"), mask, magic=20240905)
         streams.append((tokens, mask))
-    write_llmc(os.path.join(d, "val.bin"), rng.integers(0, VOCAB, 700))
+    harness.write_llmc(os.path.join(d, "val.bin"), rng.integers(0, VOCAB, 700))
     tokens = np.concatenate([s[0] for s in streams])
     mask = np.concatenate([s[1] for s in streams])
     return tokens, mask
@@ -97,10 +87,7 @@ def config(d, strategy, world, globbed=False, **overrides):
 def refused(checks, label, d, cfg, expected):
     path = os.path.join(d, f"bad-{label.replace(' ', '_')}.toml")
     harness.write_toml(cfg, path)
-    r = subprocess.run([SHARDCTL, "--coordinator", "127.0.0.1:1", "submit", path], capture_output=True, text=True,
-                       timeout=60)
-    err = r.stderr.strip()
-    checks.check(r.returncode == 1 and expected in err and len(err.splitlines()) == 1, f"refused: {label}", err)
+    harness.refused_at_submit(checks, label, path, expected)
 
 
 def main():

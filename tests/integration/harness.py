@@ -143,6 +143,28 @@ def load_params(out):
     return load_file(os.path.join(out, "params.safetensors"))
 
 
+def write_llmc(path, values, magic=20240520, version=1, dtype=None):
+    """An llm.c-style file: a 256 x int32 header (magic, version, count), then
+    the values (uint16 tokens by default; masks: magic 20240905, uint8)."""
+    import numpy as np
+    dtype = dtype or {20240520: np.uint16, 20240801: np.uint32, 20240905: np.uint8}[magic]
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (magic, version, len(values))
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(values, dtype=dtype).tobytes())
+
+
+def refused_at_submit(checks, label, job, expected):
+    """`shardctl submit job` fails before connecting (no coordinator at the
+    address), in one line on stderr that contains `expected`."""
+    shardctl = os.path.join(BUILD, "client", "shardctl")
+    r = subprocess.run([shardctl, "--coordinator", "127.0.0.1:1", "submit", job], capture_output=True, text=True,
+                       timeout=60)
+    err = r.stderr.strip()
+    checks.check(r.returncode == 1 and expected in err and len(err.splitlines()) == 1, f"refused: {label}", err)
+
+
 class Checks:
     """Collects named pass/fail results and prints the closing line ctest reads."""
 

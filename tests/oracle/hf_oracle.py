@@ -143,14 +143,6 @@ def round_trip(checks, name, hf_dir, work):
                  r.stderr.strip())
 
 
-def refused(checks, label, job, expected):
-    r = subprocess.run([SHARDCTL, "--coordinator", "127.0.0.1:1", "submit", job], capture_output=True, text=True,
-                       timeout=60)
-    err = r.stderr.strip()
-    checks.check(r.returncode != 0 and expected in err and len(err.splitlines()) == 1 and r.returncode < 128,
-                 f"refused: {label}", err)
-
-
 def bad_inputs(checks, good_dir):
     """Each bad directory is a copy of a good one (llama3's) with one fault."""
     root = tempfile.mkdtemp(prefix="shardline-hf-bad-")
@@ -172,29 +164,29 @@ def bad_inputs(checks, good_dir):
         return json.load(open(os.path.join(d, "model.safetensors.index.json")))
 
     d, job = variant("noconfig", lambda d: os.remove(os.path.join(d, "config.json")))
-    refused(checks, "no config.json", job, f"[model] hf_dir: {d}/config.json: no such file")
+    harness.refused_at_submit(checks, "no config.json", job, f"[model] hf_dir: {d}/config.json: no such file")
     _, job = variant("mixtral", lambda d: edit_config(d, model_type="mixtral", architectures=["MixtralForCausalLM"]))
-    refused(checks, "unsupported architecture", job, 'model_type = "mixtral" is not supported')
+    harness.refused_at_submit(checks, "unsupported architecture", job, 'model_type = "mixtral" is not supported')
     _, job = variant("window", lambda d: edit_config(d, model_type="mistral", sliding_window=8))
-    refused(checks, "a sliding window shorter than block_size", job, "sliding_window: 8, shorter than block_size 16")
+    harness.refused_at_submit(checks, "a sliding window shorter than block_size", job, "sliding_window: 8, shorter than block_size 16")
     _, job = variant("contradiction", lambda d: None, n_layer=3)
-    refused(checks, "a [model] key contradicting config.json", job,
+    harness.refused_at_submit(checks, "a [model] key contradicting config.json", job,
             "[model] n_layer = 3 contradicts")
     _, job = variant("toolong", lambda d: None, block_size=65)
-    refused(checks, "block_size beyond max_position_embeddings", job,
+    harness.refused_at_submit(checks, "block_size beyond max_position_embeddings", job,
             "block_size = 65 exceeds")
 
     def missing_shard(d):
         os.remove(os.path.join(d, sorted(set(index(d)["weight_map"].values()))[1]))
     _, job = variant("missing_shard", missing_shard)
-    refused(checks, "a missing shard file", job, "cannot open")
+    harness.refused_at_submit(checks, "a missing shard file", job, "cannot open")
 
     def ghost_tensor(d):
         i = index(d)
         i["weight_map"]["model.layers.0.mlp.ghost.weight"] = next(iter(i["weight_map"].values()))
         json.dump(i, open(os.path.join(d, "model.safetensors.index.json"), "w"))
     _, job = variant("ghost", ghost_tensor)
-    refused(checks, "an index naming a tensor its file lacks", job, "maps tensor model.layers.0.mlp.ghost.weight to")
+    harness.refused_at_submit(checks, "an index naming a tensor its file lacks", job, "maps tensor model.layers.0.mlp.ghost.weight to")
 
     def rewrite(d, name, fn):
         from safetensors.torch import save_file
@@ -204,9 +196,9 @@ def bad_inputs(checks, good_dir):
         tensors[name] = fn(tensors[name])
         save_file(tensors, path, metadata={"format": "pt"})
     _, job = variant("shape", lambda d: rewrite(d, "model.norm.weight", lambda t: torch.ones(t.numel() + 1)))
-    refused(checks, "a weight of the wrong shape", job, "tensor model.norm.weight has shape [33], the model needs [32]")
+    harness.refused_at_submit(checks, "a weight of the wrong shape", job, "tensor model.norm.weight has shape [33], the model needs [32]")
     _, job = variant("dtype", lambda d: rewrite(d, "model.norm.weight", lambda t: t.to(torch.int32)))
-    refused(checks, "a weight of the wrong dtype", job, "tensor model.norm.weight is I32")
+    harness.refused_at_submit(checks, "a weight of the wrong dtype", job, "tensor model.norm.weight is I32")
 
 
 def main():

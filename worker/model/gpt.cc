@@ -2,23 +2,20 @@
 
 #include <cmath>
 
-namespace shardline {
+#include "absl/strings/match.h"
 
-namespace {
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-}  // namespace
+namespace shardline {
 
 void GptFamily::InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const {
   flat.zero_();
   for (const auto& slot : layout.params) {
     const std::string& name = slot.spec.name;
     at::Tensor w = flat.narrow(0, slot.offset, slot.spec.numel());
-    if (EndsWith(name, "ln_1.weight") || EndsWith(name, "ln_2.weight") || EndsWith(name, "ln_f.weight")) {
+    if (absl::EndsWith(name, "ln_1.weight") || absl::EndsWith(name, "ln_2.weight") ||
+        absl::EndsWith(name, "ln_f.weight")) {
       w.fill_(1.0);
     } else if (slot.spec.shape.size() >= 2) {
-      SeededNormal(name, seed, EndsWith(name, "c_proj.weight") ? 0.02 / std::sqrt(2.0 * m_.n_layer) : 0.02, w);
+      SeededNormal(name, seed, absl::EndsWith(name, "c_proj.weight") ? 0.02 / std::sqrt(2.0 * m_.n_layer) : 0.02, w);
     }  // biases stay zero
   }
 }

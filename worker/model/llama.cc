@@ -2,13 +2,11 @@
 
 #include <cmath>
 
+#include "absl/strings/match.h"
+
 namespace shardline {
 
 namespace {
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // transformers' LlamaRMSNorm: in fp32, cast back, then scaled.
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -49,7 +47,7 @@ void LlamaFamily::InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor 
   for (const auto& slot : layout.params) {
     const std::string& name = slot.spec.name;
     at::Tensor w = flat.narrow(0, slot.offset, slot.spec.numel());
-    if (EndsWith(name, "norm.weight")) {
+    if (absl::EndsWith(name, "norm.weight")) {
       w.fill_(1.0);  // input_layernorm, post_attention_layernorm, q_norm, k_norm, model.norm
     } else if (slot.spec.shape.size() >= 2) {
       SeededNormal(name, seed, 0.02, w);
