@@ -4,16 +4,20 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
+#include "common/model_shapes.h"
 
 namespace shardline {
 
@@ -80,33 +84,98 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
   return WriteFileAtomically(dir + "/manifest.json", j.dump(2) + "\n");
 }
 
+namespace {
+
+// An integer field within [lo, hi], checked before it is narrowed.
+int64_t IntIn(const json& o, const char* key, int64_t lo, int64_t hi) {
+  const json& v = o.at(key);
+  if (!v.is_number_integer()) throw std::runtime_error(absl::StrCat(key, " must be an integer"));
+  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                        ? INT64_MAX
+                        : v.get<int64_t>();
+  if (x < lo || x > hi) throw std::runtime_error(absl::StrCat(key, " = ", x, " is out of range [", lo, ", ", hi, "]"));
+  return x;
+}
+
+// What a reader relies on: a model the engine accepts, an ownership map that
+// is that model's at the recorded group size, and one plain file name per
+// rank of shard group 0 (names that leave the directory are refused).
+absl::Status CheckManifest(const CheckpointManifest& m, const std::string& path) {
+  auto bad = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
+  JobConfig c;
+  c.model = m.model;
+  c.train.batch_size = m.world_size;
+  c.train.micro_batch_size = 1;
+  absl::Status valid = ValidateJobConfig(c, m.world_size, path);
+  if (!valid.ok()) return bad(absl::StrCat("model: ", valid.message()));
+  if (m.world_size % m.shard_group_size != 0) {
+    return bad(absl::StrCat("shard_group_size ", m.shard_group_size, " does not divide world_size ", m.world_size));
+  }
+  if (m.step > m.total_steps) return bad(absl::StrCat("step ", m.step, " is past total_steps ", m.total_steps));
+  if (static_cast<int>(m.units.size()) != model::NumUnits(m.model)) {
+    return bad(absl::StrCat("ownership lists ", m.units.size(), " units, the model has ", model::NumUnits(m.model)));
+  }
+  for (int u = 0; u < static_cast<int>(m.units.size()); ++u) {
+    const ManifestUnit& x = m.units[u];
+    int64_t numel = 0;
+    for (const ParamSpec& p : model::UnitParams(m.model, u)) numel += p.numel();
+    const int64_t g = m.shard_group_size;
+    if (x.unit != model::UnitName(m.model, u) || x.numel != numel || x.group_size != g ||
+        x.padded != (numel + g - 1) / g * g || x.shard * g != x.padded) {
+      return bad(absl::StrCat("ownership of unit ", u, " (", x.unit, ": numel ", x.numel, ", padded ", x.padded,
+                              ", shard ", x.shard, ", group_size ", x.group_size, ") is not the model's (",
+                              model::UnitName(m.model, u), ": numel ", numel, " at group size ", g, ")"));
+    }
+  }
+  std::vector<bool> seen(m.world_size, false);
+  for (const ManifestRankFile& r : m.ranks) {
+    if (r.rank < 0 || r.rank >= m.world_size || seen[r.rank]) {
+      return bad(absl::StrCat("rank ", r.rank, " is out of range or listed twice"));
+    }
+    seen[r.rank] = true;
+    if (r.file.empty() || r.file == "." || r.file == ".." || r.file.find('/') != std::string::npos) {
+      return bad(absl::StrCat("rank ", r.rank, "'s file \"", r.file, "\" is not a file name in the checkpoint"));
+    }
+  }
+  for (int r = 0; r < m.shard_group_size; ++r) {
+    if (!seen[r]) return bad(absl::StrCat("no file for rank ", r));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(dir, ": no manifest.json: not a committed checkpoint"));
   std::stringstream ss;
   ss << in.rdbuf();
+  CheckpointManifest m;
   try {
+    constexpr int64_t kMaxInt = INT32_MAX;
     const json j = json::parse(ss.str());
-    CheckpointManifest m;
-    m.format_version = j.at("format_version").get<int>();
+    m.format_version = static_cast<int>(IntIn(j, "format_version", 0, kMaxInt));
+    if (m.format_version != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unsupported format_version ", m.format_version));
+    }
     m.job = j.at("job").get<std::string>();
-    m.step = j.at("step").get<int64_t>();
-    m.total_steps = j.at("total_steps").get<int64_t>();
-    m.data_step = j.at("data_step").get<int64_t>();
-    m.seed = j.at("seed").get<uint64_t>();
+    m.step = IntIn(j, "step", 0, kMaxInt);
+    m.total_steps = IntIn(j, "total_steps", 1, kMaxInt);
+    m.data_step = IntIn(j, "data_step", 0, INT64_MAX);
+    m.seed = static_cast<uint64_t>(IntIn(j, "seed", 0, INT64_MAX));
     const json& mo = j.at("model");
     m.model.family = mo.at("family").get<std::string>();
-    m.model.n_layer = mo.at("n_layer").get<int>();
-    m.model.n_head = mo.at("n_head").get<int>();
-    m.model.n_embd = mo.at("n_embd").get<int>();
-    m.model.vocab_size = mo.at("vocab_size").get<int>();
-    m.model.block_size = mo.at("block_size").get<int>();
+    m.model.n_layer = static_cast<int>(IntIn(mo, "n_layer", 1, 10000));
+    m.model.n_head = static_cast<int>(IntIn(mo, "n_head", 1, 65536));
+    m.model.n_embd = static_cast<int>(IntIn(mo, "n_embd", 1, 1 << 20));
+    m.model.vocab_size = static_cast<int>(IntIn(mo, "vocab_size", 2, 1 << 24));
+    m.model.block_size = static_cast<int>(IntIn(mo, "block_size", 1, 1 << 20));
     if (m.model.is_llama()) {
       ModelConfig& l = m.model;
-      l.n_kv_head = mo.at("n_kv_head").get<int>();
-      l.intermediate_size = mo.at("intermediate_size").get<int>();
-      l.head_dim_override = mo.at("head_dim").get<int>();
+      l.n_kv_head = static_cast<int>(IntIn(mo, "n_kv_head", 0, 65536));
+      l.intermediate_size = static_cast<int>(IntIn(mo, "intermediate_size", 1, 1 << 22));
+      l.head_dim_override = static_cast<int>(IntIn(mo, "head_dim", 0, 65536));
       l.rope_theta = mo.at("rope_theta").get<double>();
       l.rms_norm_eps = mo.at("rms_norm_eps").get<double>();
       l.qkv_bias = mo.at("qkv_bias").get<bool>();
@@ -116,27 +185,29 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
       l.rope_scaling_factor = mo.at("rope_scaling_factor").get<double>();
       l.rope_low_freq_factor = mo.at("rope_low_freq_factor").get<double>();
       l.rope_high_freq_factor = mo.at("rope_high_freq_factor").get<double>();
-      l.rope_original_max_position = mo.at("rope_original_max_position").get<int>();
-      l.max_position_embeddings = mo.value("max_position_embeddings", 0);
+      l.rope_original_max_position = static_cast<int>(IntIn(mo, "rope_original_max_position", 1, 1 << 24));
+      if (mo.contains("max_position_embeddings")) {
+        l.max_position_embeddings = static_cast<int>(IntIn(mo, "max_position_embeddings", 0, 1 << 24));
+      }
     }
     m.strategy = j.at("strategy").get<std::string>();
-    m.world_size = j.at("world_size").get<int>();
-    m.shard_group_size = j.at("shard_group_size").get<int>();
+    m.world_size = static_cast<int>(IntIn(j, "world_size", 1, 1 << 20));
+    m.shard_group_size = static_cast<int>(IntIn(j, "shard_group_size", 1, 1 << 20));
     for (const json& u : j.at("ownership")) {
-      m.units.push_back({u.at("unit").get<std::string>(), u.at("numel").get<int64_t>(),
-                         u.at("padded").get<int64_t>(), u.at("shard").get<int64_t>(), u.at("group_size").get<int>()});
+      m.units.push_back({u.at("unit").get<std::string>(), IntIn(u, "numel", 1, INT64_MAX / 2),
+                         IntIn(u, "padded", 1, INT64_MAX / 2), IntIn(u, "shard", 1, INT64_MAX / 2),
+                         static_cast<int>(IntIn(u, "group_size", 1, 1 << 20))});
     }
     for (const json& r : j.at("ranks")) {
-      m.ranks.push_back({r.at("rank").get<int>(), r.at("file").get<std::string>(), r.at("size").get<int64_t>(),
-                         r.at("sha256").get<std::string>()});
+      m.ranks.push_back({static_cast<int>(IntIn(r, "rank", 0, 1 << 20)), r.at("file").get<std::string>(),
+                         IntIn(r, "size", 0, INT64_MAX), r.at("sha256").get<std::string>()});
     }
-    if (m.format_version != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": unsupported format_version ", m.format_version));
-    }
-    return m;
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat(path, ": malformed manifest: ", e.what()));
   }
+  absl::Status s = CheckManifest(m, path);
+  if (!s.ok()) return s;
+  return m;
 }
 
 absl::Status CheckSameModel(const CheckpointManifest& m, const ModelConfig& model, const std::string& dir) {

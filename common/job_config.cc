@@ -3,14 +3,18 @@
 #include <glob.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <functional>
 #include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_format.h"
 #include "common/hf_config.h"
+#include "common/model_shapes.h"
 #include "common/weight_source.h"
 #define TOML_EXCEPTIONS 1
 #include <toml++/toml.h>
@@ -59,6 +63,9 @@ int ShardGroupSize(const JobConfig& c, int world_size) {
 
 namespace {
 
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+constexpr int64_t kMaxRanks = 1 << 20;
+
 // Reads one TOML table into typed fields, remembering which keys it used so
 // that whatever is left over can be reported as unknown.
 class TableReader {
@@ -73,23 +80,30 @@ class TableReader {
     if (status_.ok()) status_ = absl::InvalidArgumentError(msg);
   }
 
+  // An integer within [lo, hi], checked as int64 before it is narrowed.
   template <typename T>
-  void Int(const std::string& key, T* out) {
+  void Int(const std::string& key, T* out, int64_t lo, int64_t hi) {
     const toml::node* n = Take(key);
     if (!n) return;
-    if (auto v = n->value_exact<int64_t>()) {
-      *out = static_cast<T>(*v);
-    } else {
+    auto v = n->value_exact<int64_t>();
+    if (!v) {
       Fail(absl::StrCat(Where(key), " must be an integer"));
+    } else if (*v < lo || *v > hi) {
+      Fail(absl::StrCat(Where(key), " = ", *v, " is out of range [", lo, ", ", hi, "]"));
+    } else {
+      *out = static_cast<T>(*v);
     }
   }
   void Double(const std::string& key, double* out) {
     const toml::node* n = Take(key);
     if (!n) return;
-    if (auto v = n->value<double>()) {  // integers are accepted as numbers too
-      *out = *v;
-    } else {
+    auto v = n->value<double>();  // integers are accepted as numbers too
+    if (!v) {
       Fail(absl::StrCat(Where(key), " must be a number"));
+    } else if (!std::isfinite(*v)) {
+      Fail(absl::StrCat(Where(key), " = ", *v, " must be finite"));
+    } else {
+      *out = *v;
     }
   }
   void Bool(const std::string& key, bool* out) {
@@ -223,16 +237,16 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   auto table = [&](const char* s) { return root.get_as<toml::table>(s); };
   TableReader job(table("job"), "job", src);
   job.String("name", &c.name);
-  job.Int("workers", &c.workers);
+  job.Int("workers", &c.workers, 1, kMaxRanks);
   TableReader model(table("model"), "model", src);
   model.String("family", &c.model.family);
-  model.Int("n_layer", &c.model.n_layer);
-  model.Int("n_head", &c.model.n_head);
-  model.Int("n_embd", &c.model.n_embd);
-  model.Int("vocab_size", &c.model.vocab_size);
-  model.Int("n_kv_head", &c.model.n_kv_head);
-  model.Int("intermediate_size", &c.model.intermediate_size);
-  model.Int("head_dim", &c.model.head_dim_override);
+  model.Int("n_layer", &c.model.n_layer, 1, 10000);
+  model.Int("n_head", &c.model.n_head, 1, 65536);
+  model.Int("n_embd", &c.model.n_embd, 1, 1 << 20);
+  model.Int("vocab_size", &c.model.vocab_size, 2, 1 << 24);
+  model.Int("n_kv_head", &c.model.n_kv_head, 0, 65536);
+  model.Int("intermediate_size", &c.model.intermediate_size, 0, 1 << 22);
+  model.Int("head_dim", &c.model.head_dim_override, 0, 65536);
   model.Double("rope_theta", &c.model.rope_theta);
   model.Double("rms_norm_eps", &c.model.rms_norm_eps);
   model.Bool("qkv_bias", &c.model.qkv_bias);
@@ -242,8 +256,8 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   model.Double("rope_scaling_factor", &c.model.rope_scaling_factor);
   model.Double("rope_low_freq_factor", &c.model.rope_low_freq_factor);
   model.Double("rope_high_freq_factor", &c.model.rope_high_freq_factor);
-  model.Int("rope_original_max_position", &c.model.rope_original_max_position);
-  model.Int("block_size", &c.model.block_size);
+  model.Int("rope_original_max_position", &c.model.rope_original_max_position, 1, 1 << 24);
+  model.Int("block_size", &c.model.block_size, 1, 1 << 20);
   model.String("init_from", &c.model.init_from);
   model.String("hf_dir", &c.model.hf_dir);
   c.model.explicit_keys = model.Present();
@@ -254,23 +268,23 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   data.StringList("val_path", &c.data.val.paths);
   data.StringList("val_mask_path", &c.data.val.mask_paths);
   TableReader train(table("train"), "train", src);
-  train.Int("steps", &c.train.steps);
-  train.Int("batch_size", &c.train.batch_size);
-  train.Int("micro_batch_size", &c.train.micro_batch_size);
-  train.Int("seed", &c.train.seed);
-  train.Int("eval_interval", &c.train.eval_interval);
-  train.Int("eval_batches", &c.train.eval_batches);
+  train.Int("steps", &c.train.steps, 1, kMaxInt);
+  train.Int("batch_size", &c.train.batch_size, 1, 1 << 24);
+  train.Int("micro_batch_size", &c.train.micro_batch_size, 1, 1 << 24);
+  train.Int("seed", &c.train.seed, 0, std::numeric_limits<int64_t>::max());
+  train.Int("eval_interval", &c.train.eval_interval, 0, kMaxInt);
+  train.Int("eval_batches", &c.train.eval_batches, 1, 1 << 20);
   TableReader opt(table("optimizer"), "optimizer", src);
   opt.Double("lr", &c.optimizer.lr);
   opt.Double("min_lr", &c.optimizer.min_lr);
-  opt.Int("warmup_steps", &c.optimizer.warmup_steps);
+  opt.Int("warmup_steps", &c.optimizer.warmup_steps, 0, kMaxInt);
   opt.DoublePair("betas", &c.optimizer.betas);
   opt.Double("eps", &c.optimizer.eps);
   opt.Double("weight_decay", &c.optimizer.weight_decay);
   opt.Double("grad_clip", &c.optimizer.grad_clip);
   TableReader par(table("parallelism"), "parallelism", src);
   par.Enum<Strategy>("strategy", &c.parallelism.strategy, ParseStrategy);
-  par.Int("shard_group_size", &c.parallelism.shard_group_size);
+  par.Int("shard_group_size", &c.parallelism.shard_group_size, 0, kMaxRanks);
   TableReader prec(table("precision"), "precision", src);
   prec.Enum<DType>("param_dtype", &c.precision.param_dtype, ParseDType);
   prec.Enum<DType>("reduce_dtype", &c.precision.reduce_dtype, ParseDType);
@@ -282,16 +296,18 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   TableReader pf(table("prefetch"), "prefetch", src);
   pf.Bool("forward", &c.prefetch.forward);
   pf.Enum<BackwardPrefetch>("backward", &c.prefetch.backward, ParseBackwardPrefetch);
-  pf.Int("max_inflight_all_gathers", &c.prefetch.max_inflight_all_gathers);
+  pf.Int("max_inflight_all_gathers", &c.prefetch.max_inflight_all_gathers, 1, 64);
   TableReader ck(table("checkpoint"), "checkpoint", src);
   ck.String("dir", &c.checkpoint.dir);
-  ck.Int("interval", &c.checkpoint.interval);
-  ck.Int("keep_latest", &c.checkpoint.keep_latest);
+  ck.Int("interval", &c.checkpoint.interval, 0, kMaxInt);
+  ck.Int("keep_latest", &c.checkpoint.keep_latest, 0, 1 << 20);
   ck.Bool("async", &c.checkpoint.async);
   for (TableReader* r : {&job, &model, &data, &train, &opt, &par, &prec, &mem, &pf, &ck}) {
     absl::Status s = r->Finish();
     if (!s.ok()) return s;
   }
+  // A job always says what it trains: an empty file is a mistake, not a request for defaults.
+  if (!table("model")) return absl::InvalidArgumentError(absl::StrCat(src, ": no [model] section"));
   return absl::OkStatus();
 }
 
@@ -344,6 +360,9 @@ absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::vector<std::
     for (const std::string& m : matches) {
       struct stat st;
       if (stat(m.c_str(), &st) == 0 && S_ISREG(st.st_mode)) regular.push_back(m);
+    }
+    if (regular.empty() && !matches.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": ", matches[0], ": not a regular file (a directory or device)"));
     }
     if (regular.empty()) return absl::NotFoundError(absl::StrCat(key, ": ", full, ": no such file"));
     files.insert(files.end(), regular.begin(), regular.end());
@@ -423,6 +442,14 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
     }
   }
   if (m.block_size < 1) return bad("model", "block_size must be >= 1");
+  // Bounded before anything is allocated or computed from it (each key's
+  // own bound keeps this sum within int64).
+  constexpr double kMaxParams = 1e13;
+  const double params = static_cast<double>(model::NumParams(m));
+  if (params > kMaxParams) {
+    return bad("model", absl::StrFormat("the model has %.3g parameters, more than the limit of %.0e", params,
+                                        kMaxParams));
+  }
   const DataConfig& d = c.data;
   if (d.format != DataFormat::kSynthetic && d.train.empty()) {
     return bad("data", "path is required unless format = \"synthetic\"");

@@ -83,7 +83,37 @@ TEST(JobConfig, ImpossibleValuesAreNamed) {
   std::string group = kGood;
   group.replace(group.find("shard_group_size = 2"), 20, "shard_group_size = 3");
   EXPECT_NE(ErrorOf(group, 4).find("shard_group_size = 3 must divide the world size 4"), std::string::npos);
-  EXPECT_NE(ErrorOf("[data]\nformat = \"llmc\"\n").find("[data] path is required"), std::string::npos);
+  EXPECT_NE(ErrorOf("[model]\n[data]\nformat = \"llmc\"\n").find("[data] path is required"), std::string::npos);
+}
+
+TEST(JobConfig, IntegersAreCheckedBeforeTheyAreNarrowed) {
+  // 4294967301 is 5 after a 32-bit truncation, 1099511627840 is 64.
+  std::string e = ErrorOf("[model]\n[train]\nsteps = 4294967301\n");
+  EXPECT_NE(e.find("[train] steps = 4294967301 is out of range [1, 2147483647]"), std::string::npos) << e;
+  e = ErrorOf("[model]\nvocab_size = 1099511627840\n");
+  EXPECT_NE(e.find("[model] vocab_size = 1099511627840 is out of range [2, 16777216]"), std::string::npos) << e;
+  e = ErrorOf("[model]\nn_layer = 100000000\n");
+  EXPECT_NE(e.find("[model] n_layer = 100000000 is out of range [1, 10000]"), std::string::npos) << e;
+  e = ErrorOf("[model]\n[train]\nseed = -1\n");
+  EXPECT_NE(e.find("[train] seed = -1 is out of range"), std::string::npos) << e;
+}
+
+TEST(JobConfig, NumbersMustBeFinite) {
+  const std::string e = ErrorOf("[model]\n[optimizer]\nlr = inf\n");
+  EXPECT_NE(e.find("[optimizer] lr = inf must be finite"), std::string::npos) << e;
+  EXPECT_NE(ErrorOf("[model]\n[optimizer]\neps = nan\n").find("eps = nan must be finite"), std::string::npos);
+}
+
+TEST(JobConfig, AnEmptyFileOrOneWithoutAModelIsAnError) {
+  EXPECT_NE(ErrorOf("").find("job.toml: no [model] section"), std::string::npos);
+  EXPECT_NE(ErrorOf("[train]\nsteps = 3\n").find("no [model] section"), std::string::npos);
+}
+
+TEST(JobConfig, TheParameterCountIsBounded) {
+  // Every key within its own bound, the product far beyond any machine.
+  const std::string e = ErrorOf("[model]\nn_layer = 10000\nn_embd = 1048576\nn_head = 1\n");
+  EXPECT_NE(e.find("[model] the model has 1.32e+17 parameters, more than the limit of 1e+13"), std::string::npos)
+      << e;
 }
 
 }  // namespace

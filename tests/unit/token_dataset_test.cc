@@ -154,6 +154,8 @@ TEST_F(TokenDatasetTest, FilesAndGlobsAreOneStreamInOrder) {
   EXPECT_EQ(x[2][0].item<int64_t>(), 18);
   EXPECT_EQ(x[2][2].item<int64_t>(), 20);
   EXPECT_EQ(y[4][3].item<int64_t>(), 0);  // position 20 is shard 0's first token
+  const std::string dir = ErrorOf({DataFormat::kLlmc, {{::testing::TempDir()}, {}}});
+  EXPECT_NE(dir.find("not a regular file (a directory or device)"), std::string::npos) << dir;
   const std::string e = ErrorOf({DataFormat::kLlmc, {{Path("shard_9*.bin")}, {}}});
   EXPECT_NE(e.find("[data] path: " + Path("shard_9*.bin") + ": no such file"), std::string::npos) << e;
 }
