@@ -47,12 +47,13 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file, "file holding the bearer token every RPC must carry");
   app.add_option("--tls-cert", tls_cert, "PEM certificate (with --tls-key: serve TLS)");
   app.add_option("--tls-key", tls_key, "PEM private key");
-  app.add_option("--heartbeat-ms", heartbeat_ms, "worker heartbeat interval");
+  app.add_option("--heartbeat-ms", heartbeat_ms, "worker heartbeat interval")->check(CLI::Range(10, 3600000));
   app.add_option("--lost-after-missed", lost_after_missed, "heartbeats missed before a worker is lost")
       ->check(CLI::Range(1, 1000000));
   app.add_option("--stall-after", stall_after_s, "seconds without progress before a running job is stalled")
       ->check(CLI::PositiveNumber);
-  app.add_option("--metrics-port", metrics_port, "serve Prometheus /metrics on this port (0: any free port)");
+  app.add_option("--metrics-port", metrics_port, "serve Prometheus /metrics on this port (0: any free port)")
+      ->check(CLI::Range(-1, 65535));
   CLI11_PARSE(app, argc, argv);
 
   std::string token;

@@ -184,6 +184,7 @@ absl::Status Run(const Flags& f) {
         std::isnan(r.val_loss) ? "null" : absl::StrFormat("%.17g", r.val_loss));
     if (f.rank == 0) std::cout << line << std::endl;
     absl::StrAppend(&steps_json, steps_json.empty() ? "" : ",", line);
+    SL_RETURN_IF_ERROR(CheckFiniteStep(r));
     if (f.save_at == s + 1) SL_RETURN_IF_ERROR(SaveCheckpoint(*engine, config, f, store.get(), s + 1));
     if (f.stop_after == s + 1) break;
   }

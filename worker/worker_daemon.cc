@@ -269,6 +269,7 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     p->set_step_seconds(r.seconds);
     if (!std::isnan(r.val_loss)) p->set_val_loss(r.val_loss);
     Write(m);
+    SL_RETURN_IF_ERROR(CheckFiniteStep(r));
     const int interval = config.checkpoint.interval;
     if ((interval > 0 && (s + 1) % interval == 0) || save_requested_.exchange(false)) {
       absl::Status saved = SaveAndReport(*engine, a, s + 1, config.checkpoint.async);

@@ -26,10 +26,13 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file, "file holding the coordinator's token");
   app.add_option("--tls-ca", tls_ca, "PEM root certificate: connect with TLS");
   app.add_option("--host", o.host, "host name to register (default: this machine's)");
-  app.add_option("--threads", o.threads, "intra-op threads for training");
-  app.add_option("--collective-timeout", timeout_s, "deadline of every collective and rendezvous, seconds");
-  app.add_option("--metrics-port", metrics_port, "serve Prometheus /metrics on this port (0: any free port)");
-  app.add_option("--peak-flops", o.peak_flops, "one device's peak FLOP/s for MFU (default: per device kind)");
+  app.add_option("--threads", o.threads, "intra-op threads for training")->check(CLI::Range(1, 1024));
+  app.add_option("--collective-timeout", timeout_s, "deadline of every collective and rendezvous, seconds")
+      ->check(CLI::Range(0.1, 86400.0));
+  app.add_option("--metrics-port", metrics_port, "serve Prometheus /metrics on this port (0: any free port)")
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--peak-flops", o.peak_flops, "one device's peak FLOP/s for MFU (default: per device kind)")
+      ->check(CLI::Range(0.0, 1e18));
   CLI11_PARSE(app, argc, argv);
   if (o.device != "cpu" && o.device.rfind("cuda:", 0) != 0) {
     std::cerr << "shardline-worker: --device " << o.device << ": expected cpu or cuda:N" << std::endl;

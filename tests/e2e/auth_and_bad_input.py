@@ -3,7 +3,11 @@ works, for shardctl and for workers. Bad job files, both through shardctl's
 own checks and sent straight to the coordinator: malformed TOML, unknown keys,
 wrong types, n_embd not divisible by n_head, batch not divisible by the world
 size, a missing data file: each is one line naming the key or file, exit 1,
-and the coordinator keeps serving."""
+and the coordinator keeps serving. Integers past their bounds, an infinite
+lr, an empty file and a model past any machine are refused the same way; a
+job whose loss diverges to NaN FAILS naming the step; --heartbeat-ms 0 stops
+the coordinator at start."""
+import json
 import os
 import subprocess
 import time
@@ -55,6 +59,16 @@ def main():
         "missing data file": (open(job_file(d, "m")).read().replace('format = "synthetic"',
                                                                     'format = "llmc"\npath = "nowhere/train.bin"'),
                               "nowhere/train.bin: no such file"),
+        "steps beyond an int": (open(job_file(d, "s")).read().replace("steps = 20", "steps = 4294967301"),
+                                "[train] steps = 4294967301 is out of range [1, 2147483647]"),
+        "vocab beyond its bound": (open(job_file(d, "v")).read().replace("vocab_size = 64",
+                                                                         "vocab_size = 1099511627840"),
+                                   "[model] vocab_size = 1099511627840 is out of range"),
+        "infinite lr": (open(job_file(d, "l")).read().replace("lr = 3e-3", "lr = inf"),
+                        "[optimizer] lr = inf must be finite"),
+        "empty file": ("", "no [model] section"),
+        "a model past any machine": (open(job_file(d, "h")).read().replace("n_layer = 2", "n_layer = 10000")
+                                     .replace("n_embd = 32", "n_embd = 1048576"), "more than the limit of 1e+13"),
         "missing init_from": (open(job_file(d, "i")).read().replace("block_size = 16",
                                                                     'block_size = 16\ninit_from = "gone.safetensors"'),
                               "[model] init_from: " + d + "/gone.safetensors: no such file"),
@@ -72,6 +86,20 @@ def main():
     c.check(rc == 0 and '"jobs":[]' in out, "coordinator still serving, nothing was submitted", out.strip())
     rc, out, err = cl.ctl("submit", job_file(d, "fine", workers=1, steps=3), "--follow", timeout=60)
     c.check(rc == 0, "a good job still runs")
+    # A diverging job fails naming the step instead of ending SUCCEEDED with NaN.
+    diverging = open(job_file(d, "diverge", workers=1, steps=30)).read().replace("lr = 3e-3", "lr = 1e30")
+    with open(os.path.join(d, "diverge.toml"), "w") as f:
+        f.write(diverging)
+    rc, out, err = cl.ctl("--json", "submit", os.path.join(d, "diverge.toml"), "--follow", timeout=60)
+    job = [l for l in out.splitlines() if l.startswith("{")]
+    st = cl.job(json.loads(job[0])["job_id"]) if job else {}
+    c.check(rc != 0 and st.get("state") == "FAILED" and "training diverged" in st.get("message", "")
+            and "step " in st.get("message", ""), "a diverging job FAILS naming the step", st.get("message", err))
+    # Flags are validated at start.
+    r = subprocess.run([cl.coordinator.args[0], "--state-dir", os.path.join(d, "s2"), "--heartbeat-ms", "0"],
+                       capture_output=True, text=True, timeout=10)
+    c.check(r.returncode != 0 and "--heartbeat-ms" in r.stderr, "--heartbeat-ms 0 refused at start",
+            r.stderr.strip().splitlines()[0] if r.stderr.strip() else "")
     rc, _, err = cl.ctl("status", "job-404")
     c.check(rc == 1 and "no job job-404" in err, "unknown job named", err.strip())
     c.finish()

@@ -5,6 +5,7 @@
 #include <c10/core/GradMode.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/model_shapes.h"
 #include "common/weight_source.h"
@@ -319,6 +320,13 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step) {
   tensor_peak_ = mem.peak_allocated;
   reserved_peak_ = mem.peak_reserved;
   return r;
+}
+
+absl::Status CheckFiniteStep(const StepResult& r) {
+  if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "step %d: the loss is %g and the gradient norm %g: training diverged (lower [optimizer] lr, or check the data)",
+      r.step + 1, r.loss, r.grad_norm));
 }
 
 absl::StatusOr<double> Engine::Evaluate() {

@@ -52,6 +52,11 @@ struct StepResult {
   double eval_seconds = 0;  // not part of `seconds`
 };
 
+// OK unless the step's loss or gradient norm is NaN or infinite; then an
+// InvalidArgument naming the step, so that a diverged job fails rather than
+// ends SUCCEEDED with NaN weights.
+absl::Status CheckFiniteStep(const StepResult& r);
+
 // Per-rank memory by kind; at rest (between steps) and the peak of all kinds
 // together during the last step.
 struct MemoryReport {
