@@ -55,8 +55,7 @@ class Client {
       creds = grpc::SslCredentials(ssl);
     }
     if (!o.token_file.empty()) {
-      SL_ASSIGN_OR_RETURN(std::string t, ReadFileToString(o.token_file, "token file"));
-      c.token_ = std::string(absl::StripAsciiWhitespace(t));
+      SL_ASSIGN_OR_RETURN(c.token_, ReadTokenFile(o.token_file));
     }
     c.stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, creds));
     c.address_ = o.coordinator;

@@ -1,6 +1,7 @@
 #include "common/file_util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,7 +12,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace shardline {
 
@@ -56,6 +59,32 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   }
   std::string dir = std::filesystem::path(path).parent_path().string();
   return SyncPath(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot read token file: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, ": token file is not a regular file"));
+  if ((st.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s: permissions %04o are too open; a token file must be readable by its owner only (chmod 600)", path,
+        st.st_mode & 07777));
+  }
+  if (st.st_size > 4096) return absl::InvalidArgumentError(absl::StrCat(path, ": token file is larger than 4 KiB"));
+  absl::StatusOr<std::string> text = ReadFileToString(path, "token file");
+  if (!text.ok()) return text.status();
+  const std::string first = text->substr(0, text->find('\n'));
+  const std::string token(absl::StripAsciiWhitespace(first));
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": token file is empty"));
+  for (char ch : token) {
+    if (ch < 0x21 || ch > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": the token holds a character that is not visible ASCII (not shown)"));
+    }
+  }
+  return token;
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what) {

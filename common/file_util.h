@@ -14,6 +14,12 @@ absl::Status WriteFully(int fd, const void* data, size_t n, const std::string& p
 // the folder: readers see the old file or the whole new one, never a part.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
 
+// A bearer token from `path`, as every program reads it: the file's first
+// line, trimmed; visible ASCII only (gRPC metadata refuses anything else);
+// at most 4 KiB. Like ssh with a private key, a file that its group or others
+// can read is refused. Errors name the file and never echo the token.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
 // The whole file; NotFound naming the file and `what` it was meant to be.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what);
 

@@ -58,10 +58,9 @@ int main(int argc, char** argv) {
 
   std::string token;
   if (!token_file.empty()) {
-    auto t = shardline::ReadFileToString(token_file, "token file");
+    auto t = shardline::ReadTokenFile(token_file);
     if (!t.ok()) return Fail(t.status());
-    token = std::string(absl::StripAsciiWhitespace(*t));
-    if (token.empty()) return Fail(absl::InvalidArgumentError(token_file + ": token file is empty"));
+    token = *t;
   }
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!tls_cert.empty() || !tls_key.empty()) {

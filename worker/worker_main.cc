@@ -39,12 +39,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!token_file.empty()) {
-    auto t = shardline::ReadFileToString(token_file, "token file");
+    auto t = shardline::ReadTokenFile(token_file);
     if (!t.ok()) {
       std::cerr << "shardline-worker: " << t.status().message() << std::endl;
       return 1;
     }
-    o.token = std::string(absl::StripAsciiWhitespace(*t));
+    o.token = *t;
   }
   if (!tls_ca.empty()) {
     grpc::SslCredentialsOptions ssl;

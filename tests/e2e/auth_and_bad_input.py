@@ -29,12 +29,28 @@ def main():
     rc, _, err = cl.ctl("jobs", token=False)
     c.check(rc == 1 and "missing token" in err and one_line(err), "missing token refused", err.strip())
     wrong = os.path.join(cl.dir, "wrong")
-    with open(wrong, "w") as f:
+    with open(os.open(wrong, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write("nope\n")
     rc, _, err = cl.ctl("--token-file", wrong, "jobs", token=False)
     c.check(rc == 1 and "wrong token" in err, "wrong token refused", err.strip())
     rc, out, err = cl.ctl("jobs")
     c.check(rc == 0, "right token accepted", err.strip())
+
+    def token_file(name, text, mode=0o600):
+        path = os.path.join(cl.dir, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT, mode), "w") as f:
+            f.write(text)
+        os.chmod(path, mode)
+        return path
+    # A token file is its first line: a second line neither breaks nor leaks.
+    rc, _, err = cl.ctl("--token-file", token_file("two-lines", "s3cret-token\nsecond line\n"), "jobs", token=False)
+    c.check(rc == 0, "a token file of two lines uses its first", err.strip())
+    rc, _, err = cl.ctl("--token-file", token_file("ctrl", "s3cret\x01token\n"), "jobs", token=False)
+    c.check(rc == 1 and "not visible ASCII" in err and "s3cret" not in err and one_line(err),
+            "a token with a control character refused, not echoed", err.strip())
+    rc, _, err = cl.ctl("--token-file", token_file("loose", "s3cret-token\n", 0o644), "jobs", token=False)
+    c.check(rc == 1 and "permissions 0644 are too open" in err and "s3cret" not in err,
+            "a token file others can read is refused, as ssh refuses a loose key", err.strip())
     # A worker without the token never registers.
     p = subprocess.Popen([WORKER, "--coordinator", cl.address, "--host", "intruder"], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)

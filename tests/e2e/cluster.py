@@ -84,7 +84,7 @@ class Cluster:
         self.token_file = None
         if token:
             self.token_file = os.path.join(self.dir, "token")
-            with open(self.token_file, "w") as f:
+            with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
                 f.write(token + "\n")
         self.workers = {}
         self.port = 0
