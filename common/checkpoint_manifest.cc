@@ -41,6 +41,12 @@ CheckpointManifest NewManifest(const std::string& job, const JobConfig& c, int w
   return m;
 }
 
+std::string RankFileName(int rank) { return absl::StrFormat("rank-%05d.safetensors", rank); }
+
+std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int rank) {
+  return absl::StrCat(checkpoint_root, "/", StepDirName(step), "/", RankFileName(rank));
+}
+
 absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) {
   json j;
   j["format_version"] = m.format_version;

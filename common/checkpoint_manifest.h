@@ -47,6 +47,10 @@ struct CheckpointManifest {
 };
 
 std::string StepDirName(int64_t step);  // "step-00000010"
+std::string RankFileName(int rank);     // "rank-00003.safetensors"
+// The one file rank `rank` writes for step `step` under a job's checkpoint
+// root; the coordinator accepts no other in a report.
+std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int rank);
 
 // The manifest of job `job` after `step` completed steps, at `world_size`
 // ranks whose shards were cut by `ownership`; the rank files are added once

@@ -12,12 +12,14 @@
 namespace shardline {
 
 absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& report) {
-  absl::Status s = store_->PutCheckpointReport(report);
-  if (!s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(report.job_id());
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", report.job_id()));
   JobRecord& r = it->second;
+  absl::Status s = CheckReport(r, report);
+  if (!s.ok()) return s;
+  s = store_->PutCheckpointReport(report);
+  if (!s.ok()) return s;
   auto& step = r.ckpt_reports[report.step()];
   step[report.rank()] = report;
   if (static_cast<int>(step.size()) < JobOf(r).workers()) return absl::OkStatus();
@@ -28,6 +30,33 @@ absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& repor
   return s;
 }
 
+absl::Status CoordinatorCore::CheckReport(const JobRecord& r, const v1::CheckpointReport& report) const {
+  const v1::Job& j = r.stored.job;
+  const std::string who = absl::StrCat("job ", j.id(), " rank ", report.rank());
+  if (j.state() != "RUNNING") {
+    return absl::FailedPreconditionError(absl::StrCat("job ", j.id(), " is ", j.state(), ": it takes no checkpoints"));
+  }
+  if (report.rank() < 0 || report.rank() >= j.workers()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": no such rank (the job has ", j.workers(), ")"));
+  }
+  if (report.step() < 1 || report.step() > j.steps()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": step ", report.step(), " is outside [1, ", j.steps(), "]"));
+  }
+  // The coordinator writes the manifest beside the files and later prunes
+  // that directory: only the rank's own file under the job's own root is
+  // accepted, so a report cannot point either anywhere else.
+  const std::string expected = RankFilePath(j.checkpoint_root(), report.step(), report.rank());
+  if (report.path() != expected) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(who, ": reported file ", report.path(), " is not the rank's checkpoint file ", expected));
+  }
+  const std::string& sum = report.checksum();
+  if (sum.size() != 64 || sum.find_first_not_of("0123456789abcdef") != std::string::npos || report.size_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": the checksum must be 64 hex digits and the size >= 0"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   v1::Job& j = JobOf(r);
   const int world = j.workers();
@@ -35,11 +64,9 @@ absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   auto layouts = model::OwnershipMap(r.config.model, g);
   if (!layouts.ok()) return layouts.status();
   CheckpointManifest m = NewManifest(j.id(), r.config, world, step, *layouts);
-  std::string dir;
+  const std::string dir = absl::StrCat(j.checkpoint_root(), "/", StepDirName(step));
   for (const auto& [rank, rep] : r.ckpt_reports[step]) {
-    const std::string& path = rep.path();
-    dir = path.substr(0, path.rfind('/'));
-    m.ranks.push_back({rank, path.substr(path.rfind('/') + 1), rep.size_bytes(), rep.checksum()});
+    m.ranks.push_back({rank, RankFileName(rank), rep.size_bytes(), rep.checksum()});
   }
   absl::Status s = WriteManifest(dir, m);
   if (!s.ok()) return s;

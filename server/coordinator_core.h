@@ -95,6 +95,9 @@ class CoordinatorCore {
   // A rank wrote its shard file; when every rank reported a step, the
   // manifest is written (last) and the checkpoint is committed, then
   // [checkpoint] keep_latest is applied and interrupted saves are removed.
+  // A rank's report that its shard of `step` is written. Refused unless the
+  // job is RUNNING and the report names that rank's own file of that step
+  // under the job's checkpoint root (RankFilePath) with a SHA-256.
   absl::Status ReportCheckpoint(const v1::CheckpointReport& report);
   absl::Status CheckpointNow(const std::string& id);
   absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(const std::string& id) const;
@@ -159,6 +162,8 @@ class CoordinatorCore {
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseWorker(const std::string& id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckReport(const JobRecord& r, const v1::CheckpointReport& report) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitCheckpoint(JobRecord& r, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PruneCheckpoints(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank health (coordinator_health.cc).

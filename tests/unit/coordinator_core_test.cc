@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+
+#include "common/checkpoint_manifest.h"
 
 namespace shardline {
 namespace {
@@ -331,6 +334,50 @@ TEST_F(CoreTest, StallWithEveryRankAtTheSameCollectiveNamesThemAll) {
   v1::Job j = *core_->GetJob(job);
   EXPECT_NE(j.stalled().find("every rank waits after collective #50"), std::string::npos) << j.stalled();
   EXPECT_TRUE(j.ranks(0).stalled() && j.ranks(1).stalled());
+}
+
+TEST_F(CoreTest, CheckpointReportsNameOnlyTheRanksOwnFileOfARunningJob) {
+  RecordingChannel a, b;
+  AddWorker("h1", "cpu", &a);
+  AddWorker("h2", "cpu", &b);
+  v1::SubmitJobRequest req;
+  req.set_spec_toml(kSpec);
+  req.set_workers(2);
+  req.set_base_dir(dir_);
+  const std::string job = *core_->Submit(req);
+  const std::string root = core_->GetJob(job)->checkpoint_root();
+  auto report = [&](int rank, int64_t step, const std::string& path) {
+    v1::CheckpointReport r;
+    r.set_job_id(job);
+    r.set_rank(rank);
+    r.set_step(step);
+    r.set_path(path);
+    r.set_size_bytes(10);
+    r.set_checksum(std::string(64, 'a'));
+    return core_->ReportCheckpoint(r);
+  };
+  // A forged file elsewhere (the coordinator would write a manifest beside
+  // it, then prune that directory) is refused, as is a neighbour's file.
+  absl::Status s = report(0, 2, dir_ + "/elsewhere/rank-00000.safetensors");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("is not the rank's checkpoint file " + root + "/step-00000002/rank-00000.safetensors"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(report(0, 2, root + "/step-00000002/rank-00001.safetensors").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(report(0, 2, root + "/step-00000002/../../x/rank-00000.safetensors").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(report(2, 2, RankFilePath(root, 2, 2)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(report(0, 99, RankFilePath(root, 99, 0)).code(), absl::StatusCode::kInvalidArgument);
+  // The ranks' own files commit the step, with the manifest in the computed directory.
+  std::filesystem::create_directories(root + "/step-00000002");
+  ASSERT_TRUE(report(0, 2, RankFilePath(root, 2, 0)).ok());
+  ASSERT_TRUE(report(1, 2, RankFilePath(root, 2, 1)).ok());
+  EXPECT_TRUE(std::filesystem::exists(root + "/step-00000002/manifest.json"));
+  EXPECT_EQ(core_->GetJob(job)->checkpoints_size(), 1);
+  // A job that ended takes no more checkpoints.
+  ASSERT_TRUE(core_->Cancel(job).ok());
+  s = report(0, 3, RankFilePath(root, 3, 0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
   }
   ManifestRankFile f;
   f.rank = snap.rank;
-  f.file = absl::StrFormat("rank-%05d.safetensors", snap.rank);
+  f.file = RankFileName(snap.rank);
   const std::string path = step_dir + "/" + f.file;
   SL_RETURN_IF_ERROR(WriteSafetensors(path, tensors,
                                       {{"rank", std::to_string(snap.rank)},
