@@ -70,7 +70,7 @@ void CoordinatorCore::Transition(JobRecord& r, const std::string& state, const s
   if (IsFinalJobState(state)) {
     // The job's rendezvous keys are of no further use.
     const std::string prefix = j.id() + "/";
-    for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = kv_.erase(it);
+    for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = EraseKv(it);
   }
 }
 
@@ -466,10 +466,37 @@ void CoordinatorCore::WakeWaiters() {
   waiters_ = std::move(keep);
 }
 
-void CoordinatorCore::StoreSet(const std::string& key, const std::string& value) {
-  absl::MutexLock lock(&mu_);
-  kv_[key] = value;
+absl::Status CoordinatorCore::PutKv(const std::string& key, std::string value) {
+  if (key.empty() || key.size() > kMaxStoreKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("store: a key must have 1 to ", kMaxStoreKeyBytes, " bytes"));
+  }
+  if (value.size() > kMaxStoreValueBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("store: the value of ", key, " has ", value.size(),
+                                                     " bytes, more than the limit of ", kMaxStoreValueBytes));
+  }
+  auto it = kv_.find(key);
+  const size_t old = it == kv_.end() ? 0 : key.size() + it->second.size();
+  if (it == kv_.end() && kv_.size() >= kMaxStoreKeys) {
+    return absl::ResourceExhaustedError(absl::StrCat("store: ", kMaxStoreKeys, " keys are set, the limit"));
+  }
+  if (kv_bytes_ - old + key.size() + value.size() > kMaxStoreBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("store: setting ", key, " would pass the limit of ",
+                                                     kMaxStoreBytes, " bytes for all keys"));
+  }
+  kv_bytes_ = kv_bytes_ - old + key.size() + value.size();
+  kv_[key] = std::move(value);
   WakeWaiters();
+  return absl::OkStatus();
+}
+
+std::map<std::string, std::string>::iterator CoordinatorCore::EraseKv(std::map<std::string, std::string>::iterator it) {
+  kv_bytes_ -= it->first.size() + it->second.size();
+  return kv_.erase(it);
+}
+
+absl::Status CoordinatorCore::StoreSet(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  return PutKv(key, value);
 }
 
 absl::StatusOr<std::string> CoordinatorCore::StoreGet(const std::string& key) const {
@@ -479,15 +506,18 @@ absl::StatusOr<std::string> CoordinatorCore::StoreGet(const std::string& key) co
   return it->second;
 }
 
-int64_t CoordinatorCore::StoreAdd(const std::string& key, int64_t delta) {
+absl::StatusOr<int64_t> CoordinatorCore::StoreAdd(const std::string& key, int64_t delta) {
   absl::MutexLock lock(&mu_);
   // c10d stores keep counters as decimal strings.
   int64_t v = 0;
   auto it = kv_.find(key);
   if (it != kv_.end()) v = std::strtoll(it->second.c_str(), nullptr, 10);
+  if ((delta > 0 && v > INT64_MAX - delta) || (delta < 0 && v < INT64_MIN - delta)) {
+    return absl::OutOfRangeError(absl::StrCat("store: adding ", delta, " to ", key, " overflows"));
+  }
   v += delta;
-  kv_[key] = std::to_string(v);
-  WakeWaiters();
+  absl::Status s = PutKv(key, std::to_string(v));
+  if (!s.ok()) return s;
   return v;
 }
 
@@ -501,11 +531,21 @@ bool CoordinatorCore::StoreCheck(const std::vector<std::string>& keys) const {
 
 bool CoordinatorCore::StoreDelete(const std::string& key) {
   absl::MutexLock lock(&mu_);
-  return kv_.erase(key) > 0;
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return false;
+  EraseKv(it);
+  return true;
 }
 
 void CoordinatorCore::StoreWait(const std::vector<std::string>& keys, absl::Time deadline, DoneCallback done) {
   absl::MutexLock lock(&mu_);
+  if (keys.size() > kMaxWaitKeys || waiters_.size() >= kMaxStoreWaiters) {
+    // Refused at once, as WakeWaiters answers waits (under the lock).
+    done(absl::ResourceExhaustedError(absl::StrCat("store: a wait may name ", kMaxWaitKeys, " keys and ",
+                                                   kMaxStoreWaiters, " waits may be pending")),
+         {});
+    return;
+  }
   waiters_.push_back(Waiter{keys, deadline, std::move(done)});
   WakeWaiters();
 }

@@ -108,9 +108,16 @@ class CoordinatorCore {
   void Unwatch(int handle);
 
   // ---- rendezvous store ----
-  void StoreSet(const std::string& key, const std::string& value);
+  // Callers are bounded (ResourceExhausted naming the limit): keys of at most
+  // kMaxStoreKeyBytes, values of at most kMaxStoreValueBytes, kMaxStoreBytes
+  // and kMaxStoreKeys in all, waits of at most kMaxWaitKeys keys and
+  // kMaxStoreWaiters pending at once. A job's keys are dropped when it ends.
+  static constexpr size_t kMaxStoreKeyBytes = 512, kMaxStoreValueBytes = 1 << 20;
+  static constexpr size_t kMaxStoreBytes = 64 << 20, kMaxStoreKeys = 1 << 16;
+  static constexpr size_t kMaxWaitKeys = 256, kMaxStoreWaiters = 4096;
+  absl::Status StoreSet(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> StoreGet(const std::string& key) const;  // NotFound if unset
-  int64_t StoreAdd(const std::string& key, int64_t delta);
+  absl::StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta);
   bool StoreCheck(const std::vector<std::string>& keys) const;
   bool StoreDelete(const std::string& key);
   // Calls done(OK, values) once every key is set, or done(DeadlineExceeded) at
@@ -181,6 +188,11 @@ class CoordinatorCore {
   std::vector<std::string> queue_ ABSL_GUARDED_BY(mu_);  // PENDING job ids, FIFO
   std::map<int, std::pair<std::string, JobCallback>> watchers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  size_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values of kv_
+  // Sets kv_[key] within the store's limits.
+  absl::Status PutKv(const std::string& key, std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<std::string, std::string>::iterator EraseKv(std::map<std::string, std::string>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   int next_job_ = 1, next_worker_ = 1, next_watch_ = 1;
 };

@@ -287,8 +287,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetOwnership(grpc::CallbackServerC
 grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* ctx,
                                                        const v1::StoreSetRequest* req, v1::StoreSetResponse*) {
   SL_AUTHORIZE(ctx);
-  core_->StoreSet(req->key(), req->value());
-  return Done(ctx, absl::OkStatus());
+  return Done(ctx, core_->StoreSet(req->key(), req->value()));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* ctx,
@@ -306,8 +305,9 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerContext* ctx,
                                                        const v1::StoreAddRequest* req, v1::StoreAddResponse* resp) {
   SL_AUTHORIZE(ctx);
-  resp->set_value(core_->StoreAdd(req->key(), req->delta()));
-  return Done(ctx, absl::OkStatus());
+  absl::StatusOr<int64_t> v = core_->StoreAdd(req->key(), req->delta());
+  if (v.ok()) resp->set_value(*v);
+  return Done(ctx, v.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerContext* ctx,

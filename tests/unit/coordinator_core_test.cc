@@ -218,9 +218,9 @@ TEST_F(CoreTest, StoreWaitsCompleteOrTimeOut) {
                      done = s;
                      got = v;
                    });
-  core_->StoreSet("a", "1");
+  ASSERT_TRUE(core_->StoreSet("a", "1").ok());
   EXPECT_EQ(done.code(), absl::StatusCode::kUnknown);
-  EXPECT_EQ(core_->StoreAdd("b", 5), 5);
+  EXPECT_EQ(*core_->StoreAdd("b", 5), 5);
   EXPECT_TRUE(done.ok());
   EXPECT_EQ(got, (std::vector<std::string>{"1", "5"}));
   absl::Status late = absl::OkStatus();
@@ -378,6 +378,31 @@ TEST_F(CoreTest, CheckpointReportsNameOnlyTheRanksOwnFileOfARunningJob) {
   ASSERT_TRUE(core_->Cancel(job).ok());
   s = report(0, 3, RankFilePath(root, 3, 0));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+}
+
+TEST_F(CoreTest, TheStoreBoundsWhatCallersCanMakeItHold) {
+  using Core = CoordinatorCore;
+  // One value past the limit, then values up to the total: refused, and the
+  // bytes of deleted keys are given back.
+  absl::Status s = core_->StoreSet("job-1/big", std::string(Core::kMaxStoreValueBytes + 1, 'x'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("more than the limit of 1048576"), std::string::npos) << s;
+  const std::string mib(Core::kMaxStoreValueBytes - 16, 'x');
+  const size_t fit = Core::kMaxStoreBytes / (mib.size() + 16);
+  for (size_t i = 0; i < fit; ++i) ASSERT_TRUE(core_->StoreSet("job-1/k" + std::to_string(i), mib).ok()) << i;
+  s = core_->StoreSet("job-1/one-more", mib);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  ASSERT_TRUE(core_->StoreDelete("job-1/k0"));
+  EXPECT_TRUE(core_->StoreSet("job-1/one-more", mib).ok());
+  EXPECT_EQ(core_->StoreSet(std::string(Core::kMaxStoreKeyBytes + 1, 'k'), "v").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_->StoreAdd("job-1/n", INT64_MAX).status().code(), absl::StatusCode::kOk);
+  EXPECT_EQ(core_->StoreAdd("job-1/n", 1).status().code(), absl::StatusCode::kOutOfRange);
+  // A wait naming too many keys is refused at once.
+  absl::Status waited = absl::UnknownError("pending");
+  core_->StoreWait(std::vector<std::string>(Core::kMaxWaitKeys + 1, "k"), absl::Now() + absl::Seconds(10),
+                   [&](const absl::Status& st, const std::vector<std::string>&) { waited = st; });
+  EXPECT_EQ(waited.code(), absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace
