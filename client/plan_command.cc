@@ -71,7 +71,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     if (in.model.is_llama()) {
       in.model.n_kv_head = f.kv_heads;
       in.model.intermediate_size =
-          f.intermediate > 0 ? f.intermediate : std::max(256, static_cast<int>(f.hidden * 8 / 3 / 256 * 256));
+          f.intermediate > 0 ? f.intermediate : DefaultIntermediateSize(f.hidden);
       in.model.tie_word_embeddings = f.tied;
     }
   } else if (f.params > 0) {

@@ -61,6 +61,10 @@ std::pair<int64_t, int64_t> ParamSplit(ModelConfig m) {
 
 }  // namespace
 
+int DefaultIntermediateSize(int hidden) {
+  return std::max(256, static_cast<int>(std::lround(8.0 * hidden / 3 / 256)) * 256);
+}
+
 ModelConfig ModelForParams(double params, int vocab_size, int seq_len, const std::string& family) {
   const bool llama = family == "llama";
   auto shape = [&](int hidden, int intermediate_step) {
@@ -72,8 +76,7 @@ ModelConfig ModelForParams(double params, int vocab_size, int seq_len, const std
     m.n_head = hidden / (llama && hidden % 128 == 0 ? 128 : 64);
     if (llama) {
       m.n_kv_head = m.n_head % 4 == 0 ? m.n_head / 4 : m.n_head;
-      const int base = static_cast<int>(std::lround(8.0 * hidden / 3 / 256)) * 256;
-      m.intermediate_size = std::max(256, base + 256 * intermediate_step);
+      m.intermediate_size = std::max(256, DefaultIntermediateSize(hidden) + 256 * intermediate_step);
     }
     return m;
   };

@@ -80,6 +80,10 @@ struct Plan {
 
 absl::StatusOr<Plan> MakePlan(const PlanInput& in);
 
+// Llama's SwiGLU width for `hidden`: 8/3 x hidden rounded to a multiple of
+// 256 (at least 256).
+int DefaultIntermediateSize(int hidden);
+
 // A model of `params` parameters (within 0.5% wherever the embedding alone
 // does not exceed it) for `--params` without a shape: `family` "gpt2" (heads
 // of 64, tied) or "llama" (heads of 128 where hidden allows, else 64; GQA
