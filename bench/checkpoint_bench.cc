@@ -82,7 +82,9 @@ int main(int argc, char** argv) {
     save = std::min(save, Since(t));
     f = *w;
   }
-  CheckpointManifest m = ManifestFor(e, c, 1);
+  auto made = ManifestFor(e, c, 1);
+  if (!made.ok()) return Fail(made.status());
+  CheckpointManifest& m = *made;
   m.ranks.push_back(f);
   if (auto s = WriteManifest(step_dir, m); !s.ok()) return Fail(s);
   double load = 1e9;

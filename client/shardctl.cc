@@ -244,14 +244,17 @@ int main(int argc, char** argv) {
   auto* ckpt_list = ckpt->add_subcommand("list", "a job's committed checkpoints");
   auto* ckpt_export = ckpt->add_subcommand("export", "write a checkpoint's model for other tools (no coordinator needed)");
   ckpt_export->add_option("STEP_DIR", step_dir)->required();
-  ckpt_export->add_option("--out", out_file, "nanogpt: the .safetensors file to write; hf: the directory")->required();
+  ckpt_export->add_option("--out", out_file, "nanogpt: the .safetensors file to write; hf, peft: the directory")
+      ->required();
   std::string export_format = "nanogpt", export_dtype = "fp32";
   std::string max_shard_size = "5GB";
-  ckpt_export->add_option("--format", export_format, "nanogpt (one file, the engine's names) or hf "
-                                                     "(a transformers directory)")
-      ->check(CLI::IsMember({"nanogpt", "hf"}));
-  ckpt_export->add_option("--dtype", export_dtype, "hf: fp32 or bf16 (default fp32)")
+  bool merge = false;
+  ckpt_export->add_option("--format", export_format, "nanogpt (one file, the engine's names), hf (a transformers "
+                                                     "directory) or peft (a LoRA checkpoint's adapters)")
+      ->check(CLI::IsMember({"nanogpt", "hf", "peft"}));
+  ckpt_export->add_option("--dtype", export_dtype, "hf, peft: fp32 or bf16 (default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  ckpt_export->add_flag("--merge", merge, "hf, of a LoRA checkpoint: the base with the adapters merged in");
   ckpt_export->add_option("--max-shard-size", max_shard_size,
                           "hf: the largest weight file, as transformers writes it: 5GB, 500MB, 20KB (default 5GB)");
   for (auto* sc : {ckpt_save, ckpt_list}) sc->add_option("JOB", job)->required();
@@ -266,13 +269,18 @@ int main(int argc, char** argv) {
     if (cmd == "ckpt") cmd += " " + ckpt->get_subcommands()[0]->get_name();
     if (cmd == "plan") return RunPlan(plan_flags, o.json);  // local arithmetic
     if (cmd == "ckpt export") {  // local: reads the shard files, one unit at a time
+      const StoredDType dtype = export_dtype == "bf16" ? StoredDType::kBF16 : StoredDType::kF32;
+      if (merge && export_format != "hf") return absl::InvalidArgumentError("--merge needs --format hf");
       if (export_format == "hf") {
         HfExportOptions options;
-        options.dtype = export_dtype == "bf16" ? StoredDType::kBF16 : StoredDType::kF32;
+        options.dtype = dtype;
+        options.merge = merge;
         SL_ASSIGN_OR_RETURN(options.max_shard_bytes, ParseByteSize(max_shard_size, "--max-shard-size"));
         SL_RETURN_IF_ERROR(ExportHf(step_dir, out_file, options));
+      } else if (export_format == "peft") {
+        SL_RETURN_IF_ERROR(ExportPeft(step_dir, out_file, dtype));
       } else {
-        if (export_dtype != "fp32") return absl::InvalidArgumentError("--dtype bf16 needs --format hf");
+        if (export_dtype != "fp32") return absl::InvalidArgumentError("--dtype bf16 needs --format hf or peft");
         SL_RETURN_IF_ERROR(ExportModel(step_dir, out_file));
       }
       if (o.json) {

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
 #include "common/hf_config.h"
+#include "common/lora_adapter.h"
+#include "common/weight_source.h"
 #include "common/model_shapes.h"
 #include "common/status_macros.h"
 
@@ -58,16 +61,95 @@ absl::Status CheckpointReader::Read(int unit, const std::string& kind, int64_t l
 
 namespace {
 
-// The checkpoint at step_dir, whose manifest lists the model's units.
+// The checkpoint at step_dir, whose manifest lists what the model trains.
 absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenForExport(const std::string& step_dir) {
   SL_ASSIGN_OR_RETURN(auto ckpt, CheckpointReader::Open(step_dir));
-  const ModelConfig& m = ckpt->manifest().model;
-  if (static_cast<int>(ckpt->manifest().units.size()) != model::NumUnits(m)) {
-    return absl::DataLossError(absl::StrCat(step_dir, ": manifest lists ", ckpt->manifest().units.size(),
-                                            " units, the model has ", model::NumUnits(m)));
+  const CheckpointManifest& man = ckpt->manifest();
+  const size_t trained = model::TrainableUnits(man.model, man.lora).size();
+  if (man.units.size() != trained) {
+    return absl::DataLossError(absl::StrCat(step_dir, ": manifest lists ", man.units.size(),
+                                            " units, the model trains ", trained));
   }
   return ckpt;
 }
+
+// The full fp32 values of each model unit that a model export writes: the
+// checkpoint's own or, for a LoRA checkpoint (--merge), the base's with the
+// adapters merged in as PEFT's merge_and_unload does: W + (B A) * scaling.
+class UnitValues {
+ public:
+  static absl::StatusOr<UnitValues> Open(CheckpointReader* ckpt, bool merge, const std::string& step_dir) {
+    const CheckpointManifest& man = ckpt->manifest();
+    UnitValues v(ckpt);
+    if (!man.lora.enabled) {
+      if (merge) return absl::InvalidArgumentError(absl::StrCat(step_dir, ": --merge: not a LoRA checkpoint"));
+      return v;
+    }
+    if (!merge) {
+      return absl::InvalidArgumentError(absl::StrCat(step_dir, ": a LoRA checkpoint holds adapters only: export "
+                                                     "them with --format peft, or the merged model with --format hf "
+                                                     "--merge"));
+    }
+    ModelConfig base = man.model;
+    const std::string& from = man.base_weights;
+    if (from.rfind("hf_dir ", 0) == 0) {
+      base.hf_dir = from.substr(7);
+    } else if (from.rfind("init_from ", 0) == 0) {
+      base.init_from = from.substr(10);
+    } else {
+      return absl::FailedPreconditionError(absl::StrCat(
+          step_dir, ": --merge: the base is the engine's random initialisation (", from,
+          "), not a file to merge onto; export the adapters with --format peft"));
+    }
+    SL_ASSIGN_OR_RETURN(v.base_, WeightSource::Open(base));
+    SL_RETURN_IF_ERROR(v.base_->Check());
+    const std::vector<int> trained = model::TrainableUnits(man.model, man.lora);
+    for (size_t i = 0; i < trained.size(); ++i) v.adapter_index_[trained[i]] = static_cast<int>(i);
+    return v;
+  }
+
+  absl::Status Read(int u, std::vector<float>* buf) {
+    const CheckpointManifest& man = ckpt_->manifest();
+    if (!base_) {
+      buf->assign(man.units[u].numel, 0.0f);
+      return ckpt_->Read(u, "param", 0, man.units[u].numel, buf->data());
+    }
+    SL_ASSIGN_OR_RETURN(ShardLayout layout,
+                        MakeShardLayout(model::UnitName(man.model, u), model::UnitParams(man.model, u), 1));
+    buf->assign(layout.padded_numel, 0.0f);
+    SL_RETURN_IF_ERROR(ReadUnitWeights(*base_, layout, false, 0, buf->data()));
+    auto it = adapter_index_.find(u);
+    if (it == adapter_index_.end()) return absl::OkStatus();
+    const int64_t n = man.units[it->second].numel;
+    std::vector<float> ab(static_cast<size_t>(n));
+    SL_RETURN_IF_ERROR(ckpt_->Read(it->second, "param", 0, n, ab.data()));
+    const double scaling = man.lora.scaling();
+    const int64_t r = man.lora.rank;
+    int64_t off = 0;
+    for (const model::LoraTarget& t : model::LoraTargets(man.model, man.lora, u)) {
+      const float* a = ab.data() + off;               // [r, in]
+      const float* b = a + r * t.in;                  // [out, r]
+      off += r * (t.in + t.out);
+      float* w = buf->data() + layout.params[t.base_index].offset;  // [out, in]
+      std::vector<float> row(static_cast<size_t>(t.in));
+      for (int64_t o = 0; o < t.out; ++o) {
+        std::fill(row.begin(), row.end(), 0.0f);
+        for (int64_t k = 0; k < r; ++k) {
+          const float bk = b[o * r + k];
+          for (int64_t i = 0; i < t.in; ++i) row[i] += bk * a[k * t.in + i];
+        }
+        for (int64_t i = 0; i < t.in; ++i) w[o * t.in + i] += static_cast<float>(row[i] * scaling);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  explicit UnitValues(CheckpointReader* ckpt) : ckpt_(ckpt) {}
+  CheckpointReader* ckpt_;
+  std::unique_ptr<WeightSource> base_;  // LoRA: where the frozen base comes from
+  std::map<int, int> adapter_index_;    // model unit -> trainable unit
+};
 
 // One output file of an HF export: a run of tensors in model order.
 struct HfFile {
@@ -100,9 +182,9 @@ std::vector<HfFile> PlanHfFiles(const ModelConfig& m, int element_bytes, int64_t
 
 }  // namespace
 
-absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, const HfExportOptions& options) {
-  SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
-  const ModelConfig& m = ckpt->manifest().model;
+namespace {
+
+absl::Status MakeOutputDir(const std::string& out_dir) {
   if (::mkdir(out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::PermissionDeniedError(absl::StrCat(out_dir, ": cannot create: ", std::strerror(errno)));
   }
@@ -110,6 +192,16 @@ absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, c
   if (stat(out_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(out_dir, ": not a directory"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, const HfExportOptions& options) {
+  SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
+  const ModelConfig& m = ckpt->manifest().model;
+  SL_ASSIGN_OR_RETURN(UnitValues values, UnitValues::Open(ckpt.get(), options.merge, step_dir));
+  SL_RETURN_IF_ERROR(MakeOutputDir(out_dir));
   const int element_bytes = options.dtype == StoredDType::kF32 ? 4 : 2;
   const std::vector<HfFile> files = PlanHfFiles(m, element_bytes, std::max<int64_t>(options.max_shard_bytes, 1));
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
@@ -118,9 +210,7 @@ absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, c
   std::unique_ptr<SafetensorsStreamWriter> out;
   std::vector<float> buf, transposed;
   for (int u = 0; u < model::NumUnits(m); ++u) {
-    const int64_t numel = ckpt->manifest().units[u].numel;
-    buf.assign(numel, 0.0f);  // one unit at a time
-    SL_RETURN_IF_ERROR(ckpt->Read(u, "param", 0, numel, buf.data()));
+    SL_RETURN_IF_ERROR(values.Read(u, &buf));  // one unit at a time
     int64_t offset = 0;
     for (const ParamSpec& p : model::UnitParams(m, u)) {
       if (!out) {
@@ -160,6 +250,7 @@ absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, c
 absl::Status ExportModel(const std::string& step_dir, const std::string& out_path) {
   SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
   const ModelConfig& m = ckpt->manifest().model;
+  SL_RETURN_IF_ERROR(UnitValues::Open(ckpt.get(), /*merge=*/false, step_dir).status());
   const int units = model::NumUnits(m);
   std::vector<SafetensorsStreamWriter::Decl> decls;
   for (int u = 0; u < units; ++u) {
@@ -183,6 +274,33 @@ absl::Status ExportModel(const std::string& step_dir, const std::string& out_pat
     SL_RETURN_IF_ERROR(out->Append(buf.data(), static_cast<int64_t>(buf.size())));
   }
   return out->Finish();
+}
+
+absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype) {
+  SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
+  const CheckpointManifest& man = ckpt->manifest();
+  if (!man.lora.enabled) {
+    return absl::InvalidArgumentError(absl::StrCat(step_dir, ": --format peft: not a LoRA checkpoint (no adapters)"));
+  }
+  SL_RETURN_IF_ERROR(MakeOutputDir(out_dir));
+  const std::vector<int> trained = model::TrainableUnits(man.model, man.lora);
+  std::vector<SafetensorsStreamWriter::Decl> decls;
+  for (int u : trained) {
+    for (const ParamSpec& p : model::AdapterParams(man.model, man.lora, u)) decls.push_back({PeftTensorName(p.name), p.shape});
+  }
+  SL_ASSIGN_OR_RETURN(auto out, SafetensorsStreamWriter::Create(out_dir + "/adapter_model.safetensors", decls, dtype));
+  std::vector<float> buf;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    const int64_t numel = man.units[i].numel;
+    buf.assign(numel, 0.0f);  // one unit's adapters at a time
+    SL_RETURN_IF_ERROR(ckpt->Read(static_cast<int>(i), "param", 0, numel, buf.data()));
+    SL_RETURN_IF_ERROR(out->Append(buf.data(), numel));
+  }
+  SL_RETURN_IF_ERROR(out->Finish());
+  const std::string& from = man.base_weights;
+  const std::string base = from.rfind("hf_dir ", 0) == 0 ? from.substr(7) : "";
+  // adapter_config.json last: a directory with it is complete.
+  return WriteFileAtomically(out_dir + "/adapter_config.json", PeftAdapterConfigJson(man.model, man.lora, base));
 }
 
 }  // namespace shardline

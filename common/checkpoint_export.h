@@ -14,6 +14,12 @@
 // (a single tensor larger than that gets a file of its own) with
 // model.safetensors.index.json, or one model.safetensors. Both work one unit
 // at a time: no step holds more than one unit in memory.
+//
+// A LoRA checkpoint holds adapters only: ExportPeft writes them as a PEFT
+// adapter directory (adapter_config.json, adapter_model.safetensors) and
+// ExportHf with `merge` writes the base (read from the [model] hf_dir or
+// init_from the manifest records) with the adapters merged in; the other
+// exports refuse it.
 #pragma once
 
 #include <map>
@@ -46,7 +52,10 @@ absl::Status ExportModel(const std::string& step_dir, const std::string& out_pat
 struct HfExportOptions {
   StoredDType dtype = StoredDType::kF32;
   int64_t max_shard_bytes = int64_t{5} << 30;  // transformers' default, 5 GB
+  bool merge = false;                           // LoRA: base + adapters
 };
 absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, const HfExportOptions& options);
+
+absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype);
 
 }  // namespace shardline

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/model_shapes.h"
 
@@ -25,8 +27,17 @@ using nlohmann::json;
 
 std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
-CheckpointManifest NewManifest(const std::string& job, const JobConfig& c, int world_size, int64_t step,
-                               const std::vector<ShardLayout>& ownership) {
+std::string LoraBaseWeights(const JobConfig& c) {
+  if (!c.model.hf_dir.empty()) return "hf_dir " + c.model.hf_dir;
+  if (!c.model.init_from.empty()) return "init_from " + c.model.init_from;
+  return absl::StrCat("seed ", c.train.seed);
+}
+
+absl::StatusOr<CheckpointManifest> NewManifest(const std::string& job, const JobConfig& c, int world_size,
+                                               int64_t step) {
+  absl::StatusOr<std::vector<ShardLayout>> ownership =
+      model::TrainableOwnershipMap(c.model, c.lora, ShardGroupSize(c, world_size));
+  if (!ownership.ok()) return ownership.status();
   CheckpointManifest m;
   m.job = job;
   m.step = step;
@@ -36,8 +47,13 @@ CheckpointManifest NewManifest(const std::string& job, const JobConfig& c, int w
   m.model = c.model;
   m.strategy = StrategyName(c.parallelism.strategy);
   m.world_size = world_size;
-  m.shard_group_size = ownership.empty() ? 1 : ownership.front().group_size;
-  for (const ShardLayout& l : ownership) m.units.push_back({l.unit, l.numel, l.padded_numel, l.shard_numel, l.group_size});
+  m.shard_group_size = ShardGroupSize(c, world_size);
+  for (const ShardLayout& l : *ownership) m.units.push_back({l.unit, l.numel, l.padded_numel, l.shard_numel, l.group_size});
+  if (c.lora.enabled) {
+    m.lora = c.lora;
+    m.lora.target_modules = model::LoraModules(c.model, c.lora);
+    m.base_weights = LoraBaseWeights(c);
+  }
   return m;
 }
 
@@ -74,6 +90,10 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
                        {"rope_high_freq_factor", l.rope_high_freq_factor},
                        {"rope_original_max_position", l.rope_original_max_position}});
     if (l.max_position_embeddings > 0) j["model"]["max_position_embeddings"] = l.max_position_embeddings;
+  }
+  if (m.lora.enabled) {
+    j["lora"] = {{"rank", m.lora.rank}, {"alpha", m.lora.alpha}, {"target_modules", m.lora.target_modules},
+                 {"base", LoraBaseName(m.lora.base)}, {"base_weights", m.base_weights}};
   }
   j["strategy"] = m.strategy;
   j["world_size"] = m.world_size;
@@ -118,19 +138,25 @@ absl::Status CheckManifest(const CheckpointManifest& m, const std::string& path)
     return bad(absl::StrCat("shard_group_size ", m.shard_group_size, " does not divide world_size ", m.world_size));
   }
   if (m.step > m.total_steps) return bad(absl::StrCat("step ", m.step, " is past total_steps ", m.total_steps));
-  if (static_cast<int>(m.units.size()) != model::NumUnits(m.model)) {
-    return bad(absl::StrCat("ownership lists ", m.units.size(), " units, the model has ", model::NumUnits(m.model)));
+  if (m.lora.enabled) {
+    c.lora = m.lora;
+    valid = ValidateJobConfig(c, m.world_size, path);
+    if (!valid.ok()) return bad(absl::StrCat("lora: ", valid.message()));
   }
-  for (int u = 0; u < static_cast<int>(m.units.size()); ++u) {
+  const absl::StatusOr<std::vector<ShardLayout>> own =
+      model::TrainableOwnershipMap(m.model, m.lora, m.shard_group_size);
+  if (!own.ok()) return bad(std::string(own.status().message()));
+  if (m.units.size() != own->size()) {
+    return bad(absl::StrCat("ownership lists ", m.units.size(), " units, the model trains ", own->size()));
+  }
+  for (size_t u = 0; u < m.units.size(); ++u) {
     const ManifestUnit& x = m.units[u];
-    int64_t numel = 0;
-    for (const ParamSpec& p : model::UnitParams(m.model, u)) numel += p.numel();
-    const int64_t g = m.shard_group_size;
-    if (x.unit != model::UnitName(m.model, u) || x.numel != numel || x.group_size != g ||
-        x.padded != (numel + g - 1) / g * g || x.shard * g != x.padded) {
+    const ShardLayout& l = (*own)[u];
+    if (x.unit != l.unit || x.numel != l.numel || x.group_size != l.group_size || x.padded != l.padded_numel ||
+        x.shard != l.shard_numel) {
       return bad(absl::StrCat("ownership of unit ", u, " (", x.unit, ": numel ", x.numel, ", padded ", x.padded,
-                              ", shard ", x.shard, ", group_size ", x.group_size, ") is not the model's (",
-                              model::UnitName(m.model, u), ": numel ", numel, " at group size ", g, ")"));
+                              ", shard ", x.shard, ", group_size ", x.group_size, ") is not the model's (", l.unit,
+                              ": numel ", l.numel, " at group size ", l.group_size, ")"));
     }
   }
   std::vector<bool> seen(m.world_size, false);
@@ -196,6 +222,17 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
         l.max_position_embeddings = static_cast<int>(IntIn(mo, "max_position_embeddings", 0, 1 << 24));
       }
     }
+    if (j.contains("lora")) {
+      const json& l = j.at("lora");
+      m.lora.enabled = true;
+      m.lora.rank = static_cast<int>(IntIn(l, "rank", 1, 65536));
+      m.lora.alpha = l.at("alpha").get<double>();
+      m.lora.target_modules = l.at("target_modules").get<std::vector<std::string>>();
+      const std::string base = l.at("base").get<std::string>();
+      if (base != "sharded" && base != "replicated") throw std::runtime_error("lora.base must be sharded or replicated");
+      m.lora.base = base == "sharded" ? LoraBase::kSharded : LoraBase::kReplicated;
+      m.base_weights = l.at("base_weights").get<std::string>();
+    }
     m.strategy = j.at("strategy").get<std::string>();
     m.world_size = static_cast<int>(IntIn(j, "world_size", 1, 1 << 20));
     m.shard_group_size = static_cast<int>(IntIn(j, "shard_group_size", 1, 1 << 20));
@@ -215,6 +252,8 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   if (!s.ok()) return s;
   return m;
 }
+
+namespace {
 
 absl::Status CheckSameModel(const CheckpointManifest& m, const ModelConfig& model, const std::string& dir) {
   auto differ = [&](const char* key, int64_t have, int64_t want) {
@@ -239,6 +278,34 @@ absl::Status CheckSameModel(const CheckpointManifest& m, const ModelConfig& mode
   if (m.model.qk_norm != model.qk_norm) return differ("qk_norm", m.model.qk_norm, model.qk_norm);
   if (m.model.tie_word_embeddings != model.tie_word_embeddings) {
     return differ("tie_word_embeddings", m.model.tie_word_embeddings, model.tie_word_embeddings);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckSameTraining(const CheckpointManifest& m, const JobConfig& c, const std::string& dir) {
+  absl::Status s = CheckSameModel(m, c.model, dir);
+  if (!s.ok()) return s;
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": ", what));
+  };
+  if (m.lora.enabled != c.lora.enabled) {
+    return bad(m.lora.enabled ? "a LoRA checkpoint (adapters only): the job needs its [lora] table"
+                              : "a checkpoint of the whole model: a [lora] job cannot resume from it");
+  }
+  if (!m.lora.enabled) return absl::OkStatus();
+  std::vector<std::string> mine = model::LoraModules(c.model, c.lora), theirs = m.lora.target_modules;
+  std::sort(mine.begin(), mine.end());
+  std::sort(theirs.begin(), theirs.end());
+  if (m.lora.rank != c.lora.rank || m.lora.alpha != c.lora.alpha || mine != theirs) {
+    return bad(absl::StrCat("adapters of rank ", m.lora.rank, ", alpha ", m.lora.alpha, " on [",
+                            absl::StrJoin(theirs, ", "), "] there; the job's [lora] has rank ", c.lora.rank, ", alpha ",
+                            c.lora.alpha, " on [", absl::StrJoin(mine, ", "), "]"));
+  }
+  if (m.base_weights != LoraBaseWeights(c)) {
+    return bad(absl::StrCat("adapters trained on the base \"", m.base_weights, "\", the job's base is \"",
+                            LoraBaseWeights(c), "\""));
   }
   return absl::OkStatus();
 }

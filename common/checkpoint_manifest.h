@@ -42,9 +42,17 @@ struct CheckpointManifest {
   ModelConfig model;
   std::string strategy;
   int world_size = 1, shard_group_size = 1;
+  // Under LoRA the shards hold the adapters only (units "<unit>.lora"); the
+  // frozen base is recorded by where its weights came from.
+  LoraConfig lora;            // enabled: a LoRA checkpoint
+  std::string base_weights;   // LoraBaseWeights of the job
   std::vector<ManifestUnit> units;
   std::vector<ManifestRankFile> ranks;
 };
+
+// Where a LoRA job's frozen base comes from: "hf_dir <path>", "init_from
+// <path>" or "seed <seed>" (the engine's initialisation).
+std::string LoraBaseWeights(const JobConfig& c);
 
 std::string StepDirName(int64_t step);  // "step-00000010"
 std::string RankFileName(int rank);     // "rank-00003.safetensors"
@@ -53,15 +61,17 @@ std::string RankFileName(int rank);     // "rank-00003.safetensors"
 std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int rank);
 
 // The manifest of job `job` after `step` completed steps, at `world_size`
-// ranks whose shards were cut by `ownership`; the rank files are added once
-// every rank reported.
-CheckpointManifest NewManifest(const std::string& job, const JobConfig& config, int world_size, int64_t step,
-                               const std::vector<ShardLayout>& ownership);
+// ranks (the ownership map is the job's trainable one at its shard group
+// size); the rank files are added once every rank reported.
+absl::StatusOr<CheckpointManifest> NewManifest(const std::string& job, const JobConfig& config, int world_size,
+                                               int64_t step);
 
 absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m);
 // NotFound ("<dir>: no manifest.json: not a committed checkpoint") when absent.
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
-// An error naming the first field where `m` and `model` disagree.
-absl::Status CheckSameModel(const CheckpointManifest& m, const ModelConfig& model, const std::string& dir);
+// An error naming the first field where the checkpoint and the job disagree:
+// the model, and whether and how it trains adapters (rank, alpha, targets)
+// on which base.
+absl::Status CheckSameTraining(const CheckpointManifest& m, const JobConfig& c, const std::string& dir);
 
 }  // namespace shardline

@@ -3,6 +3,7 @@
 #include <glob.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "common/hf_config.h"
+#include "common/lora_adapter.h"
 #include "common/model_shapes.h"
 #include "common/weight_source.h"
 #define TOML_EXCEPTIONS 1
@@ -42,6 +44,8 @@ absl::StatusOr<Strategy> ParseStrategy(const std::string& s) {
       "unknown strategy \"", s,
       "\" (expected no_shard, zero1, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2)"));
 }
+
+const char* LoraBaseName(LoraBase b) { return b == LoraBase::kSharded ? "sharded" : "replicated"; }
 
 const char* DTypeName(DType d) { return d == DType::kFloat32 ? "fp32" : "bf16"; }
 int DTypeBytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
@@ -221,10 +225,15 @@ absl::StatusOr<DataFormat> ParseDataFormat(const std::string& s) {
   if (s == "synthetic") return DataFormat::kSynthetic;
   return absl::InvalidArgumentError(absl::StrCat("unknown format \"", s, "\" (expected llmc, text or synthetic)"));
 }
+absl::StatusOr<LoraBase> ParseLoraBase(const std::string& s) {
+  if (s == "sharded") return LoraBase::kSharded;
+  if (s == "replicated") return LoraBase::kReplicated;
+  return absl::InvalidArgumentError(absl::StrCat("unknown value \"", s, "\" (expected sharded or replicated)"));
+}
 
 absl::Status ReadSections(const toml::table& root, const std::string& src, JobConfig& c) {
   static const char* kSections[] = {"job", "model", "data", "train", "optimizer", "parallelism",
-                                    "precision", "memory", "prefetch", "checkpoint"};
+                                    "precision", "memory", "prefetch", "lora", "checkpoint"};
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     bool known = false;
@@ -297,12 +306,21 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   pf.Bool("forward", &c.prefetch.forward);
   pf.Enum<BackwardPrefetch>("backward", &c.prefetch.backward, ParseBackwardPrefetch);
   pf.Int("max_inflight_all_gathers", &c.prefetch.max_inflight_all_gathers, 1, 64);
+  TableReader lora(table("lora"), "lora", src);
+  c.lora.enabled = table("lora") != nullptr;
+  lora.Int("rank", &c.lora.rank, 1, 65536);
+  lora.Double("alpha", &c.lora.alpha);
+  lora.StringList("target_modules", &c.lora.target_modules);
+  lora.Double("dropout", &c.lora.dropout);
+  lora.String("init_from", &c.lora.init_from);
+  lora.Enum<LoraBase>("base", &c.lora.base, ParseLoraBase);
+  c.lora.explicit_keys = lora.Present();
   TableReader ck(table("checkpoint"), "checkpoint", src);
   ck.String("dir", &c.checkpoint.dir);
   ck.Int("interval", &c.checkpoint.interval, 0, kMaxInt);
   ck.Int("keep_latest", &c.checkpoint.keep_latest, 0, 1 << 20);
   ck.Bool("async", &c.checkpoint.async);
-  for (TableReader* r : {&job, &model, &data, &train, &opt, &par, &prec, &mem, &pf, &ck}) {
+  for (TableReader* r : {&job, &model, &data, &train, &opt, &par, &prec, &mem, &pf, &lora, &ck}) {
     absl::Status s = r->Finish();
     if (!s.ok()) return s;
   }
@@ -333,6 +351,7 @@ absl::StatusOr<JobConfig> ParseJobSpec(const std::string& toml_text, const std::
   absl::StatusOr<JobConfig> c = ParseJobConfig(toml_text, source);
   if (!c.ok()) return c;
   absl::Status s = ApplyHfConfig(*c, base_dir, source);
+  if (s.ok()) s = ApplyPeftConfig(*c, base_dir, source);
   if (!s.ok()) return s;
   return c;
 }
@@ -397,16 +416,43 @@ absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, cons
     absl::Status s = missing("[model] init_from", c.model.init_from);
     if (!s.ok()) return s;
   }
-  if (c.model.init_from.empty() && c.model.hf_dir.empty()) return absl::OkStatus();
   ModelConfig m = c.model;
   m.init_from = ResolveJobPath(base_dir, m.init_from);
   m.hf_dir = ResolveJobPath(base_dir, m.hf_dir);
-  absl::StatusOr<std::unique_ptr<WeightSource>> w = WeightSource::Open(m);
-  if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(source, ": ", w.status().message()));
-  absl::Status s = (*w)->Check();
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+  LoraConfig lora = c.lora;
+  lora.init_from = ResolveJobPath(base_dir, lora.init_from);
+  for (const bool adapters : {false, true}) {
+    absl::StatusOr<std::unique_ptr<WeightSource>> w =
+        adapters ? WeightSource::OpenAdapters(m, lora) : WeightSource::Open(m);
+    if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(source, ": ", w.status().message()));
+    if (!*w) continue;
+    absl::Status s = (*w)->Check();
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+  }
   return absl::OkStatus();
 }
+
+namespace {
+
+absl::Status ValidateLora(const LoraConfig& l, const ModelConfig& m, const std::string& src) {
+  auto bad = [&](const std::string& msg) { return absl::InvalidArgumentError(absl::StrCat(src, ": [lora] ", msg)); };
+  if (l.rank < 1) return bad("rank must be >= 1");
+  if (!(l.alpha > 0)) return bad("alpha must be > 0");
+  if (l.dropout != 0) {
+    return bad(absl::StrCat("dropout = ", l.dropout, " is not supported: adapters train without dropout (set 0)"));
+  }
+  const std::vector<std::string> names = model::LoraModuleNames(m);
+  for (const std::string& t : l.target_modules) {
+    if (t == "all-linear" && l.target_modules.size() == 1) continue;
+    if (std::find(names.begin(), names.end(), t) == names.end()) {
+      return bad(absl::StrCat("target_modules: \"", t, "\" is not a projection of family \"", m.family,
+                              "\" (expected \"all-linear\" or some of ", absl::StrJoin(names, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string& src) {
   auto bad = [&](const std::string& section, const std::string& msg) {
@@ -505,6 +551,10 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
     return bad("prefetch", "max_inflight_all_gathers must be >= 1");
   }
   if (c.memory.cpu_offload) return bad("memory", "cpu_offload = true is not supported yet");
+  if (c.lora.enabled) {
+    absl::Status s = ValidateLora(c.lora, m, src);
+    if (!s.ok()) return s;
+  }
   if (c.checkpoint.interval < 0) return bad("checkpoint", "interval must be >= 0");
   if (c.checkpoint.keep_latest < 0) return bad("checkpoint", "keep_latest must be >= 0");
   return absl::OkStatus();

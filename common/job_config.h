@@ -109,6 +109,32 @@ struct PrefetchConfig {
   BackwardPrefetch backward = BackwardPrefetch::kPre;
   int max_inflight_all_gathers = 2;
 };
+// LoRA (the [lora] table; PEFT's LoraConfig semantics): the base model is
+// frozen and low-rank adapters are trained on the projections
+// `target_modules` names, PEFT's module names: q_proj, k_proj, v_proj,
+// o_proj, gate_proj, up_proj, down_proj (llama); c_attn, c_proj, c_fc
+// (gpt2, where c_proj is both the attention's and the MLP's); or
+// "all-linear" for every projection of the blocks. Each adapted weight W
+// [out, in] gets lora_A [rank, in] and lora_B [out, rank], and computes
+// x W^T + (alpha / rank) (x A^T) B^T.
+enum class LoraBase { kSharded, kReplicated };
+struct LoraConfig {
+  bool enabled = false;  // the job file has a [lora] table
+  int rank = 8;          // PEFT's defaults: r = 8, lora_alpha = 8
+  double alpha = 8;
+  std::vector<std::string> target_modules;  // empty: the family's PEFT default
+  double dropout = 0;
+  // A PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  // to start from instead of PEFT's initialisation (A Kaiming-uniform, B 0).
+  std::string init_from;
+  // The frozen base: sharded (gathered per unit, as full_shard does) or
+  // replicated (every rank holds it whole; no communication for it).
+  LoraBase base = LoraBase::kSharded;
+  std::set<std::string> explicit_keys;
+  double scaling() const { return alpha / rank; }
+};
+const char* LoraBaseName(LoraBase b);
+
 struct CheckpointConfig {
   std::string dir;
   int interval = 0, keep_latest = 3;
@@ -126,6 +152,7 @@ struct JobConfig {
   PrecisionConfig precision;
   MemoryConfig memory;
   PrefetchConfig prefetch;
+  LoraConfig lora;
   CheckpointConfig checkpoint;
 };
 

@@ -95,4 +95,72 @@ absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int 
   return out;
 }
 
+std::vector<std::string> LoraModuleNames(const ModelConfig& m) {
+  if (m.is_llama()) return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return {"c_attn", "c_proj", "c_fc"};
+}
+
+std::vector<std::string> LoraModules(const ModelConfig& m, const LoraConfig& l) {
+  if (l.target_modules.empty()) {
+    return m.is_llama() ? std::vector<std::string>{"q_proj", "v_proj"} : std::vector<std::string>{"c_attn"};
+  }
+  if (l.target_modules.size() == 1 && l.target_modules[0] == "all-linear") return LoraModuleNames(m);
+  return l.target_modules;
+}
+
+std::vector<LoraTarget> LoraTargets(const ModelConfig& m, const LoraConfig& l, int unit) {
+  std::vector<LoraTarget> out;
+  if (!l.enabled || !IsBlock(m, unit)) return out;
+  const std::vector<std::string> modules = LoraModules(m, l);
+  const std::vector<ParamSpec> params = UnitParams(m, unit);
+  constexpr std::string_view kWeight = ".weight";
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    const ParamSpec& p = params[i];
+    if (p.shape.size() != 2) continue;
+    const std::string module = p.name.substr(0, p.name.size() - kWeight.size());
+    const std::string leaf = module.substr(module.rfind('.') + 1);
+    for (const std::string& t : modules) {
+      if (t == leaf) out.push_back({i, module, p.shape[1], p.shape[0]});
+    }
+  }
+  return out;
+}
+
+std::vector<ParamSpec> AdapterParams(const ModelConfig& m, const LoraConfig& l, int unit) {
+  std::vector<ParamSpec> out;
+  for (const LoraTarget& t : LoraTargets(m, l, unit)) {
+    out.push_back(P(t.module + ".lora_A.weight", {l.rank, t.in}));
+    out.push_back(P(t.module + ".lora_B.weight", {t.out, l.rank}));
+  }
+  return out;
+}
+
+int64_t NumAdapterParams(const ModelConfig& m, const LoraConfig& l) {
+  int64_t n = 0;
+  for (int u = 0; u < NumUnits(m); ++u) {
+    for (const auto& s : AdapterParams(m, l, u)) n += s.numel();
+  }
+  return n;
+}
+
+std::vector<int> TrainableUnits(const ModelConfig& m, const LoraConfig& l) {
+  std::vector<int> out;
+  for (int u = 0; u < NumUnits(m); ++u) {
+    if (!l.enabled || !LoraTargets(m, l, u).empty()) out.push_back(u);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ShardLayout>> TrainableOwnershipMap(const ModelConfig& m, const LoraConfig& l,
+                                                               int group_size) {
+  if (!l.enabled) return OwnershipMap(m, group_size);
+  std::vector<ShardLayout> out;
+  for (int u : TrainableUnits(m, l)) {
+    auto layout = MakeShardLayout(UnitName(m, u) + ".lora", AdapterParams(m, l, u), group_size);
+    if (!layout.ok()) return layout.status();
+    out.push_back(*std::move(layout));
+  }
+  return out;
+}
+
 }  // namespace shardline::model

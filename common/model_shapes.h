@@ -39,4 +39,30 @@ double TrainingFlopsPerToken(const ModelConfig& m);
 // The ownership map: every unit's layout for shard group size `group_size`.
 absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int group_size);
 
+// ---- LoRA ---------------------------------------------------------------
+// Adapters sit on projections of the blocks only; each block unit's adapters
+// form one trainable flat buffer of their own, the unit "<unit>.lora".
+
+// One adapted projection of a unit.
+struct LoraTarget {
+  int base_index = 0;  // the projection weight's index in UnitParams(m, unit)
+  std::string module;  // PEFT's module path: "model.layers.0.self_attn.q_proj"
+  int64_t in = 0, out = 0;
+};
+// The family's projection module names, in block order.
+std::vector<std::string> LoraModuleNames(const ModelConfig& m);
+// What [lora] target_modules selects: as given, "all-linear" expanded, or
+// (when empty) PEFT's default for the family: q_proj and v_proj; c_attn.
+std::vector<std::string> LoraModules(const ModelConfig& m, const LoraConfig& l);
+std::vector<LoraTarget> LoraTargets(const ModelConfig& m, const LoraConfig& l, int unit);
+// Per target, "<module>.lora_A.weight" [rank, in] then "<module>.lora_B.weight" [out, rank].
+std::vector<ParamSpec> AdapterParams(const ModelConfig& m, const LoraConfig& l, int unit);
+int64_t NumAdapterParams(const ModelConfig& m, const LoraConfig& l);
+// The model unit whose adapters trainable unit `i` holds (i indexes TrainableUnits).
+std::vector<int> TrainableUnits(const ModelConfig& m, const LoraConfig& l);
+// The layouts of what is trained, in order: every unit without LoRA, the
+// "<unit>.lora" adapter units with it. Checkpoints hold exactly these.
+absl::StatusOr<std::vector<ShardLayout>> TrainableOwnershipMap(const ModelConfig& m, const LoraConfig& l,
+                                                               int group_size);
+
 }  // namespace shardline::model

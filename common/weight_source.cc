@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/hf_config.h"
+#include "common/lora_adapter.h"
 #include "common/model_shapes.h"
 #include "common/status_macros.h"
 
@@ -50,12 +51,12 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& 
 
 absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(const ModelConfig& m) {
   if (!m.init_from.empty()) {
-    std::unique_ptr<WeightSource> w(new WeightSource(m, "[model] init_from"));
+    std::unique_ptr<WeightSource> w(new WeightSource(m, "[model] init_from", m.init_from));
     SL_RETURN_IF_ERROR(w->AddFile(m.init_from));
     return w;
   }
   if (m.hf_dir.empty()) return nullptr;
-  std::unique_ptr<WeightSource> w(new WeightSource(m, "[model] hf_dir"));
+  std::unique_ptr<WeightSource> w(new WeightSource(m, "[model] hf_dir", m.hf_dir));
   const std::string index = m.hf_dir + "/model.safetensors.index.json";
   if (IsFile(index)) {
     SL_ASSIGN_OR_RETURN(auto weight_map, ReadIndex(index));
@@ -81,6 +82,14 @@ absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(const ModelConf
                                           " has neither model.safetensors nor model.safetensors.index.json"));
 }
 
+absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::OpenAdapters(const ModelConfig& m, const LoraConfig& l) {
+  if (!l.enabled || l.init_from.empty()) return nullptr;
+  std::unique_ptr<WeightSource> w(new WeightSource(m, "[lora] init_from", l.init_from));
+  w->lora_ = l;
+  SL_RETURN_IF_ERROR(w->AddFile(l.init_from + "/adapter_model.safetensors"));
+  return w;
+}
+
 absl::Status WeightSource::AddFile(const std::string& path) {
   absl::StatusOr<std::unique_ptr<SafetensorsReader>> f = SafetensorsReader::Open(path);
   if (!f.ok()) return absl::Status(f.status().code(), absl::StrCat(key_, ": ", f.status().message()));
@@ -90,6 +99,12 @@ absl::Status WeightSource::AddFile(const std::string& path) {
 }
 
 absl::StatusOr<WeightSource::Located> WeightSource::Locate(const ParamSpec& p) const {
+  if (lora_.enabled) {
+    const std::string name = PeftTensorName(p.name);
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) return absl::NotFoundError(absl::StrCat(key_, " ", path_, ": no tensor ", name));
+    return Located{it->second, name, false};
+  }
   std::vector<std::string> names = {p.name};
   if (m_.tied() && p.name == model::UnitParams(m_, 0)[0].name) names.push_back("lm_head.weight");
   const std::string prefix = "transformer.";
@@ -99,8 +114,7 @@ absl::StatusOr<WeightSource::Located> WeightSource::Locate(const ParamSpec& p) c
     if (it == tensors_.end()) continue;
     return Located{it->second, name, !m_.hf_dir.empty() && m_.init_from.empty() && HfStoredTransposed(m_, p.name)};
   }
-  return absl::NotFoundError(absl::StrCat(key_, " ", m_.init_from.empty() ? m_.hf_dir : m_.init_from,
-                                          ": no tensor ", p.name));
+  return absl::NotFoundError(absl::StrCat(key_, " ", path_, ": no tensor ", p.name));
 }
 
 absl::Status WeightSource::CheckShape(const ParamSpec& p, const Located& at) const {
@@ -121,7 +135,7 @@ absl::Status WeightSource::CheckShape(const ParamSpec& p, const Located& at) con
 
 absl::Status WeightSource::Check() const {
   for (int u = 0; u < model::NumUnits(m_); ++u) {
-    for (const ParamSpec& p : model::UnitParams(m_, u)) {
+    for (const ParamSpec& p : lora_.enabled ? model::AdapterParams(m_, lora_, u) : model::UnitParams(m_, u)) {
       SL_ASSIGN_OR_RETURN(Located at, Locate(p));
       SL_RETURN_IF_ERROR(CheckShape(p, at));
     }

@@ -10,6 +10,9 @@
 //                      the way in and its position table cut to block_size
 //                      rows; its names may lack the "transformer." prefix
 //                      (GPT2Model files).
+//   [lora] init_from   a PEFT adapter directory: adapter_model.safetensors,
+//                      serving the adapter parameters (model::AdapterParams)
+//                      under PEFT's names (common/lora_adapter.h).
 //
 // A range of a parameter stored as the engine lays it out is one pread; a
 // transposed one is read whole and the range picked from it.
@@ -36,8 +39,11 @@ class WeightSource {
   // none. Opens every file and reads its header; an index naming a missing
   // file or a tensor its file lacks is an error.
   static absl::StatusOr<std::unique_ptr<WeightSource>> Open(const ModelConfig& m);
+  // The adapters of [lora] init_from (path resolved), or nullptr without it.
+  static absl::StatusOr<std::unique_ptr<WeightSource>> OpenAdapters(const ModelConfig& m, const LoraConfig& l);
 
-  // Every parameter of the model is present with its shape and a float dtype.
+  // Every parameter of the model (of the adapters, for OpenAdapters) is
+  // present with its shape and a float dtype.
   absl::Status Check() const;
   // Elements [first, first + count) of parameter `p`, flattened in the
   // engine's layout, into dst as fp32.
@@ -49,13 +55,16 @@ class WeightSource {
     std::string name;         // the tensor's name in that file
     bool transposed = false;  // stored [in, out] (GPT-2 Conv1D)
   };
-  WeightSource(ModelConfig m, std::string key) : m_(std::move(m)), key_(std::move(key)) {}
+  WeightSource(ModelConfig m, std::string key, std::string path)
+      : m_(std::move(m)), key_(std::move(key)), path_(std::move(path)) {}
   absl::Status AddFile(const std::string& path);
   absl::StatusOr<Located> Locate(const ParamSpec& p) const;
   absl::Status CheckShape(const ParamSpec& p, const Located& at) const;
 
   ModelConfig m_;
-  std::string key_;  // "[model] init_from" or "[model] hf_dir", for errors
+  std::string key_;   // "[model] init_from", "[model] hf_dir" or "[lora] init_from", for errors
+  std::string path_;  // what that key names
+  LoraConfig lora_;   // enabled for an adapter source
   std::vector<std::unique_ptr<SafetensorsReader>> files_;
   std::map<std::string, const SafetensorsReader*> tensors_;  // name -> the file holding it
 };

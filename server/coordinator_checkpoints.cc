@@ -59,11 +59,9 @@ absl::Status CoordinatorCore::CheckReport(const JobRecord& r, const v1::Checkpoi
 
 absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   v1::Job& j = JobOf(r);
-  const int world = j.workers();
-  const int g = ShardGroupSize(r.config, world);
-  auto layouts = model::OwnershipMap(r.config.model, g);
-  if (!layouts.ok()) return layouts.status();
-  CheckpointManifest m = NewManifest(j.id(), r.config, world, step, *layouts);
+  absl::StatusOr<CheckpointManifest> made = NewManifest(j.id(), r.config, j.workers(), step);
+  if (!made.ok()) return made.status();
+  CheckpointManifest& m = *made;
   const std::string dir = absl::StrCat(j.checkpoint_root(), "/", StepDirName(step));
   for (const auto& [rank, rep] : r.ckpt_reports[step]) {
     m.ranks.push_back({rank, RankFileName(rank), rep.size_bytes(), rep.checksum()});

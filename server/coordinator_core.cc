@@ -318,7 +318,7 @@ absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobR
   if (!req.resume_from().empty()) {
     auto m = ReadManifest(req.resume_from());
     if (!m.ok()) return m.status();
-    absl::Status same = CheckSameModel(*m, cfg->model, req.resume_from());
+    absl::Status same = CheckSameTraining(*m, *cfg, req.resume_from());
     if (!same.ok()) return same;
   }
   s = CheckJobFiles(*cfg, req.base_dir(), source);
@@ -415,7 +415,7 @@ absl::StatusOr<v1::Ownership> CoordinatorCore::GetOwnership(const std::string& i
   const JobConfig& c = it->second.config;
   const int world = it->second.stored.job.workers();
   const int g = ShardGroupSize(c, world);
-  auto layouts = model::OwnershipMap(c.model, g);
+  auto layouts = model::TrainableOwnershipMap(c.model, c.lora, g);
   if (!layouts.ok()) return layouts.status();
   v1::Ownership o;
   o.set_job_id(id);

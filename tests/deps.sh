@@ -1,9 +1,11 @@
 # Sourced by tests/run.sh, bench/ and deploy/local: installs what is missing.
 # Pinned: torch 2.11.0 (its Linux wheel is built for CUDA 13.0; the GPU
 # machines run the 2.11 series), safetensors and numpy for the Python oracle,
-# transformers 5.17.0 (the GPU machines' version) as the llama family's oracle.
+# transformers 5.17.0 (the GPU machines' version) as the llama family's oracle,
+# peft 0.21.2 as LoRA's.
 SHARDLINE_TORCH_VERSION="2.11.0"
 SHARDLINE_TRANSFORMERS_VERSION="5.17.0"
+SHARDLINE_PEFT_VERSION="0.21.2"
 SHARDLINE_APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtomlplusplus-dev libcli11-dev libsqlite3-dev libgtest-dev libgmock-dev libgloo-dev openssl libssl-dev nlohmann-json3-dev
@@ -30,5 +32,9 @@ shardline_install_deps() {
   if ! "$venv/bin/python" -c "import transformers,sys; sys.exit(transformers.__version__ != '$SHARDLINE_TRANSFORMERS_VERSION')" 2>/dev/null; then
     echo "installing transformers==$SHARDLINE_TRANSFORMERS_VERSION into $venv"
     "$venv/bin/pip" install -q "transformers==$SHARDLINE_TRANSFORMERS_VERSION"
+  fi
+  if ! "$venv/bin/python" -c "import peft,sys; sys.exit(peft.__version__ != '$SHARDLINE_PEFT_VERSION')" 2>/dev/null; then
+    echo "installing peft==$SHARDLINE_PEFT_VERSION into $venv"
+    "$venv/bin/pip" install -q "peft==$SHARDLINE_PEFT_VERSION"
   fi
 }

@@ -55,12 +55,13 @@ std::string StatsJson(const comm::CommStats& s) {
   return out + "}";
 }
 
-// The full parameters by nanoGPT name, gathered one unit at a time.
+// The full trainable parameters by name (nanoGPT's, transformers', or the
+// adapters' under LoRA), gathered one unit at a time.
 absl::StatusOr<NamedTensors> GatherParams(Engine& e) {
   NamedTensors out;
-  for (int u = 0; u < static_cast<int>(e.layouts().size()); ++u) {
+  for (int u = 0; u < static_cast<int>(e.trainable_layouts().size()); ++u) {
     SL_ASSIGN_OR_RETURN(at::Tensor flat, e.GatherUnitMaster(u));
-    for (const ParamSlot& p : e.layouts()[u].params) {
+    for (const ParamSlot& p : e.trainable_layouts()[u].params) {
       out.emplace_back(p.spec.name, flat.narrow(0, p.offset, p.spec.numel()).view(p.spec.shape).clone());
     }
   }
@@ -68,13 +69,14 @@ absl::StatusOr<NamedTensors> GatherParams(Engine& e) {
 }
 
 absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& path) {
+  if (c.lora.enabled) return absl::InvalidArgumentError("--dump-grads: not for [lora] jobs (it dumps the whole model)");
   SL_ASSIGN_OR_RETURN(const double loss, e.ComputeGradients(0));
   NamedTensors t;
   SL_ASSIGN_OR_RETURN(NamedTensors params, GatherParams(e));
   for (auto& p : params) t.push_back(p);
-  for (int u = 0; u < static_cast<int>(e.layouts().size()); ++u) {
+  for (int u = 0; u < static_cast<int>(e.trainable_layouts().size()); ++u) {
     const at::Tensor g = e.GradShard(u).to(at::kFloat);
-    for (const ParamSlot& p : e.layouts()[u].params) {
+    for (const ParamSlot& p : e.trainable_layouts()[u].params) {
       t.emplace_back("grad." + p.spec.name, g.narrow(0, p.offset, p.spec.numel()).view(p.spec.shape).clone());
     }
   }
@@ -86,10 +88,10 @@ absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& pat
   // Logits of the whole batch from the gathered weights, unit by unit.
   {
     c10::NoGradGuard no_grad;
-    std::vector<Weights> w(e.layouts().size());
+    std::vector<Weights> w(e.trainable_layouts().size());
     size_t i = 0;
-    for (int u = 0; u < static_cast<int>(e.layouts().size()); ++u) {
-      for (size_t k = 0; k < e.layouts()[u].params.size(); ++k) w[u].push_back(params[i++].second);
+    for (int u = 0; u < static_cast<int>(e.trainable_layouts().size()); ++u) {
+      for (size_t k = 0; k < e.trainable_layouts()[u].params.size(); ++k) w[u].push_back(params[i++].second);
     }
     const std::unique_ptr<ModelFamily> family = MakeModelFamily(c.model);
     at::Tensor h = family->Embed(x, w[0]);
@@ -113,7 +115,7 @@ absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& pat
 absl::Status SaveCheckpoint(const Engine& e, const JobConfig& c, const Flags& f, c10d::Store* store, int64_t step) {
   const std::string dir = absl::StrCat(f.ckpt_dir, "/", c.name, "/", StepDirName(step));
   SL_ASSIGN_OR_RETURN(ManifestRankFile mine, SaveRankShards(e, dir, step));
-  CheckpointManifest m = ManifestFor(e, c, step);
+  SL_ASSIGN_OR_RETURN(CheckpointManifest m, ManifestFor(e, c, step));
   const auto key = [&](int r) { return absl::StrCat("ckpt/", step, "/", r); };
   auto encode = [](const ManifestRankFile& x) { return absl::StrCat(x.size, " ", x.sha256, " ", x.file); };
   try {
@@ -207,7 +209,7 @@ absl::Status Run(const Flags& f) {
                         m.state_bytes, m.peak_bytes, m.activation_peak_bytes, m.init_peak_bytes, m.tensor_peak_bytes,
                         m.reserved_peak_bytes, int64_t{ru.ru_maxrss} * 1024);
   std::string units = "[";
-  for (const ShardLayout& l : engine->layouts()) {
+  for (const ShardLayout& l : engine->trainable_layouts()) {
     absl::StrAppendFormat(&units, "%s{\"unit\":\"%s\",\"numel\":%d,\"padded\":%d,\"shard\":%d}",
                           units.size() > 1 ? "," : "", l.unit, l.numel, l.padded_numel, l.shard_numel);
   }

@@ -26,9 +26,9 @@ class ManifestTest : public ::testing::Test {
     c.model.n_embd = 32;
     c.model.vocab_size = 64;
     c.model.block_size = 16;
-    auto ownership = model::OwnershipMap(c.model, 2);
-    ASSERT_TRUE(ownership.ok());
-    CheckpointManifest m = NewManifest("job-1", c, 2, 4, *ownership);
+    absl::StatusOr<CheckpointManifest> made = NewManifest("job-1", c, 2, 4);
+    ASSERT_TRUE(made.ok());
+    CheckpointManifest& m = *made;
     m.ranks = {{0, "rank-00000.safetensors", 10, "ab"}, {1, "rank-00001.safetensors", 10, "cd"}};
     ASSERT_TRUE(WriteManifest(dir_, m).ok());
     std::ifstream in(dir_ + "/manifest.json");

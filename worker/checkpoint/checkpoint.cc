@@ -43,13 +43,13 @@ ShardSnapshot SnapshotShards(const Engine& engine, bool copy) {
   ShardSnapshot snap;
   snap.rank = engine.rank();
   snap.shard_rank = engine.shard_rank();
-  for (int u = 0; u < static_cast<int>(engine.layouts().size()); ++u) {
+  for (int u = 0; u < static_cast<int>(engine.trainable_layouts().size()); ++u) {
     Engine::ShardState s = engine.Shard(u);
     // Files are written from host memory: a device's shards are always
     // copied (synchronously, on the caller's stream); a host's only if asked.
     auto host = [copy](const at::Tensor& t) { return t.is_cpu() ? (copy ? t.clone() : t) : t.to(at::kCPU); };
     s = {host(s.master), host(s.exp_avg), host(s.exp_avg_sq)};
-    snap.units.push_back(engine.layouts()[u].unit);
+    snap.units.push_back(engine.trainable_layouts()[u].unit);
     snap.shards.push_back(std::move(s));
   }
   return snap;
@@ -96,20 +96,20 @@ absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std:
   return WriteRankShards(SnapshotShards(engine, /*copy=*/false), step_dir, step);
 }
 
-CheckpointManifest ManifestFor(const Engine& engine, const JobConfig& c, int64_t step) {
-  return NewManifest(c.name, c, engine.world(), step, engine.layouts());
+absl::StatusOr<CheckpointManifest> ManifestFor(const Engine& engine, const JobConfig& c, int64_t step) {
+  return NewManifest(c.name, c, engine.world(), step);
 }
 
 absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfig& c, const std::string& dir) {
   SL_ASSIGN_OR_RETURN(auto ckpt, CheckpointReader::Open(dir));
   const CheckpointManifest& m = ckpt->manifest();
-  SL_RETURN_IF_ERROR(CheckSameModel(m, c.model, dir));
-  if (m.units.size() != engine.layouts().size()) {
+  SL_RETURN_IF_ERROR(CheckSameTraining(m, c, dir));
+  if (m.units.size() != engine.trainable_layouts().size()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": manifest lists ", m.units.size(), " units, the model has ",
-                                                   engine.layouts().size()));
+                                                   engine.trainable_layouts().size()));
   }
-  for (int u = 0; u < static_cast<int>(engine.layouts().size()); ++u) {
-    const ShardLayout& now = engine.layouts()[u];
+  for (int u = 0; u < static_cast<int>(engine.trainable_layouts().size()); ++u) {
+    const ShardLayout& now = engine.trainable_layouts()[u];
     if (m.units[u].unit != now.unit || m.units[u].numel != now.numel) {
       return absl::InvalidArgumentError(absl::StrCat(dir, ": unit ", u, " is ", m.units[u].unit, " with ",
                                                      m.units[u].numel, " elements there, ", now.unit, " with ",

@@ -42,7 +42,7 @@ absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std:
 
 // The manifest for a checkpoint after `step` completed steps, without the
 // rank files (the committer adds them once every rank reported).
-CheckpointManifest ManifestFor(const Engine& engine, const JobConfig& config, int64_t step);
+absl::StatusOr<CheckpointManifest> ManifestFor(const Engine& engine, const JobConfig& config, int64_t step);
 
 // Loads a committed checkpoint into `engine` (every rank calls it) and returns
 // its manifest. Refuses a directory without a manifest, another model's

@@ -1,6 +1,7 @@
 #include "worker/engine/engine.h"
 
 #include <cmath>
+#include <functional>
 
 #include <c10/core/GradMode.h>
 
@@ -63,6 +64,19 @@ absl::Status Engine::Init() {
     SL_ASSIGN_OR_RETURN(val_, TokenDataset::Open(config_.data.format, config_.data.val, m.vocab_size, m.block_size,
                                                  val_seed));
   }
+  SL_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> weights, WeightSource::Open(m));
+  if (weights) SL_RETURN_IF_ERROR(weights->Check());
+  SL_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> adapters, WeightSource::OpenAdapters(m, config_.lora));
+  if (adapters) SL_RETURN_IF_ERROR(adapters->Check());
+  for (int u = 0; u < model::NumUnits(m); ++u) SL_RETURN_IF_ERROR(InitUnit(u, weights.get(), adapters.get()));
+  reduction_ = std::make_unique<GradReduction>(comms_.shard.get(), comms_.replicate.get(), &waiter_, &ledger_);
+  init_peak_ = ledger_.peak();
+  return device_->Synchronize(waiter_.timeout());
+}
+
+absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSource* adapters) {
+  const ModelConfig& m = config_.model;
+  const LoraConfig& lora = config_.lora;
   const Strategy s = config_.parallelism.strategy;
   FlatParamOptions opts;
   opts.param_dtype = TorchDType(config_.precision.param_dtype);
@@ -71,50 +85,89 @@ absl::Status Engine::Init() {
   opts.persistent_grads = !ShardsGrads(s);
   const int G = comms_.shard->size();
   const int shard_rank = comms_.shard->rank();
-  SL_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> weights, WeightSource::Open(m));
-  if (weights) SL_RETURN_IF_ERROR(weights->Check());
-  for (int u = 0; u < model::NumUnits(m); ++u) {
-    SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(model::UnitName(m, u), model::UnitParams(m, u), G));
-    // One unit at a time, on the host (the values are a function of the
-    // seed alone, whatever the device): the full fp32 values exist only
-    // while this unit's shard is cut from them.
-    at::Tensor init = at::empty({layout.padded_numel}, at::kFloat);
-    if (weights) {
-      // Where parameters stay sharded a rank reads only the ranges it owns.
-      init.zero_();
-      SL_RETURN_IF_ERROR(ReadUnitWeights(*weights, layout, !opts.persistent_params, shard_rank,
-                                         init.data_ptr<float>()));
+  // One flat buffer at a time, on the host (the values are a function of
+  // the seed alone, whatever the device): the full fp32 values exist only
+  // while this rank's shard is cut from them. Where parameters stay sharded
+  // a rank reads only the ranges it owns from a file.
+  auto make = [&](ShardLayout layout, const FlatParamOptions& o, int rank, const WeightSource* from,
+                  const std::function<void(const ShardLayout&, at::Tensor)>& init)
+      -> absl::StatusOr<std::unique_ptr<FlatParam>> {
+    at::Tensor full = at::zeros({layout.padded_numel}, at::kFloat);
+    if (from) {
+      SL_RETURN_IF_ERROR(ReadUnitWeights(*from, layout, !o.persistent_params, rank, full.data_ptr<float>()));
     } else {
-      family_->InitUnit(layout, config_.train.seed, init);
+      init(layout, full);
     }
-    decay_.push_back(DecayRanges(layout, shard_rank));
-    layouts_.push_back(layout);
-    units_.push_back(std::make_unique<FlatParam>(std::move(layout), shard_rank, opts, *device_, &ledger_, init));
+    return std::make_unique<FlatParam>(std::move(layout), rank, o, *device_, &ledger_, full);
+  };
+  auto init_base = [&](const ShardLayout& l, at::Tensor full) { family_->InitUnit(l, config_.train.seed, full); };
+  FlatParamOptions base = opts;
+  int base_group = G, base_rank = shard_rank;
+  if (lora.enabled) {
+    // The frozen base: sharded and gathered per use, or whole on every rank.
+    base.trainable = false;
+    base.persistent_params = lora.base == LoraBase::kReplicated;
+    if (base.persistent_params) base_group = 1, base_rank = 0;
   }
-  reduction_ = std::make_unique<GradReduction>(comms_.shard.get(), comms_.replicate.get(), &waiter_, &ledger_);
-  init_peak_ = ledger_.peak();
-  return device_->Synchronize(waiter_.timeout());
+  SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(model::UnitName(m, u), model::UnitParams(m, u), base_group));
+  SL_ASSIGN_OR_RETURN(std::unique_ptr<FlatParam> unit, make(std::move(layout), base, base_rank, weights, init_base));
+  units_.push_back(std::move(unit));
+  lora_targets_.push_back(model::LoraTargets(m, lora, u));
+  adapters_.emplace_back();
+  if (!lora.enabled) {
+    trainable_.push_back(units_.back().get());
+  } else if (!lora_targets_.back().empty()) {
+    SL_ASSIGN_OR_RETURN(ShardLayout l,
+                        MakeShardLayout(model::UnitName(m, u) + ".lora", model::AdapterParams(m, lora, u), G));
+    auto init_adapters = [&](const ShardLayout& al, at::Tensor full) { InitAdapterUnit(al, config_.train.seed, full); };
+    SL_ASSIGN_OR_RETURN(adapters_.back(), make(std::move(l), opts, shard_rank, adapters, init_adapters));
+    trainable_.push_back(adapters_.back().get());
+  }
+  if (trainable_.size() > trainable_layouts_.size()) {
+    trainable_layouts_.push_back(trainable_.back()->layout());
+    decay_.push_back(DecayRanges(trainable_.back()->layout(), shard_rank));
+  }
+  return absl::OkStatus();
 }
 
-Weights Engine::WeightsOf(int u) const { return units_[u]->weights(); }
+BlockWeights Engine::BlockWeightsOf(int u) const {
+  BlockWeights w(units_[u]->weights());
+  if (!adapters_[u]) return w;
+  const Weights& a = adapters_[u]->weights();
+  w.lora.resize(w.base.size());
+  w.lora_scaling = config_.lora.scaling();
+  for (size_t t = 0; t < lora_targets_[u].size(); ++t) w.lora[lora_targets_[u][t].base_index] = {a[2 * t], a[2 * t + 1]};
+  return w;
+}
 
 // ---- unshard life cycle -------------------------------------------------
 
 int Engine::inflight_gathers() const {
   int n = 0;
-  for (const auto& u : units_) n += u->state() == UnshardState::kGathering;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    n += units_[u]->state() == UnshardState::kGathering ||
+         (adapters_[u] && adapters_[u]->state() == UnshardState::kGathering);
+  }
   return n;
 }
 
 absl::Status Engine::Unsharded(int u) {
   units_[u]->Unshard(*comms_.shard);
-  return units_[u]->WaitForUnshard(waiter_);
+  if (adapters_[u]) adapters_[u]->Unshard(*comms_.shard);
+  SL_RETURN_IF_ERROR(units_[u]->WaitForUnshard(waiter_));
+  return adapters_[u] ? adapters_[u]->WaitForUnshard(waiter_) : absl::OkStatus();
 }
 
 void Engine::Prefetch(int u) {
   const int limit = config_.prefetch.max_inflight_all_gathers;
-  if (u < 0 || u >= static_cast<int>(units_.size())) return;
-  if (units_[u]->state() == UnshardState::kSharded && inflight_gathers() < limit) units_[u]->Unshard(*comms_.shard);
+  if (u < 0 || u >= static_cast<int>(units_.size()) || inflight_gathers() >= limit) return;
+  if (units_[u]->state() == UnshardState::kSharded) units_[u]->Unshard(*comms_.shard);
+  if (adapters_[u] && adapters_[u]->state() == UnshardState::kSharded) adapters_[u]->Unshard(*comms_.shard);
+}
+
+absl::Status Engine::Reshard(int u) {
+  SL_RETURN_IF_ERROR(units_[u]->Reshard());
+  return adapters_[u] ? adapters_[u]->Reshard() : absl::OkStatus();
 }
 
 // ---- forward and backward of one unit -----------------------------------
@@ -129,18 +182,17 @@ absl::Status Engine::Forward(int u, const at::Tensor& input, const at::Tensor& t
   const ModelConfig& m = config_.model;
   UnitActivation& a = acts_[u];
   a.input = input;
-  const Weights w = WeightsOf(u);
   if (u == 0) {
-    a.output = family_->Embed(input, w);
+    a.output = family_->Embed(input, WeightsOf(0));
   } else if (u == model::HeadUnit(m)) {
     a.leaf = input.detach().requires_grad_(true);
-    a.output = family_->HeadLoss(a.leaf, w, units_[0]->weights(), targets, loss_scale_);
+    a.output = family_->HeadLoss(a.leaf, WeightsOf(u), WeightsOf(0), targets, loss_scale_);
   } else if (config_.memory.activation_checkpointing) {
     c10::NoGradGuard no_grad;  // keep only the input; recompute in backward
-    a.output = family_->Block(input, w);
+    a.output = family_->Block(input, BlockWeightsOf(u));
   } else {
     a.leaf = input.detach().requires_grad_(true);
-    a.output = family_->Block(a.leaf, w);
+    a.output = family_->Block(a.leaf, BlockWeightsOf(u));
   }
   TrackActivation(a.output, true);
   return absl::OkStatus();
@@ -149,12 +201,13 @@ absl::Status Engine::Forward(int u, const at::Tensor& input, const at::Tensor& t
 absl::Status Engine::Backward(int u, at::Tensor* grad) {
   const ModelConfig& m = config_.model;
   UnitActivation& a = acts_[u];
-  units_[u]->EnsureGrad();
+  units_[u]->EnsureGrad();  // (frozen units have none)
+  if (adapters_[u]) adapters_[u]->EnsureGrad();
   if (u == model::HeadUnit(m) && m.tied()) units_[0]->EnsureGrad();  // the lm_head is the token embedding
   at::Tensor out = a.output;
   if (model::IsBlock(m, u) && config_.memory.activation_checkpointing) {
     a.leaf = a.input.detach().requires_grad_(true);
-    out = family_->Block(a.leaf, WeightsOf(u));
+    out = family_->Block(a.leaf, BlockWeightsOf(u));
   }
   if (grad->defined()) {
     out.backward(*grad);
@@ -183,29 +236,34 @@ absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, b
     if (u != head) h = acts_[u].output.detach();
     // The embed unit stays gathered for the tied lm_head; the head unit runs
     // backward next, so neither is freed after forward.
-    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(units_[u]->Reshard());
+    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(Reshard(u));
   }
   // Summed on the device; the host reads the loss once, at the step's end.
   *loss = *loss + acts_[head].output.detach().to(at::kDouble);
   at::Tensor grad;
   const BackwardPrefetch bp = config_.prefetch.backward;
-  for (int u = U - 1; u >= 0; --u) {
+  // Under LoRA the frozen embedding needs no backward at all.
+  const int last = config_.lora.enabled ? 1 : 0;
+  for (int u = U - 1; u >= last; --u) {
     SL_RETURN_IF_ERROR(Unsharded(u));
     if (bp == BackwardPrefetch::kPre && u - 1 >= 1) Prefetch(u - 1);
     SL_RETURN_IF_ERROR(Backward(u, &grad));
     if (bp == BackwardPrefetch::kPost && u - 1 >= 1) Prefetch(u - 1);
-    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(units_[u]->Reshard());
+    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(Reshard(u));
     // The last micro-batch reduces each unit as soon as its gradient is
     // complete; earlier ones accumulate locally (no communication).
     // (The embed unit comes last, after the tied lm_head added to wte.)
     if (final_micro) {
-      reduction_->Start(units_[u].get());
+      for (FlatParam* f : {units_[u].get(), adapters_[u].get()}) {
+        if (f && f->trainable()) reduction_->Start(f);
+      }
       SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false));
     }
   }
-  SL_RETURN_IF_ERROR(units_[0]->Reshard());
-  SL_RETURN_IF_ERROR(units_[head]->Reshard());
+  for (int u = 0; u < last; ++u) TrackActivation(acts_[u].output, false);  // (no backward ran)
   acts_.clear();
+  SL_RETURN_IF_ERROR(Reshard(0));
+  SL_RETURN_IF_ERROR(Reshard(head));
   return absl::OkStatus();
 }
 
@@ -215,7 +273,7 @@ absl::StatusOr<at::Tensor> Engine::GradNormSquared() {
   // Every shard group holds the whole (reduced) gradient once, so the sum of
   // squares over the shard group is the global one.
   at::Tensor sq = device_->Zeros(1, at::kDouble);
-  for (const auto& f : units_) sq.add_(f->grad_shard.to(at::kDouble).square().sum());
+  for (const FlatParam* f : trainable_) sq.add_(f->grad_shard.to(at::kDouble).square().sum());
   if (comms_.shard->size() > 1) SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sq)));
   return sq;
 }
@@ -230,7 +288,7 @@ absl::Status Engine::AllGatherPersistentParams() {
   // ZeRO 1/2: every rank needs the whole updated parameters again.
   if (comms_.shard->size() == 1) return absl::OkStatus();
   std::vector<std::shared_ptr<comm::Work>> gathers;
-  for (auto& f : units_) {
+  for (FlatParam* f : trainable_) {
     if (f->options().persistent_params) gathers.push_back(comms_.shard->AllGather(f->unsharded(), f->OwnChunk(f->unsharded())));
   }
   for (const auto& w : gathers) SL_RETURN_IF_ERROR(waiter_.OnDevice(*w));
@@ -246,9 +304,9 @@ absl::Status Engine::OptimizerStep(int64_t step, double lr, const at::Tensor& cl
   s.eps = o.eps;
   s.weight_decay = o.weight_decay;
   s.step = step + 1;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    FlatParam& f = *units_[u];
-    AdamWUpdate(s, decay_[u], f.master, f.exp_avg, f.exp_avg_sq, f.grad_shard, clip_coef);
+  for (size_t i = 0; i < trainable_.size(); ++i) {
+    FlatParam& f = *trainable_[i];
+    AdamWUpdate(s, decay_[i], f.master, f.exp_avg, f.exp_avg_sq, f.grad_shard, clip_coef);
     f.PublishMaster();
   }
   return AllGatherPersistentParams();
@@ -270,7 +328,7 @@ absl::StatusOr<at::Tensor> Engine::ForwardBackwardAll(int64_t step) {
   // The mean over the targets of the global batch that count (all, without
   // loss masks): every rank computes the same count from the data alone.
   loss_scale_ = 1.0 / static_cast<double>(std::max<int64_t>(1, data_->CountedTargets(step, t.batch_size)));
-  for (auto& f : units_) f->ZeroGrad();
+  for (FlatParam* f : trainable_) f->ZeroGrad();
   at::Tensor loss = device_->Zeros(1, at::kDouble).squeeze();
   for (int mb = 0; mb < micro; ++mb) {
     at::Tensor x, y;
@@ -354,11 +412,11 @@ absl::StatusOr<double> Engine::Evaluate() {
         } else if (u == head) {
           loss.add_(family_->HeadLoss(h, WeightsOf(u), WeightsOf(0), device_->FromHost(y), scale).to(at::kDouble));
         } else {
-          h = family_->Block(h, WeightsOf(u));
+          h = family_->Block(h, BlockWeightsOf(u));
         }
-        if (model::IsBlock(m, u) || u == head) SL_RETURN_IF_ERROR(units_[u]->Reshard());
+        if (model::IsBlock(m, u) || u == head) SL_RETURN_IF_ERROR(Reshard(u));
       }
-      SL_RETURN_IF_ERROR(units_[0]->Reshard());
+      SL_RETURN_IF_ERROR(Reshard(0));
     }
   }
   SL_RETURN_IF_ERROR(SumOverWorld(loss));
@@ -384,14 +442,14 @@ MemoryReport Engine::Memory() const {
 
 absl::Status Engine::PublishLoadedState() {
   const Device::ComputeScope on_device(*device_);
-  for (auto& f : units_) f->PublishMaster();
+  for (FlatParam* f : trainable_) f->PublishMaster();
   SL_RETURN_IF_ERROR(AllGatherPersistentParams());
   return SyncHost();
 }
 
-absl::StatusOr<at::Tensor> Engine::GatherUnitMaster(int unit) {
+absl::StatusOr<at::Tensor> Engine::GatherUnitMaster(int i) {
   const Device::ComputeScope on_device(*device_);
-  FlatParam& f = *units_[unit];
+  FlatParam& f = *trainable_[i];
   at::Tensor out = device_->Zeros(f.layout().padded_numel, at::kFloat);
   SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.shard->AllGather(out, f.master)));
   return out.to(at::kCPU);

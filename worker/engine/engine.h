@@ -9,6 +9,13 @@
 // waits, and synchronises the host once per step, to read the loss and the
 // gradient norm.
 //
+// Under LoRA ([lora]) every unit's base parameters are a frozen FlatParam
+// (sharded and gathered per use, or replicated: [lora] base) and each block
+// with adapters has a trainable FlatParam of them that the strategy shards
+// like any unit. Gradient reduction, clipping, the optimizer and checkpoints
+// see the trainable FlatParams only ("trainable units": every unit without
+// LoRA, the "<unit>.lora" adapter units with it).
+//
 // Errors: Step returns the first error of any collective (naming the op and
 // rank); after an error the engine must not be stepped again.
 // Threading: one thread drives the engine; collectives run on the
@@ -25,7 +32,9 @@
 
 #include "absl/status/statusor.h"
 #include "common/job_config.h"
+#include "common/model_shapes.h"
 #include "common/shard_layout.h"
+#include "common/weight_source.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/groups.h"
 #include "worker/data/token_dataset.h"
@@ -98,29 +107,33 @@ class Engine {
   // global mean when world == 1). Afterwards GradShard
   // holds the reduced (unclipped) gradient.
   absl::StatusOr<double> ComputeGradients(int64_t step);
-  const at::Tensor& GradShard(int unit) const { return units_[unit]->grad_shard; }
+  // Trainable unit `i` (an index into trainable_layouts()).
+  const at::Tensor& GradShard(int i) const { return trainable_[i]->grad_shard; }
   const Device& device() const { return *device_; }
 
   int rank() const { return rank_; }
   int world() const { return world_; }
   int shard_group_size() const { return comms_.shard->size(); }
-  const std::vector<ShardLayout>& layouts() const { return layouts_; }
+  // The layouts of the trainable units, in order (the ownership map of what
+  // checkpoints hold).
+  const std::vector<ShardLayout>& trainable_layouts() const { return trainable_layouts_; }
   MemoryReport Memory() const;
   comm::CommStats ShardCommStats() const { return comms_.shard->Stats(); }
   comm::CommStats ReplicateCommStats() const { return comms_.replicate->Stats(); }
 
-  // The full fp32 parameters of one unit (padded, on the host), gathered from
-  // the shard group. Every rank of the shard group must call it, in the same
-  // order.
-  absl::StatusOr<at::Tensor> GatherUnitMaster(int unit);
-  // This rank's optimizer state of a unit, as checkpoints save and load it:
-  // fp32 master, Adam m and v, each layouts()[unit].shard_numel long, on the
-  // engine's device (views of the live state).
+  // The full fp32 parameters of trainable unit `i` (padded, on the host),
+  // gathered from the shard group. Every rank of the shard group must call
+  // it, in the same order.
+  absl::StatusOr<at::Tensor> GatherUnitMaster(int i);
+  // This rank's optimizer state of trainable unit `i`, as checkpoints save
+  // and load it: fp32 master, Adam m and v, each
+  // trainable_layouts()[i].shard_numel long, on the engine's device (views of
+  // the live state).
   struct ShardState {
     at::Tensor master, exp_avg, exp_avg_sq;
   };
-  ShardState Shard(int unit) const {
-    const FlatParam& f = *units_[unit];
+  ShardState Shard(int i) const {
+    const FlatParam& f = *trainable_[i];
     return {f.master, f.exp_avg, f.exp_avg_sq};
   }
   int shard_rank() const { return comms_.shard->rank(); }
@@ -142,11 +155,15 @@ class Engine {
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
-  Weights WeightsOf(int u) const;
+  absl::Status InitUnit(int u, const WeightSource* weights, const WeightSource* adapters);
+  Weights WeightsOf(int u) const { return units_[u]->weights(); }
+  BlockWeights BlockWeightsOf(int u) const;
 
-  // The unshard life cycle as the schedule uses it (FlatParam owns it).
+  // The unshard life cycle of a unit (its base and its adapters) as the
+  // schedule uses it (FlatParam owns it).
   absl::Status Unsharded(int u);  // unshard (unless prefetched) and wait
   void Prefetch(int u);
+  absl::Status Reshard(int u);
   int inflight_gathers() const;
 
   // Squared global gradient norm (fp64 device scalar), summed over the shard group.
@@ -167,8 +184,14 @@ class Engine {
   CommWaiter waiter_;
   std::unique_ptr<TokenDataset> data_;
   std::unique_ptr<TokenDataset> val_;  // null without [data] val_path
-  std::vector<ShardLayout> layouts_;
+  // Per model unit: its parameters (frozen under LoRA) and its adapters
+  // (null without). trainable_ lists what trains, in trainable_layouts_'s
+  // order, with decay_ for each.
   std::vector<std::unique_ptr<FlatParam>> units_;
+  std::vector<std::unique_ptr<FlatParam>> adapters_;
+  std::vector<std::vector<model::LoraTarget>> lora_targets_;
+  std::vector<FlatParam*> trainable_;
+  std::vector<ShardLayout> trainable_layouts_;
   std::vector<std::vector<DecayRange>> decay_;
   std::vector<UnitActivation> acts_;
   std::unique_ptr<GradReduction> reduction_;

@@ -59,20 +59,33 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
                      MemoryLedger* ledger, const at::Tensor& init_full)
     : layout_(std::move(layout)), shard_rank_(shard_rank), options_(options), device_(device), ledger_(ledger) {
   const int64_t shard = layout_.shard_numel, padded = layout_.padded_numel;
-  exp_avg = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
-  exp_avg_sq = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
-
+  const bool trainable = options_.trainable;
   // Leaves and grad views are made while the storages hold memory.
   unsharded_ = NewTensor(padded, options_.param_dtype, MemKind::kParams);
   unsharded_.copy_(init_full);
-  grad_full_ = NewTensor(padded, options_.param_dtype, MemKind::kGrads);
-  grad_full_.zero_();
+  if (trainable) {
+    grad_full_ = NewTensor(padded, options_.param_dtype, MemKind::kGrads);
+    grad_full_.zero_();
+  }
   for (const ParamSlot& slot : layout_.params) {
     at::Tensor w = ViewOf(unsharded_, slot.offset, slot.spec.shape);
-    w.requires_grad_(true);
-    w.mutable_grad() = ViewOf(grad_full_, slot.offset, slot.spec.shape);
+    if (trainable) {
+      w.requires_grad_(true);
+      w.mutable_grad() = ViewOf(grad_full_, slot.offset, slot.spec.shape);
+    }
     weights_.push_back(std::move(w));
   }
+  if (!trainable) {
+    if (!options_.persistent_params) {
+      param_shard = NewTensor(shard, options_.param_dtype, MemKind::kParams);
+      param_shard.copy_(OwnChunk(unsharded_));
+      FreeUnsharded();
+    }
+    state_ = options_.persistent_params ? UnshardState::kUnsharded : UnshardState::kSharded;
+    return;
+  }
+  exp_avg = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
+  exp_avg_sq = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
   // Where parameters are fp32 the master copy would hold the same values, so
   // it is this rank's chunk of the parameters themselves (ZeRO 0-2) or the
   // parameter shard (ZeRO-3), as DDP and DeepSpeed do without mixed precision.
@@ -159,7 +172,7 @@ absl::Status FlatParam::Reshard() {
 }
 
 void FlatParam::EnsureGrad() {
-  if (grad_allocated()) return;
+  if (!trainable() || grad_allocated()) return;
   ReacquireStorage(grad_full_, layout_.padded_numel * grad_full_.element_size());
   grad_full_.zero_();
   ledger_->Add(MemKind::kGrads, grad_full_.nbytes());
@@ -172,6 +185,7 @@ void FlatParam::FreeGrad() {
 }
 
 void FlatParam::ZeroGrad() {
+  if (!trainable()) return;
   if (options_.persistent_grads) {
     grad_full_.zero_();
   } else {
@@ -180,6 +194,7 @@ void FlatParam::ZeroGrad() {
 }
 
 void FlatParam::PublishMaster() {
+  if (!trainable()) return;
   at::Tensor target = param_shard.defined() ? param_shard : OwnChunk(unsharded_);
   if (target.data_ptr() != master.data_ptr()) target.copy_(master);
 }

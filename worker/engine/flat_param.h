@@ -16,6 +16,12 @@
 // re-gathered. The leaves have their own version counters, so refilling the
 // buffer does not look like an in-place edit to autograd.
 //
+// A frozen FlatParam (FlatParamOptions::trainable false: LoRA's base) keeps
+// only its parameters: param_shard (sharded) or unsharded (persistent), in
+// the param dtype; no master, no optimizer state, no gradient storage, and
+// its weights do not require grad. A unit's frozen and trainable parameters
+// never share a FlatParam, so dtype and requires_grad are uniform in each.
+//
 // Unshard life cycle (FSDP2's unshard / wait_for_unshard / reshard), for the
 // ZeRO-3 family whose parameters are sharded between uses:
 //
@@ -79,6 +85,7 @@ struct FlatParamOptions {
   at::ScalarType reduce_dtype = at::kFloat;
   bool persistent_params = true;  // unsharded kept between steps (ZeRO 0-2)
   bool persistent_grads = true;   // grad_full kept between steps (ZeRO 0-1)
+  bool trainable = true;          // false: frozen (see above)
 };
 
 class FlatParam {
@@ -110,8 +117,9 @@ class FlatParam {
   void EnsureGrad();
   void FreeGrad();
   void ZeroGrad();
-  bool grad_allocated() const { return grad_full_.storage().nbytes() > 0; }
+  bool grad_allocated() const { return grad_full_.defined() && grad_full_.storage().nbytes() > 0; }
 
+  bool trainable() const { return options_.trainable; }
   // The slice of the unsharded buffer this rank owns.
   at::Tensor OwnChunk(const at::Tensor& full) const {
     return full.narrow(0, layout_.ShardOffset(shard_rank_), layout_.shard_numel);

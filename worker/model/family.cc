@@ -1,5 +1,7 @@
 #include "worker/model/family.h"
 
+#include <cmath>
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "worker/model/gpt.h"
@@ -16,6 +18,12 @@ at::Tensor ModelFamily::HeadLoss(const at::Tensor& x, const Weights& head, const
   return ce * loss_scale;
 }
 
+at::Tensor BlockWeights::Linear(const at::Tensor& x, size_t i, const at::Tensor& bias) const {
+  at::Tensor y = at::linear(x, base[i], bias);
+  if (i < lora.size() && lora[i].a.defined()) y = y + at::linear(at::linear(x, lora[i].a), lora[i].b) * lora_scaling;
+  return y;
+}
+
 std::unique_ptr<ModelFamily> MakeModelFamily(const ModelConfig& m) {
   if (m.is_llama()) return std::make_unique<LlamaFamily>(m);
   return std::make_unique<GptFamily>(m);
@@ -27,11 +35,24 @@ uint64_t Fnv1a(const std::string& s) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
 }
+
+at::Generator SeededGenerator(const std::string& name, uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed ^ (Fnv1a(name) * 0x9E3779B97F4A7C15ull));
+}
+
 }  // namespace
 
+void InitAdapterUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) {
+  flat.zero_();
+  for (const auto& slot : layout.params) {
+    if (slot.spec.name.find(".lora_A.") == std::string::npos) continue;  // lora_B stays zero
+    const double bound = 1.0 / std::sqrt(static_cast<double>(slot.spec.shape[1]));
+    flat.narrow(0, slot.offset, slot.spec.numel()).uniform_(-bound, bound, SeededGenerator(slot.spec.name, seed));
+  }
+}
+
 void SeededNormal(const std::string& name, uint64_t seed, double std, at::Tensor w) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ (Fnv1a(name) * 0x9E3779B97F4A7C15ull));
-  w.normal_(0.0, std, gen);
+  w.normal_(0.0, std, SeededGenerator(name, seed));
 }
 
 }  // namespace shardline

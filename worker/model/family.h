@@ -25,6 +25,25 @@ namespace shardline {
 // Weight views of one unit, in model::UnitParams order.
 using Weights = std::vector<at::Tensor>;
 
+// LoRA's adapter of one projection: lora_A [rank, in], lora_B [out, rank].
+struct LoraPair {
+  at::Tensor a, b;
+};
+
+// One block's weights as a family computes with them: the base parameters
+// and, under LoRA, the adapters of the adapted projections (lora[i] belongs
+// to base[i]; empty, or undefined tensors, where none).
+struct BlockWeights {
+  BlockWeights(Weights w) : base(std::move(w)) {}  // NOLINT: a block without adapters
+  Weights base;
+  std::vector<LoraPair> lora;
+  double lora_scaling = 0;
+  const at::Tensor& operator[](size_t i) const { return base[i]; }
+  // x base[i]^T + bias, and where base[i] is adapted PEFT's lora.Linear term
+  // (x A^T) B^T * scaling added to it, in that order.
+  at::Tensor Linear(const at::Tensor& x, size_t i, const at::Tensor& bias = {}) const;
+};
+
 class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
@@ -35,7 +54,7 @@ class ModelFamily {
   virtual void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const = 0;
   // Hidden states [B, T, C] of token ids [B, T].
   virtual at::Tensor Embed(const at::Tensor& idx, const Weights& embed) const = 0;
-  virtual at::Tensor Block(const at::Tensor& x, const Weights& block) const = 0;
+  virtual at::Tensor Block(const at::Tensor& x, const BlockWeights& block) const = 0;
   // Logits [B, T, vocab] from the last hidden state; `embed` is the embed
   // unit's weights, which a tied head multiplies with.
   virtual at::Tensor HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const = 0;
@@ -48,6 +67,12 @@ class ModelFamily {
 
 // The family of `m` (ValidateJobConfig has accepted its name).
 std::unique_ptr<ModelFamily> MakeModelFamily(const ModelConfig& m);
+
+// PEFT's initialisation of a unit's adapters (model::AdapterParams) into
+// `flat` (fp32, layout.padded_numel): lora_A Kaiming-uniform with a = sqrt(5)
+// (U(-1/sqrt(in), 1/sqrt(in)), as nn.Linear's default), from a generator
+// seeded by (seed, name) alone; lora_B zero.
+void InitAdapterUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat);
 
 // Fills `w` with N(0, std) from a generator seeded by (seed, name) alone, so
 // values do not depend on which other tensors exist or on the order of init.

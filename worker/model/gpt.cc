@@ -26,21 +26,21 @@ at::Tensor GptFamily::Embed(const at::Tensor& idx, const Weights& w) const {
   return at::embedding(w[0], idx) + at::embedding(w[1], pos);
 }
 
-at::Tensor GptFamily::Block(const at::Tensor& x, const Weights& w) const {
+at::Tensor GptFamily::Block(const at::Tensor& x, const BlockWeights& w) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int n_head = m_.n_head;
   const int64_t hs = C / n_head;
   at::Tensor h = at::layer_norm(x, {C}, w[0], w[1], 1e-5);
-  at::Tensor qkv = at::linear(h, w[2], w[3]);
+  at::Tensor qkv = w.Linear(h, 2, w[3]);
   auto parts = qkv.split(C, 2);
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head, hs}).transpose(1, 2); };
   at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
                                                   /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
   y = y.transpose(1, 2).contiguous().view({B, T, C});
-  at::Tensor x1 = x + at::linear(y, w[4], w[5]);
+  at::Tensor x1 = x + w.Linear(y, 4, w[5]);
   h = at::layer_norm(x1, {C}, w[6], w[7], 1e-5);
-  h = at::gelu(at::linear(h, w[8], w[9]), "tanh");
-  return x1 + at::linear(h, w[10], w[11]);
+  h = at::gelu(w.Linear(h, 8, w[9]), "tanh");
+  return x1 + w.Linear(h, 10, w[11]);
 }
 
 at::Tensor GptFamily::HeadLogits(const at::Tensor& x, const Weights& w, const Weights& embed) const {

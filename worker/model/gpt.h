@@ -18,7 +18,7 @@ class GptFamily : public ModelFamily {
   explicit GptFamily(const ModelConfig& m) : m_(m) {}
   void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const override;
   at::Tensor Embed(const at::Tensor& idx, const Weights& embed) const override;
-  at::Tensor Block(const at::Tensor& x, const Weights& block) const override;
+  at::Tensor Block(const at::Tensor& x, const BlockWeights& block) const override;
   at::Tensor HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const override;
 
  private:

@@ -63,34 +63,37 @@ std::pair<at::Tensor, at::Tensor> LlamaFamily::Rotary(int64_t T, at::ScalarType 
   return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
 }
 
-at::Tensor LlamaFamily::Block(const at::Tensor& x, const Weights& w) const {
+at::Tensor LlamaFamily::Block(const at::Tensor& x, const BlockWeights& w) const {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = m_.n_head, KV = m_.kv_heads(), D = m_.head_dim();
   const double eps = m_.rms_norm_eps;
+  // Indices into w in model::UnitParams order (projections go through
+  // w.Linear, which adds their adapters).
   size_t i = 0;
-  auto next = [&]() -> const at::Tensor& { return w[i++]; };
-  const at::Tensor& in_norm = next();
-  auto projection = [&]() {
-    const at::Tensor& weight = next();
-    const at::Tensor bias = m_.qkv_bias ? next() : at::Tensor();
-    return std::make_pair(weight, bias);
+  const at::Tensor& in_norm = w[i++];
+  struct Projection {
+    size_t weight;
+    at::Tensor bias;
   };
-  const auto q_proj = projection(), k_proj = projection(), v_proj = projection();
-  const at::Tensor& o_proj = next();
+  auto projection = [&]() {
+    Projection p{i++, at::Tensor()};
+    if (m_.qkv_bias) p.bias = w[i++];
+    return p;
+  };
+  const Projection q_proj = projection(), k_proj = projection(), v_proj = projection();
+  const size_t o_proj = i++;
   at::Tensor q_norm, k_norm;
   if (m_.qk_norm) {
-    q_norm = next();
-    k_norm = next();
+    q_norm = w[i++];
+    k_norm = w[i++];
   }
-  const at::Tensor& post_norm = next();
-  const at::Tensor& gate = next();
-  const at::Tensor& up = next();
-  const at::Tensor& down = next();
+  const at::Tensor& post_norm = w[i++];
+  const size_t gate = i++, up = i++, down = i++;
 
   at::Tensor h = RmsNorm(x, in_norm, eps);
-  at::Tensor q = at::linear(h, q_proj.first, q_proj.second).view({B, T, H, D});
-  at::Tensor k = at::linear(h, k_proj.first, k_proj.second).view({B, T, KV, D});
-  at::Tensor v = at::linear(h, v_proj.first, v_proj.second).view({B, T, KV, D});
+  at::Tensor q = w.Linear(h, q_proj.weight, q_proj.bias).view({B, T, H, D});
+  at::Tensor k = w.Linear(h, k_proj.weight, k_proj.bias).view({B, T, KV, D});
+  at::Tensor v = w.Linear(h, v_proj.weight, v_proj.bias).view({B, T, KV, D});
   if (m_.qk_norm) {
     q = RmsNorm(q, q_norm, eps);
     k = RmsNorm(k, k_norm, eps);
@@ -108,9 +111,9 @@ at::Tensor LlamaFamily::Block(const at::Tensor& x, const Weights& w) const {
   at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
                                                   /*scale=*/1.0 / std::sqrt(static_cast<double>(D)));
   y = y.transpose(1, 2).reshape({B, T, H * D});
-  at::Tensor x1 = x + at::linear(y, o_proj);
+  at::Tensor x1 = x + w.Linear(y, o_proj);
   h = RmsNorm(x1, post_norm, eps);
-  return x1 + at::linear(at::silu(at::linear(h, gate)) * at::linear(h, up), down);
+  return x1 + w.Linear(at::silu(w.Linear(h, gate)) * w.Linear(h, up), down);
 }
 
 at::Tensor LlamaFamily::HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const {

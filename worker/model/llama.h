@@ -24,7 +24,7 @@ class LlamaFamily : public ModelFamily {
   explicit LlamaFamily(const ModelConfig& m);
   void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const override;
   at::Tensor Embed(const at::Tensor& idx, const Weights& embed) const override;
-  at::Tensor Block(const at::Tensor& x, const Weights& block) const override;
+  at::Tensor Block(const at::Tensor& x, const BlockWeights& block) const override;
   at::Tensor HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const override;
 
  private:
