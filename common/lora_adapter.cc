@@ -1,5 +1,7 @@
 #include "common/lora_adapter.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <set>
 
@@ -33,7 +35,8 @@ absl::Status ReadAdapterConfig(const json& j, const std::string& file, const std
     return refuse("peft_type", absl::StrCat("\"", j.value("peft_type", std::string()), "\" is not LORA"));
   }
   for (const char* key : {"use_rslora", "use_dora", "modules_to_save", "layers_to_transform", "rank_pattern",
-                          "alpha_pattern", "layers_pattern", "trainable_token_indices"}) {
+                          "alpha_pattern", "layers_pattern", "trainable_token_indices", "lora_bias", "exclude_modules",
+                          "target_parameters", "layer_replication", "use_qalora", "alora_invocation_tokens"}) {
     if (!Unset(j, key)) return refuse(key, absl::StrCat("set to ", j.at(key).dump()));
   }
   if (j.contains("bias") && j.at("bias") != "none") return refuse("bias", j.at("bias").dump());
@@ -93,6 +96,11 @@ absl::Status ApplyPeftConfig(JobConfig& c, const std::string& base_dir, const st
   if (!c.lora.enabled || c.lora.init_from.empty()) return absl::OkStatus();
   c.lora.init_from = ResolveJobPath(base_dir, c.lora.init_from);
   const std::string file = c.lora.init_from + "/adapter_config.json";
+  struct stat st;
+  if (stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat(source, ": [lora] init_from ", c.lora.init_from,
+                                            ": no adapter_config.json (not a PEFT adapter directory)"));
+  }
   absl::StatusOr<std::string> text = ReadFileToString(file, "[lora] init_from");
   if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat(source, ": ", text.status().message()));
   json j;
