@@ -22,6 +22,33 @@ def unit_sizes(model):
     return [V * C + T * C] + [block] * L + [2 * C]
 
 
+LORA_MODULES = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                "gpt2": ["c_attn", "c_proj", "c_fc"]}
+
+
+def adapter_sizes(cfg):
+    """Under [lora]: the adapters of each block, r * (in + out) per adapted
+    projection (GPT-2's c_proj names both the attention's and the MLP's)."""
+    model, lora = cfg["model"], cfg["lora"]
+    C, r = model["n_embd"], lora.get("rank", 8)
+    if model.get("family") == "llama":
+        H, KV, I = model["n_head"], model.get("n_kv_head") or model["n_head"], model["intermediate_size"]
+        D = model.get("head_dim") or C // H
+        shapes = {"q_proj": [(C, H * D)], "k_proj": [(C, KV * D)], "v_proj": [(C, KV * D)], "o_proj": [(H * D, C)],
+                  "gate_proj": [(C, I)], "up_proj": [(C, I)], "down_proj": [(I, C)]}
+        default = ["q_proj", "v_proj"]
+    else:
+        shapes = {"c_attn": [(C, 3 * C)], "c_proj": [(C, C), (4 * C, C)], "c_fc": [(C, 4 * C)]}
+        default = ["c_attn"]
+    family = "llama" if model.get("family") == "llama" else "gpt2"
+    targets = lora.get("target_modules") or default
+    targets = LORA_MODULES[family] if targets == "all-linear" else targets
+    if isinstance(targets, str):
+        targets = [targets]
+    block = sum(r * (i + o) for t in targets for (i, o) in shapes[t])
+    return [block] * model["n_layer"]
+
+
 def padded(n, g):
     return (n + g - 1) // g * g
 
@@ -43,23 +70,34 @@ def ring_all_reduce(nbytes, elem, n):
     return 2 * ring(padded(elems, n) * elem, n)
 
 
+def gathers_per_micro(sizes, elem, G, blocks_only=False):
+    """All-gather bytes of one micro-batch where parameters stay sharded:
+    blocks are gathered in forward and again in backward, embed and head once."""
+    if blocks_only:
+        return sum(ring(s * elem, G) * 2 for s in sizes)
+    return sum(ring(s * elem, G) * (2 if 0 < i < len(sizes) - 1 else 1) for i, s in enumerate(sizes))
+
+
 def comm_bytes(cfg, world, steps):
     """Bytes this rank sends, by (communicator, op), over `steps` steps plus
-    the final parameter gather that shardline-train --out performs."""
+    the final parameter gather that shardline-train --out performs. Under
+    [lora] the trained units are the blocks' adapters; a sharded frozen base
+    is gathered as full_shard gathers its units, a replicated one never."""
     strategy = cfg["parallelism"]["strategy"]
     G = group_size(strategy, world, cfg)
     R = world // G
     p = DTYPE_BYTES[cfg["precision"]["param_dtype"]]
     r = DTYPE_BYTES[cfg["precision"]["reduce_dtype"]]
-    sizes = [padded(n, G) for n in unit_sizes(cfg["model"])]
+    lora = bool(cfg.get("lora"))
+    sizes = [padded(n, G) for n in (adapter_sizes(cfg) if lora else unit_sizes(cfg["model"]))]
     micro = cfg["train"]["batch_size"] // world // cfg["train"]["micro_batch_size"]
     ag = 0
     if strategy in SHARDS_PARAMS:
-        # blocks are gathered in forward and again in backward; embed and head once
-        per_micro = sum(ring(s * p, G) * (2 if 0 < i < len(sizes) - 1 else 1) for i, s in enumerate(sizes))
-        ag = micro * per_micro
+        ag = micro * gathers_per_micro(sizes, p, G, blocks_only=lora)
     elif G > 1:
         ag = sum(ring(s * p, G) for s in sizes)  # updated parameters after the optimizer
+    if lora and cfg["lora"].get("base", "sharded") == "sharded":
+        ag += micro * gathers_per_micro([padded(n, G) for n in unit_sizes(cfg["model"])], p, G)
     rs = sum(ring(s * r, G) for s in sizes)
     shard_ar = 2 * ring_all_reduce(8, 8, G) if G > 1 else 0           # grad norm + loss (fp64)
     rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(8, 8, R)) if R > 1 else 0
@@ -73,12 +111,20 @@ def comm_bytes(cfg, world, steps):
 
 
 def state_bytes(cfg, world):
-    """Per-rank bytes by kind at rest, with the engine's exact padding."""
+    """Per-rank bytes by kind at rest, with the engine's exact padding. Under
+    [lora]: the frozen base in the param dtype (its shard, or all of it when
+    replicated) plus the adapters' state as the strategy keeps any unit's."""
     strategy = cfg["parallelism"]["strategy"]
     G = group_size(strategy, world, cfg)
     p = DTYPE_BYTES[cfg["precision"]["param_dtype"]]
     r = DTYPE_BYTES[cfg["precision"]["reduce_dtype"]]
-    sizes = [padded(n, G) for n in unit_sizes(cfg["model"])]
+    if cfg.get("lora"):
+        base = unit_sizes(cfg["model"])
+        frozen = (p * sum(padded(n, G) for n in base) // G if cfg["lora"].get("base", "sharded") == "sharded"
+                  else p * sum(base))
+        adapters = state_bytes({**cfg, "lora": None, "adapters": adapter_sizes(cfg)}, world)
+        return {**adapters, "params": adapters["params"] + frozen}
+    sizes = [padded(n, G) for n in cfg.get("adapters") or unit_sizes(cfg["model"])]
     full = sum(sizes)
     shard = full // G
     params = p * (shard if strategy in SHARDS_PARAMS else full)
@@ -90,6 +136,14 @@ def state_bytes(cfg, world):
     # In fp32 the master copy is the parameters themselves (no duplicate).
     master = 0 if p == 4 and strategy not in SHARDS_PARAMS else 4 * shard
     return {"params": params, "grads": grads, "master": master, "optimizer": 8 * shard}
+
+
+def lora_table(strategy, base, P_base, P_adapters, N, G):
+    """The LoRA state per rank (bf16 params and grads, fp32 master and Adam on
+    the adapters): the frozen base, 2 P_base / G sharded over the shard group
+    or 2 P_base replicated, plus the strategy's row of design_table for the
+    adapters."""
+    return (2 * P_base / G if base == "sharded" else 2 * P_base) + design_table(strategy, P_adapters, N, G)
 
 
 def design_table(strategy, P, N, G):

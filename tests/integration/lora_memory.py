@@ -1,0 +1,64 @@
+"""LoRA's memory and communication, against formulas.py at N=4 in bf16, for
+every strategy and both placements of the frozen base ([lora] base):
+
+  - bytes held by kind equal formulas.state_bytes exactly (the frozen base is
+    params; grads, master and optimizer are the adapters' alone), and the
+    state is formulas.lora_table's up to padding;
+  - bytes sent by collective equal formulas.comm_bytes: a sharded base is
+    all-gathered per use as full_shard does, a replicated one never moves,
+    and only adapter gradients are reduced;
+  - a replicated base holds N times the sharded one's parameter bytes and
+    sends no base all-gathers, so the choice is the one the formulas state.
+"""
+import formulas
+import harness
+
+WORLD = 4
+
+
+def lora_config(strategy, base):
+    cfg = harness.config(strategy, WORLD, micro_batches=2, precision__param_dtype="bf16",
+                         precision__reduce_dtype="bf16", train__steps=2)
+    cfg["model"] = harness.llama_model("llama3")
+    cfg["lora"] = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"], "base": base}
+    return cfg
+
+
+def main():
+    checks = harness.Checks()
+    sent = {}
+    for strategy in harness.STRATEGIES:
+        for base in ("sharded", "replicated"):
+            cfg = lora_config(strategy, base)
+            _, ranks = harness.run(cfg, WORLD)
+            G = formulas.group_size(strategy, WORLD, cfg)
+            name = f"{strategy} base {base}"
+            expected = formulas.state_bytes(cfg, WORLD)
+            comm = formulas.comm_bytes(cfg, WORLD, cfg["train"]["steps"])
+            P_base, P_adapters = sum(formulas.unit_sizes(cfg["model"])), sum(formulas.adapter_sizes(cfg))
+            pad = 16 * sum(formulas.padded(n, G) - n for n in formulas.adapter_sizes(cfg) + formulas.unit_sizes(cfg["model"]))
+            table = formulas.lora_table(strategy, base, P_base, P_adapters, WORLD, G)
+            for r in ranks:
+                m = r["memory"]
+                got = {k: m[k] for k in expected}
+                checks.check(got == expected, f"{name} rank {r['rank']} bytes by kind",
+                             f"{got}" + ("" if got == expected else f" expected {expected}"))
+                checks.check(abs(m["state"] - table) <= pad, f"{name} rank {r['rank']} state vs the LoRA table",
+                             f"{m['state']} vs {table:.0f}")
+                got = {(c, op): r["comm"][c][op]["bytes"] for (c, op) in comm}
+                checks.check(got == comm, f"{name} rank {r['rank']} bytes per collective",
+                             "" if got == comm else f"got {got} expected {comm}")
+                trained = m["grads"] + m["master"] + m["optimizer"]
+                bound = 14 * sum(formulas.padded(n, G) for n in formulas.adapter_sizes(cfg))
+                checks.check(trained <= bound, f"{name} rank {r['rank']}: no gradient, master or Adam state for the base",
+                             f"{trained} <= {bound} (14 bytes per adapter parameter)")
+            sent[(strategy, base)] = ranks[0]["comm"]["shard"]["all_gather"]["bytes"]
+    base_gathers = sent[("full_shard", "sharded")] - sent[("full_shard", "replicated")]
+    checks.check(base_gathers > 5 * sent[("full_shard", "replicated")],
+                 "full_shard: the sharded base's all-gathers dominate what a replicated base sends",
+                 f"{sent[('full_shard', 'sharded')]} vs {sent[('full_shard', 'replicated')]} bytes")
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
