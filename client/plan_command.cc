@@ -4,7 +4,12 @@
 #include <filesystem>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "common/model_shapes.h"
 #include "common/file_util.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
@@ -39,7 +44,39 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--reduce-dtype", f->reduce_dtype, "gradient reduction dtype, bf16 or fp32 (default: the job "
                                                      "file's, else fp32; fp32 with --dtype fp32)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
+  cmd->add_option("--lora-rank", f->lora_rank, "LoRA: adapters of this rank on a frozen base (default: the job "
+                                               "file's [lora], else none)");
+  cmd->add_option("--lora-targets", f->lora_targets, "LoRA: projections, comma-separated, or all-linear (default: "
+                                                     "PEFT's, q_proj,v_proj for llama, c_attn for gpt2)");
+  cmd->add_option("--lora-base", f->lora_base, "LoRA: the frozen base sharded (default) or replicated")
+      ->check(CLI::IsMember({"sharded", "replicated"}));
 }
+
+namespace {
+
+// --lora-* over the job file's [lora] (if any), validated as a job's would be.
+absl::Status ApplyLoraFlags(const PlanFlags& f, PlanInput* in) {
+  LoraConfig& l = in->lora;
+  if (f.lora_rank == 0 && f.lora_targets.empty() && f.lora_base.empty()) return absl::OkStatus();
+  if (f.lora_rank < 0) return absl::InvalidArgumentError("plan: --lora-rank must be at least 1");
+  if (!l.enabled && f.lora_rank == 0) return absl::InvalidArgumentError("plan: --lora-targets and --lora-base need --lora-rank");
+  l.enabled = true;
+  if (f.lora_rank > 0) l.rank = f.lora_rank;
+  if (!f.lora_targets.empty()) l.target_modules = absl::StrSplit(f.lora_targets, ',', absl::SkipEmpty());
+  if (!f.lora_base.empty()) l.base = f.lora_base == "replicated" ? LoraBase::kReplicated : LoraBase::kSharded;
+  JobConfig c;
+  c.model = in->model;
+  c.lora = l;
+  c.train.batch_size = c.train.micro_batch_size = 1;
+  absl::Status s = ValidateJobConfig(c, 1, "plan");
+  if (!s.ok() && absl::StrContains(s.message(), "[lora]")) {
+    return absl::InvalidArgumentError(absl::StrReplaceAll(s.message(), {{"plan: [lora] ", "plan: --lora-"},
+                                                                         {"target_modules", "targets"}}));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status RunPlan(const PlanFlags& f, bool json) {
   PlanInput in;
@@ -57,6 +94,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     in.reduce_dtype = config.precision.reduce_dtype;
     in.max_inflight_all_gathers = config.prefetch.max_inflight_all_gathers;
     in.shard_group_size = config.parallelism.shard_group_size;
+    in.lora = config.lora;
     in.cluster.workers = config.workers;
   } else if (f.layers > 0 || f.hidden > 0 || f.heads > 0) {
     if (f.layers <= 0 || f.hidden <= 0 || f.heads <= 0) {
@@ -89,6 +127,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     if (in.param_dtype == DType::kFloat32) in.reduce_dtype = DType::kFloat32;
   }
   if (!f.reduce_dtype.empty()) in.reduce_dtype = f.reduce_dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
+  SL_RETURN_IF_ERROR(ApplyLoraFlags(f, &in));
   SL_ASSIGN_OR_RETURN(Plan plan, MakePlan(in));
   if (json) {
     std::cout << PlanJson(plan) << std::endl;
@@ -97,9 +136,14 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     const std::string llama = m.is_llama() ? absl::StrCat(" (", m.kv_heads(), " kv), SwiGLU ", m.intermediate_size,
                                                           m.tied() ? ", tied" : ", untied head")
                                            : "";
+    const std::string lora =
+        in.lora.enabled ? absl::StrCat("; LoRA rank ", in.lora.rank, " on ",
+                                       absl::StrJoin(model::LoraModules(m, in.lora), ","), ", base ",
+                                       LoraBaseName(in.lora.base))
+                        : "";
     std::cout << absl::StrCat("model: ", m.family, ", ", in.model.n_layer, " layers, hidden ", in.model.n_embd, ", ",
                               in.model.n_head, " heads", llama, ", vocab ", in.model.vocab_size, ", seq ",
-                              in.model.block_size, "; ", in.cluster.workers, " workers, ",
+                              in.model.block_size, lora, "; ", in.cluster.workers, " workers, ",
                               in.cluster.gpus_per_node, " per node\n")
               << PlanTable(plan);
   }

@@ -77,12 +77,14 @@ int64_t NumParams(const ModelConfig& m) {
   return n;
 }
 
-double TrainingFlopsPerToken(const ModelConfig& m) {
+double TrainingFlopsPerToken(const ModelConfig& m, const LoraConfig& l) {
   const int64_t lookup = m.is_llama() ? (m.tied() ? 0 : int64_t{m.vocab_size} * m.n_embd)
                                       : int64_t{m.block_size} * m.n_embd;
   const double n = static_cast<double>(NumParams(m) - lookup);
   const double q = m.head_dim();
-  return 6 * n + 12.0 * m.n_layer * m.n_head * q * m.block_size;
+  const double attention = 12.0 * m.n_layer * m.n_head * q * m.block_size;
+  if (!l.enabled) return 6 * n + attention;
+  return 4 * n + 6 * static_cast<double>(NumAdapterParams(m, l)) + attention;
 }
 
 absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int group_size) {

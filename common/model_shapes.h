@@ -33,8 +33,9 @@ int64_t NumParams(const ModelConfig& m);  // unique parameters (wte counted once
 // estimate_mfu): 6N + 12*L*H*Q*T, with N the parameters less the lookups
 // that are no matmul (gpt2's position embedding; llama's token embedding
 // unless it is tied to the lm_head), L layers, H heads of size Q, and T the
-// sequence length.
-double TrainingFlopsPerToken(const ModelConfig& m);
+// sequence length. Under LoRA (l.enabled) the frozen weights get no weight
+// gradient: 4 FLOPs per frozen weight, 6 per adapter weight.
+double TrainingFlopsPerToken(const ModelConfig& m, const LoraConfig& l = LoraConfig());
 
 // The ownership map: every unit's layout for shard group size `group_size`.
 absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int group_size);

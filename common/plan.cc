@@ -49,6 +49,14 @@ double LayerActivationBytes(const ModelConfig& m, int b, int p) {
   return s * b * (8 * h + 6 * q + 4 * kv + 8 * i + 2 * a * s) * scale;
 }
 
+// Padded sizes of the embed unit, the head unit and one block.
+struct UnitSizes {
+  int64_t embed = 0, head = 0, block = 0;
+};
+UnitSizes SizesOf(const std::vector<ShardLayout>& units) {
+  return {units.front().padded_numel, units.back().padded_numel, units[1].padded_numel};
+}
+
 // Parameters of one block and of everything else, by the shape tables.
 std::pair<int64_t, int64_t> ParamSplit(ModelConfig m) {
   m.n_layer = 1;
@@ -138,22 +146,24 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   const int p = Bytes(in.param_dtype), r = Bytes(in.reduce_dtype);
   Plan plan;
   plan.params = model::NumParams(m);
-  plan.flops_per_token = model::TrainingFlopsPerToken(m);
+  plan.trainable_params = in.lora.enabled ? model::NumAdapterParams(m, in.lora) : plan.params;
+  plan.flops_per_token = model::TrainingFlopsPerToken(m, in.lora);
   plan.tokens_per_step = static_cast<int64_t>(batch) * m.block_size;
   plan.micro_batches = batch / (b * world);
   const double tokens_per_rank = static_cast<double>(plan.tokens_per_step) / world;
   const double compute = plan.flops_per_token * tokens_per_rank / c.flops;
-  // Recomputation repeats the blocks' forward: a third of their training FLOPs.
+  // Recomputation repeats the blocks' forward: 2 FLOPs per weight and a
+  // third of attention's.
   double block_numel = 0;
   for (const ParamSpec& spec : model::UnitParams(m, 1)) block_numel += spec.numel();
-  const double block_flops =
-      6.0 * block_numel * m.n_layer + 12.0 * m.n_layer * m.n_head * m.head_dim() * m.block_size;
-  const double recompute = compute * (block_flops / plan.flops_per_token) / 3;
+  const double recompute_flops = 2.0 * block_numel * m.n_layer + 4.0 * m.n_layer * m.n_head * m.head_dim() * m.block_size;
+  const double recompute = recompute_flops * tokens_per_rank / c.flops;
 
   const double layer_act = LayerActivationBytes(m, b, p);
   const double head_act = 2.0 * b * m.block_size * m.vocab_size * 4;  // fp32 logits and their gradient
   const double layer_input = static_cast<double>(b) * m.block_size * m.n_embd * (p == 4 ? 4 : 2);
 
+  const bool lora = in.lora.enabled;
   for (Strategy s : kStrategies) {
     StrategyPlan sp;
     sp.strategy = s;
@@ -165,16 +175,24 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
     }
     sp.shard_group = g;
     const int replicas = world / g;
-    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> layouts, model::OwnershipMap(m, g));
-    StateBytes(layouts, s, p, r, &sp);
-
-    const int64_t embed = layouts.front().padded_numel, head = layouts.back().padded_numel,
-                  block = layouts[1].padded_numel;
-    if (ShardsParams(s)) {
-      const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
-      sp.transient_bytes += p * (embed + head + live_blocks * block);
+    // What trains (every unit, or the blocks' adapters under LoRA) and, under
+    // LoRA, the frozen base: sharded over the group or whole on every rank.
+    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> trained, model::TrainableOwnershipMap(m, in.lora, g));
+    StateBytes(trained, s, p, r, &sp);
+    const UnitSizes t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
+    UnitSizes f;
+    const bool base_sharded = lora && in.lora.base == LoraBase::kSharded && g > 1;
+    if (lora) {
+      SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> base, model::OwnershipMap(m, base_sharded ? g : 1));
+      f = SizesOf(base);
+      const int64_t frozen = p * (f.embed + f.head + m.n_layer * f.block) / (base_sharded ? g : 1);
+      sp.params_bytes += frozen;
+      sp.state_bytes += frozen;
     }
-    if (ShardsGrads(s)) sp.transient_bytes += p * (embed + 2 * block);  // unsharded grads before reduction
+    const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
+    if (ShardsParams(s)) sp.transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
+    if (base_sharded) sp.transient_bytes += p * (f.embed + f.head + live_blocks * f.block);
+    if (ShardsGrads(s)) sp.transient_bytes += p * (t.embed + 2 * t.block);  // unsharded grads before reduction
     sp.activation_bytes = static_cast<int64_t>(m.n_layer * layer_act + head_act);
     sp.activation_bytes_checkpointed = static_cast<int64_t>(m.n_layer * layer_input + layer_act + head_act);
     sp.peak_bytes = sp.state_bytes + sp.transient_bytes + sp.activation_bytes;
@@ -191,15 +209,23 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
       bytes += sent;
       (overlaps ? overlapped : exposed) += sent / bw;
     };
-    const int64_t full_p = (embed + head + m.n_layer * block);
-    if (ShardsParams(s)) {
-      // Forward gathers every unit, backward the blocks again, per micro-batch;
-      // the first gather of a step cannot hide behind anything.
-      const int64_t per_micro = comm::RingAllGatherBytes(embed * p, g) + comm::RingAllGatherBytes(head * p, g) +
-                                2LL * m.n_layer * comm::RingAllGatherBytes(block * p, g);
-      add(plan.micro_batches * per_micro - comm::RingAllGatherBytes(embed * p, g), shard_bw, true);
-      add(comm::RingAllGatherBytes(embed * p, g), shard_bw, false);
-    } else if (g > 1) {
+    // Forward gathers every unit, backward the blocks again, per micro-batch;
+    // the first gather of a step cannot hide behind anything.
+    auto gathers_per_micro = [&](const UnitSizes& u) {
+      return comm::RingAllGatherBytes(u.embed * p, g) + comm::RingAllGatherBytes(u.head * p, g) +
+             2LL * m.n_layer * comm::RingAllGatherBytes(u.block * p, g);
+    };
+    const int64_t first = comm::RingAllGatherBytes((base_sharded ? f.embed : t.embed) * p, g);
+    int64_t gathers = 0;
+    if (ShardsParams(s)) gathers += gathers_per_micro(t);
+    if (base_sharded) gathers += gathers_per_micro(f);
+    if (gathers > 0) {
+      add(plan.micro_batches * gathers - first, shard_bw, true);
+      add(first, shard_bw, false);
+    }
+    const int64_t full_p = t.embed + t.head + m.n_layer * t.block;
+    const int64_t embed = t.embed;
+    if (!ShardsParams(s) && g > 1) {
       add(comm::RingAllGatherBytes(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
     }
     if (g > 1) {
@@ -244,8 +270,10 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
 std::string PlanTable(const Plan& p) {
   const double gib = 1024.0 * 1024 * 1024;
   std::string out = absl::StrFormat(
-      "model: %.3g parameters, %.3g training FLOPs per token, %d tokens per step (%d micro-batches per rank)\n\n",
-      static_cast<double>(p.params), p.flops_per_token, p.tokens_per_step, p.micro_batches);
+      "model: %.3g parameters (%.3g trained), %.3g training FLOPs per token, %d tokens per step (%d micro-batches "
+      "per rank)\n\n",
+      static_cast<double>(p.params), static_cast<double>(p.trainable_params), p.flops_per_token, p.tokens_per_step,
+      p.micro_batches);
   absl::StrAppendFormat(&out, "%-19s %3s %9s %9s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %9s %s\n", "strategy", "G",
                         "state", "params", "grads", "master", "optim", "transnt", "acts", "acts_ckpt", "comm",
                         "comp_s", "exp_cm_s", "step_s", "step_ckpt", "fits");
@@ -282,9 +310,9 @@ std::string PlanJson(const Plan& p) {
         s.tokens_per_second));
   }
   return absl::StrFormat(
-      "{\"params\":%d,\"flops_per_token\":%.6g,\"tokens_per_step\":%d,\"micro_batches\":%d,\"strategies\":[%s],"
+      "{\"params\":%d,\"trainable_params\":%d,\"flops_per_token\":%.6g,\"tokens_per_step\":%d,\"micro_batches\":%d,\"strategies\":[%s],"
       "\"recommended\":%s,\"recommended_checkpointing\":%s}",
-      p.params, p.flops_per_token, p.tokens_per_step, p.micro_batches, absl::StrJoin(rows, ","),
+      p.params, p.trainable_params, p.flops_per_token, p.tokens_per_step, p.micro_batches, absl::StrJoin(rows, ","),
       p.recommended.empty() ? "null" : absl::StrCat("\"", p.recommended, "\""),
       p.recommended_checkpointing ? "true" : "false");
 }

@@ -49,6 +49,13 @@ struct PlanInput {
   DType param_dtype = DType::kBFloat16, reduce_dtype = DType::kFloat32;
   int max_inflight_all_gathers = 2;
   int shard_group_size = 0;  // hybrid strategies; 0 = gpus_per_node
+  // LoRA: the state is the frozen base in the param dtype (sharded over the
+  // shard group, or whole) plus the adapters' state as the strategy keeps
+  // any unit's; a sharded base is gathered per use as full_shard does; only
+  // adapter gradients are reduced; the base gets no weight gradient (4 FLOPs
+  // per weight and token instead of 6). The adapters' rank-wide activations
+  // are left out (r / hidden of a projection's).
+  LoraConfig lora;
   ClusterSpec cluster;
 };
 
@@ -68,6 +75,7 @@ struct StrategyPlan {
 
 struct Plan {
   int64_t params = 0;
+  int64_t trainable_params = 0;  // params, or the adapters' under LoRA
   double flops_per_token = 0;
   int64_t tokens_per_step = 0;
   int micro_batches = 1;

@@ -228,7 +228,7 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
       c10::make_intrusive<RemoteStore>(channel_, options_.token, a.job_id() + "/", timeout);
   const GroupPlan plan = PlanGroups(config, a.rank(), a.world_size());
   WorkerMetrics& metrics = *options_.metrics;
-  metrics.BeginJob(a.job_id(), a.rank(), a.world_size(), config.model,
+  metrics.BeginJob(a.job_id(), a.rank(), a.world_size(), config.model, config.lora,
                    options_.peak_flops > 0 ? options_.peak_flops : DefaultPeakFlops(options_.device, options_.threads));
   // Per job, so that a GPU that is gone or busy fails this job, naming the
   // rank and the device, and the worker takes the next one.

@@ -95,7 +95,7 @@ metrics::Labels WorkerMetrics::JobLabels() const {
 }
 
 void WorkerMetrics::BeginJob(const std::string& job, int rank, int world, const ModelConfig& model,
-                             double peak_flops) {
+                             const LoraConfig& lora, double peak_flops) {
   has_job_ = false;
   for (auto* f : job_families_) f->Clear();
   {
@@ -104,7 +104,7 @@ void WorkerMetrics::BeginJob(const std::string& job, int rank, int world, const 
     rank_ = rank;
   }
   world_ = world;
-  flops_per_token_value_ = model::TrainingFlopsPerToken(model);
+  flops_per_token_value_ = model::TrainingFlopsPerToken(model, lora);
   peak_flops_value_ = peak_flops > 0 ? peak_flops : 1;
   last_seq_ = 0;
   const auto l = JobLabels();

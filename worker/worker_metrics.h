@@ -35,7 +35,8 @@ class WorkerMetrics {
   const metrics::Registry& registry() const { return registry_; }
 
   // A new job's series; `peak_flops` is one device's peak (for MFU).
-  void BeginJob(const std::string& job, int rank, int world, const ModelConfig& model, double peak_flops);
+  void BeginJob(const std::string& job, int rank, int world, const ModelConfig& model, const LoraConfig& lora,
+                double peak_flops);
   // Observes one communicator; `shard_group`'s sequence numbers are the
   // ones heartbeats report (the replicate group runs its own sequence).
   std::shared_ptr<comm::CollectiveObserver> ObserverFor(bool shard_group);

@@ -129,6 +129,45 @@ TEST(Plan, LlamaWithBf16ReductionHoldsSixteenBytesPerParameter) {
                    std::floor(m.n_layer * layer + 2.0 * sb * m.vocab_size * 4));
 }
 
+TEST(Plan, LoraHoldsTheFrozenBaseAndTheAdaptersState) {
+  // A 1B llama at N=8 with rank-16 adapters on every projection: the base in
+  // bf16, sharded over the group or whole, plus the strategy's state for the
+  // adapters alone; only adapter gradients are reduced, and the frozen base
+  // costs 4 FLOPs per weight and token instead of 6.
+  PlanInput in;
+  in.model = ModelForParams(1e9, 32000, 2048, "llama");
+  in.cluster.workers = 8;
+  in.param_dtype = DType::kBFloat16;
+  in.reduce_dtype = DType::kBFloat16;
+  in.lora.enabled = true;
+  in.lora.rank = 16;
+  in.lora.target_modules = {"all-linear"};
+  const double P = static_cast<double>(model::NumParams(in.model));
+  const double A = static_cast<double>(model::NumAdapterParams(in.model, in.lora));
+  const double pad = 16.0 * 7 * 2 * model::NumUnits(in.model);
+  for (LoraBase base : {LoraBase::kSharded, LoraBase::kReplicated}) {
+    in.lora.base = base;
+    auto plan = MakePlan(in);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->trainable_params, static_cast<int64_t>(A));
+    const double frozen = base == LoraBase::kSharded ? 2 * P / 8 : 2 * P;
+    EXPECT_NEAR(Of(*plan, Strategy::kFullShard).state_bytes, frozen + 16 * A / 8, pad);
+    EXPECT_NEAR(Of(*plan, Strategy::kNoShard).state_bytes, 2 * P + 16 * A, pad);  // a group of one holds it all
+    EXPECT_NEAR(Of(*plan, Strategy::kFullShard).grads_bytes, 2 * A / 8, pad);
+  }
+  const ModelConfig& m = in.model;
+  const double attention = 12.0 * m.n_layer * m.n_head * m.head_dim() * m.block_size;
+  const double matmul = P - static_cast<double>(m.vocab_size) * m.n_embd;  // less the (untied) lookup
+  EXPECT_DOUBLE_EQ(model::TrainingFlopsPerToken(m, in.lora), 4 * matmul + 6 * A + attention);
+  // A replicated base never moves; a sharded one is gathered per use.
+  in.lora.base = LoraBase::kReplicated;
+  const int64_t replicated = Of(*MakePlan(in), Strategy::kFullShard).comm_bytes;
+  in.lora.base = LoraBase::kSharded;
+  const int64_t sharded = Of(*MakePlan(in), Strategy::kFullShard).comm_bytes;
+  EXPECT_GT(sharded, 2 * P * 7 / 8 * 2 * 0.9);  // forward and backward gathers of the bf16 base
+  EXPECT_LT(replicated, 2 * A * 4);
+}
+
 TEST(Plan, BadInputsNameTheFlag) {
   PlanInput in = Gpt2Small(0);
   EXPECT_NE(std::string(MakePlan(in).status().message()).find("--workers"), std::string::npos);

@@ -104,9 +104,10 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
   FlatParamOptions base = opts;
   int base_group = G, base_rank = shard_rank;
   if (lora.enabled) {
-    // The frozen base: sharded and gathered per use, or whole on every rank.
+    // The frozen base: sharded and gathered per use, or whole on every rank
+    // (as it is anyway in a shard group of one).
     base.trainable = false;
-    base.persistent_params = lora.base == LoraBase::kReplicated;
+    base.persistent_params = lora.base == LoraBase::kReplicated || G == 1;
     if (base.persistent_params) base_group = 1, base_rank = 0;
   }
   SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(model::UnitName(m, u), model::UnitParams(m, u), base_group));
