@@ -108,6 +108,40 @@ def fine_tune_from_hf_dir(c, cl):
     first = cl.ctl_json("ckpt", "list", job)["checkpoints"][0]["path"]
     rc, out, err = cl.ctl("--json", "resume", job, "--from", first, "--workers", "3", "--follow", timeout=120)
     c.check(rc == 0, "its resume at 3 workers succeeds", err.strip())
+    lora_through_the_cluster(c, cl, path)
+
+
+def lora_through_the_cluster(c, cl, finetune_job):
+    """The same fine-tune with LoRA: the coordinator commits adapter-only
+    checkpoints, a resume at another world size continues them, and the
+    adapters export to a directory PEFT loads onto the base."""
+    path = os.path.join(cl.dir, "lora.toml")
+    with open(finetune_job) as src, open(path, "w") as f:
+        f.write(src.read().replace('name = "finetune"', 'name = "lora"') +
+                '[lora]\nrank = 4\nalpha = 8\ntarget_modules = "all-linear"\nbase = "replicated"\n')
+    rc, out, err = cl.ctl("--json", "submit", path, "--follow", timeout=120)
+    c.check(rc == 0, "a LoRA job succeeds through the cluster", err.strip())
+    job = json.loads(out.splitlines()[0])["job_id"]
+    ckpts = [x["path"] for x in cl.ctl_json("ckpt", "list", job)["checkpoints"]]
+    manifest = json.load(open(os.path.join(ckpts[0], "manifest.json")))
+    c.check(manifest.get("lora", {}).get("rank") == 4 and all(u["unit"].endswith(".lora") for u in manifest["ownership"]),
+            "the coordinator's manifest records the adapters and their ownership", str(manifest.get("lora")))
+    rc, out, err = cl.ctl("--json", "resume", job, "--from", ckpts[0], "--workers", "3", "--follow", timeout=120)
+    c.check(rc == 0, "the LoRA job resumes at 3 workers", err.strip())
+    resumed = json.loads(out.splitlines()[0])["job_id"]
+    last = cl.ctl_json("ckpt", "list", resumed)["checkpoints"][-1]["path"]
+    exported = os.path.join(cl.dir, "lora-adapters")
+    rc, _, err = cl.ctl("ckpt", "export", last, "--format", "peft", "--out", exported)
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    ok = rc == 0
+    if ok:
+        base = AutoModelForCausalLM.from_pretrained(os.path.join(cl.dir, "qwen-tiny"), dtype=torch.float32)
+        model = PeftModel.from_pretrained(base, exported)
+        ok = any("lora_B" in n and float(p.abs().max()) > 0 for n, p in model.named_parameters())
+    c.check(ok, "its adapters export to a directory PeftModel.from_pretrained loads (trained: lora_B is not zero)",
+            err.strip())
 
 
 if __name__ == "__main__":
