@@ -22,8 +22,14 @@ model instead (LLAMA_100M: GQA 12:4, SwiGLU, untied head): Shardline's llama
 family against transformers' LlamaForCausalLM (SDPA attention) under the same
 PyTorch wrappers, FSDP2 sharding each decoder layer.
 
+`--lora R` fine-tunes rank-R adapters (alpha 2R) on every projection of a
+frozen base instead: Shardline's [lora] (base sharded) against PEFT's
+get_peft_model on the same model under the same wrappers (FSDP2 then shards
+each decoder layer's frozen and trainable parameters alike), AdamW over the
+adapters only.
+
     .venv/bin/python bench/torch_compare.py [--model gpt|llama100m] [--steps 5] [--worlds 1,2,4]
-                                            [--strategies a,b] [--batch 8] [--seq T]
+                                            [--strategies a,b] [--batch 8] [--seq T] [--lora R]
 """
 import argparse
 import json
@@ -76,6 +82,10 @@ def torch_model(name, m):
         logits = net(input_ids=x).logits
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
     return model, model.model.layers, loss_of
+LORA_TARGETS = {"gpt": ["c_attn", "c_proj", "c_fc"],
+                "llama100m": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
 PEER = {"no_shard": "DDP", "zero1": "DDP+ZeRO-1", "shard_grad_op": "FSDP2 no-reshard", "full_shard": "FSDP2",
         "hybrid_shard": "HSDP", "hybrid_shard_zero2": "HSDP no-reshard"}
 
@@ -111,10 +121,14 @@ def torch_rank(a):
     model, blocks, loss_of = torch_model(a.model, m)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02) if p.dim() >= 2 else None
+    if a.lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=a.lora, lora_alpha=2 * a.lora, lora_dropout=0.0,
+                                                 target_modules=LORA_TARGETS[a.model]))
     opt_args = dict(lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
 
     def groups(params):
-        params = list(params)
+        params = [p for p in params if p.requires_grad]
         return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
                 {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
@@ -166,13 +180,13 @@ def torch_rank(a):
     dist.destroy_process_group()
 
 
-def run_torch(model, seq, strategy, world, threads, steps, batch_size, data):
+def run_torch(model, seq, strategy, world, threads, steps, batch_size, data, lora):
     out = tempfile.mkdtemp(prefix="torch-compare-")
     port = harness.free_port()
     procs = [subprocess.Popen([sys.executable, __file__, "--torch-rank", str(r), "--world", str(world),
                                "--port", str(port), "--threads", str(threads), "--strategy", strategy,
                                "--steps", str(steps), "--batch", str(batch_size), "--data", data, "--out", out,
-                               "--model", model, "--seq", str(seq)],
+                               "--model", model, "--seq", str(seq), "--lora", str(lora)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
     errs = []
     for r, p in enumerate(procs):
@@ -193,6 +207,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--model", default="gpt", choices=["gpt", "llama100m"])
     ap.add_argument("--seq", type=int, default=0, help="sequence length (default: the model's block_size)")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank on a frozen base (0: full fine-tuning)")
     # one PyTorch rank
     ap.add_argument("--torch-rank", type=int, default=-1)
     ap.add_argument("--world", type=int, default=1)
@@ -215,7 +230,8 @@ def main():
     cores = os.cpu_count()
     tokens = a.batch * T
     mib = 1 << 20
-    print(f"# {a.model} {m}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed steps after "
+    lora = f", LoRA rank {a.lora} on every projection (PEFT on the PyTorch side)" if a.lora else ""
+    print(f"# {a.model} {m}{lora}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed steps after "
           f"1 warm-up, {cores} cores; torch {torch.__version__}; threads per rank = max(1, cores // N), both sides")
     print(f"{'strategy':<19} {'N':>2} {'thr':>3} {'shardline_tok/s':>15} {'pytorch':<17} {'pytorch_tok/s':>13} "
           f"{'ratio':>6} {'sl_rss_MiB':>10} {'pt_rss_MiB':>10} {'sl_loss':>8} {'pt_loss':>8}")
@@ -228,11 +244,13 @@ def main():
             cfg["model"] = dict(m)
             cfg["data"] = {"format": "llmc", "path": data}
             cfg["optimizer"]["warmup_steps"] = 2
+            if a.lora:
+                cfg["lora"] = {"rank": a.lora, "alpha": 2 * a.lora, "target_modules": "all-linear", "base": "sharded"}
             _, ranks = harness.run(cfg, world, timeout=1800, threads=threads)
             sl_step = sum(s["seconds"] for s in ranks[0]["steps"][1:]) / (a.steps - 1)
             sl_rss = max(r["memory"]["peak_rss"] for r in ranks)
             sl_loss = ranks[0]["steps"][-1]["loss"]
-            pt, err = run_torch(a.model, a.seq, strategy, world, threads, a.steps, a.batch, data)
+            pt, err = run_torch(a.model, a.seq, strategy, world, threads, a.steps, a.batch, data, a.lora)
             if pt is None:
                 print(f"{strategy:<19} {world:>2} {threads:>3} {tokens / sl_step:>15.0f} {PEER[strategy]:<17} "
                       f"{'failed':>13} {'-':>6} {sl_rss / mib:>10.0f} {'-':>10} {sl_loss:>8.4f} {'-':>8}  ({err})",

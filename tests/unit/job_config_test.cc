@@ -1,5 +1,6 @@
 // JobConfig: every bad input is one line naming the file and key.
 #include "common/job_config.h"
+#include "common/model_shapes.h"
 
 #include <gtest/gtest.h>
 
@@ -107,6 +108,31 @@ TEST(JobConfig, NumbersMustBeFinite) {
 TEST(JobConfig, AnEmptyFileOrOneWithoutAModelIsAnError) {
   EXPECT_NE(ErrorOf("").find("job.toml: no [model] section"), std::string::npos);
   EXPECT_NE(ErrorOf("[train]\nsteps = 3\n").find("no [model] section"), std::string::npos);
+}
+
+TEST(JobConfig, LoraTakesPeftsDefaultsAndNamesBadKeys) {
+  auto c = ParseJobConfig(std::string(kGood) + "[lora]\n", "job.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->lora.enabled);
+  EXPECT_EQ(c->lora.rank, 8);
+  EXPECT_DOUBLE_EQ(c->lora.scaling(), 1.0);
+  EXPECT_EQ(model::LoraModules(c->model, c->lora), std::vector<std::string>{"c_attn"});  // PEFT's for GPT-2
+  EXPECT_FALSE(ParseJobConfig(kGood, "job.toml")->lora.enabled);
+  c = ParseJobConfig(std::string(kGood) + "[lora]\nrank = 4\nalpha = 16\ntarget_modules = \"all-linear\"\n",
+                     "job.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->lora.scaling(), 4.0);
+  EXPECT_EQ(model::LoraModules(c->model, c->lora), (std::vector<std::string>{"c_attn", "c_proj", "c_fc"}));
+  // Both c_proj (attention and MLP) and c_attn, c_fc: four adapters a block.
+  EXPECT_EQ(model::LoraTargets(c->model, c->lora, 1).size(), 4u);
+  EXPECT_TRUE(model::LoraTargets(c->model, c->lora, 0).empty());  // none on the embedding
+  EXPECT_EQ(ErrorOf(std::string(kGood) + "[lora]\nranks = 4\n"), "job.toml: [lora] ranks: unknown key");
+  EXPECT_EQ(ErrorOf(std::string(kGood) + "[lora]\nalpha = 0\n"), "job.toml: [lora] alpha must be > 0");
+  EXPECT_EQ(ErrorOf(std::string(kGood) + "[lora]\ntarget_modules = [\"q_proj\"]\n"),
+            "job.toml: [lora] target_modules: \"q_proj\" is not a projection of family \"gpt2\" (expected "
+            "\"all-linear\" or some of c_attn, c_proj, c_fc)");
+  EXPECT_EQ(ErrorOf(std::string(kGood) + "[lora]\nbase = \"gpu\"\n"),
+            "job.toml: [lora] base: unknown value \"gpu\" (expected sharded or replicated)");
 }
 
 TEST(JobConfig, TheParameterCountIsBounded) {
