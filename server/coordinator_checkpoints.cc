@@ -11,11 +11,17 @@
 
 namespace shardline {
 
-absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& report) {
+absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& report, const std::string& credential) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(report.job_id());
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", report.job_id()));
   JobRecord& r = it->second;
+  auto held = r.credentials.find(report.rank());
+  if (held == r.credentials.end() || credential.empty() || held->second != credential) {
+    if (options_.events.refused) options_.events.refused("checkpoint_report");
+    return absl::PermissionDeniedError(absl::StrCat("job ", report.job_id(), " rank ", report.rank(),
+                                                    ": the report lacks that rank's credential"));
+  }
   absl::Status s = CheckReport(r, report);
   if (!s.ok()) return s;
   s = store_->PutCheckpointReport(report);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -12,9 +13,19 @@
 
 namespace shardline {
 
-
 namespace {
+
+// 256 bits from the system's entropy source, as hex: a rank's job-scoped
+// credential, never stored and never logged.
+std::string NewCredential() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 8; ++i) absl::StrAppendFormat(&out, "%08x", rd());
+  return out;
+}
+
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(StateStore* store, CoordinatorOptions options)
@@ -145,16 +156,31 @@ void CoordinatorCore::OnHeartbeat(const std::string& id, const v1::Heartbeat& hb
   }
 }
 
+CoordinatorCore::JobRecord* CoordinatorCore::RankOfSession(const std::string& worker_id, const std::string& job_id,
+                                                           int rank, const char* what) {
+  auto w = workers_.find(worker_id);
+  auto it = jobs_.find(job_id);
+  if (w != workers_.end() && it != jobs_.end() && JobOf(it->second).state() == "RUNNING" &&
+      w->second.info.state() == "BUSY" && w->second.info.job_id() == job_id && w->second.info.rank() == rank) {
+    return &it->second;
+  }
+  // A late message about a job that already ended is no attack; a session
+  // naming a running (or unknown) job's rank it does not hold is counted.
+  const bool ended = it != jobs_.end() && JobOf(it->second).state() != "RUNNING";
+  if (!ended && options_.events.refused) options_.events.refused(what);
+  return nullptr;
+}
+
 void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
   absl::MutexLock lock(&mu_);
   auto w = workers_.find(id);
   if (w != workers_.end()) w->second.last_heartbeat = absl::Now();
-  auto it = jobs_.find(p.job_id());
-  if (it == jobs_.end() || JobOf(it->second).state() != "RUNNING") return;
+  JobRecord* r = RankOfSession(id, p.job_id(), p.rank(), "progress");
+  if (!r) return;
   // Progress carries the step only; the collective seq stays what heartbeats said.
-  RecordProgress(it->second, p.rank(), p.step(), it->second.progress[p.rank()].seq);
+  RecordProgress(*r, p.rank(), p.step(), r->progress[p.rank()].seq);
   if (p.rank() != 0) return;
-  v1::Job& j = JobOf(it->second);
+  v1::Job& j = JobOf(*r);
   j.set_step(p.step());
   j.set_loss(p.loss());
   j.set_tokens_per_second(p.tokens_per_second());
@@ -165,21 +191,24 @@ void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
     j.set_val_step(p.step());
   }
   // Progress is persisted at most once a second; states always at once.
-  if (absl::Now() - it->second.last_persist > absl::Seconds(1)) Persist(it->second);
-  Notify(it->second);
+  if (absl::Now() - r->last_persist > absl::Seconds(1)) Persist(*r);
+  Notify(*r);
 }
 
 void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& f) {
   absl::MutexLock lock(&mu_);
+  JobRecord* held = RankOfSession(id, f.job_id(), f.rank(), "finished");
   auto w = workers_.find(id);
-  if (w != workers_.end()) {
+  auto job = jobs_.find(f.job_id());
+  const bool job_ended = job == jobs_.end() || JobOf(job->second).state() != "RUNNING";
+  // The session is free again once its own rank ended, or its job did.
+  if (w != workers_.end() && (held || (job_ended && w->second.info.job_id() == f.job_id()))) {
     w->second.info.set_state("IDLE");
     w->second.info.clear_job_id();
     w->second.info.set_rank(0);
   }
-  auto it = jobs_.find(f.job_id());
-  if (it != jobs_.end() && JobOf(it->second).state() == "RUNNING") {
-    JobRecord& r = it->second;
+  if (held) {
+    JobRecord& r = *held;
     const std::string host = w != workers_.end() ? w->second.info.host() : "?";
     if (f.ok()) {
       r.finished_ranks.insert(f.rank());
@@ -249,6 +278,7 @@ void CoordinatorCore::Schedule() {
     });
     queue_.erase(queue_.begin());
     j.clear_worker_ids();
+    r.credentials.clear();
     for (int rank = 0; rank < j.workers(); ++rank) {
       WorkerRecord* w = idle[rank];
       w->info.set_state("BUSY");
@@ -264,6 +294,8 @@ void CoordinatorCore::Schedule() {
       a->set_world_size(j.workers());
       a->set_resume_from(j.resume_from());
       a->set_checkpoint_root(j.checkpoint_root());
+      a->set_credential(NewCredential());
+      r.credentials[rank] = a->credential();
       w->channel->Send(m);
     }
     r.started = absl::Now();

@@ -46,6 +46,9 @@ struct CoreEvents {
   std::function<void(absl::Duration)> rendezvous_done;  // a job's ranks all connected
   std::function<void(absl::Duration, bool ok)> checkpoint_committed;
   std::function<void()> worker_lost;
+  // A message or call refused because its sender does not hold the rank it
+  // names (`what`: progress, finished, connected, checkpoint_report).
+  std::function<void(const char* what)> refused;
 };
 
 struct CoordinatorOptions {
@@ -80,6 +83,10 @@ class CoordinatorCore {
   absl::StatusOr<v1::Registered> RegisterWorker(v1::WorkerInfo info, WorkerChannel* channel);
   // The session ended; the channel must not be used after this returns.
   void WorkerGone(const std::string& worker_id, const std::string& why);
+  // A session is the identity of the rank assigned to it: progress, a
+  // rank's end and its rendezvous are taken only from the session that
+  // holds that rank of that job (anything else is ignored and counted as
+  // refused).
   void OnHeartbeat(const std::string& worker_id, const v1::Heartbeat& hb);
   void OnProgress(const std::string& worker_id, const v1::Progress& p);
   void OnFinished(const std::string& worker_id, const v1::RankFinished& f);
@@ -95,10 +102,12 @@ class CoordinatorCore {
   // A rank wrote its shard file; when every rank reported a step, the
   // manifest is written (last) and the checkpoint is committed, then
   // [checkpoint] keep_latest is applied and interrupted saves are removed.
-  // A rank's report that its shard of `step` is written. Refused unless the
-  // job is RUNNING and the report names that rank's own file of that step
-  // under the job's checkpoint root (RankFilePath) with a SHA-256.
-  absl::Status ReportCheckpoint(const v1::CheckpointReport& report);
+  // A rank's report that its shard of `step` is written. Refused
+  // (PermissionDenied, counted) without that rank's credential of the
+  // running attempt (Assignment.credential); then unless the job is RUNNING
+  // and the report names that rank's own file of that step under the job's
+  // checkpoint root (RankFilePath) with a SHA-256.
+  absl::Status ReportCheckpoint(const v1::CheckpointReport& report, const std::string& credential);
   absl::Status CheckpointNow(const std::string& id);
   absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(const std::string& id) const;
 
@@ -151,6 +160,9 @@ class CoordinatorCore {
     std::map<int64_t, std::map<int, v1::CheckpointReport>> ckpt_reports;  // by step, then rank
     std::string reported_failure;  // first rank failure, waiting out the grace
     absl::Time fail_at;
+    // Each rank's job-scoped credential (Assignment.credential), by rank;
+    // a checkpoint report is accepted only with its rank's.
+    std::map<int, std::string> credentials;
   };
   struct Waiter {
     std::vector<std::string> keys;
@@ -159,6 +171,10 @@ class CoordinatorCore {
   };
 
   v1::Job& JobOf(JobRecord& r) { return r.stored.job; }
+  // The running job `job_id` if session `worker_id` holds its rank `rank`;
+  // otherwise null, and the refusal counted under `what`.
+  JobRecord* RankOfSession(const std::string& worker_id, const std::string& job_id, int rank, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Transition(JobRecord& r, const std::string& state, const std::string& message)

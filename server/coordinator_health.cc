@@ -28,9 +28,9 @@ void CoordinatorCore::RecordProgress(JobRecord& r, int rank, int64_t step, int64
 
 void CoordinatorCore::OnConnected(const std::string& worker_id, const v1::RankConnected& c) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(c.job_id());
-  if (it == jobs_.end() || JobOf(it->second).state() != "RUNNING") return;
-  JobRecord& r = it->second;
+  JobRecord* held = RankOfSession(worker_id, c.job_id(), c.rank(), "connected");
+  if (!held) return;
+  JobRecord& r = *held;
   const bool was_complete = static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers();
   r.connected_ranks.insert(c.rank());
   RecordProgress(r, c.rank(), 0, 0);
@@ -38,7 +38,6 @@ void CoordinatorCore::OnConnected(const std::string& worker_id, const v1::RankCo
       options_.events.rendezvous_done) {
     options_.events.rendezvous_done(absl::Now() - r.started);
   }
-  (void)worker_id;
 }
 
 void CoordinatorCore::FillRanks(const JobRecord& r, absl::Time now, v1::Job* out) const {

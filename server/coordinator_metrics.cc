@@ -73,6 +73,9 @@ CoordinatorMetrics::CoordinatorMetrics()
     : workers_(registry_.AddGauge("shardline_coordinator_workers", "Connected workers by state (idle, busy).")),
       workers_lost_(registry_.AddCounter("shardline_coordinator_workers_lost_total",
                                          "Workers lost: session dropped or heartbeats stopped.")),
+      refused_(registry_.AddCounter("shardline_coordinator_refused_total",
+                                    "Messages and calls refused because the sender does not hold the rank it named "
+                                    "(what: progress, finished, connected, checkpoint_report).")),
       jobs_(registry_.AddGauge("shardline_coordinator_jobs", "Jobs by state.")),
       queue_(registry_.AddGauge("shardline_coordinator_queue_length", "Jobs waiting for workers.")),
       heartbeat_age_(registry_.AddGauge("shardline_coordinator_worker_heartbeat_age_seconds",
@@ -110,6 +113,7 @@ CoreEvents CoordinatorMetrics::Events() {
     else commit_failures_.Add({}).Increment();
   };
   e.worker_lost = [this] { workers_lost_.Add({}).Increment(); };
+  e.refused = [this](const char* what) { refused_.Add({{"what", what}}).Increment(); };
   return e;
 }
 

@@ -44,6 +44,7 @@ class CoordinatorMetrics {
   metrics::Registry registry_;
   metrics::Family<metrics::Gauge>& workers_;
   metrics::Family<metrics::Counter>& workers_lost_;
+  metrics::Family<metrics::Counter>& refused_;
   metrics::Family<metrics::Gauge>& jobs_;
   metrics::Family<metrics::Gauge>& queue_;
   metrics::Family<metrics::Gauge>& heartbeat_age_;

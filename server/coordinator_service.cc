@@ -339,7 +339,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportCheckpoint(grpc::CallbackSer
                                                                const v1::CheckpointReport* req,
                                                                v1::CheckpointReportResponse*) {
   SL_AUTHORIZE(ctx);
-  return Done(ctx, core_->ReportCheckpoint(*req));
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("x-shardline-credential");
+  const std::string credential = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+  return Done(ctx, core_->ReportCheckpoint(*req, credential));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::CheckpointNow(grpc::CallbackServerContext* ctx,

@@ -317,6 +317,7 @@ absl::StatusOr<int64_t> WorkerDaemon::WriteAndReport(const ShardSnapshot& snap, 
   rep.set_checksum(f.sha256);
   grpc::ClientContext ctx;
   AddAuth(&ctx);
+  ctx.AddMetadata("x-shardline-credential", a.credential());
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::CheckpointReportResponse resp;
   SL_RETURN_IF_ERROR(FromGrpcStatus(stub_->ReportCheckpoint(&ctx, rep, &resp)));

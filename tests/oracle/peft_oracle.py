@@ -18,7 +18,8 @@ gradient from step 0.
 3. Checkpoints hold adapters only and resume at another world size and
    strategy; resuming without [lora], or with another rank, is refused.
 4. `ckpt export --format peft` loads with PeftModel.from_pretrained (its
-   tensors are exactly PEFT's adapter keys, bitwise the engine's adapters);
+   tensors are exactly PEFT's adapter keys, bitwise the engine's adapters)
+   and gives the logits of the one-process PEFT model trained alongside;
    `--format hf --merge` loads with from_pretrained and has the PeftModel's
    logits.
 5. Bad [lora] keys and adapter directories are refused by `shardctl submit`
@@ -208,6 +209,13 @@ def checkpoints_and_export(checks, name, work, hf_dir, lora, adapters, ref, dump
     checks.check(same_keys and bitwise, f"{name}: PeftModel.from_pretrained loads the export; adapters bitwise")
     with torch.no_grad():
         peft_logits = model(input_ids=dump["batch.inputs"]).logits
+        # ... and the one-process PEFT model trained alongside gives the same logits.
+        trained_peft = PeftModel.from_pretrained(base_model(hf_dir), adapters).eval()
+        trained_peft.load_state_dict(ref)
+        ref_logits = trained_peft(input_ids=dump["batch.inputs"]).logits
+    e = float((peft_logits - ref_logits).abs().max() / ref_logits.abs().max())
+    checks.check(e < 1e-5, f"{name}: the exported adapters give the one-process PEFT model's logits",
+                 f"max rel error {e:.2e}")
     # --format hf --merge: the merged model computes what the PeftModel does.
     merged = os.path.join(work, "merged")
     r = subprocess.run([SHARDCTL, "ckpt", "export", final, "--format", "hf", "--merge", "--out", merged],

@@ -112,8 +112,8 @@ TEST_F(CoreTest, JobWaitsForWorkersThenRanksFollowHostAndDevice) {
   EXPECT_EQ(a.Starts()[0].rank(), 1);  // host-a cuda:1
   EXPECT_EQ(b.Starts()[0].rank(), 2);  // host-b
   EXPECT_EQ(b.Starts()[0].world_size(), 3);
-  Finish(wa, job, 0, true);
-  Finish(wc, job, 1, true);
+  Finish(wc, job, 0, true);
+  Finish(wa, job, 1, true);
   EXPECT_EQ(State(job), "RUNNING");
   Finish(wb, job, 2, true);
   EXPECT_EQ(State(job), "SUCCEEDED");
@@ -346,7 +346,11 @@ TEST_F(CoreTest, CheckpointReportsNameOnlyTheRanksOwnFileOfARunningJob) {
   req.set_base_dir(dir_);
   const std::string job = *core_->Submit(req);
   const std::string root = core_->GetJob(job)->checkpoint_root();
-  auto report = [&](int rank, int64_t step, const std::string& path) {
+  // Each rank's credential came with its assignment.
+  const std::string cred[] = {a.Starts().at(0).credential(), b.Starts().at(0).credential()};
+  ASSERT_EQ(cred[0].size(), 64u);
+  ASSERT_NE(cred[0], cred[1]);
+  auto report = [&](int rank, int64_t step, const std::string& path, const std::string& credential = "") {
     v1::CheckpointReport r;
     r.set_job_id(job);
     r.set_rank(rank);
@@ -354,8 +358,12 @@ TEST_F(CoreTest, CheckpointReportsNameOnlyTheRanksOwnFileOfARunningJob) {
     r.set_path(path);
     r.set_size_bytes(10);
     r.set_checksum(std::string(64, 'a'));
-    return core_->ReportCheckpoint(r);
+    return core_->ReportCheckpoint(r, credential.empty() && rank < 2 ? cred[rank] : credential);
   };
+  // Without the rank's own credential (another rank's, a made-up one, or
+  // none for a rank that does not exist) nothing is looked at.
+  EXPECT_EQ(report(1, 2, RankFilePath(root, 2, 1), cred[0]).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(report(0, 2, RankFilePath(root, 2, 0), std::string(64, '0')).code(), absl::StatusCode::kPermissionDenied);
   // A forged file elsewhere (the coordinator would write a manifest beside
   // it, then prune that directory) is refused, as is a neighbour's file.
   absl::Status s = report(0, 2, dir_ + "/elsewhere/rank-00000.safetensors");
@@ -366,7 +374,7 @@ TEST_F(CoreTest, CheckpointReportsNameOnlyTheRanksOwnFileOfARunningJob) {
   EXPECT_EQ(report(0, 2, root + "/step-00000002/rank-00001.safetensors").code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(report(0, 2, root + "/step-00000002/../../x/rank-00000.safetensors").code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(report(2, 2, RankFilePath(root, 2, 2)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(report(2, 2, RankFilePath(root, 2, 2)).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(report(0, 99, RankFilePath(root, 99, 0)).code(), absl::StatusCode::kInvalidArgument);
   // The ranks' own files commit the step, with the manifest in the computed directory.
   std::filesystem::create_directories(root + "/step-00000002");
@@ -378,6 +386,41 @@ TEST_F(CoreTest, CheckpointReportsNameOnlyTheRanksOwnFileOfARunningJob) {
   ASSERT_TRUE(core_->Cancel(job).ok());
   s = report(0, 3, RankFilePath(root, 3, 0));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+}
+
+TEST_F(CoreTest, OnlyTheSessionHoldingARankSpeaksForIt) {
+  // A rogue session (registered, idle, or holding another job's rank) that
+  // names both ranks of someone else's job finished, progressed or
+  // connected changes nothing, and each attempt is counted.
+  std::vector<std::string> refused;
+  core_ = std::make_unique<CoordinatorCore>(
+      store_.get(), CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Seconds(10),
+                                       CoreEvents{nullptr, nullptr, nullptr,
+                                                  [&](const char* what) { refused.push_back(what); }}});
+  RecordingChannel a, b, rogue_channel;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string job = Submit(2);
+  ASSERT_EQ(State(job), "RUNNING");
+  const std::string rogue = AddWorker("h3", "cpu", &rogue_channel);
+  Finish(rogue, job, 0, true);
+  Finish(rogue, job, 1, true);
+  Finish(wa, job, 1, true);  // rank 1 is wb's
+  v1::Progress p;
+  p.set_job_id(job);
+  p.set_rank(0);
+  p.set_step(4);
+  p.set_loss(0.5);
+  core_->OnProgress(rogue, p);
+  EXPECT_EQ(State(job), "RUNNING");
+  EXPECT_EQ(core_->GetJob(job)->step(), 0);
+  EXPECT_EQ(refused, (std::vector<std::string>{"finished", "finished", "finished", "progress"}));
+  // The holders themselves are heard, and the job can still be cancelled.
+  core_->OnProgress(wa, p);
+  EXPECT_EQ(core_->GetJob(job)->step(), 4);
+  Finish(wa, job, 0, true);
+  Finish(wb, job, 1, true);
+  EXPECT_EQ(State(job), "SUCCEEDED");
+  EXPECT_EQ(refused.size(), 4u);
 }
 
 TEST_F(CoreTest, TheStoreBoundsWhatCallersCanMakeItHold) {
