@@ -180,6 +180,7 @@ class Fleet {
       auto call = [&](auto fn) {
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+        ctx.AddMetadata("x-shardline-credential", s.a.credential());
         return fn(&ctx);
       };
       call([&](grpc::ClientContext* ctx) {

@@ -79,7 +79,9 @@ void CoordinatorCore::Transition(JobRecord& r, const std::string& state, const s
   Persist(r);
   Notify(r);
   if (IsFinalJobState(state)) {
-    // The job's rendezvous keys are of no further use.
+    // The job's rendezvous keys are of no further use, nor its ranks'
+    // access to the store.
+    for (const auto& [rank, credential] : r.credentials) credential_jobs_.erase(credential);
     const std::string prefix = j.id() + "/";
     for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = EraseKv(it);
   }
@@ -278,6 +280,7 @@ void CoordinatorCore::Schedule() {
     });
     queue_.erase(queue_.begin());
     j.clear_worker_ids();
+    for (const auto& [rank, credential] : r.credentials) credential_jobs_.erase(credential);
     r.credentials.clear();
     for (int rank = 0; rank < j.workers(); ++rank) {
       WorkerRecord* w = idle[rank];
@@ -296,6 +299,7 @@ void CoordinatorCore::Schedule() {
       a->set_checkpoint_root(j.checkpoint_root());
       a->set_credential(NewCredential());
       r.credentials[rank] = a->credential();
+      credential_jobs_[a->credential()] = j.id();
       w->channel->Send(m);
     }
     r.started = absl::Now();
@@ -524,6 +528,27 @@ absl::Status CoordinatorCore::PutKv(const std::string& key, std::string value) {
 std::map<std::string, std::string>::iterator CoordinatorCore::EraseKv(std::map<std::string, std::string>::iterator it) {
   kv_bytes_ -= it->first.size() + it->second.size();
   return kv_.erase(it);
+}
+
+absl::Status CoordinatorCore::AuthorizeStore(const std::string& credential,
+                                             const std::vector<std::string>& keys) const {
+  absl::MutexLock lock(&mu_);
+  auto it = credential.empty() ? credential_jobs_.end() : credential_jobs_.find(credential);
+  absl::Status refused;
+  if (it == credential_jobs_.end()) {
+    refused = absl::PermissionDeniedError("store: the call carries no credential of a running job's rank");
+  } else {
+    const std::string prefix = it->second + "/";
+    for (const std::string& k : keys) {
+      if (k.rfind(prefix, 0) != 0) {
+        refused = absl::PermissionDeniedError(
+            absl::StrCat("store: key \"", k.substr(0, 64), "\" is outside job ", it->second, "'s keys (", prefix, "...)"));
+        break;
+      }
+    }
+  }
+  if (!refused.ok() && options_.events.refused) options_.events.refused("store");
+  return refused;
 }
 
 absl::Status CoordinatorCore::StoreSet(const std::string& key, const std::string& value) {

@@ -124,6 +124,11 @@ class CoordinatorCore {
   static constexpr size_t kMaxStoreKeyBytes = 512, kMaxStoreValueBytes = 1 << 20;
   static constexpr size_t kMaxStoreBytes = 64 << 20, kMaxStoreKeys = 1 << 16;
   static constexpr size_t kMaxWaitKeys = 256, kMaxStoreWaiters = 4096;
+  // Who may touch which keys: `credential` must be a rank credential of a
+  // running attempt (Assignment.credential) and every key must lie in that
+  // job's namespace, "<job id>/". PermissionDenied otherwise (counted as
+  // "store"). The service checks this before every store call.
+  absl::Status AuthorizeStore(const std::string& credential, const std::vector<std::string>& keys) const;
   absl::Status StoreSet(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> StoreGet(const std::string& key) const;  // NotFound if unset
   absl::StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta);
@@ -204,6 +209,8 @@ class CoordinatorCore {
   std::vector<std::string> queue_ ABSL_GUARDED_BY(mu_);  // PENDING job ids, FIFO
   std::map<int, std::pair<std::string, JobCallback>> watchers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  // The rank credentials of running attempts -> their job id (store access).
+  std::map<std::string, std::string> credential_jobs_ ABSL_GUARDED_BY(mu_);
   size_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values of kv_
   // Sets kv_[key] within the store's limits.
   absl::Status PutKv(const std::string& key, std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -236,6 +236,23 @@ grpc::ServerWriteReactor<v1::Job>* CoordinatorService::WatchJob(grpc::CallbackSe
     if (!_auth.ok()) return Done((ctx), _auth);     \
   } while (0)
 
+namespace {
+// A rank's job-scoped credential (Assignment.credential), if the call carries one.
+std::string CredentialOf(const grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("x-shardline-credential");
+  return it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+}
+}  // namespace
+
+// Every store call: the bearer token, then the rank's credential for its job's keys.
+#define SL_AUTHORIZE_STORE(ctx, keys)                                       \
+  do {                                                                      \
+    SL_AUTHORIZE(ctx);                                                      \
+    absl::Status _store = core_->AuthorizeStore(CredentialOf(ctx), keys);   \
+    if (!_store.ok()) return Done((ctx), _store);                           \
+  } while (0)
+
 grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* ctx,
                                                         const v1::SubmitJobRequest* req,
                                                         v1::SubmitJobResponse* resp) {
@@ -286,13 +303,13 @@ grpc::ServerUnaryReactor* CoordinatorService::GetOwnership(grpc::CallbackServerC
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* ctx,
                                                        const v1::StoreSetRequest* req, v1::StoreSetResponse*) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE_STORE(ctx, {req->key()});
   return Done(ctx, core_->StoreSet(req->key(), req->value()));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* ctx,
                                                        const v1::StoreGetRequest* req, v1::StoreGetResponse* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE_STORE(ctx, {req->key()});
   auto* r = ctx->DefaultReactor();
   core_->StoreWait({req->key()}, WaitDeadline(ctx, req->timeout_ms()),
                    [r, resp](const absl::Status& s, const std::vector<std::string>& values) {
@@ -304,7 +321,7 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerContext* ctx,
                                                        const v1::StoreAddRequest* req, v1::StoreAddResponse* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE_STORE(ctx, {req->key()});
   absl::StatusOr<int64_t> v = core_->StoreAdd(req->key(), req->delta());
   if (v.ok()) resp->set_value(*v);
   return Done(ctx, v.status());
@@ -312,7 +329,7 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerContext* ctx,
                                                         const v1::StoreWaitRequest* req, v1::StoreWaitResponse*) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE_STORE(ctx, std::vector<std::string>(req->keys().begin(), req->keys().end()));
   auto* r = ctx->DefaultReactor();
   core_->StoreWait({req->keys().begin(), req->keys().end()}, WaitDeadline(ctx, req->timeout_ms()),
                    [r](const absl::Status& s, const std::vector<std::string>&) { r->Finish(ToGrpcStatus(s)); });
@@ -322,7 +339,7 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::StoreCheck(grpc::CallbackServerContext* ctx,
                                                          const v1::StoreCheckRequest* req,
                                                          v1::StoreCheckResponse* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE_STORE(ctx, std::vector<std::string>(req->keys().begin(), req->keys().end()));
   resp->set_ready(core_->StoreCheck({req->keys().begin(), req->keys().end()}));
   return Done(ctx, absl::OkStatus());
 }
@@ -330,7 +347,7 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreCheck(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerContext* ctx,
                                                           const v1::StoreDeleteRequest* req,
                                                           v1::StoreDeleteResponse* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE_STORE(ctx, {req->key()});
   resp->set_deleted(core_->StoreDelete(req->key()));
   return Done(ctx, absl::OkStatus());
 }
@@ -339,10 +356,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportCheckpoint(grpc::CallbackSer
                                                                const v1::CheckpointReport* req,
                                                                v1::CheckpointReportResponse*) {
   SL_AUTHORIZE(ctx);
-  const auto& md = ctx->client_metadata();
-  auto it = md.find("x-shardline-credential");
-  const std::string credential = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
-  return Done(ctx, core_->ReportCheckpoint(*req, credential));
+  return Done(ctx, core_->ReportCheckpoint(*req, CredentialOf(ctx)));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::CheckpointNow(grpc::CallbackServerContext* ctx,

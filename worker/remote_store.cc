@@ -6,22 +6,24 @@
 
 namespace shardline {
 
-RemoteStore::RemoteStore(std::shared_ptr<grpc::Channel> channel, std::string token, std::string prefix,
-                         std::chrono::milliseconds timeout)
+RemoteStore::RemoteStore(std::shared_ptr<grpc::Channel> channel, std::string token, std::string credential,
+                         std::string prefix, std::chrono::milliseconds timeout)
     : c10d::Store(timeout),
       channel_(std::move(channel)),
       stub_(v1::Coordinator::NewStub(channel_)),
       token_(std::move(token)),
+      credential_(std::move(credential)),
       prefix_(std::move(prefix)) {}
 
 c10::intrusive_ptr<c10d::Store> RemoteStore::clone() {
-  return c10::make_intrusive<RemoteStore>(channel_, token_, prefix_, timeout_);
+  return c10::make_intrusive<RemoteStore>(channel_, token_, credential_, prefix_, timeout_);
 }
 
 void RemoteStore::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds wait) const {
   // Every RPC has a deadline: the wait it carries plus a margin for the trip.
   ctx->set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(10));
   if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
+  ctx->AddMetadata("x-shardline-credential", credential_);
 }
 
 void RemoteStore::Check(const grpc::Status& s, const char* op, const std::string& key) const {

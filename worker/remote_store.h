@@ -17,7 +17,9 @@ namespace shardline {
 
 class RemoteStore : public c10d::Store {
  public:
-  RemoteStore(std::shared_ptr<grpc::Channel> channel, std::string token, std::string prefix,
+  // `credential` is the rank's Assignment.credential; every key is put
+  // under `prefix` (the job's namespace, "<job id>/").
+  RemoteStore(std::shared_ptr<grpc::Channel> channel, std::string token, std::string credential, std::string prefix,
               std::chrono::milliseconds timeout);
 
   c10::intrusive_ptr<c10d::Store> clone() override;
@@ -38,7 +40,7 @@ class RemoteStore : public c10d::Store {
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
-  const std::string token_, prefix_;
+  const std::string token_, credential_, prefix_;
 };
 
 }  // namespace shardline

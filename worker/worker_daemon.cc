@@ -225,7 +225,7 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   at::set_num_threads(options_.threads);
   const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.collective_timeout));
   c10::intrusive_ptr<c10d::Store> store =
-      c10::make_intrusive<RemoteStore>(channel_, options_.token, a.job_id() + "/", timeout);
+      c10::make_intrusive<RemoteStore>(channel_, options_.token, a.credential(), a.job_id() + "/", timeout);
   const GroupPlan plan = PlanGroups(config, a.rank(), a.world_size());
   WorkerMetrics& metrics = *options_.metrics;
   metrics.BeginJob(a.job_id(), a.rank(), a.world_size(), config.model, config.lora,

@@ -423,6 +423,27 @@ TEST_F(CoreTest, OnlyTheSessionHoldingARankSpeaksForIt) {
   EXPECT_EQ(refused.size(), 4u);
 }
 
+TEST_F(CoreTest, TheStoreServesOnlyTheRanksOfARunningJobTheirOwnKeys) {
+  RecordingChannel a, b;
+  AddWorker("h1", "cpu", &a);
+  AddWorker("h2", "cpu", &b);
+  const std::string job = Submit(2), other = Submit(2);  // the second waits
+  const std::string cred = a.Starts().at(0).credential();
+  EXPECT_TRUE(core_->AuthorizeStore(cred, {job + "/rank_0", job + "/rank_1"}).ok());
+  // Another job's keys, a key outside every namespace, no or a made-up credential.
+  EXPECT_EQ(core_->AuthorizeStore(cred, {job + "/rank_0", other + "/rank_0"}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(core_->AuthorizeStore(cred, {"rank_0"}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(core_->AuthorizeStore("", {job + "/rank_0"}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(core_->AuthorizeStore(std::string(64, 'f'), {job + "/rank_0"}).code(),
+            absl::StatusCode::kPermissionDenied);
+  // When the job ends its ranks lose the store (and its keys are dropped).
+  ASSERT_TRUE(core_->StoreSet(job + "/rank_0", "addr").ok());
+  ASSERT_TRUE(core_->Cancel(job).ok());
+  EXPECT_EQ(core_->AuthorizeStore(cred, {job + "/rank_0"}).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(core_->StoreGet(job + "/rank_0").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(CoreTest, TheStoreBoundsWhatCallersCanMakeItHold) {
   using Core = CoordinatorCore;
   // One value past the limit, then values up to the total: refused, and the
