@@ -334,6 +334,8 @@ void CoordinatorCore::Tick(absl::Time now) {
       w.done(absl::DeadlineExceededError(absl::StrCat("store wait for ", w.keys.empty() ? "" : w.keys[0],
                                                       " timed out")),
              {});
+    } else if (w.cancelled && w.cancelled()) {
+      w.done(absl::CancelledError("store wait: the caller cancelled"), {});
     } else {
       keep.push_back(std::move(w));
     }
@@ -594,8 +596,20 @@ bool CoordinatorCore::StoreDelete(const std::string& key) {
   return true;
 }
 
-void CoordinatorCore::StoreWait(const std::vector<std::string>& keys, absl::Time deadline, DoneCallback done) {
+void CoordinatorCore::Shutdown() {
   absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  for (Waiter& w : waiters_) w.done(absl::UnavailableError("the coordinator is shutting down"), {});
+  waiters_.clear();
+}
+
+void CoordinatorCore::StoreWait(const std::vector<std::string>& keys, absl::Time deadline, DoneCallback done,
+                                std::function<bool()> cancelled) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) {
+    done(absl::UnavailableError("the coordinator is shutting down"), {});
+    return;
+  }
   if (keys.size() > kMaxWaitKeys || waiters_.size() >= kMaxStoreWaiters) {
     // Refused at once, as WakeWaiters answers waits (under the lock).
     done(absl::ResourceExhaustedError(absl::StrCat("store: a wait may name ", kMaxWaitKeys, " keys and ",
@@ -603,7 +617,7 @@ void CoordinatorCore::StoreWait(const std::vector<std::string>& keys, absl::Time
          {});
     return;
   }
-  waiters_.push_back(Waiter{keys, deadline, std::move(done)});
+  waiters_.push_back(Waiter{keys, deadline, std::move(done), std::move(cancelled)});
   WakeWaiters();
 }
 

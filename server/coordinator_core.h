@@ -134,9 +134,15 @@ class CoordinatorCore {
   absl::StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta);
   bool StoreCheck(const std::vector<std::string>& keys) const;
   bool StoreDelete(const std::string& key);
-  // Calls done(OK, values) once every key is set, or done(DeadlineExceeded) at
-  // `deadline`.
-  void StoreWait(const std::vector<std::string>& keys, absl::Time deadline, DoneCallback done);
+  // Calls done(OK, values) once every key is set, done(DeadlineExceeded) at
+  // `deadline`, or done(Cancelled) at the first Tick after `cancelled`
+  // returns true (the client went away: its wait is freed then, not at its
+  // deadline). After Shutdown, done(Unavailable) at once.
+  void StoreWait(const std::vector<std::string>& keys, absl::Time deadline, DoneCallback done,
+                 std::function<bool()> cancelled = nullptr);
+  // Answers every pending store wait (Unavailable) and refuses new ones, so
+  // that the server's shutdown never waits out a wait's timeout.
+  void Shutdown();
 
   // Expires silent workers and late store waits, and starts queued jobs.
   // Called periodically (and by tests with their own clock).
@@ -173,6 +179,7 @@ class CoordinatorCore {
     std::vector<std::string> keys;
     absl::Time deadline;
     DoneCallback done;
+    std::function<bool()> cancelled;  // the caller gave up (may be empty)
   };
 
   v1::Job& JobOf(JobRecord& r) { return r.stored.job; }
@@ -217,6 +224,7 @@ class CoordinatorCore {
   std::map<std::string, std::string>::iterator EraseKv(std::map<std::string, std::string>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   int next_job_ = 1, next_worker_ = 1, next_watch_ = 1;
 };
 

@@ -130,6 +130,9 @@ int main(int argc, char** argv) {
   std::cerr << "shardline-coordinator: stopping on signal " << sig << std::endl;
   running = false;
   ticker.join();
+  // Pending store waits are answered first: the server's shutdown waits for
+  // every call to finish, and a wait would otherwise hold it to its timeout.
+  core.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   metrics_server.reset();  // scrapes read the core: stop them before it goes
   return 0;

@@ -315,7 +315,8 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
                    [r, resp](const absl::Status& s, const std::vector<std::string>& values) {
                      if (s.ok()) resp->set_value(values[0]);
                      r->Finish(ToGrpcStatus(s));
-                   });
+                   },
+                   [ctx] { return ctx->IsCancelled(); });
   return r;
 }
 
@@ -332,7 +333,8 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
   SL_AUTHORIZE_STORE(ctx, std::vector<std::string>(req->keys().begin(), req->keys().end()));
   auto* r = ctx->DefaultReactor();
   core_->StoreWait({req->keys().begin(), req->keys().end()}, WaitDeadline(ctx, req->timeout_ms()),
-                   [r](const absl::Status& s, const std::vector<std::string>&) { r->Finish(ToGrpcStatus(s)); });
+                   [r](const absl::Status& s, const std::vector<std::string>&) { r->Finish(ToGrpcStatus(s)); },
+                   [ctx] { return ctx->IsCancelled(); });
   return r;
 }
 

@@ -5,6 +5,7 @@ the job within 10 s naming the rank, and the other workers are idle again;
 kill -9 and restart of the coordinator keeps the job list."""
 import json
 import signal
+import subprocess
 import time
 
 from cluster import Checks, Cluster, job_file, wait_for
@@ -101,6 +102,29 @@ def main():
             f"{time.time() - t0:.1f}s, exit codes {codes}")
     wait_for(lambda: cl.job(doomed)["state"] == "FAILED", 10, "the job to fail when its workers left")
     c.check(True, "the job fails when its workers stop", cl.job(doomed)["message"])
+
+    # 7. SIGTERM of the coordinator while a rank waits in rendezvous for a
+    # peer that never comes (stopped): it answers the wait and exits at once,
+    # not when the wait would have timed out.
+    cl2 = Cluster()
+    cl2.add_worker("host-live", collective_timeout=30)
+    stopped = cl2.add_worker("host-stopped", collective_timeout=30)
+    cl2.wait_workers(2)
+    stopped.send_signal(signal.SIGSTOP)
+    rc, out, _ = cl2.ctl("--json", "submit", job_file(cl2.dir, "waits", steps=5))
+    waits = json.loads(out)["job_id"]
+    wait_for(lambda: cl2.job(waits)["state"] != "PENDING", 10, "the job to start")
+    time.sleep(1)  # the live rank has set its address and waits for its peer's
+    t0 = time.time()
+    cl2.coordinator.send_signal(signal.SIGTERM)
+    try:
+        code = cl2.coordinator.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        code = None
+        cl2.coordinator.kill()
+    c.check(time.time() - t0 < 5 and code == 0, "the coordinator stops within 5 s of SIGTERM with a store wait pending",
+            f"{time.time() - t0:.1f}s, exit code {code}")
+    stopped.send_signal(signal.SIGCONT)
     c.finish()
 
 

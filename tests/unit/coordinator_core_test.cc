@@ -230,6 +230,27 @@ TEST_F(CoreTest, StoreWaitsCompleteOrTimeOut) {
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+TEST_F(CoreTest, ACancelledWaitIsFreedAtTheNextTickAndShutdownAnswersEveryWait) {
+  bool gone = false;
+  absl::Status cancelled = absl::UnknownError("pending"), other = absl::UnknownError("pending");
+  core_->StoreWait({"job-1/x"}, absl::Now() + absl::Hours(1),
+                   [&](const absl::Status& s, const std::vector<std::string>&) { cancelled = s; }, [&] { return gone; });
+  core_->StoreWait({"job-1/y"}, absl::Now() + absl::Hours(1),
+                   [&](const absl::Status& s, const std::vector<std::string>&) { other = s; }, [] { return false; });
+  core_->Tick(absl::Now());
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kUnknown);
+  gone = true;  // the client went away: freed now, not in an hour
+  core_->Tick(absl::Now());
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(other.code(), absl::StatusCode::kUnknown);
+  core_->Shutdown();  // the server's shutdown must not wait out an hour
+  EXPECT_EQ(other.code(), absl::StatusCode::kUnavailable);
+  absl::Status after = absl::OkStatus();
+  core_->StoreWait({"job-1/z"}, absl::Now() + absl::Hours(1),
+                   [&](const absl::Status& s, const std::vector<std::string>&) { after = s; });
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable);
+}
+
 TEST_F(CoreTest, RecoveryKeepsJobsAndFailsTheRunningOnes) {
   RecordingChannel a;
   AddWorker("h", "cpu", &a);
