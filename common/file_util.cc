@@ -45,7 +45,7 @@ absl::Status SyncPath(const std::string& path, int flags) {
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);  // not world-readable
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot write: ", std::strerror(errno)));
   absl::Status s = WriteFully(fd, text.data(), text.size(), tmp);
   if (s.ok() && ::fsync(fd) != 0) s = absl::DataLossError(absl::StrCat(tmp, ": fsync failed: ", std::strerror(errno)));

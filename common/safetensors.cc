@@ -203,7 +203,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter
   w->expected_bytes_ = offset;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);  // not world-readable
   if (w->fd_ < 0) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
   const uint64_t len = text.size();
   absl::Status s = WriteFully(w->fd_, &len, 8, path);

@@ -1,7 +1,9 @@
 #include "server/state_store.h"
 
 #include <sqlite3.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -11,10 +13,21 @@
 namespace shardline {
 
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir) {
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+  // The state (job specs, checkpoint reports) is the coordinator's alone:
+  // the directory is 0700 (an existing one is tightened) and the database
+  // 0600 (SQLite gives its WAL and shared-memory files the same mode).
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create state directory: ", std::strerror(errno)));
   }
+  if (chmod(dir.c_str(), 0700) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot make the state directory private: ",
+                                                    std::strerror(errno)));
+  }
   const std::string path = dir + "/coordinator.db";
+  if (const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
+    fchmod(fd, 0600);
+    close(fd);
+  }
   sqlite3* db = nullptr;
   if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";

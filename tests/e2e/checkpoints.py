@@ -36,6 +36,13 @@ def main():
     files = sorted(os.listdir(ckpts[0]["path"]))
     c.check(files == ["manifest.json", "rank-00000.safetensors", "rank-00001.safetensors"],
             "a checkpoint is a manifest and one shard file per rank", str(files))
+    modes = {p: os.stat(p).st_mode & 0o777 for p in [root, ckpts[0]["path"]] +
+             [os.path.join(ckpts[0]["path"], f) for f in files]}
+    c.check(all(m & 0o007 == 0 for m in modes.values()), "checkpoints are not world-readable",
+            str({os.path.basename(p): oct(m) for p, m in modes.items()}))
+    state = {p: os.stat(p).st_mode & 0o777 for p in (cl.state, os.path.join(cl.state, "coordinator.db"))}
+    c.check(list(state.values()) == [0o700, 0o600], "the state directory is 0700 and its database 0600",
+            str([oct(m) for m in state.values()]))
 
     rc, out, err = cl.ctl("--json", "resume", job, "--from", ckpts[0]["path"], "--workers", "3", "--strategy",
                           "shard_grad_op")

@@ -22,7 +22,7 @@ absl::Status MakeDirs(const std::string& dir) {
   std::string partial;
   for (size_t i = 0; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
-      if (!partial.empty() && mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      if (!partial.empty() && mkdir(partial.c_str(), 0750) != 0 && errno != EEXIST) {  // not world-readable
         return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot create directory: ", std::strerror(errno)));
       }
     }

@@ -64,7 +64,7 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   std::string header = "{" + absl::StrJoin(entries, ",") + "}";
   header.append((8 - header.size() % 8) % 8, ' ');
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);  // not world-readable
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
   uint64_t len = header.size();  // little-endian on every platform we build for
   absl::Status s = WriteFully(fd, &len, sizeof(len), path);
