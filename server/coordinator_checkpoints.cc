@@ -78,7 +78,6 @@ absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   info->set_step(step);
   info->set_path(dir);
   PruneCheckpoints(r);
-  Persist(r);
   Notify(r);
   return absl::OkStatus();
 }
@@ -102,12 +101,18 @@ void RemoveStepDir(const std::string& dir) {
 void CoordinatorCore::PruneCheckpoints(JobRecord& r) {
   v1::Job& j = JobOf(r);
   const int keep = r.config.checkpoint.keep_latest;
+  // Oldest first; the newest committed one is never among those dropped.
+  // The record is persisted before anything is deleted: a crash in between
+  // leaves a directory too many on disk, never a record of one that is gone
+  // or a commit that was not recorded.
+  std::vector<std::string> dropped;
   if (keep > 0 && j.checkpoints_size() > keep) {
-    // Oldest first; the newest committed one is never among those removed.
     const int drop = j.checkpoints_size() - keep;
-    for (int i = 0; i < drop; ++i) RemoveStepDir(j.checkpoints(i).path());
+    for (int i = 0; i < drop; ++i) dropped.push_back(j.checkpoints(i).path());
     j.mutable_checkpoints()->DeleteSubrange(0, drop);
   }
+  Persist(r);
+  for (const std::string& dir : dropped) RemoveStepDir(dir);
   // Interrupted saves older than the newest commit, not being written now.
   const int64_t newest = j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : -1;
   if (DIR* d = opendir(j.checkpoint_root().c_str())) {

@@ -45,6 +45,15 @@ absl::Status CoordinatorCore::Recover() {
     if (sscanf(id.c_str(), "job-%d", &n) == 1) next_job_ = std::max(next_job_, n + 1);
     auto [it, _] = jobs_.emplace(id, std::move(r));
     v1::Job& j = JobOf(it->second);
+    // A record written by an older coordinator that crashed while pruning
+    // may list a checkpoint whose manifest is gone: it is no checkpoint.
+    auto* ckpts = j.mutable_checkpoints();
+    const int listed = ckpts->size();
+    for (int i = ckpts->size() - 1; i >= 0; --i) {
+      struct stat st;
+      if (stat((ckpts->Get(i).path() + "/manifest.json").c_str(), &st) != 0) ckpts->DeleteSubrange(i, 1);
+    }
+    if (ckpts->size() != listed && j.state() != "RUNNING") Persist(it->second);
     if (j.state() == "RUNNING") {
       Transition(it->second, "FAILED", "the coordinator restarted while the job was running");
     } else if (j.state() == "PENDING") {

@@ -407,6 +407,13 @@ TEST_F(CoreTest, CheckpointReportsNameOnlyTheRanksOwnFileOfARunningJob) {
   ASSERT_TRUE(core_->Cancel(job).ok());
   s = report(0, 3, RankFilePath(root, 3, 0));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  // A recorded checkpoint whose manifest is gone (a crash while pruning, by
+  // an older coordinator) is not listed after a restart.
+  core_.reset();
+  std::filesystem::remove(root + "/step-00000002/manifest.json");
+  CoordinatorCore restarted(store_.get(), CoordinatorOptions{});
+  ASSERT_TRUE(restarted.Recover().ok());
+  EXPECT_TRUE(restarted.ListCheckpoints(job)->empty());
 }
 
 TEST_F(CoreTest, OnlyTheSessionHoldingARankSpeaksForIt) {
