@@ -224,7 +224,9 @@ int main(int argc, char** argv) {
   submit->add_option("--workers", workers, "number of workers (default: [job] workers)");
   submit->add_flag("--follow", follow, "watch the job until it ends");
   submit->add_flag("--skip-local-check", skip_local_check, "send without validating here (tests the coordinator's checks)");
-  app.add_subcommand("jobs", "list jobs");
+  int page_size = 100;
+  app.add_subcommand("jobs", "list jobs")
+      ->add_option("--page-size", page_size, "jobs fetched per call (1..1000, default 100)");
   auto* status = app.add_subcommand("status", "show one job");
   auto* watch = app.add_subcommand("watch", "follow a job with a progress bar until it ends");
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
@@ -309,9 +311,18 @@ int main(int argc, char** argv) {
     };
     if (cmd == "submit") return start(*req);
     if (cmd == "jobs") {
-      v1::ListJobsResponse resp;
-      SL_RETURN_IF_ERROR(c.Check(c.stub()->ListJobs(&ctx, v1::ListJobsRequest(), &resp)));
-      std::vector<v1::Job> jobs(resp.jobs().begin(), resp.jobs().end());
+      std::vector<v1::Job> jobs;
+      v1::ListJobsRequest page;
+      page.set_page_size(page_size);
+      for (;;) {  // every page, each its own call with its own deadline
+        grpc::ClientContext pctx;
+        c.Prepare(&pctx);
+        v1::ListJobsResponse resp;
+        SL_RETURN_IF_ERROR(c.Check(c.stub()->ListJobs(&pctx, page, &resp)));
+        jobs.insert(jobs.end(), resp.jobs().begin(), resp.jobs().end());
+        if (resp.next_page_token().empty() || jobs.size() > 1000000) break;
+        page.set_page_token(resp.next_page_token());
+      }
       if (o.json) {
         std::vector<std::string> js;
         for (const auto& j : jobs) js.push_back(JobJson(j));

@@ -374,6 +374,19 @@ absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobR
 }
 
 absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& req) {
+  // Bounded before anything is parsed or stored: a job's record stays small
+  // enough that listing many of them never exceeds a message.
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"source", &req.source()},
+                                     {"base_dir", &req.base_dir()}, {"resume_from", &req.resume_from()}}) {
+    if (value->size() > kMaxPathBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " is longer than ", kMaxPathBytes, " bytes"));
+    }
+  }
+  if (req.spec_toml().size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(req.source().empty() ? "job" : req.source(), ": the job file is ",
+                                                   req.spec_toml().size(), " bytes, more than the limit of ",
+                                                   kMaxSpecBytes));
+  }
   int workers = 0;
   auto cfg = ParseAndValidate(req, &workers);
   if (!cfg.ok()) return cfg.status();

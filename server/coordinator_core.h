@@ -93,6 +93,8 @@ class CoordinatorCore {
   void OnConnected(const std::string& worker_id, const v1::RankConnected& c);
 
   // ---- jobs (from clients) ----
+  // Job files of at most kMaxSpecBytes and paths of at most kMaxPathBytes.
+  static constexpr size_t kMaxSpecBytes = 256 << 10, kMaxPathBytes = 4096;
   absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& req);
   absl::StatusOr<v1::Job> GetJob(const std::string& id) const;
   std::vector<v1::Job> ListJobs() const;

@@ -3,6 +3,7 @@
 #include <deque>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
@@ -270,10 +271,24 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
   return Done(ctx, j.status());
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* ctx, const v1::ListJobsRequest*,
-                                                       v1::ListJobsResponse* resp) {
+grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* ctx,
+                                                       const v1::ListJobsRequest* req, v1::ListJobsResponse* resp) {
   SL_AUTHORIZE(ctx);
-  for (auto& j : core_->ListJobs()) *resp->add_jobs() = std::move(j);
+  // Pages bound every response, however many jobs there are; the token is
+  // the index of the page's first job in the oldest-first list.
+  const int size = req->page_size() == 0 ? 100 : req->page_size();
+  if (size < 1 || size > 1000) return Done(ctx, absl::InvalidArgumentError("page_size must be in [1, 1000]"));
+  size_t first = 0;
+  if (!req->page_token().empty() && !absl::SimpleAtoi(req->page_token(), &first)) {
+    return Done(ctx, absl::InvalidArgumentError("page_token: not a token this coordinator gave"));
+  }
+  std::vector<v1::Job> jobs = core_->ListJobs();
+  for (size_t k = first; k < jobs.size() && k < first + size; ++k) {
+    v1::Job* j = resp->add_jobs();
+    *j = std::move(jobs[k]);
+    j->clear_spec_toml();
+  }
+  if (first + size < jobs.size()) resp->set_next_page_token(std::to_string(first + size));
   return Done(ctx, absl::OkStatus());
 }
 

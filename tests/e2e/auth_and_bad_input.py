@@ -118,6 +118,19 @@ def main():
             r.stderr.strip().splitlines()[0] if r.stderr.strip() else "")
     rc, _, err = cl.ctl("status", "job-404")
     c.check(rc == 1 and "no job job-404" in err, "unknown job named", err.strip())
+    # A job file past the limit is refused whole; listing pages through the
+    # jobs (without their spec text), so many jobs never make a message too big.
+    huge = os.path.join(d, "huge.toml")
+    with open(huge, "w") as f:
+        f.write(open(job_file(d, "huge", workers=1, steps=3)).read() + "#" * (300 << 10) + "\n")
+    rc, _, err = cl.ctl("submit", huge)
+    c.check(rc == 1 and "huge.toml: the job file is" in err and "more than the limit of 262144" in err and one_line(err), "a 300 KiB job file refused",
+            err.strip()[-100:])
+    rc, whole, _ = cl.ctl("--json", "jobs")
+    rc2, paged, _ = cl.ctl("--json", "jobs", "--page-size", "1")
+    listed = json.loads(whole)["jobs"] if rc == 0 else []
+    c.check(rc == 0 and rc2 == 0 and len(listed) >= 2 and json.loads(paged) == json.loads(whole),
+            "jobs listed one per page equal the default listing", f"{len(listed)} jobs")
     c.finish()
 
 
