@@ -270,6 +270,9 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     if (!std::isnan(r.val_loss)) p->set_val_loss(r.val_loss);
     Write(m);
     SL_RETURN_IF_ERROR(CheckFiniteStep(r));
+    // A save that failed in the background fails the job now, naming why,
+    // not at the next save or at the end of the run.
+    if (save_done_ && save_thread_.joinable()) SL_RETURN_IF_ERROR(WaitForSave());
     const int interval = config.checkpoint.interval;
     if ((interval > 0 && (s + 1) % interval == 0) || save_requested_.exchange(false)) {
       absl::Status saved = SaveAndReport(*engine, a, s + 1, config.checkpoint.async);
@@ -298,8 +301,10 @@ absl::Status WorkerDaemon::SaveAndReport(const Engine& engine, const v1::Assignm
   };
   if (!async) return write(SnapshotShards(engine, /*copy=*/false));
   // The step loop pays only for this copy; the write runs beside training.
+  save_done_ = false;
   save_thread_ = std::thread([this, write, snap = SnapshotShards(engine, /*copy=*/true)]() mutable {
     save_status_ = write(std::move(snap));
+    save_done_ = true;
   });
   return absl::OkStatus();
 }

@@ -84,6 +84,7 @@ class WorkerDaemon {
   std::atomic<int64_t> step_{0};
   std::thread save_thread_;       // the async save in flight (job thread only)
   absl::Status save_status_;      // its outcome, read after joining
+  std::atomic<bool> save_done_{false};  // the save thread has set save_status_
 };
 
 }  // namespace shardline

@@ -68,6 +68,27 @@ def main():
     c.check(len(got) == 1 and os.path.exists(os.path.join(got[0]["path"], "manifest.json")),
             "ckpt save commits a checkpoint", str(got))
     cl.ctl("cancel", long_job)
+    wait_for(lambda: len(cl.idle_workers()) >= 2, 30, "the workers to be free again")
+
+    # A save that cannot be written (its checkpoint root is a file, which
+    # stops root too) fails the job promptly, naming the path: it is not
+    # discovered at the end of a million steps.
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "unsaveable", workers=2, steps=1000000,
+                                                     extra='\n[checkpoint]\ndir = "ckpt"\n'))
+    doomed = json.loads(out)["job_id"]
+    with open(os.path.join(cl.dir, "ckpt", doomed), "w") as f:
+        f.write("not a directory\n")
+    wait_for(lambda: cl.job(doomed)["step"] > 3, 60, "the unsaveable job to run")
+    cl.ctl("ckpt", "save", doomed)
+    try:
+        wait_for(lambda: cl.job(doomed)["state"] == "FAILED", 30, "the job to fail")
+    except Exception:
+        pass
+    st = cl.job(doomed)
+    c.check(st["state"] == "FAILED" and doomed in st["message"] and "cannot create directory" in st["message"],
+            "a save that cannot be written fails the job at once, naming the path", st["message"][-160:])
+    if st["state"] != "FAILED":
+        cl.ctl("cancel", doomed)
 
     # Bad resumes.
     bare = os.path.join(cl.dir, "not-a-checkpoint")
