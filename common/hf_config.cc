@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/json_object.h"
 
 namespace shardline {
 
@@ -168,13 +169,9 @@ absl::Status ApplyHfConfig(JobConfig& c, const std::string& base_dir, const std:
   const std::string file = m.hf_dir + "/config.json";
   absl::StatusOr<std::string> text = ReadFileToString(file, "[model] hf_dir config");
   if (!text.ok()) return absl::NotFoundError(absl::StrCat(source, ": [model] hf_dir: ", file, ": no such file"));
-  json j;
-  try {
-    j = json::parse(*text);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": malformed JSON: ", e.what()));
-  }
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(file, ": not a JSON object"));
+  absl::StatusOr<json> parsed = ParseJsonObject(*text, file);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
   ConfigReader r(j, file, source, &m);
   const std::string type = r.Get<std::string>("model_type", "");
   if (r.Has("architectures") && j.at("architectures").is_array() && !j.at("architectures").empty() &&

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
+#include "common/json_object.h"
 #include "common/model_shapes.h"
 
 namespace shardline {
@@ -103,14 +104,9 @@ absl::Status ApplyPeftConfig(JobConfig& c, const std::string& base_dir, const st
   }
   absl::StatusOr<std::string> text = ReadFileToString(file, "[lora] init_from");
   if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat(source, ": ", text.status().message()));
-  json j;
-  try {
-    j = json::parse(*text);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": malformed JSON: ", e.what()));
-  }
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(file, ": not a JSON object"));
-  return ReadAdapterConfig(j, file, source, c);
+  absl::StatusOr<json> j = ParseJsonObject(*text, file);
+  if (!j.ok()) return j.status();
+  return ReadAdapterConfig(*j, file, source, c);
 }
 
 std::string PeftAdapterConfigJson(const ModelConfig& m, const LoraConfig& l, const std::string& base_model) {

@@ -1,0 +1,26 @@
+// One JSON object parsed from a file's text, for the readers of
+// transformers' and PEFT's JSON files (config.json, adapter_config.json).
+// Errors name the file: malformed JSON, or JSON that is not an object.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardline {
+
+inline absl::StatusOr<nlohmann::json> ParseJsonObject(const std::string& text, const std::string& file) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": malformed JSON: ", e.what()));
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(file, ": not a JSON object"));
+  return j;
+}
+
+}  // namespace shardline
