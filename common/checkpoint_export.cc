@@ -90,15 +90,10 @@ class UnitValues {
                                                      "them with --format peft, or the merged model with --format hf "
                                                      "--merge"));
     }
-    ModelConfig base = man.model;
-    const std::string& from = man.base_weights;
-    if (from.rfind("hf_dir ", 0) == 0) {
-      base.hf_dir = from.substr(7);
-    } else if (from.rfind("init_from ", 0) == 0) {
-      base.init_from = from.substr(10);
-    } else {
+    const ModelConfig base = LoraBaseModel(man);
+    if (base.hf_dir.empty() && base.init_from.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          step_dir, ": --merge: the base is the engine's random initialisation (", from,
+          step_dir, ": --merge: the base is the engine's random initialisation (", man.base_weights,
           "), not a file to merge onto; export the adapters with --format peft"));
     }
     SL_ASSIGN_OR_RETURN(v.base_, WeightSource::Open(base));
@@ -297,10 +292,9 @@ absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir,
     SL_RETURN_IF_ERROR(out->Append(buf.data(), numel));
   }
   SL_RETURN_IF_ERROR(out->Finish());
-  const std::string& from = man.base_weights;
-  const std::string base = from.rfind("hf_dir ", 0) == 0 ? from.substr(7) : "";
   // adapter_config.json last: a directory with it is complete.
-  return WriteFileAtomically(out_dir + "/adapter_config.json", PeftAdapterConfigJson(man.model, man.lora, base));
+  return WriteFileAtomically(out_dir + "/adapter_config.json",
+                             PeftAdapterConfigJson(man.model, man.lora, LoraBaseModel(man).hf_dir));
 }
 
 }  // namespace shardline

@@ -33,6 +33,16 @@ std::string LoraBaseWeights(const JobConfig& c) {
   return absl::StrCat("seed ", c.train.seed);
 }
 
+ModelConfig LoraBaseModel(const CheckpointManifest& m) {
+  ModelConfig base = m.model;
+  const std::string& from = m.base_weights;
+  for (auto [prefix, field] : {std::pair<std::string, std::string*>{"hf_dir ", &base.hf_dir},
+                               {"init_from ", &base.init_from}}) {
+    if (from.rfind(prefix, 0) == 0) *field = from.substr(prefix.size());
+  }
+  return base;
+}
+
 absl::StatusOr<CheckpointManifest> NewManifest(const std::string& job, const JobConfig& c, int world_size,
                                                int64_t step) {
   absl::StatusOr<std::vector<ShardLayout>> ownership =

@@ -53,6 +53,9 @@ struct CheckpointManifest {
 // Where a LoRA job's frozen base comes from: "hf_dir <path>", "init_from
 // <path>" or "seed <seed>" (the engine's initialisation).
 std::string LoraBaseWeights(const JobConfig& c);
+// The inverse, for a LoRA checkpoint: its model with [model] hf_dir or
+// init_from set to the recorded base (neither for a seed-initialised one).
+ModelConfig LoraBaseModel(const CheckpointManifest& m);
 
 std::string StepDirName(int64_t step);  // "step-00000010"
 std::string RankFileName(int rank);     // "rank-00003.safetensors"

@@ -104,12 +104,18 @@ TEST(Plan, ParamsGivesThatManyParametersInEitherFamily) {
   EXPECT_FALSE(m.tied());
 }
 
-TEST(Plan, LlamaWithBf16ReductionHoldsSixteenBytesPerParameter) {
+// A 1B llama at N=8 with bf16 parameters and bf16 reduction.
+PlanInput Llama1BOnEight() {
   PlanInput in;
   in.model = ModelForParams(1e9, 32000, 2048, "llama");
   in.cluster.workers = 8;
   in.param_dtype = DType::kBFloat16;
   in.reduce_dtype = DType::kBFloat16;
+  return in;
+}
+
+TEST(Plan, LlamaWithBf16ReductionHoldsSixteenBytesPerParameter) {
+  const PlanInput in = Llama1BOnEight();
   auto plan = MakePlan(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const double P = static_cast<double>(plan->params);
@@ -134,11 +140,7 @@ TEST(Plan, LoraHoldsTheFrozenBaseAndTheAdaptersState) {
   // bf16, sharded over the group or whole, plus the strategy's state for the
   // adapters alone; only adapter gradients are reduced, and the frozen base
   // costs 4 FLOPs per weight and token instead of 6.
-  PlanInput in;
-  in.model = ModelForParams(1e9, 32000, 2048, "llama");
-  in.cluster.workers = 8;
-  in.param_dtype = DType::kBFloat16;
-  in.reduce_dtype = DType::kBFloat16;
+  PlanInput in = Llama1BOnEight();
   in.lora.enabled = true;
   in.lora.rank = 16;
   in.lora.target_modules = {"all-linear"};
