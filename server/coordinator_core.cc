@@ -90,7 +90,7 @@ void CoordinatorCore::Transition(JobRecord& r, const std::string& state, const s
   if (IsFinalJobState(state)) {
     // The job's rendezvous keys are of no further use, nor its ranks'
     // access to the store.
-    for (const auto& [rank, credential] : r.credentials) credential_jobs_.erase(credential);
+    RevokeStoreAccess(r);
     const std::string prefix = j.id() + "/";
     for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = EraseKv(it);
   }
@@ -165,6 +165,10 @@ void CoordinatorCore::OnHeartbeat(const std::string& id, const v1::Heartbeat& hb
   if (j != jobs_.end() && JobOf(j->second).state() == "RUNNING") {
     RecordProgress(j->second, w.rank(), hb.step(), hb.last_collective_seq());
   }
+}
+
+void CoordinatorCore::RevokeStoreAccess(const JobRecord& r) {
+  for (const auto& [rank, credential] : r.credentials) credential_jobs_.erase(credential);
 }
 
 CoordinatorCore::JobRecord* CoordinatorCore::RankOfSession(const std::string& worker_id, const std::string& job_id,
@@ -289,7 +293,7 @@ void CoordinatorCore::Schedule() {
     });
     queue_.erase(queue_.begin());
     j.clear_worker_ids();
-    for (const auto& [rank, credential] : r.credentials) credential_jobs_.erase(credential);
+    RevokeStoreAccess(r);
     r.credentials.clear();
     for (int rank = 0; rank < j.workers(); ++rank) {
       WorkerRecord* w = idle[rank];
