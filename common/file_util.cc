@@ -4,17 +4,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <filesystem>
-
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include "absl/strings/string_view.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace shardline {
 
@@ -61,7 +63,10 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   return SyncPath(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
 }
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+namespace {
+
+// A token file's text, once its permissions and size pass.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot read token file: ", std::strerror(errno)));
@@ -73,18 +78,49 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
         st.st_mode & 07777));
   }
   if (st.st_size > 4096) return absl::InvalidArgumentError(absl::StrCat(path, ": token file is larger than 4 KiB"));
-  absl::StatusOr<std::string> text = ReadFileToString(path, "token file");
-  if (!text.ok()) return text.status();
-  const std::string first = text->substr(0, text->find('\n'));
-  const std::string token(absl::StripAsciiWhitespace(first));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": token file is empty"));
+  return ReadFileToString(path, "token file");
+}
+
+// One line of a token file as a token: trimmed, visible ASCII.
+absl::StatusOr<std::string> TokenOfLine(const std::string& path, absl::string_view line, int number) {
+  const std::string token(absl::StripAsciiWhitespace(line));
   for (char ch : token) {
     if (ch < 0x21 || ch > 0x7e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": the token holds a character that is not visible ASCII (not shown)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", number, ": the token holds a character that is not visible ASCII (not shown)"));
     }
   }
   return token;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadSecretFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<std::string> token = TokenOfLine(path, absl::string_view(*text).substr(0, text->find('\n')), 1);
+  if (token.ok() && token->empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": token file is empty"));
+  return token;
+}
+
+absl::StatusOr<std::vector<std::string>> ReadAcceptedTokens(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadSecretFile(path);
+  if (!text.ok()) return text.status();
+  std::vector<std::string> tokens;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++number;
+    if (absl::StartsWith(absl::StripLeadingAsciiWhitespace(line), "#")) continue;
+    absl::StatusOr<std::string> token = TokenOfLine(path, line, number);
+    if (!token.ok()) return token.status();
+    if (token->empty()) continue;
+    if (tokens.size() == kMaxAcceptedTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": more than ", kMaxAcceptedTokens, " tokens"));
+    }
+    tokens.push_back(*std::move(token));
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": token file holds no token"));
+  return tokens;
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -19,6 +20,13 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
 // at most 4 KiB. Like ssh with a private key, a file that its group or others
 // can read is refused. Errors name the file and never echo the token.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// The tokens a server accepts from a token file with ReadTokenFile's rules:
+// every line that is neither blank nor a "#" comment is one token (at most
+// kMaxAcceptedTokens), so that an operator can add a new token beside the old
+// one, move the clients over, then remove the old one (rotation).
+constexpr int kMaxAcceptedTokens = 16;
+absl::StatusOr<std::vector<std::string>> ReadAcceptedTokens(const std::string& path);
 
 // The whole file; NotFound naming the file and `what` it was meant to be.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what);

@@ -5,10 +5,13 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/accepted_token.h"
 
 namespace shardline::metrics {
 
 struct MetricsServer::Route {
+  const MetricsServer* server;
   std::string content_type;
   std::function<std::string()> body;
 };
@@ -17,6 +20,14 @@ namespace {
 
 int Serve(mg_connection* conn, void* cbdata) {
   const auto* route = static_cast<const MetricsServer::Route*>(cbdata);
+  if (!route->server->Allowed(mg_get_header(conn, "Authorization"))) {
+    static constexpr char kBody[] = "401 unauthorized: this endpoint takes \"Authorization: Bearer <token>\"\n";
+    mg_printf(conn,
+              "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer\r\nContent-Type: text/plain\r\n"
+              "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+              sizeof(kBody) - 1, kBody);
+    return 401;
+  }
   const std::string body = route->body();
   mg_send_http_ok(conn, route->content_type.c_str(), static_cast<long long>(body.size()));
   mg_write(conn, body.data(), body.size());
@@ -25,14 +36,32 @@ int Serve(mg_connection* conn, void* cbdata) {
 
 }  // namespace
 
-std::string ListenAddressForPort(int port) { return absl::StrCat("0.0.0.0:", port); }
+std::string MetricsListenAddress(const std::string& listen_flag, int port_flag) {
+  if (!listen_flag.empty()) return listen_flag;
+  return port_flag >= 0 ? absl::StrCat("0.0.0.0:", port_flag) : "";
+}
+
+void MetricsServer::SetBearerTokens(std::vector<std::string> tokens) {
+  absl::MutexLock lock(&mu_);
+  bearer_tokens_ = std::move(tokens);
+}
+
+bool MetricsServer::Allowed(const char* authorization) const {
+  absl::MutexLock lock(&mu_);
+  if (bearer_tokens_.empty()) return true;
+  absl::string_view header = authorization ? authorization : "";
+  if (!absl::ConsumePrefix(&header, "Bearer ")) return false;
+  return TokenAccepted(header, bearer_tokens_);
+}
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
                                                                      const Registry* registry,
-                                                                     std::map<std::string, JsonHandler> extra) {
+                                                                     std::map<std::string, JsonHandler> extra,
+                                                                     std::vector<std::string> bearer_tokens) {
   static std::once_flag init;
   std::call_once(init, [] { mg_init_library(0); });
   std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->SetBearerTokens(std::move(bearer_tokens));
   // Two threads: a scrape is small and Prometheus scrapes one target serially.
   const char* options[] = {"listening_ports", listen.c_str(), "num_threads", "2", "request_timeout_ms", "10000",
                            nullptr};
@@ -52,10 +81,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   if (n < 1) return absl::UnavailableError(absl::StrCat("metrics: no port bound for ", listen));
   server->port_ = ports[0].port;
   auto metrics = std::make_unique<Route>(
-      Route{"text/plain; version=0.0.4; charset=utf-8", [registry] { return registry->Serialize(); }});
+      Route{server.get(), "text/plain; version=0.0.4; charset=utf-8", [registry] { return registry->Serialize(); }});
   server->routes_["/metrics"] = std::move(metrics);
   for (auto& [path, handler] : extra) {
-    server->routes_[path] = std::make_unique<Route>(Route{"application/json", std::move(handler)});
+    server->routes_[path] = std::make_unique<Route>(Route{server.get(), "application/json", std::move(handler)});
   }
   for (auto& [path, route] : server->routes_) {
     // "$" makes the match exact: /metrics must not also serve /metricsfoo.

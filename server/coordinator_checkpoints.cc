@@ -33,6 +33,11 @@ absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& repor
   s = CommitCheckpoint(r, report.step());
   if (options_.events.checkpoint_committed) options_.events.checkpoint_committed(absl::Now() - t0, s.ok());
   r.ckpt_reports.erase(report.step());
+  if (!s.ok()) {
+    // The coordinator's own failure (a full disk, a read-only directory) is
+    // the job's root cause, not what its ranks see once the reporter stops.
+    FailJob(r, absl::StrCat("checkpoint of step ", report.step(), " not committed: ", s.message()), "");
+  }
   return s;
 }
 
@@ -113,19 +118,37 @@ void CoordinatorCore::PruneCheckpoints(JobRecord& r) {
   }
   Persist(r);
   for (const std::string& dir : dropped) RemoveStepDir(dir);
-  // Interrupted saves older than the newest commit, not being written now.
-  const int64_t newest = j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : -1;
-  if (DIR* d = opendir(j.checkpoint_root().c_str())) {
-    std::vector<std::string> partial;
+  // Interrupted saves older than the newest commit.
+  RemoveInterruptedSaves(r, j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : -1);
+}
+
+void CoordinatorCore::RemoveInterruptedSaves(const JobRecord& r, int64_t below) {
+  const std::string& root = r.stored.job.checkpoint_root();
+  std::vector<std::string> partial;
+  if (DIR* d = opendir(root.c_str())) {
     while (dirent* e = readdir(d)) {
       long long step = -1;
-      if (sscanf(e->d_name, "step-%lld", &step) != 1 || step >= newest || r.ckpt_reports.count(step)) continue;
-      const std::string dir = j.checkpoint_root() + "/" + e->d_name;
+      char rest = 0;
+      // Only the step directories this job's ranks write, and none whose
+      // save is still being reported.
+      if (sscanf(e->d_name, "step-%lld%c", &step, &rest) != 1 || step >= below || r.ckpt_reports.count(step)) continue;
+      const std::string dir = root + "/" + e->d_name;
       if (access((dir + "/manifest.json").c_str(), F_OK) != 0) partial.push_back(dir);
     }
     closedir(d);
-    for (const auto& p : partial) RemoveStepDir(p);
   }
+  for (const auto& p : partial) RemoveStepDir(p);
+}
+
+void CoordinatorCore::RemoveSavesOfEndedJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || !IsFinalJobState(JobOf(it->second).state())) return;
+  // Not while one of its ranks may still be writing.
+  for (const auto& [id, w] : workers_) {
+    if (w.info.job_id() == job_id) return;
+  }
+  it->second.ckpt_reports.clear();
+  RemoveInterruptedSaves(it->second, INT64_MAX);
 }
 
 absl::Status CoordinatorCore::CheckpointNow(const std::string& id) {

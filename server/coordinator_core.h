@@ -92,6 +92,11 @@ class CoordinatorCore {
   void OnFinished(const std::string& worker_id, const v1::RankFinished& f);
   void OnConnected(const std::string& worker_id, const v1::RankConnected& c);
 
+  // Counts a call refused before it reached the core (`what`: "role").
+  void CountRefused(const char* what) const {
+    if (options_.events.refused) options_.events.refused(what);
+  }
+
   // ---- jobs (from clients) ----
   // Job files of at most kMaxSpecBytes and paths of at most kMaxPathBytes.
   static constexpr size_t kMaxSpecBytes = 256 << 10, kMaxPathBytes = 4096;
@@ -101,10 +106,11 @@ class CoordinatorCore {
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   std::vector<v1::WorkerInfo> ListWorkers() const;
   absl::StatusOr<v1::Ownership> GetOwnership(const std::string& id) const;
-  // A rank wrote its shard file; when every rank reported a step, the
-  // manifest is written (last) and the checkpoint is committed, then
-  // [checkpoint] keep_latest is applied and interrupted saves are removed.
-  // A rank's report that its shard of `step` is written. Refused
+  // A rank's report that its shard of `step` is written; when every rank
+  // reported a step, the manifest is written (last) and the checkpoint is
+  // committed, then [checkpoint] keep_latest is applied and interrupted saves
+  // are removed. A manifest that cannot be written fails the job, naming
+  // why. Refused
   // (PermissionDenied, counted) without that rank's credential of the
   // running attempt (Assignment.credential); then unless the job is RUNNING
   // and the report names that rank's own file of that step under the job's
@@ -171,7 +177,7 @@ class CoordinatorCore {
     std::set<int> finished_ranks;
     absl::Time last_persist;
     std::map<int64_t, std::map<int, v1::CheckpointReport>> ckpt_reports;  // by step, then rank
-    std::string reported_failure;  // first rank failure, waiting out the grace
+    std::string reported_failure;  // first peer-caused rank failure, waiting out the grace
     absl::Time fail_at;
     // Each rank's job-scoped credential (Assignment.credential), by rank;
     // a checkpoint report is accepted only with its rank's.
@@ -196,7 +202,11 @@ class CoordinatorCore {
   void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Transition(JobRecord& r, const std::string& state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends a running job: its ranks are told to stop (except `skip_worker`).
+  // Fails a running job with `cause` and tells its ranks to stop (except
+  // `skip_worker`, whose session is gone).
+  void FailJob(JobRecord& r, const std::string& cause, const std::string& skip_worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells a running job's ranks to stop (except `skip_worker`).
   void StopRanks(JobRecord& r, const std::string& reason, const std::string& skip_worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -206,6 +216,12 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitCheckpoint(JobRecord& r, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PruneCheckpoints(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes r's step directories below step `below` that have no manifest
+  // and are not being reported (saves that were interrupted).
+  void RemoveInterruptedSaves(const JobRecord& r, int64_t below) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once a job has ended and none of its ranks still runs, its interrupted
+  // saves are removed.
+  void RemoveSavesOfEndedJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank health (coordinator_health.cc).
   void RecordProgress(JobRecord& r, int rank, int64_t step, int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillRanks(const JobRecord& r, absl::Time now, v1::Job* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

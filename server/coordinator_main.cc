@@ -1,9 +1,17 @@
-// shardline-coordinator --listen ADDR --state-dir DIR [--token-file F]
+// shardline-coordinator --listen ADDR --state-dir DIR
+//                       [--token-file F [--worker-token-file F]]
 //                       [--tls-cert F --tls-key F] [--heartbeat-ms N]
-//                       [--lost-after-missed N] [--stall-after SECONDS] [--metrics-port P]
+//                       [--lost-after-missed N] [--stall-after SECONDS]
+//                       [--metrics-port P | --metrics-listen HOST:PORT] [--metrics-token-file F]
 //
-// With --metrics-port it also serves Prometheus /metrics and /sd/workers (the
-// workers' /metrics targets, for Prometheus' http_sd_configs) over HTTP.
+// Token files hold one accepted token per line: --token-file the users',
+// --worker-token-file the workers' (without it, the user tokens serve
+// workers too), --metrics-token-file the scrapers'. SIGHUP reads them again
+// (rotation: add the new token, SIGHUP, move the clients, remove the old
+// one, SIGHUP); a file that no longer reads keeps the tokens in force.
+//
+// With a metrics address it also serves Prometheus /metrics and /sd/workers
+// (the workers' /metrics targets, for Prometheus' http_sd_configs) over HTTP.
 // Serves the Coordinator service, grpc.health.v1 and server reflection.
 // Prints "listening on HOST:PORT" once it accepts connections (with port 0 the
 // chosen port). SIGINT/SIGTERM stop it cleanly; state survives kill -9.
@@ -35,16 +43,43 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// The token files named by the flags; empty paths, no tokens.
+struct TokenFiles {
+  std::string user, worker, metrics;
+
+  absl::StatusOr<shardline::AcceptedTokens> ReadRpcTokens() const {
+    if (!worker.empty() && user.empty()) {
+      return absl::InvalidArgumentError("--worker-token-file needs --token-file (the users' tokens)");
+    }
+    shardline::AcceptedTokens t;
+    for (auto [path, out] : {std::pair{&user, &t.user}, std::pair{&worker, &t.worker}}) {
+      if (path->empty()) continue;
+      auto read = shardline::ReadAcceptedTokens(*path);
+      if (!read.ok()) return read.status();
+      *out = *std::move(read);
+    }
+    return t;
+  }
+  absl::StatusOr<std::vector<std::string>> ReadMetricsTokens() const {
+    if (metrics.empty()) return std::vector<std::string>{};
+    return shardline::ReadAcceptedTokens(metrics);
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"shardline-coordinator: the Shardline control plane"};
-  std::string listen = "127.0.0.1:50051", state_dir, token_file, tls_cert, tls_key;
+  std::string listen = "127.0.0.1:50051", state_dir, tls_cert, tls_key, metrics_listen;
+  TokenFiles token_files;
   int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = -1;
   double stall_after_s = 10;
   app.add_option("--listen", listen, "address to serve on (host:port)");
   app.add_option("--state-dir", state_dir, "directory for the state database")->required();
-  app.add_option("--token-file", token_file, "file holding the bearer token every RPC must carry");
+  app.add_option("--token-file", token_files.user, "file of the users' bearer tokens, one per line");
+  app.add_option("--worker-token-file", token_files.worker, "file of the workers' bearer tokens, one per line");
+  app.add_option("--metrics-token-file", token_files.metrics,
+                 "scrapes of /metrics and /sd/workers must carry a bearer token of this file");
   app.add_option("--tls-cert", tls_cert, "PEM certificate (with --tls-key: serve TLS)");
   app.add_option("--tls-key", tls_key, "PEM private key");
   app.add_option("--heartbeat-ms", heartbeat_ms, "worker heartbeat interval")->check(CLI::Range(10, 3600000));
@@ -52,15 +87,20 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_option("--stall-after", stall_after_s, "seconds without progress before a running job is stalled")
       ->check(CLI::PositiveNumber);
-  app.add_option("--metrics-port", metrics_port, "serve Prometheus /metrics on this port (0: any free port)")
-      ->check(CLI::Range(-1, 65535));
+  auto* port_flag = app.add_option("--metrics-port", metrics_port,
+                                   "serve Prometheus /metrics on this port of every interface (0: any free port)")
+                        ->check(CLI::Range(-1, 65535));
+  app.add_option("--metrics-listen", metrics_listen, "serve Prometheus /metrics on HOST:PORT")->excludes(port_flag);
   CLI11_PARSE(app, argc, argv);
 
-  std::string token;
-  if (!token_file.empty()) {
-    auto t = shardline::ReadTokenFile(token_file);
-    if (!t.ok()) return Fail(t.status());
-    token = *t;
+  absl::StatusOr<shardline::AcceptedTokens> tokens = token_files.ReadRpcTokens();
+  if (!tokens.ok()) return Fail(tokens.status());
+  absl::StatusOr<std::vector<std::string>> metrics_tokens = token_files.ReadMetricsTokens();
+  if (!metrics_tokens.ok()) return Fail(metrics_tokens.status());
+  if (!tokens->user.empty() && tokens->worker.empty()) {
+    std::cerr << "shardline-coordinator: the user tokens serve workers too; give --worker-token-file to keep "
+                 "workers from submitting and users from opening worker sessions"
+              << std::endl;
   }
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!tls_cert.empty() || !tls_key.empty()) {
@@ -86,22 +126,24 @@ int main(int argc, char** argv) {
   shardline::CoordinatorCore core(store->get(), options);
   metrics.CollectFrom(&core);
   std::unique_ptr<shardline::metrics::MetricsServer> metrics_server;
-  if (metrics_port >= 0) {
+  if (const std::string addr = shardline::metrics::MetricsListenAddress(metrics_listen, metrics_port); !addr.empty()) {
     auto m = shardline::metrics::MetricsServer::Start(
-        shardline::metrics::ListenAddressForPort(metrics_port), &metrics.registry(),
-        {{"/sd/workers", [&core] { return shardline::WorkerScrapeTargets(core.ListWorkers()); }}});
-    if (!m.ok()) return Fail(absl::UnavailableError(absl::StrCat("--metrics-port: ", m.status().message())));
+        addr, &metrics.registry(),
+        {{"/sd/workers", [&core] { return shardline::WorkerScrapeTargets(core.ListWorkers()); }}},
+        *std::move(metrics_tokens));
+    if (!m.ok()) return Fail(m.status());
     metrics_server = std::move(*m);
   }
   if (absl::Status s = core.Recover(); !s.ok()) return Fail(s);
-  shardline::CoordinatorService service(&core, token);
+  shardline::CoordinatorService service(&core, *std::move(tokens));
 
-  // Block the stop signals in every thread; one thread waits for them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  // Block the stop and reload signals in every thread; this one waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -126,7 +168,18 @@ int main(int argc, char** argv) {
     }
   });
   int sig = 0;
-  sigwait(&stop, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    absl::StatusOr<shardline::AcceptedTokens> rpc = token_files.ReadRpcTokens();
+    absl::StatusOr<std::vector<std::string>> scrape = token_files.ReadMetricsTokens();
+    if (!rpc.ok() || !scrape.ok()) {
+      std::cerr << "shardline-coordinator: SIGHUP: keeping the tokens in force: "
+                << (!rpc.ok() ? rpc.status() : scrape.status()).message() << std::endl;
+      continue;
+    }
+    service.SetTokens(*std::move(rpc));
+    if (metrics_server) metrics_server->SetBearerTokens(*std::move(scrape));
+    std::cerr << "shardline-coordinator: SIGHUP: token files read again" << std::endl;
+  }
   std::cerr << "shardline-coordinator: stopping on signal " << sig << std::endl;
   running = false;
   ticker.join();

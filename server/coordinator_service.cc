@@ -3,9 +3,12 @@
 #include <deque>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/accepted_token.h"
 #include "common/grpc_status.h"
 
 namespace shardline {
@@ -204,15 +207,28 @@ absl::Time WaitDeadline(grpc::CallbackServerContext* ctx, int64_t timeout_ms) {
 
 }  // namespace
 
-absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx) const {
-  if (token_.empty()) return absl::OkStatus();
+void CoordinatorService::SetTokens(AcceptedTokens tokens) {
+  absl::MutexLock lock(&tokens_mu_);
+  tokens_ = std::move(tokens);
+}
+
+absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx, Role role, const char* method) const {
+  absl::MutexLock lock(&tokens_mu_);
+  if (tokens_.user.empty() && tokens_.worker.empty()) return absl::OkStatus();
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) return absl::UnauthenticatedError("missing token (authorization: Bearer <token>)");
-  if (std::string(it->second.data(), it->second.size()) != "Bearer " + token_) {
-    return absl::UnauthenticatedError("wrong token");
-  }
-  return absl::OkStatus();
+  absl::string_view header(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&header, "Bearer ")) return absl::UnauthenticatedError("wrong token");
+  // Without worker tokens, the user tokens serve both roles.
+  const std::vector<std::string>& workers = tokens_.worker.empty() ? tokens_.user : tokens_.worker;
+  const bool user = TokenAccepted(header, tokens_.user), worker = TokenAccepted(header, workers);
+  if (role == Role::kUser ? user : worker) return absl::OkStatus();
+  if (!user && !worker) return absl::UnauthenticatedError("wrong token");
+  core_->CountRefused("role");
+  return absl::PermissionDeniedError(absl::StrCat("a ", role == Role::kUser ? "worker" : "user", " token may not call ",
+                                                  method, " (it takes a ", role == Role::kUser ? "user" : "worker",
+                                                  " token)"));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
@@ -223,18 +239,18 @@ grpc::ServerUnaryReactor* CoordinatorService::Done(grpc::CallbackServerContext* 
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* CoordinatorService::WorkerSession(
     grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(core_, Authorize(ctx), ctx->peer());
+  return new SessionReactor(core_, Authorize(ctx, Role::kWorker, "WorkerSession"), ctx->peer());
 }
 
 grpc::ServerWriteReactor<v1::Job>* CoordinatorService::WatchJob(grpc::CallbackServerContext* ctx,
                                                                 const v1::WatchJobRequest* req) {
-  return new WatchReactor(core_, req->job_id(), Authorize(ctx));
+  return new WatchReactor(core_, req->job_id(), Authorize(ctx, Role::kUser, "WatchJob"));
 }
 
-#define SL_AUTHORIZE(ctx)                           \
-  do {                                              \
-    absl::Status _auth = Authorize(ctx);            \
-    if (!_auth.ok()) return Done((ctx), _auth);     \
+#define SL_AUTHORIZE(ctx, role)                                     \
+  do {                                                              \
+    absl::Status _auth = Authorize(ctx, Role::role, __func__);      \
+    if (!_auth.ok()) return Done((ctx), _auth);                     \
   } while (0)
 
 namespace {
@@ -249,7 +265,7 @@ std::string CredentialOf(const grpc::CallbackServerContext* ctx) {
 // Every store call: the bearer token, then the rank's credential for its job's keys.
 #define SL_AUTHORIZE_STORE(ctx, keys)                                       \
   do {                                                                      \
-    SL_AUTHORIZE(ctx);                                                      \
+    SL_AUTHORIZE(ctx, kWorker);                                             \
     absl::Status _store = core_->AuthorizeStore(CredentialOf(ctx), keys);   \
     if (!_store.ok()) return Done((ctx), _store);                           \
   } while (0)
@@ -257,7 +273,7 @@ std::string CredentialOf(const grpc::CallbackServerContext* ctx) {
 grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* ctx,
                                                         const v1::SubmitJobRequest* req,
                                                         v1::SubmitJobResponse* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE(ctx, kUser);
   auto id = core_->Submit(*req);
   if (id.ok()) resp->set_job_id(*id);
   return Done(ctx, id.status());
@@ -265,7 +281,7 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                                      v1::Job* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE(ctx, kUser);
   auto j = core_->GetJob(req->job_id());
   if (j.ok()) *resp = *j;
   return Done(ctx, j.status());
@@ -273,7 +289,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
 
 grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* ctx,
                                                        const v1::ListJobsRequest* req, v1::ListJobsResponse* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE(ctx, kUser);
   // Pages bound every response, however many jobs there are; the token is
   // the index of the page's first job in the oldest-first list.
   const int size = req->page_size() == 0 ? 100 : req->page_size();
@@ -294,7 +310,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* ctx,
                                                         const v1::CancelJobRequest* req, v1::Job* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE(ctx, kUser);
   auto j = core_->Cancel(req->job_id());
   if (j.ok()) *resp = *j;
   return Done(ctx, j.status());
@@ -303,14 +319,14 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* ctx,
                                                           const v1::ListWorkersRequest*,
                                                           v1::ListWorkersResponse* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE(ctx, kUser);
   for (auto& w : core_->ListWorkers()) *resp->add_workers() = std::move(w);
   return Done(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetOwnership(grpc::CallbackServerContext* ctx,
                                                            const v1::GetOwnershipRequest* req, v1::Ownership* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE(ctx, kUser);
   auto o = core_->GetOwnership(req->job_id());
   if (o.ok()) *resp = *o;
   return Done(ctx, o.status());
@@ -372,21 +388,21 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CoordinatorService::ReportCheckpoint(grpc::CallbackServerContext* ctx,
                                                                const v1::CheckpointReport* req,
                                                                v1::CheckpointReportResponse*) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE(ctx, kWorker);
   return Done(ctx, core_->ReportCheckpoint(*req, CredentialOf(ctx)));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::CheckpointNow(grpc::CallbackServerContext* ctx,
                                                             const v1::CheckpointNowRequest* req,
                                                             v1::CheckpointNowResponse*) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE(ctx, kUser);
   return Done(ctx, core_->CheckpointNow(req->job_id()));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServerContext* ctx,
                                                               const v1::ListCheckpointsRequest* req,
                                                               v1::ListCheckpointsResponse* resp) {
-  SL_AUTHORIZE(ctx);
+  SL_AUTHORIZE(ctx, kUser);
   auto list = core_->ListCheckpoints(req->job_id());
   if (list.ok()) {
     for (auto& c : *list) *resp->add_checkpoints() = std::move(c);

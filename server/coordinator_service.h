@@ -2,21 +2,40 @@
 // It authenticates, converts messages, and maps absl::Status to grpc::Status
 // (common/grpc_status.h); the behaviour lives in the core.
 //
-// Authentication: with a token configured, every Coordinator RPC must carry
-// "authorization: Bearer <token>" or is refused with UNAUTHENTICATED. The
-// standard health and reflection services stay open for probes.
+// Authentication and roles: with tokens configured, every Coordinator RPC
+// must carry "authorization: Bearer <token>" or is refused with
+// UNAUTHENTICATED. A user token submits, reads, cancels and deletes jobs and
+// asks for checkpoints; a worker token opens worker sessions, uses the
+// rendezvous store and reports checkpoints. A token of the other role is
+// refused with PERMISSION_DENIED (counted as refused "role"). The standard
+// health and reflection services stay open for probes.
+//
+// Thread-safe; SetTokens may be called at any time (SIGHUP).
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "server/coordinator_core.h"
 #include "shardline/v1/shardline.grpc.pb.h"
 
 namespace shardline {
 
+enum class Role { kUser, kWorker };
+
+struct AcceptedTokens {
+  std::vector<std::string> user;    // empty, with `worker` empty: no authentication
+  std::vector<std::string> worker;  // empty: the user tokens serve workers too
+};
+
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  CoordinatorService(CoordinatorCore* core, std::string token) : core_(core), token_(std::move(token)) {}
+  CoordinatorService(CoordinatorCore* core, AcceptedTokens tokens) : core_(core), tokens_(std::move(tokens)) {}
+  // The tokens accepted from now on (a rotation); calls already authorized
+  // and open worker sessions are not affected.
+  void SetTokens(AcceptedTokens tokens) ABSL_LOCKS_EXCLUDED(tokens_mu_);
 
   grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerSession(
       grpc::CallbackServerContext* ctx) override;
@@ -54,12 +73,16 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                             v1::ListCheckpointsResponse* resp) override;
 
  private:
-  absl::Status Authorize(grpc::CallbackServerContext* ctx) const;
+  // OK if the call's bearer token is one of `role`'s; `method` names the
+  // call in the refusal.
+  absl::Status Authorize(grpc::CallbackServerContext* ctx, Role role, const char* method) const
+      ABSL_LOCKS_EXCLUDED(tokens_mu_);
   // Finishes a unary call with `s` (after authorization was checked).
   static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s);
 
   CoordinatorCore* const core_;
-  const std::string token_;
+  mutable absl::Mutex tokens_mu_;
+  AcceptedTokens tokens_ ABSL_GUARDED_BY(tokens_mu_);
 };
 
 }  // namespace shardline

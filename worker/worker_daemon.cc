@@ -208,6 +208,7 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
   f->set_rank(a.rank());
   f->set_ok(s.ok());
   f->set_cancelled(absl::IsCancelled(s));
+  f->set_code(static_cast<int>(s.code()));
   f->set_message(std::string(s.message()));
   if (!s.ok()) std::cerr << "shardline-worker: " << a.job_id() << ": " << s.message() << std::endl;
   {

@@ -1,6 +1,8 @@
 // shardline-worker --coordinator ADDR --device cpu|cuda:N [--token-file F]
-//                  [--tls-ca F] [--host NAME] [--threads N] [--metrics-port P]
-// One worker daemon per device. SIGINT/SIGTERM stop it.
+//                  [--tls-ca F] [--host NAME] [--threads N]
+//                  [--metrics-port P | --metrics-listen HOST:PORT] [--metrics-token-file F]
+// One worker daemon per device. --token-file holds a worker token (the
+// coordinator's --worker-token-file). SIGINT/SIGTERM stop it.
 #include <signal.h>
 
 #include <fstream>
@@ -18,19 +20,23 @@
 int main(int argc, char** argv) {
   CLI::App app{"shardline-worker: a Shardline worker daemon"};
   shardline::WorkerOptions o;
-  std::string token_file, tls_ca;
+  std::string token_file, tls_ca, metrics_listen, metrics_token_file;
   double timeout_s = 30;
   int metrics_port = -1;
   app.add_option("--coordinator", o.coordinator, "coordinator address (host:port)");
   app.add_option("--device", o.device, "cpu or cuda:N");
-  app.add_option("--token-file", token_file, "file holding the coordinator's token");
+  app.add_option("--token-file", token_file, "file holding a worker token of the coordinator");
   app.add_option("--tls-ca", tls_ca, "PEM root certificate: connect with TLS");
   app.add_option("--host", o.host, "host name to register (default: this machine's)");
   app.add_option("--threads", o.threads, "intra-op threads for training")->check(CLI::Range(1, 1024));
   app.add_option("--collective-timeout", timeout_s, "deadline of every collective and rendezvous, seconds")
       ->check(CLI::Range(0.1, 86400.0));
-  app.add_option("--metrics-port", metrics_port, "serve Prometheus /metrics on this port (0: any free port)")
-      ->check(CLI::Range(-1, 65535));
+  auto* port_flag = app.add_option("--metrics-port", metrics_port,
+                                   "serve Prometheus /metrics on this port of every interface (0: any free port)")
+                        ->check(CLI::Range(-1, 65535));
+  app.add_option("--metrics-listen", metrics_listen, "serve Prometheus /metrics on HOST:PORT")->excludes(port_flag);
+  app.add_option("--metrics-token-file", metrics_token_file,
+                 "scrapes must carry a bearer token of this file (one per line)");
   app.add_option("--peak-flops", o.peak_flops, "one device's peak FLOP/s for MFU (default: per device kind)")
       ->check(CLI::Range(0.0, 1e18));
   CLI11_PARSE(app, argc, argv);
@@ -57,15 +63,23 @@ int main(int argc, char** argv) {
     o.credentials = grpc::SslCredentials(ssl);
   }
   o.collective_timeout = absl::Seconds(timeout_s);
-  auto metrics = shardline::WorkerMetrics::Start(
-      metrics_port >= 0 ? shardline::metrics::ListenAddressForPort(metrics_port) : "");
+  std::vector<std::string> metrics_tokens;
+  if (!metrics_token_file.empty()) {
+    auto t = shardline::ReadAcceptedTokens(metrics_token_file);
+    if (!t.ok()) {
+      std::cerr << "shardline-worker: --metrics-token-file: " << t.status().message() << std::endl;
+      return 1;
+    }
+    metrics_tokens = *std::move(t);
+  }
+  const std::string listen = shardline::metrics::MetricsListenAddress(metrics_listen, metrics_port);
+  auto metrics = shardline::WorkerMetrics::Start(listen, std::move(metrics_tokens));
   if (!metrics.ok()) {
-    std::cerr << "shardline-worker: --metrics-port " << metrics_port << ": " << metrics.status().message()
-              << std::endl;
+    std::cerr << "shardline-worker: metrics: " << metrics.status().message() << std::endl;
     return 1;
   }
   o.metrics = std::move(*metrics);
-  if (metrics_port >= 0) std::cerr << "shardline-worker: metrics on port " << o.metrics->port() << std::endl;
+  if (!listen.empty()) std::cerr << "shardline-worker: metrics on port " << o.metrics->port() << std::endl;
 
   sigset_t stop;
   sigemptyset(&stop);

@@ -79,10 +79,11 @@ WorkerMetrics::WorkerMetrics()
   });
 }
 
-absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Start(const std::string& listen) {
+absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Start(const std::string& listen,
+                                                                    std::vector<std::string> bearer_tokens) {
   std::unique_ptr<WorkerMetrics> m(new WorkerMetrics());
   if (!listen.empty()) {
-    auto server = metrics::MetricsServer::Start(listen, &m->registry_);
+    auto server = metrics::MetricsServer::Start(listen, &m->registry_, {}, std::move(bearer_tokens));
     if (!server.ok()) return server.status();
     m->server_ = std::move(*server);
   }

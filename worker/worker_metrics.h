@@ -28,9 +28,11 @@ namespace shardline {
 
 class WorkerMetrics {
  public:
-  // Serves /metrics on `listen` ("HOST:PORT", port 0 = any free port); with
-  // an empty `listen` the metrics are kept but not served.
-  static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Start(const std::string& listen);
+  // Serves /metrics on `listen` ("HOST:PORT", port 0 = any free port), to
+  // requests bearing one of `bearer_tokens` if any; with an empty `listen`
+  // the metrics are kept but not served.
+  static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Start(const std::string& listen,
+                                                              std::vector<std::string> bearer_tokens = {});
   int port() const { return server_ ? server_->port() : 0; }
   const metrics::Registry& registry() const { return registry_; }
 

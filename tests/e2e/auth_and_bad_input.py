@@ -1,5 +1,9 @@
 """A wrong or missing token is refused (UNAUTHENTICATED) and the right one
-works, for shardctl and for workers. Bad job files, both through shardctl's
+works, for shardctl and for workers. Roles: the workers' token cannot list or
+submit jobs and the users' cannot open a worker session (PERMISSION_DENIED,
+counted in shardline_coordinator_refused_total{what="role"}); a token is
+rotated by adding the new one and SIGHUP, then removing the old one and
+SIGHUP. /metrics asks for its own bearer token (401 without it). Bad job files, both through shardctl's
 own checks and sent straight to the coordinator: malformed TOML, unknown keys,
 wrong types, n_embd not divisible by n_head, batch not divisible by the world
 size, a missing data file: each is one line naming the key or file, exit 1,
@@ -9,46 +13,97 @@ job whose loss diverges to NaN FAILS naming the step; --heartbeat-ms 0 stops
 the coordinator at start."""
 import json
 import os
+import signal
 import subprocess
+import tempfile
 import time
+import urllib.error
+import urllib.request
 
-from cluster import WORKER, Checks, Cluster, job_file
+from cluster import WORKER, Checks, Cluster, job_file, wait_for
 
 
 def one_line(err):
     return len(err.strip().splitlines()) == 1
 
 
+def scrape(port, token=None):
+    """(HTTP status, body) of the coordinator's /metrics."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def check_roles_rotation_and_metrics(c, cl, metrics_port):
+    rc, _, err = cl.ctl("--token-file", cl.worker_token_file, "jobs", token=False)
+    c.check(rc == 1 and "a worker token may not call ListJobs" in err and one_line(err),
+            "the workers' token cannot list jobs", err.strip())
+    rc, _, err = cl.ctl("--token-file", cl.worker_token_file, "submit", job_file(cl.dir, "w", workers=1),
+                        token=False)
+    c.check(rc == 1 and "may not call SubmitJob" in err, "the workers' token cannot submit", err.strip())
+    p = subprocess.Popen([WORKER, "--coordinator", cl.address, "--host", "as-user", "--token-file", cl.token_file],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.5)
+    p.kill()
+    log = p.stdout.read()
+    hosts = [w["host"] for w in cl.ctl_json("workers")["workers"]]
+    c.check("as-user" not in hosts and "a user token may not call WorkerSession" in log,
+            "the users' token cannot open a worker session", log.strip().splitlines()[0] if log.strip() else "")
+
+    status, _ = scrape(metrics_port)
+    c.check(status == 401, "/metrics without its token: 401", str(status))
+    status, body = scrape(metrics_port, "scrape-token")
+    refused = [l for l in body.splitlines() if l.startswith('shardline_coordinator_refused_total{what="role"}')]
+    c.check(status == 200 and refused and float(refused[0].split()[-1]) >= 3,
+            "/metrics with its token, counting the refused roles", refused[0] if refused else str(status))
+
+    # Rotation: the new token works beside the old, then alone.
+    new = cl.secret_file("new-token", "n3w-token")
+    with open(cl.token_file, "a") as f:
+        f.write("n3w-token\n")
+    cl.coordinator.send_signal(signal.SIGHUP)
+    ok = wait_for(lambda: cl.ctl("--token-file", new, "jobs", token=False)[0] == 0, 10, "the new token", fail=False)
+    c.check(ok and cl.ctl("jobs")[0] == 0, "after SIGHUP the new token works beside the old one")
+    old = cl.secret_file("old-token", "s3cret-token")
+    cl.secret_file("token", "n3w-token")
+    cl.coordinator.send_signal(signal.SIGHUP)
+    ok = wait_for(lambda: "wrong token" in cl.ctl("--token-file", old, "jobs", token=False)[2], 10,
+                  "the old token's removal", fail=False)
+    c.check(ok and cl.ctl("--token-file", new, "jobs", token=False)[0] == 0,
+            "after the second SIGHUP only the new token works")
+
+
 def main():
     c = Checks()
-    cl = Cluster(token="s3cret-token")
+    scrape_tokens = os.path.join(tempfile.mkdtemp(prefix="shardline-scrape-"), "scrape-token")
+    with open(os.open(scrape_tokens, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("scrape-token\n")
+    cl = Cluster(token="s3cret-token", worker_token="w0rker-token",
+                 coordinator_args=["--metrics-listen", "127.0.0.1:0", "--metrics-token-file", scrape_tokens])
+    metrics_port = int(cl.coordinator.stdout.readline().split()[-1])  # "metrics on port N"
     cl.add_worker("host-a")
     cl.wait_workers(1)
-    c.check(True, "a worker with the token registers")
+    c.check(True, "a worker with the workers' token registers")
 
     rc, _, err = cl.ctl("jobs", token=False)
     c.check(rc == 1 and "missing token" in err and one_line(err), "missing token refused", err.strip())
-    wrong = os.path.join(cl.dir, "wrong")
-    with open(os.open(wrong, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-        f.write("nope\n")
-    rc, _, err = cl.ctl("--token-file", wrong, "jobs", token=False)
+    rc, _, err = cl.ctl("--token-file", cl.secret_file("wrong", "nope"), "jobs", token=False)
     c.check(rc == 1 and "wrong token" in err, "wrong token refused", err.strip())
     rc, out, err = cl.ctl("jobs")
     c.check(rc == 0, "right token accepted", err.strip())
 
-    def token_file(name, text, mode=0o600):
-        path = os.path.join(cl.dir, name)
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT, mode), "w") as f:
-            f.write(text)
-        os.chmod(path, mode)
-        return path
     # A token file is its first line: a second line neither breaks nor leaks.
-    rc, _, err = cl.ctl("--token-file", token_file("two-lines", "s3cret-token\nsecond line\n"), "jobs", token=False)
+    rc, _, err = cl.ctl("--token-file", cl.secret_file("two-lines", "s3cret-token\nsecond line"), "jobs", token=False)
     c.check(rc == 0, "a token file of two lines uses its first", err.strip())
-    rc, _, err = cl.ctl("--token-file", token_file("ctrl", "s3cret\x01token\n"), "jobs", token=False)
+    rc, _, err = cl.ctl("--token-file", cl.secret_file("ctrl", "s3cret\x01token"), "jobs", token=False)
     c.check(rc == 1 and "not visible ASCII" in err and "s3cret" not in err and one_line(err),
             "a token with a control character refused, not echoed", err.strip())
-    rc, _, err = cl.ctl("--token-file", token_file("loose", "s3cret-token\n", 0o644), "jobs", token=False)
+    rc, _, err = cl.ctl("--token-file", cl.secret_file("loose", "s3cret-token", 0o644), "jobs", token=False)
     c.check(rc == 1 and "permissions 0644 are too open" in err and "s3cret" not in err,
             "a token file others can read is refused, as ssh refuses a loose key", err.strip())
     # A worker without the token never registers.
@@ -60,6 +115,7 @@ def main():
     hosts = [w["host"] for w in cl.ctl_json("workers")["workers"]]
     c.check("intruder" not in hosts and "missing token" in log, "worker without token refused",
             log.strip().splitlines()[0] if log.strip() else "")
+    check_roles_rotation_and_metrics(c, cl, metrics_port)
 
     d = cl.dir
     cases = {

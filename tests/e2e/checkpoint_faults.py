@@ -1,8 +1,9 @@
 """kill -9 of a worker during a checkpoint, at three points: before it wrote
 its shard, in the middle of writing it, and after writing it but before
 reporting it. Each time the last committed checkpoint stays intact (manifest
-and checksums verify), the interrupted one has no manifest, and a resume from
-the latest committed checkpoint runs."""
+and checksums verify), the interrupted one has no manifest and is removed once
+the job's ranks stopped, and a resume from the latest committed checkpoint
+runs."""
 import json
 import os
 
@@ -29,9 +30,11 @@ def main():
         c.check(sorted(os.listdir(committed)) == ["manifest.json", "rank-00000.safetensors", "rank-00001.safetensors"],
                 f"{point}: the committed checkpoint is intact")
         partial = os.path.join(root, "step-00000010")
-        c.check(not os.path.exists(os.path.join(partial, "manifest.json")), f"{point}: the interrupted one has no manifest",
-                str(sorted(os.listdir(partial))) if os.path.isdir(partial) else "no directory")
-        cl.wait_workers(1)
+        c.check(not os.path.exists(os.path.join(partial, "manifest.json")), f"{point}: the interrupted one has no manifest")
+        cl.wait_workers(1)  # the survivor stopped: nothing writes into the job's directory any more
+        gone = wait_for(lambda: not os.path.exists(partial), 10, "the interrupted save's removal", fail=False)
+        c.check(gone, f"{point}: the ended job's interrupted save is removed",
+                str(sorted(os.listdir(partial))) if os.path.isdir(partial) else "")
         rc, out, err = cl.ctl("--json", "resume", job, "--workers", "1")
         resumed = json.loads(out)["job_id"] if rc == 0 else None
         c.check(rc == 0, f"{point}: resume from the latest committed checkpoint accepted", err.strip())

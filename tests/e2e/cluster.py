@@ -66,35 +66,48 @@ def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard",
     return path
 
 
-def wait_for(pred, timeout, what):
+def wait_for(pred, timeout, what, fail=True):
+    """pred()'s first true value within `timeout` seconds; then TimeoutError,
+    or False with fail=False (for a check to report)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(0.1)
+    if not fail:
+        return False
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Cluster:
-    def __init__(self, token=None, coordinator_args=()):
+    def __init__(self, token=None, coordinator_args=(), worker_token=None):
+        """token: the users' (shardctl); worker_token: the workers' (without
+        it, workers use the users' token)."""
         self.coordinator_args = list(coordinator_args)
         self.dir = tempfile.mkdtemp(prefix="shardline-e2e-")
         self.state = os.path.join(self.dir, "state")
-        self.token_file = None
-        if token:
-            self.token_file = os.path.join(self.dir, "token")
-            with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-                f.write(token + "\n")
+        self.token_file = self.secret_file("token", token) if token else None
+        self.worker_token_file = self.secret_file("worker-token", worker_token) if worker_token else None
         self.workers = {}
         self.port = 0
         self.start_coordinator()
+
+    def secret_file(self, name, text, mode=0o600):
+        """A file under the cluster's directory holding `text` and a newline."""
+        path = os.path.join(self.dir, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
+            f.write(text + "\n")
+        os.chmod(path, mode)
+        return path
 
     def start_coordinator(self):
         args = [COORDINATOR, "--listen", f"127.0.0.1:{self.port}", "--state-dir", self.state, "--heartbeat-ms", "500"]
         args += self.coordinator_args
         if self.token_file:
             args += ["--token-file", self.token_file]
+        if self.worker_token_file:
+            args += ["--worker-token-file", self.worker_token_file]
         self.coordinator = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _procs.append(self.coordinator)
         line = self.coordinator.stdout.readline()
@@ -107,8 +120,8 @@ class Cluster:
     def add_worker(self, host, env=None, args=(), collective_timeout=10, device="cpu"):
         args = [WORKER, "--coordinator", self.address, "--device", device, "--host", host,
                 "--collective-timeout", str(collective_timeout)] + list(args)
-        if self.token_file:
-            args += ["--token-file", self.token_file]
+        if self.worker_token_file or self.token_file:
+            args += ["--token-file", self.worker_token_file or self.token_file]
         log = open(os.path.join(self.dir, f"worker-{host}.log"), "w")
         p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
         _procs.append(p)

@@ -68,12 +68,15 @@ class CoreTest : public ::testing::Test {
     EXPECT_TRUE(id.ok()) << id.status();
     return *id;
   }
-  void Finish(const std::string& worker, const std::string& job, int rank, bool ok, const std::string& msg = "") {
+  // `code` 0: a worker that does not say what kind of error it had.
+  void Finish(const std::string& worker, const std::string& job, int rank, bool ok, const std::string& msg = "",
+              absl::StatusCode code = absl::StatusCode::kOk) {
     v1::RankFinished f;
     f.set_job_id(job);
     f.set_rank(rank);
     f.set_ok(ok);
     f.set_message(msg);
+    f.set_code(static_cast<int>(code));
     core_->OnFinished(worker, f);
   }
   std::string State(const std::string& job) { return core_->GetJob(job)->state(); }
@@ -158,6 +161,26 @@ TEST_F(CoreTest, ALostWorkerIsTheRootCauseOverARankThatNoticedIt) {
   EXPECT_EQ(j.state(), "FAILED");
   EXPECT_EQ(j.message().rfind("worker lost: rank 1 on host h2", 0), 0u) << j.message();
   EXPECT_NE(j.message().find("all_gather #7"), std::string::npos) << j.message();
+}
+
+TEST_F(CoreTest, ARanksOwnErrorIsTheRootCauseOverItsPeersConnectionErrors) {
+  RecordingChannel a, b, c;
+  const std::string wa = AddWorker("h1", "cpu", &a);
+  const std::string wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = Submit(3);
+  // Rank 0 stopped on a bad shard; its peers' collectives fail and one of
+  // them reports first.
+  Finish(wb, job, 1, false, "all_gather #3: connection closed by rank 0", absl::StatusCode::kUnavailable);
+  EXPECT_EQ(State(job), "RUNNING");  // a peer's error waits for the root cause
+  Finish(wa, job, 0, false, "rank-00000.safetensors: checksum mismatch", absl::StatusCode::kDataLoss);
+  auto j = *core_->GetJob(job);  // at once: no grace for a rank's own error
+  EXPECT_EQ(j.state(), "FAILED");
+  EXPECT_EQ(j.message(), "rank 0 on host h1 failed: rank-00000.safetensors: checksum mismatch");
+  EXPECT_EQ(c.Cancels(), 1);
+  // Later reports change nothing.
+  Finish(wc, job, 2, false, "reduce_scatter #3 timed out", absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(core_->GetJob(job)->message(), j.message());
 }
 
 TEST_F(CoreTest, LostWorkerFailsTheJobNamingRankAndHost) {
