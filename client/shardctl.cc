@@ -1,7 +1,8 @@
 // shardctl [--coordinator ADDR] [--token-file F] [--tls-ca F] [--json] COMMAND
 //
 //   submit JOB.toml [--workers N] [--follow]   jobs   status JOB   watch JOB
-//   cancel JOB   workers   shards JOB
+//   cancel JOB   delete JOB [--checkpoints]   workers   shards JOB
+//   resume JOB   ckpt save|list|export   plan
 //
 // Errors are one line on stderr and a nonzero exit (2 for usage). `watch` (and
 // `submit --follow`) exit 0 only when the job SUCCEEDED. The job file is
@@ -201,6 +202,51 @@ absl::Status Watch(const Client& c, const std::string& id) {
   return absl::OkStatus();
 }
 
+v1::Job GetJobOrEmpty(const Client& c, const std::string& job, absl::Status* status) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::GetJobRequest r;
+  r.set_job_id(job);
+  v1::Job j;
+  *status = c.Check(c.stub()->GetJob(&ctx, r, &j));
+  return j;
+}
+
+int64_t NewestCheckpointStep(const v1::Job& j) {
+  return j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : -1;
+}
+
+// Asks a running job to save and waits until it commits a checkpoint newer
+// than its newest one, ends (the save's failure is the job's message), or
+// `timeout` passes.
+absl::StatusOr<v1::CheckpointInfo> SaveNow(const Client& c, const std::string& job, absl::Duration timeout) {
+  absl::Status s;
+  const int64_t before = NewestCheckpointStep(GetJobOrEmpty(c, job, &s));
+  SL_RETURN_IF_ERROR(s);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::CheckpointNowRequest r;
+  r.set_job_id(job);
+  v1::CheckpointNowResponse resp;
+  SL_RETURN_IF_ERROR(c.Check(c.stub()->CheckpointNow(&ctx, r, &resp)));
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const v1::Job j = GetJobOrEmpty(c, job, &s);
+    SL_RETURN_IF_ERROR(s);
+    if (NewestCheckpointStep(j) > before) return j.checkpoints(j.checkpoints_size() - 1);
+    if (IsFinalJobState(j.state())) {
+      return absl::AbortedError(absl::StrCat("job ", job, " ended ", j.state(), " before it committed the checkpoint: ",
+                                             j.message()));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("job ", job, " committed no checkpoint within ",
+                                                      absl::FormatDuration(timeout), "; it may still: shardctl ckpt list ",
+                                                      job));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
 }  // namespace
 }  // namespace shardline::ctl
 
@@ -230,8 +276,11 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "show one job");
   auto* watch = app.add_subcommand("watch", "follow a job with a progress bar until it ends");
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
+  auto* del = app.add_subcommand("delete", "forget a job that has ended");
+  bool delete_checkpoints = false;
+  del->add_flag("--checkpoints", delete_checkpoints, "also remove its checkpoints");
   auto* shards = app.add_subcommand("shards", "the job's ownership map");
-  for (auto* s : {status, watch, cancel, shards}) s->add_option("JOB", job)->required();
+  for (auto* s : {status, watch, cancel, del, shards}) s->add_option("JOB", job)->required();
   app.add_subcommand("workers", "list workers");
   std::string from, strategy, step_dir, out_file;
   auto* resume = app.add_subcommand("resume", "start a new job from a job's latest (or a given) checkpoint");
@@ -242,7 +291,11 @@ int main(int argc, char** argv) {
   resume->add_flag("--follow", follow, "watch the new job until it ends");
   auto* ckpt = app.add_subcommand("ckpt", "checkpoints");
   ckpt->require_subcommand(1);
-  auto* ckpt_save = ckpt->add_subcommand("save", "save a running job's state after its current step");
+  auto* ckpt_save = ckpt->add_subcommand("save", "save a running job's state after its current step and wait "
+                                                 "until the checkpoint is committed");
+  double save_timeout_s = 600;
+  ckpt_save->add_option("--timeout", save_timeout_s, "seconds to wait for the commit (default 600)")
+      ->check(CLI::Range(1.0, 86400.0));
   auto* ckpt_list = ckpt->add_subcommand("list", "a job's committed checkpoints");
   auto* ckpt_export = ckpt->add_subcommand("export", "write a checkpoint's model for other tools (no coordinator needed)");
   ckpt_export->add_option("STEP_DIR", step_dir)->required();
@@ -352,11 +405,29 @@ int main(int argc, char** argv) {
       return start(r);
     }
     if (cmd == "ckpt save") {
-      v1::CheckpointNowRequest r;
+      SL_ASSIGN_OR_RETURN(v1::CheckpointInfo saved, SaveNow(c, job, absl::Seconds(save_timeout_s)));
+      if (o.json) {
+        std::cout << absl::StrCat("{\"step\":", saved.step(), ",\"path\":", JsonString(saved.path()), "}") << std::endl;
+      } else {
+        std::cout << absl::StrFormat("committed step %d: %s\n", saved.step(), saved.path());
+      }
+      return absl::OkStatus();
+    }
+    if (cmd == "delete") {
+      v1::DeleteJobRequest r;
       r.set_job_id(job);
-      v1::CheckpointNowResponse resp;
-      SL_RETURN_IF_ERROR(c.Check(c.stub()->CheckpointNow(&ctx, r, &resp)));
-      if (!o.json) std::cout << "asked " << job << " to save after its current step" << std::endl;
+      r.set_checkpoints(delete_checkpoints);
+      v1::DeleteJobResponse resp;
+      SL_RETURN_IF_ERROR(c.Check(c.stub()->DeleteJob(&ctx, r, &resp)));
+      if (o.json) {
+        std::cout << absl::StrCat("{\"deleted\":", JsonString(job), ",\"removed_checkpoints\":",
+                                  resp.removed_checkpoints(), "}")
+                  << std::endl;
+      } else {
+        std::cout << "deleted " << job
+                  << (delete_checkpoints ? absl::StrCat(" and ", resp.removed_checkpoints(), " checkpoints") : "")
+                  << std::endl;
+      }
       return absl::OkStatus();
     }
     if (cmd == "ckpt list") {

@@ -87,9 +87,6 @@ absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   return absl::OkStatus();
 }
 
-namespace {
-// Removes a step directory: the manifest first, so that a crash half-way
-// leaves something that is no longer a checkpoint rather than a broken one.
 void RemoveStepDir(const std::string& dir) {
   ::unlink((dir + "/manifest.json").c_str());
   if (DIR* d = opendir(dir.c_str())) {
@@ -101,7 +98,6 @@ void RemoveStepDir(const std::string& dir) {
   }
   ::rmdir(dir.c_str());
 }
-}  // namespace
 
 void CoordinatorCore::PruneCheckpoints(JobRecord& r) {
   v1::Job& j = JobOf(r);

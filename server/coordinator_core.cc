@@ -50,7 +50,10 @@ CoordinatorCore::CoordinatorCore(StateStore* store, CoordinatorOptions options)
 absl::Status CoordinatorCore::Recover() {
   auto jobs = store_->LoadJobs();
   if (!jobs.ok()) return jobs.status();
+  absl::StatusOr<int64_t> next = store_->NextJobNumber();
+  if (!next.ok()) return next.status();
   absl::MutexLock lock(&mu_);
+  next_job_ = static_cast<int>(std::max<int64_t>(next_job_, *next));
   for (StoredJob& s : *jobs) {
     JobRecord r;
     r.stored = std::move(s);
@@ -284,72 +287,112 @@ void CoordinatorCore::StopRanks(JobRecord& r, const std::string& reason, const s
 
 // ---- scheduling --------------------------------------------------------------
 
+// First come, first served, with one exception: a job that asks for more
+// workers of one device kind than are registered at all does not hold the
+// queue (it would wait for workers that may never come, as Slurm's backfill
+// lets smaller jobs pass a job that cannot start). It starts ahead of later
+// jobs once enough workers registered and are idle.
 void CoordinatorCore::Schedule() {
-  while (!queue_.empty()) {
-    JobRecord& r = jobs_.at(queue_.front());
-    v1::Job& j = JobOf(r);
-    // A job's ranks share one device kind: NCCL and Gloo ranks cannot form
-    // one group. CUDA is preferred where enough of both are idle.
-    std::map<std::string, std::vector<WorkerRecord*>> idle_by_kind;
-    int idle_total = 0;
-    for (auto& [id, w] : workers_) {
-      if (w.info.state() != "IDLE") continue;
-      const std::string& d = w.info.device();
-      idle_by_kind[d.substr(0, d.find(':'))].push_back(&w);
-      ++idle_total;
+  for (size_t i = 0; i < queue_.size();) {
+    switch (TryStart(queue_[i])) {
+      case StartOutcome::kStarted:
+        queue_.erase(queue_.begin() + i);
+        break;
+      case StartOutcome::kTooFewRegistered:
+        ++i;  // the jobs behind it may start
+        break;
+      case StartOutcome::kWaitsForIdle:
+        return;  // nobody overtakes it
     }
-    std::vector<WorkerRecord*> idle;
-    for (const char* kind : {"cuda", "cpu"}) {
-      auto it = idle_by_kind.find(kind);
-      if (idle.empty() && it != idle_by_kind.end() && static_cast<int>(it->second.size()) >= j.workers()) {
-        idle = it->second;
-      }
-    }
-    if (idle.empty()) {  // FIFO: nobody overtakes the head
-      if (idle_total >= j.workers()) {
-        std::string kinds;
-        for (const auto& [kind, ws] : idle_by_kind) {
-          absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", ws.size(), " ", kind);
-        }
-        j.set_message(absl::StrFormat("waiting for %d idle workers of one device kind (idle: %s)", j.workers(), kinds));
-      }
-      return;
-    }
-    // Ranks are stable: by host, then device, then registration order; ranks
-    // of one host are consecutive, so hybrid shard groups stay within a host.
-    std::sort(idle.begin(), idle.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
-      return std::make_tuple(a->info.host(), a->info.device(), a->info.worker_id().size(), a->info.worker_id()) <
-             std::make_tuple(b->info.host(), b->info.device(), b->info.worker_id().size(), b->info.worker_id());
-    });
-    queue_.erase(queue_.begin());
-    j.clear_worker_ids();
-    RevokeStoreAccess(r);
-    r.credentials.clear();
-    for (int rank = 0; rank < j.workers(); ++rank) {
-      WorkerRecord* w = idle[rank];
-      w->info.set_state("BUSY");
-      w->info.set_job_id(j.id());
-      w->info.set_rank(rank);
-      j.add_worker_ids(w->info.worker_id());
-      v1::CoordinatorMessage m;
-      v1::Assignment* a = m.mutable_start();
-      a->set_job_id(j.id());
-      a->set_spec_toml(r.stored.spec_toml);
-      a->set_base_dir(r.stored.base_dir);
-      a->set_rank(rank);
-      a->set_world_size(j.workers());
-      a->set_resume_from(j.resume_from());
-      a->set_checkpoint_root(j.checkpoint_root());
-      a->set_credential(NewCredential());
-      r.credentials[rank] = a->credential();
-      credential_jobs_[a->credential()] = j.id();
-      w->channel->Send(m);
-    }
-    r.started = absl::Now();
-    r.connected_ranks.clear();
-    r.progress.clear();
-    Transition(r, "RUNNING", absl::StrFormat("running on %d workers", j.workers()));
   }
+}
+
+CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
+  JobRecord& r = jobs_.at(id);
+  v1::Job& j = JobOf(r);
+  // A job's ranks share one device kind: NCCL and Gloo ranks cannot form
+  // one group. CUDA is preferred where enough of both are idle.
+  std::map<std::string, std::vector<WorkerRecord*>> idle_by_kind;
+  std::map<std::string, int> registered_by_kind;
+  int idle_total = 0;
+  for (auto& [wid, w] : workers_) {
+    const std::string& d = w.info.device();
+    const std::string kind = d.substr(0, d.find(':'));
+    ++registered_by_kind[kind];
+    if (w.info.state() != "IDLE") continue;
+    idle_by_kind[kind].push_back(&w);
+    ++idle_total;
+  }
+  std::vector<WorkerRecord*> idle;
+  for (const char* kind : {"cuda", "cpu"}) {
+    auto it = idle_by_kind.find(kind);
+    if (idle.empty() && it != idle_by_kind.end() && static_cast<int>(it->second.size()) >= j.workers()) {
+      idle = it->second;
+    }
+  }
+  if (idle.empty()) {
+    int most = 0;
+    std::string registered;
+    for (const auto& [kind, n] : registered_by_kind) {
+      most = std::max(most, n);
+      absl::StrAppend(&registered, registered.empty() ? "" : ", ", n, " ", kind);
+    }
+    if (most < j.workers()) {
+      j.set_message(absl::StrFormat("waiting for %d workers of one device kind (registered: %s); later jobs that "
+                                    "fit start ahead of it",
+                                    j.workers(), registered.empty() ? "none" : registered));
+      return StartOutcome::kTooFewRegistered;
+    }
+    if (idle_total >= j.workers()) {
+      std::string kinds;
+      for (const auto& [kind, ws] : idle_by_kind) {
+        absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", ws.size(), " ", kind);
+      }
+      j.set_message(absl::StrFormat("waiting for %d idle workers of one device kind (idle: %s)", j.workers(), kinds));
+    } else {
+      j.set_message(absl::StrFormat("waiting for %d idle workers", j.workers()));
+    }
+    return StartOutcome::kWaitsForIdle;
+  }
+  StartOn(r, std::move(idle));
+  return StartOutcome::kStarted;
+}
+
+void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle) {
+  v1::Job& j = JobOf(r);
+  // Ranks are stable: by host, then device, then registration order; ranks
+  // of one host are consecutive, so hybrid shard groups stay within a host.
+  std::sort(idle.begin(), idle.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
+    return std::make_tuple(a->info.host(), a->info.device(), a->info.worker_id().size(), a->info.worker_id()) <
+           std::make_tuple(b->info.host(), b->info.device(), b->info.worker_id().size(), b->info.worker_id());
+  });
+  j.clear_worker_ids();
+  RevokeStoreAccess(r);
+  r.credentials.clear();
+  for (int rank = 0; rank < j.workers(); ++rank) {
+    WorkerRecord* w = idle[rank];
+    w->info.set_state("BUSY");
+    w->info.set_job_id(j.id());
+    w->info.set_rank(rank);
+    j.add_worker_ids(w->info.worker_id());
+    v1::CoordinatorMessage m;
+    v1::Assignment* a = m.mutable_start();
+    a->set_job_id(j.id());
+    a->set_spec_toml(r.stored.spec_toml);
+    a->set_base_dir(r.stored.base_dir);
+    a->set_rank(rank);
+    a->set_world_size(j.workers());
+    a->set_resume_from(j.resume_from());
+    a->set_checkpoint_root(j.checkpoint_root());
+    a->set_credential(NewCredential());
+    r.credentials[rank] = a->credential();
+    credential_jobs_[a->credential()] = j.id();
+    w->channel->Send(m);
+  }
+  r.started = absl::Now();
+  r.connected_ranks.clear();
+  r.progress.clear();
+  Transition(r, "RUNNING", absl::StrFormat("running on %d workers", j.workers()));
 }
 
 void CoordinatorCore::Tick(absl::Time now) {
@@ -370,6 +413,7 @@ void CoordinatorCore::Tick(absl::Time now) {
       FailJob(r, r.reported_failure, "");
     }
   }
+  RetireEndedJobs(now);
   std::vector<Waiter> keep;
   for (Waiter& w : waiters_) {
     if (now >= w.deadline) {
@@ -488,6 +532,63 @@ absl::StatusOr<v1::Job> CoordinatorCore::Cancel(const std::string& id) {
   Transition(r, "CANCELLED", "cancelled by the user");
   Schedule();  // the head of the queue may have changed
   return JobOf(r);
+}
+
+absl::StatusOr<int> CoordinatorCore::Delete(const std::string& id, bool checkpoints) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  const std::string state = JobOf(it->second).state();
+  if (!IsFinalJobState(state)) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", state, "; cancel it before deleting it"));
+  }
+  for (const auto& [wid, w] : workers_) {
+    if (w.info.job_id() == id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, ": rank ", w.info.rank(), " on ", w.info.host(), " is still stopping; try again"));
+    }
+  }
+  return Forget(it->second, checkpoints);
+}
+
+absl::StatusOr<int> CoordinatorCore::Forget(JobRecord& r, bool checkpoints) {
+  const std::string id = JobOf(r).id();
+  // The record goes first: a crash after it leaves files without a record,
+  // never a record of files that are gone.
+  if (absl::Status s = store_->DeleteJob(id, next_job_); !s.ok()) return s;
+  int removed = 0;
+  if (checkpoints) {
+    for (const v1::CheckpointInfo& c : JobOf(r).checkpoints()) {
+      RemoveStepDir(c.path());
+      ++removed;
+    }
+    r.ckpt_reports.clear();
+    RemoveInterruptedSaves(r, INT64_MAX);
+    ::rmdir(JobOf(r).checkpoint_root().c_str());  // only if nothing else is left in it
+  }
+  for (auto w = watchers_.begin(); w != watchers_.end();) {
+    w = w->second.first == id ? watchers_.erase(w) : std::next(w);
+  }
+  jobs_.erase(id);
+  return removed;
+}
+
+void CoordinatorCore::RetireEndedJobs(absl::Time now) {
+  std::vector<std::pair<int64_t, std::string>> ended;  // (updated ms, id)
+  for (const auto& [id, r] : jobs_) {
+    if (IsFinalJobState(r.stored.job.state())) ended.emplace_back(r.stored.job.updated_unix_ms(), id);
+  }
+  std::sort(ended.begin(), ended.end());
+  const int64_t oldest_kept_ms = options_.keep_finished_for > absl::ZeroDuration()
+                                     ? absl::ToUnixMillis(now - options_.keep_finished_for)
+                                     : INT64_MIN;
+  const size_t over = ended.size() > static_cast<size_t>(options_.keep_finished_jobs)
+                          ? ended.size() - options_.keep_finished_jobs
+                          : 0;
+  for (size_t i = 0; i < ended.size(); ++i) {
+    if (i >= over && ended[i].first >= oldest_kept_ms) break;
+    (void)Forget(jobs_.at(ended[i].second), /*checkpoints=*/false);  // a failed delete is retried next Tick
+  }
 }
 
 std::vector<v1::WorkerInfo> CoordinatorCore::ListWorkers() const {

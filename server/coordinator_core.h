@@ -1,4 +1,4 @@
-// CoordinatorCore: the registry of workers, the FIFO scheduler, the job state
+// CoordinatorCore: the registry of workers, the scheduler, the job state
 // machine and the rendezvous key-value store. Plain C++: the gRPC service is
 // a thin adapter over it, and unit tests drive it without a network.
 //
@@ -32,6 +32,10 @@
 
 namespace shardline {
 
+// Removes a step directory: the manifest first, so that a crash half-way
+// leaves something that is no longer a checkpoint rather than a broken one.
+void RemoveStepDir(const std::string& dir);
+
 class WorkerChannel {
  public:
   virtual ~WorkerChannel() = default;
@@ -63,6 +67,11 @@ struct CoordinatorOptions {
   // this long is stalled: GetJob names the rank(s) at fault (Job.stalled)
   // and the metrics flag them. Informational: the job keeps running.
   absl::Duration stall_after = absl::Seconds(10);
+  // Ended jobs are forgotten (their records; never their checkpoints) past
+  // this many, oldest first, and once they ended this long ago (zero: kept
+  // at any age).
+  int keep_finished_jobs = 1000;
+  absl::Duration keep_finished_for = absl::ZeroDuration();
   CoreEvents events;
 };
 
@@ -104,6 +113,10 @@ class CoordinatorCore {
   absl::StatusOr<v1::Job> GetJob(const std::string& id) const;
   std::vector<v1::Job> ListJobs() const;
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
+  // Forgets a job that has ended: its record, and with `checkpoints` its
+  // committed and interrupted step directories (the count removed). A
+  // PENDING or RUNNING job is refused (FailedPrecondition: cancel it first).
+  absl::StatusOr<int> Delete(const std::string& id, bool checkpoints);
   std::vector<v1::WorkerInfo> ListWorkers() const;
   absl::StatusOr<v1::Ownership> GetOwnership(const std::string& id) const;
   // A rank's report that its shard of `step` is written; when every rank
@@ -210,6 +223,16 @@ class CoordinatorCore {
   void StopRanks(JobRecord& r, const std::string& reason, const std::string& skip_worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts queued job `id` on idle workers if enough of one device kind are
+  // idle; otherwise says in its message what it waits for.
+  enum class StartOutcome { kStarted, kWaitsForIdle, kTooFewRegistered };
+  StartOutcome TryStart(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Assigns r's ranks to `idle` workers (at least r's world size) and starts it.
+  void StartOn(JobRecord& r, std::vector<WorkerRecord*> idle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a job's record (and with `checkpoints` its step directories).
+  absl::StatusOr<int> Forget(JobRecord& r, bool checkpoints) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies keep_finished_jobs and keep_finished_for.
+  void RetireEndedJobs(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseWorker(const std::string& id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckReport(const JobRecord& r, const v1::CheckpointReport& report) const

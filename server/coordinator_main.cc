@@ -2,6 +2,7 @@
 //                       [--token-file F [--worker-token-file F]]
 //                       [--tls-cert F --tls-key F] [--heartbeat-ms N]
 //                       [--lost-after-missed N] [--stall-after SECONDS]
+//                       [--keep-finished-jobs N] [--keep-finished-hours H]
 //                       [--metrics-port P | --metrics-listen HOST:PORT] [--metrics-token-file F]
 //
 // Token files hold one accepted token per line: --token-file the users',
@@ -72,8 +73,8 @@ int main(int argc, char** argv) {
   CLI::App app{"shardline-coordinator: the Shardline control plane"};
   std::string listen = "127.0.0.1:50051", state_dir, tls_cert, tls_key, metrics_listen;
   TokenFiles token_files;
-  int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = -1;
-  double stall_after_s = 10;
+  int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = -1, keep_finished_jobs = 1000;
+  double stall_after_s = 10, keep_finished_hours = 0;
   app.add_option("--listen", listen, "address to serve on (host:port)");
   app.add_option("--state-dir", state_dir, "directory for the state database")->required();
   app.add_option("--token-file", token_files.user, "file of the users' bearer tokens, one per line");
@@ -87,6 +88,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_option("--stall-after", stall_after_s, "seconds without progress before a running job is stalled")
       ->check(CLI::PositiveNumber);
+  app.add_option("--keep-finished-jobs", keep_finished_jobs,
+                 "ended jobs kept in the record, the oldest forgotten first (their checkpoints stay)")
+      ->check(CLI::Range(1, 10000000));
+  app.add_option("--keep-finished-hours", keep_finished_hours,
+                 "forget ended jobs this many hours after they ended (0: at any age)")
+      ->check(CLI::Range(0.0, 1e6));
   auto* port_flag = app.add_option("--metrics-port", metrics_port,
                                    "serve Prometheus /metrics on this port of every interface (0: any free port)")
                         ->check(CLI::Range(-1, 65535));
@@ -121,6 +128,8 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   options.lost_after_missed = lost_after_missed;
   options.stall_after = absl::Seconds(stall_after_s);
+  options.keep_finished_jobs = keep_finished_jobs;
+  options.keep_finished_for = absl::Hours(keep_finished_hours);
   shardline::CoordinatorMetrics metrics;
   options.events = metrics.Events();
   shardline::CoordinatorCore core(store->get(), options);

@@ -316,6 +316,14 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
   return Done(ctx, j.status());
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::DeleteJob(grpc::CallbackServerContext* ctx,
+                                                        const v1::DeleteJobRequest* req, v1::DeleteJobResponse* resp) {
+  SL_AUTHORIZE(ctx, kUser);
+  absl::StatusOr<int> removed = core_->Delete(req->job_id(), req->checkpoints());
+  if (removed.ok()) resp->set_removed_checkpoints(*removed);
+  return Done(ctx, removed.status());
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* ctx,
                                                           const v1::ListWorkersRequest*,
                                                           v1::ListWorkersResponse* resp) {

@@ -47,6 +47,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                      v1::ListJobsResponse* resp) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx, const v1::CancelJobRequest* req,
                                       v1::Job* resp) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx, const v1::DeleteJobRequest* req,
+                                      v1::DeleteJobResponse* resp) override;
   grpc::ServerWriteReactor<v1::Job>* WatchJob(grpc::CallbackServerContext* ctx,
                                               const v1::WatchJobRequest* req) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx, const v1::ListWorkersRequest* req,

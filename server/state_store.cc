@@ -41,7 +41,8 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
                           "CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE, "
                           "job BLOB, spec TEXT, base_dir TEXT)",
                           "CREATE TABLE IF NOT EXISTS checkpoint_reports (job_id TEXT, rank INTEGER, step INTEGER, "
-                          "report BLOB, PRIMARY KEY (job_id, rank, step))"}) {
+                          "report BLOB, PRIMARY KEY (job_id, rank, step))",
+                          "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER)"}) {
     absl::Status st = s->Exec(sql);
     if (!st.ok()) return st;
   }
@@ -123,6 +124,46 @@ absl::Status StateStore::PutCheckpointReport(const v1::CheckpointReport& r) {
   const int rc = sqlite3_step(st);
   sqlite3_finalize(st);
   return rc == SQLITE_DONE ? absl::OkStatus() : Error("write checkpoint report");
+}
+
+absl::StatusOr<int64_t> StateStore::NextJobNumber() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT value FROM counters WHERE name = 'next_job'", -1, &st, nullptr) != SQLITE_OK) {
+    return Error("prepare");
+  }
+  const int rc = sqlite3_step(st);
+  const int64_t n = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+  sqlite3_finalize(st);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return Error("read next_job");
+  return n;
+}
+
+absl::Status StateStore::DeleteJob(const std::string& id, int64_t next_job_number) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+  for (const char* sql : {"DELETE FROM jobs WHERE id = ?1", "DELETE FROM checkpoint_reports WHERE job_id = ?1",
+                          "INSERT INTO counters VALUES ('next_job', ?2) "
+                          "ON CONFLICT(name) DO UPDATE SET value = max(value, excluded.value)"}) {
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) {
+      absl::Status e = Error("prepare");
+      (void)Exec("ROLLBACK");
+      return e;
+    }
+    if (sqlite3_bind_parameter_index(st, "?1") > 0) {
+      sqlite3_bind_text(st, 1, id.c_str(), -1, SQLITE_TRANSIENT);
+    }
+    if (sqlite3_bind_parameter_index(st, "?2") > 0) sqlite3_bind_int64(st, 2, next_job_number);
+    const int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) {
+      absl::Status e = Error("delete job " + id);
+      (void)Exec("ROLLBACK");
+      return e;
+    }
+  }
+  return Exec("COMMIT");
 }
 
 }  // namespace shardline

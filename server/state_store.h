@@ -33,6 +33,13 @@ class StateStore {
   absl::Status PutJob(const StoredJob& job);
   absl::StatusOr<std::vector<StoredJob>> LoadJobs();  // in creation order
   absl::Status PutCheckpointReport(const v1::CheckpointReport& report);
+  // Removes a job's row and its checkpoint reports, and records that job
+  // numbers below `next_job_number` were given (in one transaction): a job id
+  // is never given twice, so a new job never writes into a deleted one's
+  // checkpoint directory.
+  absl::Status DeleteJob(const std::string& id, int64_t next_job_number);
+  // The largest next_job_number recorded by DeleteJob; 0 if none.
+  absl::StatusOr<int64_t> NextJobNumber();
 
  private:
   StateStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}

@@ -62,13 +62,20 @@ def main():
                                                      extra='\n[checkpoint]\ndir = "ckpt"\n'))
     long_job = json.loads(out)["job_id"]
     wait_for(lambda: cl.job(long_job)["step"] > 3, 60, "the long job to run")
-    rc, _, err = cl.ctl("ckpt", "save", long_job)
-    c.check(rc == 0, "ckpt save accepted", err.strip())
-    got = wait_for(lambda: cl.ctl_json("ckpt", "list", long_job)["checkpoints"], 30, "the requested checkpoint")
-    c.check(len(got) == 1 and os.path.exists(os.path.join(got[0]["path"], "manifest.json")),
-            "ckpt save commits a checkpoint", str(got))
+    rc, out, err = cl.ctl("--json", "ckpt", "save", long_job)
+    saved = json.loads(out) if rc == 0 else {}
+    got = cl.ctl_json("ckpt", "list", long_job)["checkpoints"]  # at once: ckpt save waited for the commit
+    c.check(rc == 0 and len(got) == 1 and got[0] == saved and os.path.exists(os.path.join(got[0]["path"], "manifest.json")),
+            "ckpt save returns the committed checkpoint", f"{err.strip()} {got}")
+    # Deleting: refused while running; after cancel it forgets the job and its checkpoints.
+    rc, _, err = cl.ctl("delete", long_job)
+    c.check(rc == 1 and "cancel it before deleting it" in err, "a running job cannot be deleted", err.strip())
     cl.ctl("cancel", long_job)
     wait_for(lambda: len(cl.idle_workers()) >= 2, 30, "the workers to be free again")
+    rc, out, err = cl.ctl("--json", "delete", long_job, "--checkpoints")
+    c.check(rc == 0 and json.loads(out)["removed_checkpoints"] == 1 and not os.path.exists(got[0]["path"])
+            and cl.ctl("status", long_job)[0] == 1, "delete --checkpoints forgets the job and removes its checkpoint",
+            err.strip() or out.strip())
 
     # A save that cannot be written (its checkpoint root is a file, which
     # stops root too) fails the job promptly, naming the path: it is not
@@ -79,11 +86,9 @@ def main():
     with open(os.path.join(cl.dir, "ckpt", doomed), "w") as f:
         f.write("not a directory\n")
     wait_for(lambda: cl.job(doomed)["step"] > 3, 60, "the unsaveable job to run")
-    cl.ctl("ckpt", "save", doomed)
-    try:
-        wait_for(lambda: cl.job(doomed)["state"] == "FAILED", 30, "the job to fail")
-    except Exception:
-        pass
+    rc, _, err = cl.ctl("ckpt", "save", doomed, "--timeout", "30")
+    c.check(rc == 1 and "ended FAILED before it committed the checkpoint" in err and "cannot create directory" in err,
+            "ckpt save reports a save that fails, naming why", err.strip()[-200:])
     st = cl.job(doomed)
     c.check(st["state"] == "FAILED" and doomed in st["message"] and "cannot create directory" in st["message"],
             "a save that cannot be written fails the job at once, naming the path", st["message"][-160:])

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "common/checkpoint_manifest.h"
 
@@ -92,7 +93,7 @@ TEST_F(CoreTest, AJobNeverMixesCpuAndCudaWorkers) {
   AddWorker("a", "cpu", &cpu1);
   const std::string job = Submit(2);
   EXPECT_EQ(State(job), "PENDING");
-  EXPECT_NE(core_->GetJob(job)->message().find("one device kind (idle: 1 cpu, 1 cuda)"), std::string::npos)
+  EXPECT_NE(core_->GetJob(job)->message().find("one device kind (registered: 1 cpu, 1 cuda)"), std::string::npos)
       << core_->GetJob(job)->message();
   EXPECT_TRUE(gpu.Starts().empty());
   AddWorker("b", "cpu", &cpu2);
@@ -123,15 +124,91 @@ TEST_F(CoreTest, JobWaitsForWorkersThenRanksFollowHostAndDevice) {
 }
 
 TEST_F(CoreTest, QueueIsFifo) {
-  RecordingChannel a;
+  RecordingChannel a, b;
+  const std::string wa = AddWorker("h1", "cpu", &a);
+  const std::string running = Submit(1);
+  AddWorker("h2", "cpu", &b);
   const std::string first = Submit(2);
   const std::string second = Submit(1);
-  AddWorker("h", "cpu", &a);
-  // One idle worker would fit the second job, but it must not overtake.
+  // One idle worker would fit the second job, but it must not overtake a
+  // job that waits for a busy worker.
   EXPECT_EQ(State(first), "PENDING");
   EXPECT_EQ(State(second), "PENDING");
-  ASSERT_TRUE(core_->Cancel(first).ok());
-  EXPECT_EQ(State(second), "RUNNING");
+  Finish(wa, running, 0, true);
+  EXPECT_EQ(State(first), "RUNNING");
+  EXPECT_EQ(State(second), "PENDING");
+}
+
+TEST_F(CoreTest, AJobThatCannotFitDoesNotHoldTheQueue) {
+  RecordingChannel a, b, c;
+  const std::string wa = AddWorker("h1", "cpu", &a);
+  const std::string huge = Submit(3);    // more than are registered
+  const std::string small = Submit(1);   // starts behind it
+  EXPECT_EQ(State(huge), "PENDING");
+  EXPECT_NE(core_->GetJob(huge)->message().find("waiting for 3 workers of one device kind (registered: 1 cpu)"),
+            std::string::npos)
+      << core_->GetJob(huge)->message();
+  EXPECT_EQ(State(small), "RUNNING");
+  // Once enough are registered it waits for idle ones, first in line again.
+  AddWorker("h2", "cpu", &b);
+  AddWorker("h3", "cpu", &c);
+  const std::string later = Submit(1);
+  EXPECT_EQ(State(huge), "PENDING");
+  EXPECT_EQ(State(later), "PENDING");  // FIFO behind a job that fits the cluster
+  Finish(wa, small, 0, true);
+  EXPECT_EQ(State(huge), "RUNNING");
+  EXPECT_EQ(State(later), "PENDING");
+}
+
+TEST_F(CoreTest, DeleteForgetsAnEndedJobAndItsIdIsNeverGivenAgain) {
+  RecordingChannel a;
+  const std::string w = AddWorker("h", "cpu", &a);
+  v1::SubmitJobRequest req;
+  req.set_spec_toml(kSpec);
+  req.set_workers(1);
+  req.set_base_dir(dir_);  // its checkpoints go under the test's directory
+  const std::string job = *core_->Submit(req);
+  EXPECT_EQ(core_->Delete(job, false).status().code(), absl::StatusCode::kFailedPrecondition);  // running
+  ASSERT_TRUE(core_->Cancel(job).ok());
+  // Its worker has not reported back yet: it may still write into the job's directory.
+  EXPECT_EQ(core_->Delete(job, false).status().code(), absl::StatusCode::kFailedPrecondition);
+  Finish(w, job, 0, false, "stopped", absl::StatusCode::kCancelled);
+  const std::string root = core_->GetJob(job)->checkpoint_root();
+  std::filesystem::create_directories(root + "/step-00000002");
+  std::ofstream(root + "/step-00000002/rank-00000.safetensors") << "partial";
+  ASSERT_TRUE(core_->Delete(job, true).ok());
+  EXPECT_EQ(core_->GetJob(job).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(root));  // an interrupted save too, then the empty directory
+  core_.reset();
+  CoordinatorCore restarted(store_.get(), CoordinatorOptions{});
+  ASSERT_TRUE(restarted.Recover().ok());
+  EXPECT_EQ(restarted.GetJob(job).status().code(), absl::StatusCode::kNotFound);
+  v1::SubmitJobRequest r;
+  r.set_spec_toml(kSpec);
+  r.set_workers(1);
+  EXPECT_EQ(*restarted.Submit(r), "job-2");  // not job-1 again: it would write into job-1's directory
+}
+
+TEST_F(CoreTest, EndedJobsBeyondTheCountOrAgeAreForgottenOldestFirst) {
+  CoordinatorOptions options{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+  options.keep_finished_jobs = 2;
+  options.keep_finished_for = absl::Hours(1);
+  core_ = std::make_unique<CoordinatorCore>(store_.get(), options);
+  std::vector<std::string> jobs;
+  for (int i = 0; i < 4; ++i) {
+    jobs.push_back(Submit(1));
+    ASSERT_TRUE(core_->Cancel(jobs.back()).ok());
+    absl::SleepFor(absl::Milliseconds(2));  // distinct end times
+  }
+  const std::string pending = Submit(1);
+  core_->Tick(absl::Now());
+  EXPECT_FALSE(core_->GetJob(jobs[0]).ok());
+  EXPECT_FALSE(core_->GetJob(jobs[1]).ok());
+  EXPECT_TRUE(core_->GetJob(jobs[2]).ok());
+  EXPECT_TRUE(core_->GetJob(jobs[3]).ok());
+  core_->Tick(absl::Now() + absl::Hours(2));  // past the age: every ended job goes, never a pending one
+  EXPECT_FALSE(core_->GetJob(jobs[3]).ok());
+  EXPECT_EQ(State(pending), "PENDING");
 }
 
 TEST_F(CoreTest, FailedRankFailsTheJobAndStopsTheOthers) {
@@ -444,10 +521,9 @@ TEST_F(CoreTest, OnlyTheSessionHoldingARankSpeaksForIt) {
   // names both ranks of someone else's job finished, progressed or
   // connected changes nothing, and each attempt is counted.
   std::vector<std::string> refused;
-  core_ = std::make_unique<CoordinatorCore>(
-      store_.get(), CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Seconds(10),
-                                       CoreEvents{nullptr, nullptr, nullptr,
-                                                  [&](const char* what) { refused.push_back(what); }}});
+  CoordinatorOptions options{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+  options.events.refused = [&](const char* what) { refused.push_back(what); };
+  core_ = std::make_unique<CoordinatorCore>(store_.get(), options);
   RecordingChannel a, b, rogue_channel;
   const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
   const std::string job = Submit(2);
