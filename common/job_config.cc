@@ -278,6 +278,7 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   data.StringList("val_mask_path", &c.data.val.mask_paths);
   TableReader train(table("train"), "train", src);
   train.Int("steps", &c.train.steps, 1, kMaxInt);
+  train.Int("max_nonfinite_skips", &c.train.max_nonfinite_skips, 0, kMaxInt);
   train.Int("batch_size", &c.train.batch_size, 1, 1 << 24);
   train.Int("micro_batch_size", &c.train.micro_batch_size, 1, 1 << 24);
   train.Int("seed", &c.train.seed, 0, std::numeric_limits<int64_t>::max());

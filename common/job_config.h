@@ -84,6 +84,10 @@ struct TrainConfig {
   // over the first eval_batches global batches of [data] val_path (synthetic
   // data: a synthetic stream of another seed).
   int eval_interval = 0, eval_batches = 20;
+  // Steps whose global gradient norm is NaN or infinite make no update, as a
+  // mixed-precision loss scaler skips them, up to this many in one run; the
+  // next one fails the job naming the step. 0: the first fails it.
+  int max_nonfinite_skips = 0;
 };
 struct OptimizerConfig {
   double lr = 6e-4, min_lr = 6e-5;

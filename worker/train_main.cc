@@ -177,16 +177,19 @@ absl::Status Run(const Flags& f) {
     start = m.step;
   }
   std::string steps_json;
+  NonFiniteSteps nonfinite(config.train.max_nonfinite_skips);
   for (int64_t s = start; s < config.train.steps; ++s) {
     SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
+    // JSON has no NaN: a value that is not finite is null.
+    auto number = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string("null"); };
     const std::string line = absl::StrFormat(
-        "{\"step\":%d,\"loss\":%.17g,\"grad_norm\":%.17g,\"lr\":%.10g,\"seconds\":%.6f,"
-        "\"exposed_comm_seconds\":%.6f,\"tokens_per_s\":%.2f,\"val_loss\":%s}",
-        r.step, r.loss, r.grad_norm, r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds,
-        std::isnan(r.val_loss) ? "null" : absl::StrFormat("%.17g", r.val_loss));
+        "{\"step\":%d,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.10g,\"seconds\":%.6f,"
+        "\"exposed_comm_seconds\":%.6f,\"tokens_per_s\":%.2f,\"val_loss\":%s,\"skipped\":%s}",
+        r.step, number(r.loss), number(r.grad_norm), r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds,
+        number(r.val_loss), r.skipped ? "true" : "false");
     if (f.rank == 0) std::cout << line << std::endl;
     absl::StrAppend(&steps_json, steps_json.empty() ? "" : ",", line);
-    SL_RETURN_IF_ERROR(CheckFiniteStep(r));
+    SL_RETURN_IF_ERROR(nonfinite.Check(r));
     if (f.save_at == s + 1) SL_RETURN_IF_ERROR(SaveCheckpoint(*engine, config, f, store.get(), s + 1));
     if (f.stop_after == s + 1) break;
   }

@@ -253,6 +253,7 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     SL_ASSIGN_OR_RETURN(CheckpointManifest m, LoadCheckpoint(*engine, config, a.resume_from()));
     start = m.step;
   }
+  NonFiniteSteps nonfinite(config.train.max_nonfinite_skips);
   for (int64_t s = start; s < config.train.steps; ++s) {
     if (cancel_) return absl::CancelledError(absl::StrCat("stopped before step ", s));
     SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
@@ -270,7 +271,8 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     p->set_step_seconds(r.seconds);
     if (!std::isnan(r.val_loss)) p->set_val_loss(r.val_loss);
     Write(m);
-    SL_RETURN_IF_ERROR(CheckFiniteStep(r));
+    SL_RETURN_IF_ERROR(nonfinite.Check(r));
+    if (r.skipped) std::cerr << "shardline-worker: step " << s + 1 << ": gradient norm not finite; no update" << std::endl;
     // A save that failed in the background fails the job now, naming why,
     // not at the next save or at the end of the run.
     if (save_done_ && save_thread_.joinable()) SL_RETURN_IF_ERROR(WaitForSave());

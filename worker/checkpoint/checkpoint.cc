@@ -1,3 +1,4 @@
+#include "worker/fault_injection.h"
 #include "worker/checkpoint/checkpoint.h"
 
 #include <signal.h>
@@ -56,8 +57,7 @@ ShardSnapshot SnapshotShards(const Engine& engine, bool copy) {
 }
 
 void MaybeInjectFault(const char* point, int64_t step) {
-  const char* spec = std::getenv("SHARDLINE_FAULT");
-  if (spec && std::string(spec) == absl::StrCat(point, "@", step)) {
+  if (FaultRequested(point, step)) {
     std::fprintf(stderr, "shardline: injected fault %s at step %ld\n", point, static_cast<long>(step));
     raise(SIGKILL);
   }

@@ -29,9 +29,8 @@ struct ShardSnapshot {
 };
 ShardSnapshot SnapshotShards(const Engine& engine, bool copy);
 
-// Fault injection for tests: with SHARDLINE_FAULT=<point>@<step> in the
-// environment the process kills itself (SIGKILL) at that point of the save of
-// that step. Points: before-write, mid-write, before-report.
+// Fault injection for tests (worker/fault_injection.h): the process kills
+// itself (SIGKILL) at `point` of the save of `step` if asked to.
 void MaybeInjectFault(const char* point, int64_t step);
 
 // Writes a snapshot as `step_dir`/rank-<5 digits>.safetensors (created

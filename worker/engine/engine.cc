@@ -1,3 +1,4 @@
+#include "worker/fault_injection.h"
 #include "worker/engine/engine.h"
 
 #include <cmath>
@@ -359,7 +360,13 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step) {
   StepResult r;
   r.step = step;
   r.lr = LearningRate(config_.optimizer, step, t.steps);
-  SL_RETURN_IF_ERROR(OptimizerStep(step, r.lr, ClipCoefficient(norm, config_.optimizer.grad_clip)));
+  if (FaultRequested("nan-grad", step + 1)) norm.fill_(std::numeric_limits<double>::quiet_NaN());
+  // The norm is the same on every rank, so every rank skips the same steps.
+  // Reading it costs a device sync, paid only where skipping is allowed.
+  r.skipped = t.max_nonfinite_skips > 0 && !std::isfinite(norm.item<double>());
+  if (!r.skipped) {
+    SL_RETURN_IF_ERROR(OptimizerStep(step, r.lr, ClipCoefficient(norm, config_.optimizer.grad_clip)));
+  }
   const at::Tensor results = at::cat({loss.reshape({1}), norm.reshape({1})});
   SL_RETURN_IF_ERROR(SumOverWorld(results.narrow(0, 0, 1)));
   SL_RETURN_IF_ERROR(SyncHost());
@@ -381,11 +388,17 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step) {
   return r;
 }
 
-absl::Status CheckFiniteStep(const StepResult& r) {
-  if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) return absl::OkStatus();
+absl::Status NonFiniteSteps::Check(const StepResult& r) {
+  if (r.skipped && skipped_ < max_skips_) {
+    ++skipped_;
+    return absl::OkStatus();
+  }
+  if (!r.skipped && std::isfinite(r.loss) && std::isfinite(r.grad_norm)) return absl::OkStatus();
+  std::string skips;
+  if (max_skips_ > 0) skips = absl::StrFormat(" after %d skipped steps ([train] max_nonfinite_skips = %d)", skipped_, max_skips_);
   return absl::InvalidArgumentError(absl::StrFormat(
-      "step %d: the loss is %g and the gradient norm %g: training diverged (lower [optimizer] lr, or check the data)",
-      r.step + 1, r.loss, r.grad_norm));
+      "step %d: the loss is %g and the gradient norm %g%s: training diverged (lower [optimizer] lr, or check the data)",
+      r.step + 1, r.loss, r.grad_norm, skips));
 }
 
 absl::StatusOr<double> Engine::Evaluate() {

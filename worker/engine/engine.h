@@ -59,12 +59,25 @@ struct StepResult {
   // step's update; NaN where the step ran no evaluation.
   double val_loss = std::numeric_limits<double>::quiet_NaN();
   double eval_seconds = 0;  // not part of `seconds`
+  // The gradient norm was not finite and [train] max_nonfinite_skips allowed
+  // skipping: the step made no update.
+  bool skipped = false;
 };
 
-// OK unless the step's loss or gradient norm is NaN or infinite; then an
+// Counts the non-finite steps of one run against [train] max_nonfinite_skips:
+// OK for a finite step and for a skipped one within the limit; otherwise an
 // InvalidArgument naming the step, so that a diverged job fails rather than
 // ends SUCCEEDED with NaN weights.
-absl::Status CheckFiniteStep(const StepResult& r);
+class NonFiniteSteps {
+ public:
+  explicit NonFiniteSteps(int max_skips) : max_skips_(max_skips) {}
+  absl::Status Check(const StepResult& r);
+  int skipped() const { return skipped_; }
+
+ private:
+  const int max_skips_;
+  int skipped_ = 0;
+};
 
 // Per-rank memory by kind; at rest (between steps) and the peak of all kinds
 // together during the last step.
