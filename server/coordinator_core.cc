@@ -417,11 +417,11 @@ void CoordinatorCore::Tick(absl::Time now) {
   std::vector<Waiter> keep;
   for (Waiter& w : waiters_) {
     if (now >= w.deadline) {
-      w.done(absl::DeadlineExceededError(absl::StrCat("store wait for ", w.keys.empty() ? "" : w.keys[0],
-                                                      " timed out")),
-             {});
+      EndWait(w, absl::DeadlineExceededError(absl::StrCat("store wait for ", w.keys.empty() ? "" : w.keys[0],
+                                                          " timed out")),
+              {});
     } else if (w.cancelled && w.cancelled()) {
-      w.done(absl::CancelledError("store wait: the caller cancelled"), {});
+      EndWait(w, absl::CancelledError("store wait: the caller cancelled"), {});
     } else {
       keep.push_back(std::move(w));
     }

@@ -139,10 +139,14 @@ class CoordinatorCore {
 
   // ---- rendezvous store ----
   // Callers are bounded (ResourceExhausted naming the limit): keys of at most
-  // kMaxStoreKeyBytes, values of at most kMaxStoreValueBytes, kMaxStoreBytes
-  // and kMaxStoreKeys in all, waits of at most kMaxWaitKeys keys and
-  // kMaxStoreWaiters pending at once. A job's keys are dropped when it ends.
+  // kMaxStoreKeyBytes, values of at most kMaxStoreValueBytes; per job (a
+  // key's job is what precedes its first "/") kMaxJobStoreBytes,
+  // kMaxJobStoreKeys and kMaxJobWaiters pending waits, so that one job
+  // cannot starve another's rendezvous; kMaxStoreBytes, kMaxStoreKeys and
+  // kMaxStoreWaiters in all; waits of at most kMaxWaitKeys keys. A job's keys
+  // are dropped when it ends.
   static constexpr size_t kMaxStoreKeyBytes = 512, kMaxStoreValueBytes = 1 << 20;
+  static constexpr size_t kMaxJobStoreBytes = 8 << 20, kMaxJobStoreKeys = 1 << 13, kMaxJobWaiters = 1024;
   static constexpr size_t kMaxStoreBytes = 64 << 20, kMaxStoreKeys = 1 << 16;
   static constexpr size_t kMaxWaitKeys = 256, kMaxStoreWaiters = 4096;
   // Who may touch which keys: `credential` must be a rank credential of a
@@ -235,6 +239,10 @@ class CoordinatorCore {
   void RetireEndedJobs(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseWorker(const std::string& id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers a wait and gives its place back to its job's count (the caller
+  // then drops it from waiters_).
+  void EndWait(Waiter& w, const absl::Status& s, const std::vector<std::string>& values)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckReport(const JobRecord& r, const v1::CheckpointReport& report) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitCheckpoint(JobRecord& r, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -263,6 +271,10 @@ class CoordinatorCore {
   // The rank credentials of running attempts -> their job id (store access).
   std::map<std::string, std::string> credential_jobs_ ABSL_GUARDED_BY(mu_);
   size_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values of kv_
+  struct JobKv {
+    size_t bytes = 0, keys = 0, waiters = 0;
+  };
+  std::map<std::string, JobKv> job_kv_ ABSL_GUARDED_BY(mu_);  // by the keys' job
   // Sets kv_[key] within the store's limits.
   absl::Status PutKv(const std::string& key, std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, std::string>::iterator EraseKv(std::map<std::string, std::string>::iterator it)

@@ -5,6 +5,11 @@
 #include "server/coordinator_core.h"
 
 namespace shardline {
+namespace {
+// The job a key belongs to: what precedes its first "/" (AuthorizeStore
+// confines every caller to "<its job id>/").
+std::string JobOfKey(const std::string& key) { return key.substr(0, key.find('/')); }
+}  // namespace
 
 void CoordinatorCore::WakeWaiters() {
   std::vector<Waiter> keep;
@@ -14,7 +19,7 @@ void CoordinatorCore::WakeWaiters() {
     if (ready) {
       std::vector<std::string> values;
       for (const auto& k : w.keys) values.push_back(kv_.at(k));
-      w.done(absl::OkStatus(), values);
+      EndWait(w, absl::OkStatus(), values);
     } else {
       keep.push_back(std::move(w));
     }
@@ -31,23 +36,54 @@ absl::Status CoordinatorCore::PutKv(const std::string& key, std::string value) {
                                                      " bytes, more than the limit of ", kMaxStoreValueBytes));
   }
   auto it = kv_.find(key);
+  const std::string job = JobOfKey(key);
+  JobKv& mine = job_kv_[job];
   const size_t old = it == kv_.end() ? 0 : key.size() + it->second.size();
-  if (it == kv_.end() && kv_.size() >= kMaxStoreKeys) {
-    return absl::ResourceExhaustedError(absl::StrCat("store: ", kMaxStoreKeys, " keys are set, the limit"));
+  const size_t added = key.size() + value.size();
+  absl::Status refused;
+  if (it == kv_.end() && (kv_.size() >= kMaxStoreKeys || mine.keys >= kMaxJobStoreKeys)) {
+    refused = absl::ResourceExhaustedError(absl::StrCat("store: ", mine.keys >= kMaxJobStoreKeys ? job : "all jobs",
+                                                        " already set the limit of ",
+                                                        mine.keys >= kMaxJobStoreKeys ? kMaxJobStoreKeys : kMaxStoreKeys,
+                                                        " keys"));
+  } else if (mine.bytes - old + added > kMaxJobStoreBytes) {
+    refused = absl::ResourceExhaustedError(absl::StrCat("store: setting ", key, " would pass the limit of ",
+                                                        kMaxJobStoreBytes, " bytes for ", job, "'s keys"));
+  } else if (kv_bytes_ - old + added > kMaxStoreBytes) {
+    refused = absl::ResourceExhaustedError(absl::StrCat("store: setting ", key, " would pass the limit of ",
+                                                        kMaxStoreBytes, " bytes for all keys"));
   }
-  if (kv_bytes_ - old + key.size() + value.size() > kMaxStoreBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("store: setting ", key, " would pass the limit of ",
-                                                     kMaxStoreBytes, " bytes for all keys"));
+  if (!refused.ok()) {
+    if (mine.keys == 0 && mine.waiters == 0) job_kv_.erase(job);
+    return refused;
   }
-  kv_bytes_ = kv_bytes_ - old + key.size() + value.size();
+  kv_bytes_ = kv_bytes_ - old + added;
+  mine.bytes = mine.bytes - old + added;
+  if (it == kv_.end()) ++mine.keys;
   kv_[key] = std::move(value);
   WakeWaiters();
   return absl::OkStatus();
 }
 
 std::map<std::string, std::string>::iterator CoordinatorCore::EraseKv(std::map<std::string, std::string>::iterator it) {
-  kv_bytes_ -= it->first.size() + it->second.size();
+  const size_t bytes = it->first.size() + it->second.size();
+  kv_bytes_ -= bytes;
+  auto job = job_kv_.find(JobOfKey(it->first));
+  if (job != job_kv_.end()) {
+    job->second.bytes -= bytes;
+    --job->second.keys;
+    if (job->second.keys == 0 && job->second.waiters == 0) job_kv_.erase(job);
+  }
   return kv_.erase(it);
+}
+
+void CoordinatorCore::EndWait(Waiter& w, const absl::Status& s, const std::vector<std::string>& values) {
+  w.done(s, values);
+  if (w.keys.empty()) return;
+  auto job = job_kv_.find(JobOfKey(w.keys[0]));
+  if (job == job_kv_.end()) return;
+  --job->second.waiters;
+  if (job->second.keys == 0 && job->second.waiters == 0) job_kv_.erase(job);
 }
 
 absl::Status CoordinatorCore::AuthorizeStore(const std::string& credential,
@@ -117,7 +153,7 @@ bool CoordinatorCore::StoreDelete(const std::string& key) {
 void CoordinatorCore::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;
-  for (Waiter& w : waiters_) w.done(absl::UnavailableError("the coordinator is shutting down"), {});
+  for (Waiter& w : waiters_) EndWait(w, absl::UnavailableError("the coordinator is shutting down"), {});
   waiters_.clear();
 }
 
@@ -128,13 +164,18 @@ void CoordinatorCore::StoreWait(const std::vector<std::string>& keys, absl::Time
     done(absl::UnavailableError("the coordinator is shutting down"), {});
     return;
   }
-  if (keys.size() > kMaxWaitKeys || waiters_.size() >= kMaxStoreWaiters) {
+  const std::string job = keys.empty() ? "" : JobOfKey(keys[0]);
+  auto pending = job_kv_.find(job);
+  if (keys.size() > kMaxWaitKeys || waiters_.size() >= kMaxStoreWaiters ||
+      (pending != job_kv_.end() && pending->second.waiters >= kMaxJobWaiters)) {
     // Refused at once, as WakeWaiters answers waits (under the lock).
-    done(absl::ResourceExhaustedError(absl::StrCat("store: a wait may name ", kMaxWaitKeys, " keys and ",
-                                                   kMaxStoreWaiters, " waits may be pending")),
+    done(absl::ResourceExhaustedError(absl::StrCat("store: a wait may name ", kMaxWaitKeys, " keys, and ",
+                                                   kMaxJobWaiters, " waits of a job and ", kMaxStoreWaiters,
+                                                   " in all may be pending")),
          {});
     return;
   }
+  if (!keys.empty()) ++job_kv_[job].waiters;
   waiters_.push_back(Waiter{keys, deadline, std::move(done), std::move(cancelled)});
   WakeWaiters();
 }

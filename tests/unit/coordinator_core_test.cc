@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "common/checkpoint_manifest.h"
 
 namespace shardline {
@@ -579,12 +580,36 @@ TEST_F(CoreTest, TheStoreBoundsWhatCallersCanMakeItHold) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("more than the limit of 1048576"), std::string::npos) << s;
   const std::string mib(Core::kMaxStoreValueBytes - 16, 'x');
-  const size_t fit = Core::kMaxStoreBytes / (mib.size() + 16);
-  for (size_t i = 0; i < fit; ++i) ASSERT_TRUE(core_->StoreSet("job-1/k" + std::to_string(i), mib).ok()) << i;
+  const size_t per_job = Core::kMaxJobStoreBytes / (mib.size() + 16);
+  for (size_t i = 0; i < per_job; ++i) ASSERT_TRUE(core_->StoreSet("job-1/k" + std::to_string(i), mib).ok()) << i;
   s = core_->StoreSet("job-1/one-more", mib);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("bytes for job-1's keys"), std::string::npos) << s;
   ASSERT_TRUE(core_->StoreDelete("job-1/k0"));
   EXPECT_TRUE(core_->StoreSet("job-1/one-more", mib).ok());
+  // Other jobs' keys still fit, up to the total of all jobs.
+  const size_t jobs = Core::kMaxStoreBytes / Core::kMaxJobStoreBytes;
+  for (size_t j = 2; j <= jobs; ++j) {
+    for (size_t i = 0; i < per_job; ++i) {
+      ASSERT_TRUE(core_->StoreSet(absl::StrCat("job-", j, "/k", i), mib).ok()) << j << " " << i;
+    }
+  }
+  s = core_->StoreSet("job-99/k", mib);
+  EXPECT_NE(s.message().find("bytes for all keys"), std::string::npos) << s;
+  // A job's pending waits are bounded, and a wait that ends gives its place back.
+  std::vector<absl::Status> waits(Core::kMaxJobWaiters + 1, absl::UnknownError("pending"));
+  for (size_t i = 0; i < waits.size(); ++i) {
+    core_->StoreWait({"job-3/never"}, absl::Now() + absl::Milliseconds(50),
+                     [&waits, i](const absl::Status& st, const std::vector<std::string>&) { waits[i] = st; });
+  }
+  EXPECT_EQ(waits.back().code(), absl::StatusCode::kResourceExhausted) << waits.back();
+  EXPECT_EQ(waits.front().code(), absl::StatusCode::kUnknown);  // still pending
+  core_->Tick(absl::Now() + absl::Milliseconds(100));
+  EXPECT_EQ(waits.front().code(), absl::StatusCode::kDeadlineExceeded);
+  absl::Status again = absl::UnknownError("pending");
+  core_->StoreWait({"job-3/never"}, absl::Now() + absl::Seconds(10),
+                   [&](const absl::Status& st, const std::vector<std::string>&) { again = st; });
+  EXPECT_EQ(again.code(), absl::StatusCode::kUnknown);  // accepted: pending
   EXPECT_EQ(core_->StoreSet(std::string(Core::kMaxStoreKeyBytes + 1, 'k'), "v").code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(core_->StoreAdd("job-1/n", INT64_MAX).status().code(), absl::StatusCode::kOk);
