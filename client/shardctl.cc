@@ -122,15 +122,20 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text, const std::string
   return std::stoll(text.substr(0, digits)) * scale;
 }
 
+absl::StatusOr<v1::Job> FetchJob(const Client& c, const std::string& id) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::GetJobRequest r;
+  r.set_job_id(id);
+  v1::Job j;
+  SL_RETURN_IF_ERROR(c.Check(c.stub()->GetJob(&ctx, r, &j)));
+  return j;
+}
+
 // The spec of `old` for a resume: another strategy, validated for `workers`.
 absl::StatusOr<v1::SubmitJobRequest> PrepareResume(const Client& c, const std::string& id, const std::string& from,
                                                    int workers, const std::string& strategy) {
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  v1::GetJobRequest gr;
-  gr.set_job_id(id);
-  v1::Job old;
-  SL_RETURN_IF_ERROR(c.Check(c.stub()->GetJob(&ctx, gr, &old)));
+  SL_ASSIGN_OR_RETURN(const v1::Job old, FetchJob(c, id));
   std::string step_dir = from;
   if (step_dir.empty()) {
     if (old.checkpoints_size() == 0) return absl::NotFoundError(absl::StrCat("job ", id, " has no committed checkpoint"));
@@ -202,16 +207,6 @@ absl::Status Watch(const Client& c, const std::string& id) {
   return absl::OkStatus();
 }
 
-v1::Job GetJobOrEmpty(const Client& c, const std::string& job, absl::Status* status) {
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  v1::GetJobRequest r;
-  r.set_job_id(job);
-  v1::Job j;
-  *status = c.Check(c.stub()->GetJob(&ctx, r, &j));
-  return j;
-}
-
 int64_t NewestCheckpointStep(const v1::Job& j) {
   return j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : -1;
 }
@@ -220,9 +215,8 @@ int64_t NewestCheckpointStep(const v1::Job& j) {
 // than its newest one, ends (the save's failure is the job's message), or
 // `timeout` passes.
 absl::StatusOr<v1::CheckpointInfo> SaveNow(const Client& c, const std::string& job, absl::Duration timeout) {
-  absl::Status s;
-  const int64_t before = NewestCheckpointStep(GetJobOrEmpty(c, job, &s));
-  SL_RETURN_IF_ERROR(s);
+  SL_ASSIGN_OR_RETURN(const v1::Job asked, FetchJob(c, job));
+  const int64_t before = NewestCheckpointStep(asked);
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   v1::CheckpointNowRequest r;
@@ -231,8 +225,7 @@ absl::StatusOr<v1::CheckpointInfo> SaveNow(const Client& c, const std::string& j
   SL_RETURN_IF_ERROR(c.Check(c.stub()->CheckpointNow(&ctx, r, &resp)));
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
-    const v1::Job j = GetJobOrEmpty(c, job, &s);
-    SL_RETURN_IF_ERROR(s);
+    SL_ASSIGN_OR_RETURN(const v1::Job j, FetchJob(c, job));
     if (NewestCheckpointStep(j) > before) return j.checkpoints(j.checkpoints_size() - 1);
     if (IsFinalJobState(j.state())) {
       return absl::AbortedError(absl::StrCat("job ", job, " ended ", j.state(), " before it committed the checkpoint: ",
@@ -388,9 +381,7 @@ int main(int argc, char** argv) {
     if (cmd == "status" || cmd == "cancel") {
       v1::Job j;
       if (cmd == "status") {
-        v1::GetJobRequest r;
-        r.set_job_id(job);
-        SL_RETURN_IF_ERROR(c.Check(c.stub()->GetJob(&ctx, r, &j)));
+        SL_ASSIGN_OR_RETURN(j, FetchJob(c, job));
       } else {
         v1::CancelJobRequest r;
         r.set_job_id(job);
