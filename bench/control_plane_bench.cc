@@ -317,10 +317,10 @@ bool WaitJobs(sl::Coordinator::Stub* stub, const std::vector<std::string>& ids, 
     }
     for (auto it = open.begin(); it != open.end();) {
       const sl::Job j = GetJob(stub, *it);
-      if (j.state() == "SUCCEEDED") {
+      if (j.state() == shardline::v1::JOB_STATE_SUCCEEDED) {
         it = open.erase(it);
-      } else if (j.state() == "FAILED" || j.state() == "CANCELLED") {
-        std::cerr << "control_plane_bench: " << *it << " " << j.state() << ": " << j.message() << std::endl;
+      } else if (j.state() == shardline::v1::JOB_STATE_FAILED || j.state() == shardline::v1::JOB_STATE_CANCELLED) {
+        std::cerr << "control_plane_bench: " << *it << " " << shardline::v1::JobState_Name(j.state()) << ": " << j.message() << std::endl;
         return false;
       } else {
         ++it;

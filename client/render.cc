@@ -1,3 +1,4 @@
+#include "common/job_state.h"
 #include "client/render.h"
 
 #include <cmath>
@@ -42,7 +43,7 @@ std::string JobJson(const v1::Job& j) {
   for (const auto& w : j.worker_ids()) workers.push_back(JsonString(w));
   for (const auto& r : j.ranks()) ranks.push_back(RankJson(r));
   return absl::StrCat("{\"id\":", JsonString(j.id()), ",\"name\":", JsonString(j.name()), ",\"state\":",
-                      JsonString(j.state()), ",\"step\":", j.step(), ",\"steps\":", j.steps(), ",\"loss\":",
+                      JsonString(JobStateName(j.state())), ",\"step\":", j.step(), ",\"steps\":", j.steps(), ",\"loss\":",
                       Num(j.loss()), ",\"tokens_per_second\":", Num(j.tokens_per_second()), ",\"lr\":", Num(j.lr()),
                       ",\"grad_norm\":", Num(j.grad_norm()), ",\"val_loss\":", j.has_val_loss() ? Num(j.val_loss()) : "null",
                       ",\"val_step\":", j.val_step(), ",\"workers\":", j.workers(), ",\"strategy\":",
@@ -53,7 +54,7 @@ std::string JobJson(const v1::Job& j) {
 
 std::string WorkerJson(const v1::WorkerInfo& w) {
   return absl::StrCat("{\"id\":", JsonString(w.worker_id()), ",\"host\":", JsonString(w.host()), ",\"device\":",
-                      JsonString(w.device()), ",\"state\":", JsonString(w.state()), ",\"job_id\":",
+                      JsonString(w.device()), ",\"state\":", JsonString(WorkerStateName(w.state())), ",\"job_id\":",
                       JsonString(w.job_id()), ",\"rank\":", w.rank(), ",\"memory_bytes\":", w.memory_bytes(),
                       ",\"heartbeat_age_seconds\":", Num(w.heartbeat_age_seconds()), ",\"metrics_port\":",
                       w.metrics_port(), "}");
@@ -63,7 +64,7 @@ std::string JobsTable(const std::vector<v1::Job>& jobs) {
   std::string out = absl::StrFormat("%-10s %-16s %-10s %-13s %-9s %-7s %s\n", "ID", "NAME", "STATE", "STEP",
                                     "LOSS", "WORKERS", "MESSAGE");
   for (const auto& j : jobs) {
-    absl::StrAppendFormat(&out, "%-10s %-16s %-10s %-13s %-9s %-7d %s\n", j.id(), j.name(), j.state(),
+    absl::StrAppendFormat(&out, "%-10s %-16s %-10s %-13s %-9s %-7d %s\n", j.id(), j.name(), JobStateName(j.state()),
                           absl::StrCat(j.step(), "/", j.steps()), j.step() ? absl::StrFormat("%.4f", j.loss()) : "-",
                           j.workers(), j.message());
   }
@@ -74,7 +75,7 @@ std::string JobDetails(const v1::Job& j) {
   std::string out = absl::StrFormat(
       "job       %s (%s)\nstate     %s\nstep      %d/%d\nloss      %.4f\ntokens/s  %.0f\nlr        %.3g\n"
       "grad norm %.4f\nworkers   %d (%s) %s\nmessage   %s\n",
-      j.id(), j.name(), j.state(), j.step(), j.steps(), j.loss(), j.tokens_per_second(), j.lr(), j.grad_norm(),
+      j.id(), j.name(), JobStateName(j.state()), j.step(), j.steps(), j.loss(), j.tokens_per_second(), j.lr(), j.grad_norm(),
       j.workers(), j.strategy(), absl::StrJoin(j.worker_ids(), ","), j.message());
   if (j.has_val_loss()) absl::StrAppendFormat(&out, "val loss  %.4f (after step %d)\n", j.val_loss(), j.val_step());
   if (!j.stalled().empty()) absl::StrAppend(&out, "STALLED   ", j.stalled(), "\n");
@@ -95,7 +96,7 @@ std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
                                     "RANK", "HEARTBEAT");
   for (const auto& w : workers) {
     absl::StrAppendFormat(&out, "%-6s %-20s %-8s %-6s %-10s %-5s %.1fs ago\n", w.worker_id(), w.host(), w.device(),
-                          w.state(), w.job_id().empty() ? "-" : w.job_id(),
+                          WorkerStateName(w.state()), w.job_id().empty() ? "-" : w.job_id(),
                           w.job_id().empty() ? "-" : absl::StrCat(w.rank()), w.heartbeat_age_seconds());
   }
   return out;
@@ -143,7 +144,7 @@ std::string ProgressLine(const v1::Job& j, double eta) {
   }
   return absl::StrFormat("[%s] step %d/%d  loss %s  %s tok/s  ETA %s  %s", bar, j.step(), j.steps(),
                          j.step() ? absl::StrFormat("%.4f", j.loss()) : "-",
-                         j.step() ? absl::StrFormat("%.0f", j.tokens_per_second()) : "-", eta_s, j.state());
+                         j.step() ? absl::StrFormat("%.0f", j.tokens_per_second()) : "-", eta_s, JobStateName(j.state()));
 }
 
 }  // namespace shardline::ctl

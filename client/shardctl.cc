@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/job_state.h"
 #include "client/plan_command.h"
 #include "client/render.h"
 #include "common/checkpoint_export.h"
@@ -200,9 +201,9 @@ absl::Status Watch(const Client& c, const std::string& id) {
   }
   SL_RETURN_IF_ERROR(c.Check(reader->Finish()));
   if (tty) std::cout << std::endl;
-  if (!c.json()) std::cout << j.id() << " " << j.state() << ": " << j.message() << std::endl;
-  if (j.state() != "SUCCEEDED") {
-    return absl::AbortedError(absl::StrCat(j.id(), " ended ", j.state(), ": ", j.message()));
+  if (!c.json()) std::cout << j.id() << " " << JobStateName(j.state()) << ": " << j.message() << std::endl;
+  if (j.state() != v1::JOB_STATE_SUCCEEDED) {
+    return absl::AbortedError(absl::StrCat(j.id(), " ended ", JobStateName(j.state()), ": ", j.message()));
   }
   return absl::OkStatus();
 }
@@ -228,7 +229,7 @@ absl::StatusOr<v1::CheckpointInfo> SaveNow(const Client& c, const std::string& j
     SL_ASSIGN_OR_RETURN(const v1::Job j, FetchJob(c, job));
     if (NewestCheckpointStep(j) > before) return j.checkpoints(j.checkpoints_size() - 1);
     if (IsFinalJobState(j.state())) {
-      return absl::AbortedError(absl::StrCat("job ", job, " ended ", j.state(), " before it committed the checkpoint: ",
+      return absl::AbortedError(absl::StrCat("job ", job, " ended ", JobStateName(j.state()), " before it committed the checkpoint: ",
                                              j.message()));
     }
     if (absl::Now() >= deadline) {

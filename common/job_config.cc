@@ -357,8 +357,6 @@ absl::StatusOr<JobConfig> ParseJobSpec(const std::string& toml_text, const std::
   return c;
 }
 
-bool IsFinalJobState(const std::string& s) { return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED"; }
-
 std::string ResolveJobPath(const std::string& base_dir, const std::string& path) {
   if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
   return base_dir + "/" + path;

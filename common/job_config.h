@@ -173,9 +173,6 @@ absl::StatusOr<JobConfig> ParseJobSpec(const std::string& toml_text, const std::
 // ranks (n_embd % n_head, batch divisibility, shard group size, ...).
 absl::Status ValidateJobConfig(const JobConfig& c, int world_size, const std::string& source);
 
-// A job state from which nothing moves on: SUCCEEDED, FAILED or CANCELLED.
-bool IsFinalJobState(const std::string& state);
-
 // A path of the job file (data, init_from, checkpoint dir) as the programs
 // see it: relative paths resolve against `base_dir`, the job file's folder.
 std::string ResolveJobPath(const std::string& base_dir, const std::string& path);

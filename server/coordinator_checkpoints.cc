@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_state.h"
 #include "common/checkpoint_manifest.h"
 #include "common/model_shapes.h"
 #include "server/coordinator_core.h"
@@ -44,8 +45,9 @@ absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& repor
 absl::Status CoordinatorCore::CheckReport(const JobRecord& r, const v1::CheckpointReport& report) const {
   const v1::Job& j = r.stored.job;
   const std::string who = absl::StrCat("job ", j.id(), " rank ", report.rank());
-  if (j.state() != "RUNNING") {
-    return absl::FailedPreconditionError(absl::StrCat("job ", j.id(), " is ", j.state(), ": it takes no checkpoints"));
+  if (j.state() != v1::JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", j.id(), " is ", JobStateName(j.state()), ": it takes no checkpoints"));
   }
   if (report.rank() < 0 || report.rank() >= j.workers()) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": no such rank (the job has ", j.workers(), ")"));
@@ -151,8 +153,8 @@ absl::Status CoordinatorCore::CheckpointNow(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  if (JobOf(it->second).state() != "RUNNING") {
-    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobOf(it->second).state(),
+  if (JobOf(it->second).state() != v1::JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobStateName(JobOf(it->second).state()),
                                                       ", not RUNNING"));
   }
   for (const std::string& wid : JobOf(it->second).worker_ids()) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_manifest.h"
+#include "common/job_state.h"
 #include "common/model_shapes.h"
 
 namespace shardline {
@@ -72,10 +73,19 @@ absl::Status CoordinatorCore::Recover() {
       struct stat st;
       if (stat((ckpts->Get(i).path() + "/manifest.json").c_str(), &st) != 0) ckpts->DeleteSubrange(i, 1);
     }
-    if (ckpts->size() != listed && j.state() != "RUNNING") Persist(it->second);
-    if (j.state() == "RUNNING") {
-      Transition(it->second, "FAILED", "the coordinator restarted while the job was running");
-    } else if (j.state() == "PENDING") {
+    // A record written before JobState holds the state's name.
+    if (j.state() == v1::JOB_STATE_UNSPECIFIED) {
+      absl::StatusOr<v1::JobState> legacy = ParseJobState(j.legacy_state());
+      j.set_state(legacy.ok() ? *legacy : v1::JOB_STATE_FAILED);
+      if (!legacy.ok()) j.set_message(absl::StrCat("the state record is unreadable: ", legacy.status().message()));
+      j.clear_legacy_state();
+      Persist(it->second);
+    }
+    if (ckpts->size() != listed && j.state() != v1::JOB_STATE_RUNNING) Persist(it->second);
+    if (j.state() == v1::JOB_STATE_RUNNING) {
+      Transition(it->second, v1::JOB_STATE_FAILED, "the coordinator restarted while the job was running")
+          .IgnoreError();  // RUNNING -> FAILED is legal
+    } else if (j.state() == v1::JOB_STATE_PENDING) {
       queue_.push_back(id);
     }
   }
@@ -99,8 +109,11 @@ void CoordinatorCore::Notify(const JobRecord& r) {
   }
 }
 
-void CoordinatorCore::Transition(JobRecord& r, const std::string& state, const std::string& message) {
+absl::Status CoordinatorCore::Transition(JobRecord& r, v1::JobState state, const std::string& message) {
   v1::Job& j = JobOf(r);
+  absl::StatusOr<bool> changes = CheckJobTransition(j.state(), state);
+  if (!changes.ok()) return absl::Status(changes.status().code(), absl::StrCat("job ", j.id(), ": ", changes.status().message()));
+  if (!*changes) return absl::OkStatus();  // a repeat changes nothing
   j.set_state(state);
   if (!message.empty()) j.set_message(message);
   if (IsFinalJobState(state)) j.clear_stalled();
@@ -114,6 +127,7 @@ void CoordinatorCore::Transition(JobRecord& r, const std::string& state, const s
     for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = EraseKv(it);
     RemoveSavesOfEndedJob(j.id());
   }
+  return absl::OkStatus();
 }
 
 // ---- workers ---------------------------------------------------------------
@@ -126,7 +140,7 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   const std::string id = absl::StrFormat("w-%d", next_worker_++);
   const std::string running = info.job_id();
   info.set_worker_id(id);
-  info.set_state("IDLE");
+  info.set_state(v1::WORKER_STATE_IDLE);
   info.clear_job_id();
   info.set_rank(0);
   WorkerRecord& w = workers_[id];
@@ -136,7 +150,7 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   if (!running.empty()) {
     // It still runs a job this coordinator no longer has running (it
     // restarted): stop it; the worker turns idle when it reports back.
-    w.info.set_state("BUSY");
+    w.info.set_state(v1::WORKER_STATE_BUSY);
     w.info.set_job_id(running);
     v1::CoordinatorMessage m;
     m.mutable_cancel()->set_job_id(running);
@@ -164,10 +178,10 @@ void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) 
   const v1::WorkerInfo info = it->second.info;
   workers_.erase(it);
   if (options_.events.worker_lost) options_.events.worker_lost();
-  if (info.state() != "BUSY") return;
+  if (info.state() != v1::WORKER_STATE_BUSY) return;
   RemoveSavesOfEndedJob(info.job_id());
   auto j = jobs_.find(info.job_id());
-  if (j == jobs_.end() || JobOf(j->second).state() != "RUNNING") return;
+  if (j == jobs_.end() || JobOf(j->second).state() != v1::JOB_STATE_RUNNING) return;
   std::string msg = absl::StrFormat("worker lost: rank %d on host %s (%s, %s)", info.rank(), info.host(), id, why);
   if (!j->second.reported_failure.empty()) absl::StrAppend(&msg, "; before that ", j->second.reported_failure);
   FailJob(j->second, msg, id);
@@ -180,9 +194,9 @@ void CoordinatorCore::OnHeartbeat(const std::string& id, const v1::Heartbeat& hb
   if (it == workers_.end()) return;
   it->second.last_heartbeat = absl::Now();
   const v1::WorkerInfo& w = it->second.info;
-  if (w.state() != "BUSY") return;
+  if (w.state() != v1::WORKER_STATE_BUSY) return;
   auto j = jobs_.find(w.job_id());
-  if (j != jobs_.end() && JobOf(j->second).state() == "RUNNING") {
+  if (j != jobs_.end() && JobOf(j->second).state() == v1::JOB_STATE_RUNNING) {
     RecordProgress(j->second, w.rank(), hb.step(), hb.last_collective_seq());
   }
 }
@@ -195,13 +209,13 @@ CoordinatorCore::JobRecord* CoordinatorCore::RankOfSession(const std::string& wo
                                                            int rank, const char* what) {
   auto w = workers_.find(worker_id);
   auto it = jobs_.find(job_id);
-  if (w != workers_.end() && it != jobs_.end() && JobOf(it->second).state() == "RUNNING" &&
-      w->second.info.state() == "BUSY" && w->second.info.job_id() == job_id && w->second.info.rank() == rank) {
+  if (w != workers_.end() && it != jobs_.end() && JobOf(it->second).state() == v1::JOB_STATE_RUNNING &&
+      w->second.info.state() == v1::WORKER_STATE_BUSY && w->second.info.job_id() == job_id && w->second.info.rank() == rank) {
     return &it->second;
   }
   // A late message about a job that already ended is no attack; a session
   // naming a running (or unknown) job's rank it does not hold is counted.
-  const bool ended = it != jobs_.end() && JobOf(it->second).state() != "RUNNING";
+  const bool ended = it != jobs_.end() && JobOf(it->second).state() != v1::JOB_STATE_RUNNING;
   if (!ended && options_.events.refused) options_.events.refused(what);
   return nullptr;
 }
@@ -235,10 +249,10 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
   JobRecord* held = RankOfSession(id, f.job_id(), f.rank(), "finished");
   auto w = workers_.find(id);
   auto job = jobs_.find(f.job_id());
-  const bool job_ended = job == jobs_.end() || JobOf(job->second).state() != "RUNNING";
+  const bool job_ended = job == jobs_.end() || JobOf(job->second).state() != v1::JOB_STATE_RUNNING;
   // The session is free again once its own rank ended, or its job did.
   if (w != workers_.end() && (held || (job_ended && w->second.info.job_id() == f.job_id()))) {
-    w->second.info.set_state("IDLE");
+    w->second.info.set_state(v1::WORKER_STATE_IDLE);
     w->second.info.clear_job_id();
     w->second.info.set_rank(0);
     if (job_ended) RemoveSavesOfEndedJob(f.job_id());
@@ -250,7 +264,8 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
       r.finished_ranks.insert(f.rank());
       if (static_cast<int>(r.finished_ranks.size()) == JobOf(r).workers()) {
         Persist(r);
-        Transition(r, "SUCCEEDED", absl::StrFormat("finished %d steps", JobOf(r).step()));
+        Transition(r, v1::JOB_STATE_SUCCEEDED, absl::StrFormat("finished %d steps", JobOf(r).step()))
+            .IgnoreError();  // held: RUNNING
       }
     } else {
       const std::string failure = absl::StrFormat("rank %d on host %s failed: %s", f.rank(), host, f.message());
@@ -270,7 +285,7 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
 
 void CoordinatorCore::FailJob(JobRecord& r, const std::string& cause, const std::string& skip_worker) {
   StopRanks(r, cause, skip_worker);
-  Transition(r, "FAILED", cause);
+  Transition(r, v1::JOB_STATE_FAILED, cause).IgnoreError();  // callers hold a RUNNING job
 }
 
 void CoordinatorCore::StopRanks(JobRecord& r, const std::string& reason, const std::string& skip) {
@@ -319,7 +334,7 @@ CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
     const std::string& d = w.info.device();
     const std::string kind = d.substr(0, d.find(':'));
     ++registered_by_kind[kind];
-    if (w.info.state() != "IDLE") continue;
+    if (w.info.state() != v1::WORKER_STATE_IDLE) continue;
     idle_by_kind[kind].push_back(&w);
     ++idle_total;
   }
@@ -371,7 +386,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle) {
   r.credentials.clear();
   for (int rank = 0; rank < j.workers(); ++rank) {
     WorkerRecord* w = idle[rank];
-    w->info.set_state("BUSY");
+    w->info.set_state(v1::WORKER_STATE_BUSY);
     w->info.set_job_id(j.id());
     w->info.set_rank(rank);
     j.add_worker_ids(w->info.worker_id());
@@ -392,7 +407,8 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle) {
   r.started = absl::Now();
   r.connected_ranks.clear();
   r.progress.clear();
-  Transition(r, "RUNNING", absl::StrFormat("running on %d workers", j.workers()));
+  Transition(r, v1::JOB_STATE_RUNNING, absl::StrFormat("running on %d workers", j.workers()))
+      .IgnoreError();  // queued: PENDING
 }
 
 void CoordinatorCore::Tick(absl::Time now) {
@@ -409,7 +425,7 @@ void CoordinatorCore::Tick(absl::Time now) {
   }
   UpdateStalls(now);
   for (auto& [id, r] : jobs_) {
-    if (JobOf(r).state() == "RUNNING" && !r.reported_failure.empty() && now >= r.fail_at) {
+    if (JobOf(r).state() == v1::JOB_STATE_RUNNING && !r.reported_failure.empty() && now >= r.fail_at) {
       FailJob(r, r.reported_failure, "");
     }
   }
@@ -475,7 +491,7 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   v1::Job& j = r.stored.job;
   j.set_id(absl::StrFormat("job-%d", next_job_++));
   j.set_name(cfg->name);
-  j.set_state("PENDING");
+  j.set_state(v1::JOB_STATE_PENDING);
   j.set_workers(workers);
   j.set_steps(cfg->train.steps);
   j.set_strategy(StrategyName(cfg->parallelism.strategy));
@@ -523,13 +539,13 @@ absl::StatusOr<v1::Job> CoordinatorCore::Cancel(const std::string& id) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
   JobRecord& r = it->second;
-  const std::string state = JobOf(r).state();
+  const v1::JobState state = JobOf(r).state();
   if (IsFinalJobState(state)) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is already ", state));
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is already ", JobStateName(state)));
   }
-  if (state == "PENDING") queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-  if (state == "RUNNING") StopRanks(r, "cancelled", "");
-  Transition(r, "CANCELLED", "cancelled by the user");
+  if (absl::Status s = Transition(r, v1::JOB_STATE_CANCELLED, "cancelled by the user"); !s.ok()) return s;
+  if (state == v1::JOB_STATE_PENDING) queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+  if (state == v1::JOB_STATE_RUNNING) StopRanks(r, "cancelled", "");
   Schedule();  // the head of the queue may have changed
   return JobOf(r);
 }
@@ -538,9 +554,10 @@ absl::StatusOr<int> CoordinatorCore::Delete(const std::string& id, bool checkpoi
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  const std::string state = JobOf(it->second).state();
+  const v1::JobState state = JobOf(it->second).state();
   if (!IsFinalJobState(state)) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", state, "; cancel it before deleting it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is ", JobStateName(state), "; cancel it before deleting it"));
   }
   for (const auto& [wid, w] : workers_) {
     if (w.info.job_id() == id) {

@@ -217,7 +217,10 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Transition(JobRecord& r, const std::string& state, const std::string& message)
+  // Moves r to `state` by the one transition table (common/job_state.h),
+  // persists and notifies; a repeat is a no-op, an illegal transition an
+  // error that changes nothing. A final state ends the job's store access.
+  absl::Status Transition(JobRecord& r, v1::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails a running job with `cause` and tells its ranks to stop (except
   // `skip_worker`, whose session is gone).

@@ -42,7 +42,7 @@ void CoordinatorCore::OnConnected(const std::string& worker_id, const v1::RankCo
 
 void CoordinatorCore::FillRanks(const JobRecord& r, absl::Time now, v1::Job* out) const {
   const v1::Job& j = r.stored.job;
-  if (j.state() != "RUNNING") return;
+  if (j.state() != v1::JOB_STATE_RUNNING) return;
   int64_t max_step = 0, max_seq = 0;
   for (const auto& [rank, p] : r.progress) {
     max_step = std::max(max_step, p.step);
@@ -71,7 +71,7 @@ void CoordinatorCore::FillRanks(const JobRecord& r, absl::Time now, v1::Job* out
 void CoordinatorCore::UpdateStalls(absl::Time now) {
   for (auto& [id, r] : jobs_) {
     v1::Job& j = JobOf(r);
-    if (j.state() != "RUNNING") continue;
+    if (j.state() != v1::JOB_STATE_RUNNING) continue;
     absl::Time last_any = r.started;
     for (const auto& [rank, p] : r.progress) last_any = std::max(last_any, p.last_change);
     std::set<int> culprits;

@@ -1,3 +1,4 @@
+#include "common/job_state.h"
 #include "server/coordinator_metrics.h"
 
 #include <nlohmann/json.hpp>
@@ -131,7 +132,7 @@ void CoordinatorMetrics::Collect(const CoordinatorCore* core) {
   std::map<std::string, int> workers = {{"idle", 0}, {"busy", 0}};
   heartbeat_age_.Clear();
   for (const v1::WorkerInfo& w : core->ListWorkers()) {
-    workers[absl::AsciiStrToLower(w.state())] += 1;
+    workers[absl::AsciiStrToLower(WorkerStateName(w.state()))] += 1;
     heartbeat_age_.Add({{"host", w.host()}, {"device", w.device()}}).Set(w.heartbeat_age_seconds());
   }
   for (const auto& [state, n] : workers) workers_.Add({{"state", state}}).Set(n);
@@ -140,8 +141,8 @@ void CoordinatorMetrics::Collect(const CoordinatorCore* core) {
                                      {"cancelled", 0}};
   for (auto* f : {&lag_steps_, &lag_collectives_, &since_progress_, &rank_stalled_, &job_stalled_}) f->Clear();
   for (const v1::Job& j : core->ListJobs()) {
-    jobs[absl::AsciiStrToLower(j.state())] += 1;
-    if (j.state() != "RUNNING") continue;
+    jobs[absl::AsciiStrToLower(JobStateName(j.state()))] += 1;
+    if (j.state() != v1::JOB_STATE_RUNNING) continue;
     job_stalled_.Add({{"job", j.id()}}).Set(j.stalled().empty() ? 0 : 1);
     for (const v1::RankStatus& r : j.ranks()) {
       const metrics::Labels l = {{"job", j.id()}, {"rank", absl::StrCat(r.rank())}};

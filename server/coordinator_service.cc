@@ -1,3 +1,4 @@
+#include "common/job_state.h"
 #include "server/coordinator_service.h"
 
 #include <deque>

@@ -6,10 +6,12 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_manifest.h"
+#include "common/job_state.h"
 
 namespace shardline {
 namespace {
@@ -81,7 +83,7 @@ class CoreTest : public ::testing::Test {
     f.set_code(static_cast<int>(code));
     core_->OnFinished(worker, f);
   }
-  std::string State(const std::string& job) { return core_->GetJob(job)->state(); }
+  std::string State(const std::string& job) { return JobStateName(core_->GetJob(job)->state()); }
 
   std::string dir_;
   std::unique_ptr<StateStore> store_;
@@ -221,7 +223,7 @@ TEST_F(CoreTest, FailedRankFailsTheJobAndStopsTheOthers) {
   EXPECT_EQ(State(job), "RUNNING");  // held for the grace period
   core_->Tick(absl::Now() + absl::Milliseconds(150));  // past the grace, within heartbeats
   auto j = *core_->GetJob(job);
-  EXPECT_EQ(j.state(), "FAILED");
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(j.message().find("rank 0 on host h1 failed: boom"), std::string::npos) << j.message();
   EXPECT_EQ(b.Cancels(), 1);
 }
@@ -236,7 +238,7 @@ TEST_F(CoreTest, ALostWorkerIsTheRootCauseOverARankThatNoticedIt) {
   // ...and only then is rank 1's session seen to drop.
   core_->WorkerGone(wb, "session closed");
   auto j = *core_->GetJob(job);
-  EXPECT_EQ(j.state(), "FAILED");
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(j.message().rfind("worker lost: rank 1 on host h2", 0), 0u) << j.message();
   EXPECT_NE(j.message().find("all_gather #7"), std::string::npos) << j.message();
 }
@@ -253,7 +255,7 @@ TEST_F(CoreTest, ARanksOwnErrorIsTheRootCauseOverItsPeersConnectionErrors) {
   EXPECT_EQ(State(job), "RUNNING");  // a peer's error waits for the root cause
   Finish(wa, job, 0, false, "rank-00000.safetensors: checksum mismatch", absl::StatusCode::kDataLoss);
   auto j = *core_->GetJob(job);  // at once: no grace for a rank's own error
-  EXPECT_EQ(j.state(), "FAILED");
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(j.message(), "rank 0 on host h1 failed: rank-00000.safetensors: checksum mismatch");
   EXPECT_EQ(c.Cancels(), 1);
   // Later reports change nothing.
@@ -268,7 +270,7 @@ TEST_F(CoreTest, LostWorkerFailsTheJobNamingRankAndHost) {
   const std::string job = Submit(2);
   core_->WorkerGone(wb, "session closed");
   auto j = *core_->GetJob(job);
-  EXPECT_EQ(j.state(), "FAILED");
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(j.message().find("rank 1 on host h2"), std::string::npos) << j.message();
   EXPECT_EQ(a.Cancels(), 1);
   EXPECT_EQ(core_->ListWorkers().size(), 1u);
@@ -288,7 +290,7 @@ TEST_F(CoreTest, CancelRunningAndFinalJobs) {
   RecordingChannel a;
   const std::string wa = AddWorker("h", "cpu", &a);
   const std::string job = Submit(1);
-  EXPECT_EQ(core_->Cancel(job)->state(), "CANCELLED");
+  EXPECT_EQ(core_->Cancel(job)->state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(a.Cancels(), 1);
   auto again = core_->Cancel(job);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -297,7 +299,7 @@ TEST_F(CoreTest, CancelRunningAndFinalJobs) {
   f.set_job_id(job);
   f.set_cancelled(true);
   core_->OnFinished(wa, f);
-  EXPECT_EQ(core_->ListWorkers()[0].state(), "IDLE");
+  EXPECT_EQ(core_->ListWorkers()[0].state(), v1::WORKER_STATE_IDLE);
   EXPECT_EQ(State(job), "CANCELLED");
 }
 
@@ -360,9 +362,9 @@ TEST_F(CoreTest, RecoveryKeepsJobsAndFailsTheRunningOnes) {
   core_.reset();  // the coordinator dies
   CoordinatorCore restarted(store_.get(), CoordinatorOptions{});
   ASSERT_TRUE(restarted.Recover().ok());
-  EXPECT_EQ(restarted.GetJob(running)->state(), "FAILED");
+  EXPECT_EQ(restarted.GetJob(running)->state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(restarted.GetJob(running)->message().find("restarted"), std::string::npos);
-  EXPECT_EQ(restarted.GetJob(pending)->state(), "PENDING");
+  EXPECT_EQ(restarted.GetJob(pending)->state(), v1::JOB_STATE_PENDING);
   // New ids do not collide with recovered ones.
   v1::SubmitJobRequest r;
   r.set_spec_toml(kSpec);
@@ -421,7 +423,7 @@ TEST_F(CoreTest, LagAndStallNameTheRankBehindAndClearOnProgress) {
   EXPECT_NE(j.stalled().find("rank 1 behind at collective #37 (others at #40)"), std::string::npos) << j.stalled();
   EXPECT_FALSE(j.ranks(0).stalled());
   EXPECT_TRUE(j.ranks(1).stalled());
-  EXPECT_EQ(j.state(), "RUNNING") << "a stall is a signal, not a verdict";
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RUNNING) << "a stall is a signal, not a verdict";
 
   beat(wb, 3, 41);  // rank 1 moves again
   core_->Tick(absl::Now());
@@ -433,7 +435,7 @@ TEST_F(CoreTest, LagAndStallNameTheRankBehindAndClearOnProgress) {
   Finish(wa, job, 0, true);
   Finish(wb, job, 1, true);
   j = *core_->GetJob(job);
-  EXPECT_EQ(j.state(), "SUCCEEDED");
+  EXPECT_EQ(j.state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(j.ranks_size(), 0) << "ranks are reported while the job runs only";
 }
 
@@ -619,6 +621,54 @@ TEST_F(CoreTest, TheStoreBoundsWhatCallersCanMakeItHold) {
   core_->StoreWait(std::vector<std::string>(Core::kMaxWaitKeys + 1, "k"), absl::Now() + absl::Seconds(10),
                    [&](const absl::Status& st, const std::vector<std::string>&) { waited = st; });
   EXPECT_EQ(waited.code(), absl::StatusCode::kResourceExhausted);
+}
+
+// The one transition table: every legal move, repeats as no-ops, and the
+// illegal ones refused naming both states.
+TEST(JobStateTest, TheTransitionTableAllowsExactlyTheLifecycle) {
+  const std::vector<v1::JobState> all = {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
+                                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED};
+  const std::set<std::pair<v1::JobState, v1::JobState>> legal = {
+      {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING},   {v1::JOB_STATE_PENDING, v1::JOB_STATE_CANCELLED},
+      {v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED}, {v1::JOB_STATE_RUNNING, v1::JOB_STATE_FAILED},
+      {v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLED}};
+  for (v1::JobState from : all) {
+    for (v1::JobState to : all) {
+      absl::StatusOr<bool> t = CheckJobTransition(from, to);
+      if (from == to) {
+        EXPECT_TRUE(t.ok() && !*t) << JobStateName(from) << " repeated";
+      } else if (legal.count({from, to})) {
+        EXPECT_TRUE(t.ok() && *t) << JobStateName(from) << " -> " << JobStateName(to);
+      } else {
+        ASSERT_FALSE(t.ok()) << JobStateName(from) << " -> " << JobStateName(to);
+        EXPECT_EQ(t.status().message(),
+                  absl::StrCat("a job cannot go from ", JobStateName(from), " to ", JobStateName(to)));
+      }
+    }
+    EXPECT_EQ(IsFinalJobState(from), from != v1::JOB_STATE_PENDING && from != v1::JOB_STATE_RUNNING);
+    EXPECT_EQ(*ParseJobState(JobStateName(from)), from);  // names round-trip (legacy records)
+  }
+  EXPECT_FALSE(ParseJobState("UNSPECIFIED").ok());
+  EXPECT_FALSE(ParseJobState("").ok());
+}
+
+TEST_F(CoreTest, ARecordWithTheLegacyStateStringIsReadAsItsEnum) {
+  StoredJob old;
+  old.job.set_id("job-7");
+  old.job.set_legacy_state("SUCCEEDED");
+  old.spec_toml = kSpec;
+  ASSERT_TRUE(store_->PutJob(old).ok());
+  StoredJob garbled = old;
+  garbled.job.set_id("job-8");
+  garbled.job.set_legacy_state("DONE?");
+  ASSERT_TRUE(store_->PutJob(garbled).ok());
+  core_.reset();
+  CoordinatorCore restarted(store_.get(), CoordinatorOptions{});
+  ASSERT_TRUE(restarted.Recover().ok());
+  EXPECT_EQ(restarted.GetJob("job-7")->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(restarted.GetJob("job-7")->legacy_state().empty());
+  EXPECT_EQ(restarted.GetJob("job-8")->state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(restarted.GetJob("job-8")->message().find("not a job state"), std::string::npos);
 }
 
 }  // namespace
