@@ -193,10 +193,14 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   if (!in) return absl::NotFoundError(absl::StrCat(dir, ": no manifest.json: not a committed checkpoint"));
   std::stringstream ss;
   ss << in.rdbuf();
+  return ParseManifest(ss.str(), path);
+}
+
+absl::StatusOr<CheckpointManifest> ParseManifest(const std::string& text, const std::string& path) {
   CheckpointManifest m;
   try {
     constexpr int64_t kMaxInt = INT32_MAX;
-    const json j = json::parse(ss.str());
+    const json j = json::parse(text);
     m.format_version = static_cast<int>(IntIn(j, "format_version", 0, kMaxInt));
     if (m.format_version != 1) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": unsupported format_version ", m.format_version));

@@ -70,8 +70,17 @@ absl::StatusOr<CheckpointManifest> NewManifest(const std::string& job, const Job
                                                int64_t step);
 
 absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m);
-// NotFound ("<dir>: no manifest.json: not a committed checkpoint") when absent.
+// NotFound ("<dir>: no manifest.json: not a committed checkpoint") when absent;
+// otherwise ParseManifest of its text.
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
+// Parses and checks the text of a manifest (`path` names it in errors). A
+// format_version other than 1 is InvalidArgument; malformed JSON, a missing or
+// mistyped field, a number out of range, a model the engine rejects, an
+// ownership map that is not the model's at the recorded group size, or rank
+// files that are out of range, repeated, missing for shard group 0 or not
+// plain file names are DataLoss naming the field. Never throws or aborts; no
+// file access; safe to call from any thread.
+absl::StatusOr<CheckpointManifest> ParseManifest(const std::string& text, const std::string& path);
 // An error naming the first field where the checkpoint and the job disagree:
 // the model, and whether and how it trains adapters (rank, alpha, targets)
 // on which base.

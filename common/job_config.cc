@@ -338,8 +338,17 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
     root = toml::parse(toml_text, source);
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
-    return absl::InvalidArgumentError(absl::StrCat(source, ":", b.line, ":", b.column,
-                                                   ": malformed TOML: ", std::string(e.description())));
+    // toml++ quotes what it saw, newlines and all: the error stays one line.
+    std::string what;
+    for (char ch : e.description()) {
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) {
+        absl::StrAppendFormat(&what, "\\x%02x", static_cast<unsigned char>(ch));
+      } else {
+        what.push_back(ch);
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", b.line, ":", b.column, ": malformed TOML: ", what));
   }
   JobConfig c;
   absl::Status s = ReadSections(root, source, c);

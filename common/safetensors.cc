@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -27,13 +28,15 @@ int SafetensorsElementBytes(const std::string& dtype) {
   return 0;
 }
 
-int64_t SafetensorsReader::Entry::numel() const {
+int64_t SafetensorsEntry::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
 
 namespace {
+
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
 
 float Bf16BitsToFloat(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
@@ -56,8 +59,19 @@ float F16BitsToFloat(uint16_t h) {
   return f;
 }
 
+// A shape or offset of tensor `name`: a JSON integer within int64 (a
+// fraction, or a float such as 1e30, is an error, not a rounded or undefined
+// conversion).
+int64_t Int64Of(const nlohmann::json& v, const std::string& name) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})) {
+    throw std::runtime_error(absl::StrCat("tensor ", name, ": shape and data_offsets must hold integers of 64 bits (found ",
+                                          v.is_number_unsigned() ? "one past int64" : v.type_name(), ")"));
+  }
+  return v.get<int64_t>();
+}
+
 // Checks one header entry against the data section; errors name the tensor.
-absl::Status CheckEntry(const std::string& path, const std::string& name, const SafetensorsReader::Entry& e,
+absl::Status CheckEntry(const std::string& path, const std::string& name, const SafetensorsEntry& e,
                         int64_t data_bytes) {
   if (e.begin < 0 || e.end < e.begin || e.end > data_bytes) {
     return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " lies outside the file"));
@@ -88,6 +102,67 @@ uint16_t FloatToBf16Bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view head, int64_t file_bytes, const std::string& path) {
+  uint64_t len = 0;
+  if (head.size() < 8 || file_bytes < 8) {
+    return absl::DataLossError(absl::StrCat(path, ": not a safetensors file (", file_bytes, " bytes, no header length)"));
+  }
+  std::memcpy(&len, head.data(), 8);  // little-endian, as every platform we run on
+  if (len > static_cast<uint64_t>(file_bytes) - 8 || len > kMaxHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": not a safetensors file (bad header length)"));
+  }
+  return len;
+}
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head, int64_t file_bytes,
+                                                         const std::string& path) {
+  absl::StatusOr<uint64_t> len = SafetensorsHeaderLength(head, file_bytes, path);
+  if (!len.ok()) return len.status();
+  if (head.size() - 8 < *len) return absl::DataLossError(absl::StrCat(path, ": truncated header"));
+  SafetensorsHeader h;
+  h.data_start = 8 + static_cast<int64_t>(*len);
+  const int64_t data_bytes = file_bytes - h.data_start;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(head.substr(8, *len));
+    if (!j.is_object()) throw std::runtime_error("not a JSON object");
+    for (const auto& [name, v] : j.items()) {
+      if (name == "__metadata__") {
+        if (!v.is_object()) throw std::runtime_error("__metadata__ is not an object");
+        for (const auto& [k, mv] : v.items()) h.metadata[k] = mv.get<std::string>();
+        continue;
+      }
+      SafetensorsEntry e;
+      e.dtype = v.at("dtype").get<std::string>();
+      const nlohmann::json& shape = v.at("shape");
+      const nlohmann::json& offsets = v.at("data_offsets");
+      if (!shape.is_array() || !offsets.is_array() || offsets.size() != 2) {
+        throw std::runtime_error(absl::StrCat("tensor ", name, ": shape and data_offsets must be arrays"));
+      }
+      for (const nlohmann::json& d : shape) e.shape.push_back(Int64Of(d, name));
+      e.begin = Int64Of(offsets[0], name);
+      e.end = Int64Of(offsets[1], name);
+      absl::Status s = CheckEntry(path, name, e, data_bytes);
+      if (!s.ok()) return s;
+      h.entries[name] = std::move(e);
+    }
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat(path, ": malformed safetensors header: ", e.what()));
+  }
+  // Two tensors sharing bytes would alias each other's values.
+  std::vector<std::pair<int64_t, const std::string*>> starts;
+  for (const auto& [name, e] : h.entries) {
+    if (e.end > e.begin) starts.push_back({e.begin, &name});
+  }
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i) {
+    if (h.entries.at(*starts[i - 1].second).end > starts[i].first) {
+      return absl::DataLossError(absl::StrCat(path, ": tensors ", *starts[i - 1].second, " and ", *starts[i].second,
+                                              " overlap"));
+    }
+  }
+  return h;
+}
+
 absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path) {
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
@@ -97,48 +172,18 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const
   if (fstat(r->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
-  uint64_t len = 0;
-  if (st.st_size < 8 || ::pread(r->fd_, &len, 8, 0) != 8 || len > static_cast<uint64_t>(st.st_size) - 8 ||
-      len > (uint64_t{100} << 20)) {
-    return absl::DataLossError(absl::StrCat(path, ": not a safetensors file (bad header length)"));
-  }
-  std::string header(len, '\0');
-  if (::pread(r->fd_, header.data(), len, 8) != static_cast<ssize_t>(len)) {
+  std::string head(8, '\0');
+  const ssize_t n = ::pread(r->fd_, head.data(), 8, 0);
+  head.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  absl::StatusOr<uint64_t> len = SafetensorsHeaderLength(head, st.st_size, path);
+  if (!len.ok()) return len.status();
+  head.resize(8 + *len);
+  if (::pread(r->fd_, head.data() + 8, *len, 8) != static_cast<ssize_t>(*len)) {
     return absl::DataLossError(absl::StrCat(path, ": truncated header"));
   }
-  r->data_start_ = 8 + static_cast<int64_t>(len);
-  const int64_t data_bytes = st.st_size - r->data_start_;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(header);
-    for (const auto& [name, v] : j.items()) {
-      if (name == "__metadata__") {
-        for (const auto& [k, mv] : v.items()) r->metadata_[k] = mv.get<std::string>();
-        continue;
-      }
-      Entry e;
-      e.dtype = v.at("dtype").get<std::string>();
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      e.begin = v.at("data_offsets").at(0).get<int64_t>();
-      e.end = v.at("data_offsets").at(1).get<int64_t>();
-      absl::Status s = CheckEntry(path, name, e, data_bytes);
-      if (!s.ok()) return s;
-      r->entries_[name] = std::move(e);
-    }
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat(path, ": malformed safetensors header: ", e.what()));
-  }
-  // Two tensors sharing bytes would alias each other's values.
-  std::vector<std::pair<int64_t, const std::string*>> starts;
-  for (const auto& [name, e] : r->entries_) {
-    if (e.end > e.begin) starts.push_back({e.begin, &name});
-  }
-  std::sort(starts.begin(), starts.end());
-  for (size_t i = 1; i < starts.size(); ++i) {
-    if (r->entries_.at(*starts[i - 1].second).end > starts[i].first) {
-      return absl::DataLossError(absl::StrCat(path, ": tensors ", *starts[i - 1].second, " and ", *starts[i].second,
-                                              " overlap"));
-    }
-  }
+  absl::StatusOr<SafetensorsHeader> h = ParseSafetensorsHeader(head, st.st_size, path);
+  if (!h.ok()) return h.status();
+  r->header_ = *std::move(h);
   return r;
 }
 
@@ -147,8 +192,8 @@ SafetensorsReader::~SafetensorsReader() {
 }
 
 absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t first, int64_t count, float* dst) const {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", name));
+  auto it = header_.entries.find(name);
+  if (it == header_.entries.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", name));
   const Entry& e = it->second;
   if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16") {
     return absl::InvalidArgumentError(
@@ -162,7 +207,7 @@ absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t firs
   // 16-bit values are read into the upper half of dst and widened in place,
   // front to back (element i's source bytes lie at or after its result's).
   char* out = reinterpret_cast<char*>(dst) + (size == 2 ? count * 2 : 0);
-  int64_t left = count * size, at = data_start_ + e.begin + first * size;
+  int64_t left = count * size, at = header_.data_start + e.begin + first * size;
   while (left > 0) {
     const ssize_t n = ::pread(fd_, out, left, at);
     if (n <= 0) return absl::DataLossError(absl::StrCat(path_, ": short read of ", name));

@@ -16,27 +16,52 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardline {
+
+// One tensor of a safetensors header.
+struct SafetensorsEntry {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;  // byte offsets into the data section
+  int64_t numel() const;
+};
+
+// A safetensors header, parsed and checked.
+struct SafetensorsHeader {
+  int64_t data_start = 0;  // 8 + the JSON's length: where the data section begins
+  std::map<std::string, SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata;  // "__metadata__": strings only
+};
+
+// The length of the JSON header that a safetensors file of `file_bytes`
+// bytes declares in its first 8 bytes (`head` holds the file's first bytes).
+// DataLoss naming `path` when there are fewer than 8, or the length is past
+// the end of the file or over 100 MiB.
+absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view head, int64_t file_bytes, const std::string& path);
+
+// Parses and checks the header of a safetensors file of `file_bytes` bytes
+// from its first bytes `head` (8 + SafetensorsHeaderLength of them, or all of
+// a shorter file): every tensor lies inside the data section, holds exactly
+// shape x element size bytes (for the dtypes it knows), and no two tensors
+// overlap. Errors are DataLoss naming `path` and the tensor; no input makes it
+// throw or abort, and memory is in proportion to `head`. No I/O; safe to call
+// from any thread.
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head, int64_t file_bytes,
+                                                         const std::string& path);
 
 // Reads ranges of tensors from a safetensors file without loading it whole
 // (pread at the tensor's offset). Errors name the file and the tensor.
 class SafetensorsReader {
  public:
-  struct Entry {
-    std::string dtype;
-    std::vector<int64_t> shape;
-    int64_t begin = 0, end = 0;  // byte offsets into the data section
-    int64_t numel() const;
-  };
-  // Reads and checks the header: every tensor lies inside the file, holds
-  // exactly shape x element size bytes (for the dtypes it knows), and no two
-  // tensors overlap. Errors name the file and the tensor.
+  using Entry = SafetensorsEntry;
+  // Reads and checks the header (ParseSafetensorsHeader).
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
   ~SafetensorsReader();
   const std::string& path() const { return path_; }
-  const std::map<std::string, Entry>& entries() const { return entries_; }
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::map<std::string, Entry>& entries() const { return header_.entries; }
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   // Elements [first, first + count) of the F32, BF16 or F16 tensor `name`
   // into dst as fp32.
   absl::Status ReadFloats(const std::string& name, int64_t first, int64_t count, float* dst) const;
@@ -45,9 +70,7 @@ class SafetensorsReader {
   SafetensorsReader() = default;
   std::string path_;
   int fd_ = -1;
-  int64_t data_start_ = 0;
-  std::map<std::string, Entry> entries_;
-  std::map<std::string, std::string> metadata_;
+  SafetensorsHeader header_;
 };
 
 // Writes tensors of one dtype (F32 or BF16), declared up front and then

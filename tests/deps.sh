@@ -9,7 +9,7 @@ SHARDLINE_PEFT_VERSION="0.21.2"
 SHARDLINE_APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtomlplusplus-dev libcli11-dev libsqlite3-dev libgtest-dev libgmock-dev libgloo-dev openssl libssl-dev nlohmann-json3-dev
-  libcivetweb-dev prometheus)
+  libcivetweb-dev prometheus clang libclang-rt-14-dev)
 
 shardline_install_deps() {
   local missing=()

@@ -55,6 +55,31 @@ TEST(JobConfig, MalformedTomlNamesFileAndLine) {
   EXPECT_NE(e.find("malformed TOML"), std::string::npos) << e;
 }
 
+// toml++ 3.3 reaches __builtin_unreachable for some non-ASCII code points
+// where it looks for whitespace (tests/fuzz found it; see
+// tests/fuzz/CMakeLists.txt). This build must read them as a parse error
+// naming the place, never as anything else.
+TEST(JobConfig, CodePointsThatTomlPlusPlusMisclassifiesAreAParseError) {
+  for (const char* text : {"[model]\nn_layer = 9\xd1\xbc9\n",         // U+047C after a value
+                           "[model]\nn_layer = 2 \xc3\xa9\n",          // U+00E9 where a comment may start
+                           "[model]\nn_layer = 2\n \xe2\xb1\xbe = 3\n",  // U+2C7E where a key may start
+                           "\xc2\xa1[model]\n"}) {
+    const std::string e = ErrorOf(text);
+    EXPECT_NE(e.find("malformed TOML"), std::string::npos) << e;
+    EXPECT_NE(e.find("job.toml:"), std::string::npos) << e;
+  }
+  // Inside strings they are text like any other.
+  EXPECT_EQ(ErrorOf(std::string(kGood).replace(std::string(kGood).find("\"gpt\""), 5, "\"mod\xc3\xa8le\"")), "");
+}
+
+TEST(JobConfig, AMalformedValueIsQuotedOnOneLine) {
+  // toml++ quotes the bytes it saw, here a newline (found by tests/fuzz).
+  const std::string e = ErrorOf("[model]\nqk_norm = tr\nn_layer = 2\n");
+  EXPECT_NE(e.find("job.toml:2:"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  EXPECT_NE(e.find("\\x0a"), std::string::npos) << e;
+}
+
 TEST(JobConfig, UnknownKeyAndSectionAreNamed) {
   EXPECT_NE(ErrorOf("[model]\nn_layers = 3\n").find("[model] n_layers: unknown key"), std::string::npos);
   EXPECT_NE(ErrorOf("[modle]\nn_layer = 3\n").find("[modle]: unknown section"), std::string::npos);

@@ -63,40 +63,11 @@ class MappedFile {
   size_t bytes_ = 0;
 };
 
-constexpr size_t kHeaderBytes = 256 * sizeof(int32_t);
+constexpr size_t kHeaderBytes = kTokenFileHeaderBytes;
 
-// The count of an llm.c-style header: magic and version among `accepted`,
-// and a file long enough for count elements of its width.
-struct HeaderKind {
-  int32_t magic, version;
-  size_t width;
-};
-absl::StatusOr<std::pair<HeaderKind, int64_t>> ReadHeader(const MappedFile& f, std::vector<HeaderKind> accepted,
-                                                          const char* what) {
-  if (f.bytes() < kHeaderBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(f.path(), ": truncated ", what, " header (", f.bytes(), " bytes, need ", kHeaderBytes, ")"));
-  }
-  const int32_t* h = reinterpret_cast<const int32_t*>(f.data());
-  for (const HeaderKind& k : accepted) {
-    if (h[0] != k.magic) continue;
-    if (h[1] != k.version) {
-      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": unsupported ", what, " version ", h[1],
-                                                     " (expected ", k.version, " for magic ", h[0], ")"));
-    }
-    const int64_t count = h[2];
-    const size_t need = kHeaderBytes + static_cast<size_t>(std::max<int64_t>(count, 0)) * k.width;
-    if (count < 0 || f.bytes() < need) {
-      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": truncated: header promises ", count, " entries (",
-                                                     need, " bytes), file has ", f.bytes()));
-    }
-    return std::make_pair(k, count);
-  }
-  std::string expected;
-  for (const HeaderKind& k : accepted) absl::StrAppend(&expected, expected.empty() ? "" : " or ", k.magic);
-  return absl::InvalidArgumentError(absl::StrCat(f.path(), ": bad magic ", h[0], " (expected ", expected, "; not ",
-                                                 std::string(what) == "llm.c" ? "an llm.c token" : "a loss mask",
-                                                 " file)"));
+// The first bytes of `f` that hold its header (all of a shorter file).
+absl::string_view HeadOf(const MappedFile& f) {
+  return f.bytes() == 0 ? absl::string_view() : absl::string_view(f.data(), std::min(f.bytes(), kHeaderBytes));
 }
 
 }  // namespace
@@ -147,9 +118,10 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(DataFormat form
       }
       if (ds->masked_) {
         SL_ASSIGN_OR_RETURN(file->mask, MappedFile::Open(masks[i]));
-        SL_ASSIGN_OR_RETURN(auto header, ReadHeader(*file->mask, {{kLossMaskMagic, kLossMaskVersion, 1}}, "loss mask"));
-        if (header.second != file->count) {
-          return absl::InvalidArgumentError(absl::StrCat(masks[i], ": mask of ", header.second, " entries for ",
+        SL_ASSIGN_OR_RETURN(TokenFileHeader header,
+                            ParseLossMaskHeader(HeadOf(*file->mask), file->mask->bytes(), masks[i]));
+        if (header.count != file->count) {
+          return absl::InvalidArgumentError(absl::StrCat(masks[i], ": mask of ", header.count, " entries for ",
                                                          paths[i], " of ", file->count, " tokens"));
         }
         file->mask_bytes = reinterpret_cast<const uint8_t*>(file->mask->data() + kHeaderBytes);
@@ -175,17 +147,15 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(DataFormat form
 
 absl::Status TokenDataset::OpenLlmc(const std::string& path, int vocab_size, File* file) {
   SL_ASSIGN_OR_RETURN(file->tokens, MappedFile::Open(path));
-  SL_ASSIGN_OR_RETURN(auto header, ReadHeader(*file->tokens,
-                                              {{kLlmcMagic, kLlmcVersion, sizeof(uint16_t)},
-                                               {kLlmcLlama3Magic, kLlmcLlama3Version, sizeof(uint32_t)}},
-                                              "llm.c"));
+  SL_ASSIGN_OR_RETURN(TokenFileHeader header,
+                      ParseLlmcHeader(HeadOf(*file->tokens), file->tokens->bytes(), path));
   const char* tokens = file->tokens->data() + kHeaderBytes;
-  if (header.first.width == sizeof(uint32_t)) {
+  if (header.width == sizeof(uint32_t)) {
     file->u32 = reinterpret_cast<const uint32_t*>(tokens);
   } else {
     file->u16 = reinterpret_cast<const uint16_t*>(tokens);
   }
-  file->count = header.second;
+  file->count = header.count;
   for (int64_t i = 0; i < file->count; ++i) {
     const int64_t t = file->At(i);
     if (t >= vocab_size) {

@@ -37,15 +37,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/job_config.h"
+#include "worker/data/token_file_header.h"
 
 namespace shardline {
 
-constexpr int32_t kLlmcMagic = 20240520;  // uint16 tokens
-constexpr int32_t kLlmcVersion = 1;
-constexpr int32_t kLlmcLlama3Magic = 20240801;  // uint32 tokens
-constexpr int32_t kLlmcLlama3Version = 7;
-constexpr int32_t kLossMaskMagic = 20240905;  // uint8 mask bytes
-constexpr int32_t kLossMaskVersion = 1;
+// The magics and versions (kLlmcMagic, ...): worker/data/token_file_header.h.
 constexpr int64_t kIgnoreTarget = -100;  // torch's cross_entropy ignore_index
 
 class TokenDataset {
