@@ -247,6 +247,9 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   TableReader job(table("job"), "job", src);
   job.String("name", &c.name);
   job.Int("workers", &c.workers, 1, kMaxRanks);
+  job.Int("max_restarts", &c.restart.max_restarts, 0, 1000);
+  job.Int("min_workers", &c.restart.min_workers, 1, kMaxRanks);
+  job.Double("restart_timeout", &c.restart.restart_timeout);
   TableReader model(table("model"), "model", src);
   model.String("family", &c.model.family);
   model.Int("n_layer", &c.model.n_layer, 1, 10000);
@@ -530,6 +533,12 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
   if (t.batch_size < 1) return bad("train", "batch_size must be >= 1");
   if (t.micro_batch_size < 1) return bad("train", "micro_batch_size must be >= 1");
   if (world < 1) return bad("job", "workers must be >= 1");
+  if (c.restart.min_workers > world) {
+    return bad("job", absl::StrCat("min_workers = ", c.restart.min_workers, " is more than the ", world, " workers"));
+  }
+  if (!(c.restart.restart_timeout >= 1 && c.restart.restart_timeout <= 7 * 24 * 3600)) {
+    return bad("job", "restart_timeout must be in [1, 604800] seconds");
+  }
   if (t.batch_size % world != 0) {
     return bad("train", absl::StrCat("batch_size = ", t.batch_size,
                                      " is not divisible by the world size ", world));

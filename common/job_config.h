@@ -145,9 +145,21 @@ struct CheckpointConfig {
   bool async = true;
 };
 
+// How a job recovers by itself (DESIGN.md, "Control plane"): when a rank is
+// lost or fails with a retryable error, the job goes RESTARTING and starts
+// again from its newest committed checkpoint at the largest world size in
+// [min_workers, workers] it can have within restart_timeout, up to
+// max_restarts times.
+struct RestartConfig {
+  int max_restarts = 3;
+  int min_workers = 0;            // 0: the job's workers
+  double restart_timeout = 300;   // seconds
+};
+
 struct JobConfig {
   std::string name = "job";
   int workers = 1;
+  RestartConfig restart;
   ModelConfig model;
   DataConfig data;
   TrainConfig train;

@@ -1,5 +1,7 @@
 #include "common/job_state.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
@@ -15,7 +17,9 @@ struct Transition {
 constexpr Transition kJobTransitions[] = {
     {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING},   {v1::JOB_STATE_PENDING, v1::JOB_STATE_CANCELLED},
     {v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED}, {v1::JOB_STATE_RUNNING, v1::JOB_STATE_FAILED},
-    {v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLED},
+    {v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLED},   {v1::JOB_STATE_RUNNING, v1::JOB_STATE_RESTARTING},
+    {v1::JOB_STATE_RESTARTING, v1::JOB_STATE_RUNNING}, {v1::JOB_STATE_RESTARTING, v1::JOB_STATE_FAILED},
+    {v1::JOB_STATE_RESTARTING, v1::JOB_STATE_CANCELLED},
 };
 
 // An enum value's name without its prefix.
@@ -53,6 +57,20 @@ absl::StatusOr<bool> CheckJobTransition(JobState from, JobState to) {
   }
   return absl::FailedPreconditionError(
       absl::StrCat("a job cannot go from ", JobStateName(from), " to ", JobStateName(to)));
+}
+
+double JobGoodput(const v1::Job& j, int64_t now_ms) {
+  if (j.attempts_size() == 0) return 0;
+  const v1::Attempt& last = j.attempts(j.attempts_size() - 1);
+  const int64_t end_ms = last.ended_unix_ms() != 0 ? last.ended_unix_ms() : now_ms;
+  const double wall = (end_ms - j.attempts(0).started_unix_ms()) / 1e3;
+  if (wall <= 0) return 1;
+  double kept = 0;
+  for (const v1::Attempt& a : j.attempts()) {
+    const int64_t ended = a.ended_unix_ms() != 0 ? a.ended_unix_ms() : now_ms;
+    kept += (ended - a.started_unix_ms()) / 1e3 - a.lost_seconds();
+  }
+  return std::clamp(kept / wall, 0.0, 1.0);
 }
 
 }  // namespace shardline

@@ -37,8 +37,12 @@ absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& repor
   if (!s.ok()) {
     // The coordinator's own failure (a full disk, a read-only directory) is
     // the job's root cause, not what its ranks see once the reporter stops.
-    FailJob(r, absl::StrCat("checkpoint of step ", report.step(), " not committed: ", s.message()), "");
+    // It would recur: no restart.
+    FailJob(r, absl::StrCat("checkpoint of step ", report.step(), " not committed: ", s.message()), "",
+            /*retryable=*/false);
+    return s;
   }
+  GrowAtCheckpoint(r, report.step());
   return s;
 }
 

@@ -16,15 +16,6 @@ namespace shardline {
 
 namespace {
 
-// 256 bits from the system's entropy source, as hex: a rank's job-scoped
-// credential, never stored and never logged.
-std::string NewCredential() {
-  std::random_device rd;
-  std::string out;
-  for (int i = 0; i < 8; ++i) absl::StrAppendFormat(&out, "%08x", rd());
-  return out;
-}
-
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 // What a rank sees when a peer fails (RankFinished.code): a closed
@@ -41,6 +32,15 @@ bool IsPeerError(int code) {
     default:
       return false;
   }
+}
+
+// A rank's own error that may not recur in a new attempt (a fault of the
+// device or the library, reported as Internal or Unknown). Bad input, a
+// checksum mismatch, a non-finite loss, a refused credential, a full disk or
+// memory would recur: those fail the job at once.
+bool IsRetryableOwnError(int code) {
+  const auto c = static_cast<absl::StatusCode>(code);
+  return c == absl::StatusCode::kInternal || c == absl::StatusCode::kUnknown;
 }
 
 }  // namespace
@@ -83,8 +83,10 @@ absl::Status CoordinatorCore::Recover() {
     }
     if (ckpts->size() != listed && j.state() != v1::JOB_STATE_RUNNING) Persist(it->second);
     if (j.state() == v1::JOB_STATE_RUNNING) {
-      Transition(it->second, v1::JOB_STATE_FAILED, "the coordinator restarted while the job was running")
-          .IgnoreError();  // RUNNING -> FAILED is legal
+      // Its ranks are told to stop as they reconnect; it starts again once they are back.
+      FailJob(it->second, "the coordinator restarted while the job was running", "", /*retryable=*/true);
+    } else if (j.state() == v1::JOB_STATE_RESTARTING) {
+      Restart(it->second, j.message());  // a repeat: restarts its clocks and queues it
     } else if (j.state() == v1::JOB_STATE_PENDING) {
       queue_.push_back(id);
     }
@@ -119,14 +121,8 @@ absl::Status CoordinatorCore::Transition(JobRecord& r, v1::JobState state, const
   if (IsFinalJobState(state)) j.clear_stalled();
   Persist(r);
   Notify(r);
-  if (IsFinalJobState(state)) {
-    // The job's rendezvous keys are of no further use, nor its ranks'
-    // access to the store.
-    RevokeStoreAccess(r);
-    const std::string prefix = j.id() + "/";
-    for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = EraseKv(it);
-    RemoveSavesOfEndedJob(j.id());
-  }
+  if (IsFinalJobState(state) || state == v1::JOB_STATE_RESTARTING) DropStore(r);
+  if (IsFinalJobState(state)) RemoveSavesOfEndedJob(j.id());
   return absl::OkStatus();
 }
 
@@ -152,6 +148,7 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
     // restarted): stop it; the worker turns idle when it reports back.
     w.info.set_state(v1::WORKER_STATE_BUSY);
     w.info.set_job_id(running);
+    w.info.set_rank(-1);  // of an attempt this coordinator does not run
     v1::CoordinatorMessage m;
     m.mutable_cancel()->set_job_id(running);
     m.mutable_cancel()->set_reason("the coordinator no longer runs this job");
@@ -184,7 +181,7 @@ void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) 
   if (j == jobs_.end() || JobOf(j->second).state() != v1::JOB_STATE_RUNNING) return;
   std::string msg = absl::StrFormat("worker lost: rank %d on host %s (%s, %s)", info.rank(), info.host(), id, why);
   if (!j->second.reported_failure.empty()) absl::StrAppend(&msg, "; before that ", j->second.reported_failure);
-  FailJob(j->second, msg, id);
+  FailJob(j->second, msg, id, /*retryable=*/true);
   Schedule();
 }
 
@@ -205,12 +202,24 @@ void CoordinatorCore::RevokeStoreAccess(const JobRecord& r) {
   for (const auto& [rank, credential] : r.credentials) credential_jobs_.erase(credential);
 }
 
+void CoordinatorCore::DropStore(const JobRecord& r) {
+  // An attempt's rendezvous keys are of no use to the next one (whose keys
+  // would collide with them), nor are its ranks' credentials.
+  RevokeStoreAccess(r);
+  const std::string prefix = r.stored.job.id() + "/";
+  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = EraseKv(it);
+}
+
 CoordinatorCore::JobRecord* CoordinatorCore::RankOfSession(const std::string& worker_id, const std::string& job_id,
                                                            int rank, const char* what) {
   auto w = workers_.find(worker_id);
   auto it = jobs_.find(job_id);
+  // The session must hold that rank of the running attempt: a worker that
+  // reconnects still running an earlier attempt holds none.
   if (w != workers_.end() && it != jobs_.end() && JobOf(it->second).state() == v1::JOB_STATE_RUNNING &&
-      w->second.info.state() == v1::WORKER_STATE_BUSY && w->second.info.job_id() == job_id && w->second.info.rank() == rank) {
+      w->second.info.state() == v1::WORKER_STATE_BUSY && w->second.info.job_id() == job_id &&
+      w->second.info.rank() == rank && rank >= 0 && rank < JobOf(it->second).worker_ids_size() &&
+      JobOf(it->second).worker_ids(rank) == worker_id) {
     return &it->second;
   }
   // A late message about a job that already ended is no attack; a session
@@ -263,15 +272,16 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
     if (f.ok()) {
       r.finished_ranks.insert(f.rank());
       if (static_cast<int>(r.finished_ranks.size()) == JobOf(r).workers()) {
-        Persist(r);
+        EndAttempt(r, "finished");
         Transition(r, v1::JOB_STATE_SUCCEEDED, absl::StrFormat("finished %d steps", JobOf(r).step()))
             .IgnoreError();  // held: RUNNING
       }
     } else {
       const std::string failure = absl::StrFormat("rank %d on host %s failed: %s", f.rank(), host, f.message());
       if (!IsPeerError(f.code())) {
-        // The rank's own error is the root cause, whatever its peers said first.
-        FailJob(r, failure, "");
+        // The rank's own error is the root cause, whatever its peers said
+        // first; most would recur, and fail the job without a restart.
+        FailJob(r, failure, "", IsRetryableOwnError(f.code()));
       } else if (r.reported_failure.empty()) {
         // Held for failure_grace (see CoordinatorOptions): the rank or
         // worker at fault may still speak up. Tick fails the job.
@@ -281,134 +291,6 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
     }
   }
   Schedule();
-}
-
-void CoordinatorCore::FailJob(JobRecord& r, const std::string& cause, const std::string& skip_worker) {
-  StopRanks(r, cause, skip_worker);
-  Transition(r, v1::JOB_STATE_FAILED, cause).IgnoreError();  // callers hold a RUNNING job
-}
-
-void CoordinatorCore::StopRanks(JobRecord& r, const std::string& reason, const std::string& skip) {
-  for (const std::string& wid : JobOf(r).worker_ids()) {
-    if (wid == skip) continue;
-    auto w = workers_.find(wid);
-    if (w == workers_.end() || w->second.info.job_id() != JobOf(r).id()) continue;
-    v1::CoordinatorMessage m;
-    m.mutable_cancel()->set_job_id(JobOf(r).id());
-    m.mutable_cancel()->set_reason(reason);
-    w->second.channel->Send(m);
-  }
-}
-
-// ---- scheduling --------------------------------------------------------------
-
-// First come, first served, with one exception: a job that asks for more
-// workers of one device kind than are registered at all does not hold the
-// queue (it would wait for workers that may never come, as Slurm's backfill
-// lets smaller jobs pass a job that cannot start). It starts ahead of later
-// jobs once enough workers registered and are idle.
-void CoordinatorCore::Schedule() {
-  for (size_t i = 0; i < queue_.size();) {
-    switch (TryStart(queue_[i])) {
-      case StartOutcome::kStarted:
-        queue_.erase(queue_.begin() + i);
-        break;
-      case StartOutcome::kTooFewRegistered:
-        ++i;  // the jobs behind it may start
-        break;
-      case StartOutcome::kWaitsForIdle:
-        return;  // nobody overtakes it
-    }
-  }
-}
-
-CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
-  JobRecord& r = jobs_.at(id);
-  v1::Job& j = JobOf(r);
-  // A job's ranks share one device kind: NCCL and Gloo ranks cannot form
-  // one group. CUDA is preferred where enough of both are idle.
-  std::map<std::string, std::vector<WorkerRecord*>> idle_by_kind;
-  std::map<std::string, int> registered_by_kind;
-  int idle_total = 0;
-  for (auto& [wid, w] : workers_) {
-    const std::string& d = w.info.device();
-    const std::string kind = d.substr(0, d.find(':'));
-    ++registered_by_kind[kind];
-    if (w.info.state() != v1::WORKER_STATE_IDLE) continue;
-    idle_by_kind[kind].push_back(&w);
-    ++idle_total;
-  }
-  std::vector<WorkerRecord*> idle;
-  for (const char* kind : {"cuda", "cpu"}) {
-    auto it = idle_by_kind.find(kind);
-    if (idle.empty() && it != idle_by_kind.end() && static_cast<int>(it->second.size()) >= j.workers()) {
-      idle = it->second;
-    }
-  }
-  if (idle.empty()) {
-    int most = 0;
-    std::string registered;
-    for (const auto& [kind, n] : registered_by_kind) {
-      most = std::max(most, n);
-      absl::StrAppend(&registered, registered.empty() ? "" : ", ", n, " ", kind);
-    }
-    if (most < j.workers()) {
-      j.set_message(absl::StrFormat("waiting for %d workers of one device kind (registered: %s); later jobs that "
-                                    "fit start ahead of it",
-                                    j.workers(), registered.empty() ? "none" : registered));
-      return StartOutcome::kTooFewRegistered;
-    }
-    if (idle_total >= j.workers()) {
-      std::string kinds;
-      for (const auto& [kind, ws] : idle_by_kind) {
-        absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", ws.size(), " ", kind);
-      }
-      j.set_message(absl::StrFormat("waiting for %d idle workers of one device kind (idle: %s)", j.workers(), kinds));
-    } else {
-      j.set_message(absl::StrFormat("waiting for %d idle workers", j.workers()));
-    }
-    return StartOutcome::kWaitsForIdle;
-  }
-  StartOn(r, std::move(idle));
-  return StartOutcome::kStarted;
-}
-
-void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle) {
-  v1::Job& j = JobOf(r);
-  // Ranks are stable: by host, then device, then registration order; ranks
-  // of one host are consecutive, so hybrid shard groups stay within a host.
-  std::sort(idle.begin(), idle.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
-    return std::make_tuple(a->info.host(), a->info.device(), a->info.worker_id().size(), a->info.worker_id()) <
-           std::make_tuple(b->info.host(), b->info.device(), b->info.worker_id().size(), b->info.worker_id());
-  });
-  j.clear_worker_ids();
-  RevokeStoreAccess(r);
-  r.credentials.clear();
-  for (int rank = 0; rank < j.workers(); ++rank) {
-    WorkerRecord* w = idle[rank];
-    w->info.set_state(v1::WORKER_STATE_BUSY);
-    w->info.set_job_id(j.id());
-    w->info.set_rank(rank);
-    j.add_worker_ids(w->info.worker_id());
-    v1::CoordinatorMessage m;
-    v1::Assignment* a = m.mutable_start();
-    a->set_job_id(j.id());
-    a->set_spec_toml(r.stored.spec_toml);
-    a->set_base_dir(r.stored.base_dir);
-    a->set_rank(rank);
-    a->set_world_size(j.workers());
-    a->set_resume_from(j.resume_from());
-    a->set_checkpoint_root(j.checkpoint_root());
-    a->set_credential(NewCredential());
-    r.credentials[rank] = a->credential();
-    credential_jobs_[a->credential()] = j.id();
-    w->channel->Send(m);
-  }
-  r.started = absl::Now();
-  r.connected_ranks.clear();
-  r.progress.clear();
-  Transition(r, v1::JOB_STATE_RUNNING, absl::StrFormat("running on %d workers", j.workers()))
-      .IgnoreError();  // queued: PENDING
 }
 
 void CoordinatorCore::Tick(absl::Time now) {
@@ -426,7 +308,12 @@ void CoordinatorCore::Tick(absl::Time now) {
   UpdateStalls(now);
   for (auto& [id, r] : jobs_) {
     if (JobOf(r).state() == v1::JOB_STATE_RUNNING && !r.reported_failure.empty() && now >= r.fail_at) {
-      FailJob(r, r.reported_failure, "");
+      FailJob(r, r.reported_failure, "", /*retryable=*/true);
+    } else if (JobOf(r).state() == v1::JOB_STATE_RESTARTING && now >= r.restart_by) {
+      queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+      FailForGood(r, absl::StrCat("not restarted within [job] restart_timeout (",
+                                  absl::FormatDuration(absl::Seconds(r.config.restart.restart_timeout)),
+                                  "): ", JobOf(r).message()));
     }
   }
   RetireEndedJobs(now);
@@ -493,6 +380,7 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   j.set_name(cfg->name);
   j.set_state(v1::JOB_STATE_PENDING);
   j.set_workers(workers);
+  j.set_requested_workers(workers);
   j.set_steps(cfg->train.steps);
   j.set_strategy(StrategyName(cfg->parallelism.strategy));
   j.set_created_unix_ms(NowMs());
@@ -544,7 +432,10 @@ absl::StatusOr<v1::Job> CoordinatorCore::Cancel(const std::string& id) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is already ", JobStateName(state)));
   }
   if (absl::Status s = Transition(r, v1::JOB_STATE_CANCELLED, "cancelled by the user"); !s.ok()) return s;
-  if (state == v1::JOB_STATE_PENDING) queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+  if (state == v1::JOB_STATE_PENDING || state == v1::JOB_STATE_RESTARTING) {
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+  }
+  if (state != v1::JOB_STATE_PENDING) EndAttempt(r, "cancelled by the user");
   if (state == v1::JOB_STATE_RUNNING) StopRanks(r, "cancelled", "");
   Schedule();  // the head of the queue may have changed
   return JobOf(r);

@@ -2,14 +2,22 @@
 // machine and the rendezvous key-value store. Plain C++: the gRPC service is
 // a thin adapter over it, and unit tests drive it without a network.
 //
-// Jobs move PENDING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; the reason
-// is kept in Job.message; a failure names its root cause where one is known. Every change is written to the StateStore before it
+// Jobs move PENDING -> RUNNING -> (RESTARTING -> RUNNING)* -> SUCCEEDED |
+// FAILED | CANCELLED (common/job_state.h); the reason is kept in Job.message;
+// a failure names its root cause where one is known. A lost rank, or a rank
+// that fails because of a peer, sends a job with restarts left ([job]
+// max_restarts) to RESTARTING: once its old ranks are back, it starts again
+// from its newest committed checkpoint at the largest world size in
+// [min_workers, workers] that the idle workers and the batch allow, or FAILS
+// after restart_timeout naming every attempt. A rank's own error fails it at
+// once. Every change is written to the StateStore before it
 // is visible to watchers.
 //
 // Workers talk to the core through a WorkerChannel (the session stream). A
 // worker whose channel closes, or whose heartbeats stop for `lost_after`, is
-// lost: its running job fails naming the rank and host, and the job's other
-// ranks are told to stop (they return to idle when they report back).
+// lost: its running job restarts (or fails) naming the rank and host, and the
+// job's other ranks are told to stop (they return to idle when they report
+// back). Scheduling and restarts are in coordinator_scheduler.cc.
 //
 // Thread-safe. Callbacks (channel sends, watchers, store waiters) may be
 // invoked with the core's lock held and must not call back into the core.
@@ -53,6 +61,11 @@ struct CoreEvents {
   // A message or call refused because its sender does not hold the rank it
   // names (`what`: progress, finished, connected, checkpoint_report).
   std::function<void(const char* what)> refused;
+  // A job went RESTARTING after a lost rank or a retryable error.
+  std::function<void(const std::string& job_id)> job_restarting;
+  // An attempt started after an earlier one ended: the seconds the restart
+  // cost (the last attempt's steps computed again, plus the time between).
+  std::function<void(double lost_seconds)> job_restarted;
 };
 
 struct CoordinatorOptions {
@@ -70,6 +83,10 @@ struct CoordinatorOptions {
   // Ended jobs are forgotten (their records; never their checkpoints) past
   // this many, oldest first, and once they ended this long ago (zero: kept
   // at any age).
+  // A restarting job waits this long for as many workers as its last
+  // attempt had (a coordinator that restarted, a worker that reconnects)
+  // before it settles for fewer, down to [job] min_workers.
+  absl::Duration restart_settle = absl::Seconds(3);
   int keep_finished_jobs = 1000;
   absl::Duration keep_finished_for = absl::ZeroDuration();
   CoreEvents events;
@@ -84,8 +101,10 @@ class CoordinatorCore {
   CoordinatorCore(StateStore* store, CoordinatorOptions options);
 
   // Loads every job from the store. Jobs that were RUNNING when the previous
-  // coordinator died are FAILED (their workers are told to stop when they
-  // reconnect); PENDING jobs are queued again in submission order.
+  // coordinator died restart like a job that lost a rank (their workers are
+  // told to stop when they reconnect, then the job starts again from its
+  // newest committed checkpoint); PENDING jobs are queued again in
+  // submission order.
   absl::Status Recover();
 
   // ---- workers (from session streams) ----
@@ -199,6 +218,9 @@ class CoordinatorCore {
     // Each rank's job-scoped credential (Assignment.credential), by rank;
     // a checkpoint report is accepted only with its rank's.
     std::map<int, std::string> credentials;
+    absl::Time restart_by;    // while RESTARTING: when it fails instead
+    absl::Time settle_until;  // while RESTARTING: until then, only all its workers will do
+    std::string restart_reason;  // while RESTARTING: what Job.message leads with
   };
   struct Waiter {
     std::vector<std::string> keys;
@@ -222,10 +244,26 @@ class CoordinatorCore {
   // error that changes nothing. A final state ends the job's store access.
   absl::Status Transition(JobRecord& r, v1::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fails a running job with `cause` and tells its ranks to stop (except
-  // `skip_worker`, whose session is gone).
-  void FailJob(JobRecord& r, const std::string& cause, const std::string& skip_worker)
+  // Ends a running attempt with `cause` and tells its ranks to stop (except
+  // `skip_worker`, whose session is gone); the job goes RESTARTING if the
+  // cause is `retryable` and restarts are left, FAILED otherwise.
+  void FailJob(JobRecord& r, const std::string& cause, const std::string& skip_worker, bool retryable)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's end: FAILED with `cause` and, after restarts, every attempt's.
+  void FailForGood(JobRecord& r, const std::string& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends a job whose attempt ended to RESTARTING, at the head of the queue.
+  void Restart(JobRecord& r, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a commit of `step`: a job running below its workers stops there
+  // and restarts larger if idle workers allow it.
+  void GrowAtCheckpoint(JobRecord& r, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The largest world size in [lo, hi] the job's config allows (batch and
+  // shard-group divisibility); 0 if none.
+  int LargestWorld(const JobRecord& r, int lo, int hi) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static int RequestedWorkers(const v1::Job& j);
+  // Closes the running attempt's record.
+  void EndAttempt(JobRecord& r, const std::string& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a job's rendezvous keys and its ranks' store access.
+  void DropStore(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells a running job's ranks to stop (except `skip_worker`).
   void StopRanks(JobRecord& r, const std::string& reason, const std::string& skip_worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -234,8 +272,9 @@ class CoordinatorCore {
   // idle; otherwise says in its message what it waits for.
   enum class StartOutcome { kStarted, kWaitsForIdle, kTooFewRegistered };
   StartOutcome TryStart(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Assigns r's ranks to `idle` workers (at least r's world size) and starts it.
-  void StartOn(JobRecord& r, std::vector<WorkerRecord*> idle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Assigns r's `world` ranks to `idle` workers (at least that many) and
+  // starts an attempt, from the newest committed checkpoint if there is one.
+  void StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int world) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a job's record (and with `checkpoints` its step directories).
   absl::StatusOr<int> Forget(JobRecord& r, bool checkpoints) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies keep_finished_jobs and keep_finished_for.

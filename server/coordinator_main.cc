@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:50051", state_dir, tls_cert, tls_key, metrics_listen;
   TokenFiles token_files;
   int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = -1, keep_finished_jobs = 1000;
-  double stall_after_s = 10, keep_finished_hours = 0;
+  double stall_after_s = 10, keep_finished_hours = 0, restart_settle_s = 3;
   app.add_option("--listen", listen, "address to serve on (host:port)");
   app.add_option("--state-dir", state_dir, "directory for the state database")->required();
   app.add_option("--token-file", token_files.user, "file of the users' bearer tokens, one per line");
@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_option("--stall-after", stall_after_s, "seconds without progress before a running job is stalled")
       ->check(CLI::PositiveNumber);
+  app.add_option("--restart-settle", restart_settle_s,
+                 "seconds a restarting job waits for all its workers before it settles for fewer (min_workers)")
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--keep-finished-jobs", keep_finished_jobs,
                  "ended jobs kept in the record, the oldest forgotten first (their checkpoints stay)")
       ->check(CLI::Range(1, 10000000));
@@ -128,6 +131,7 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   options.lost_after_missed = lost_after_missed;
   options.stall_after = absl::Seconds(stall_after_s);
+  options.restart_settle = absl::Seconds(restart_settle_s);
   options.keep_finished_jobs = keep_finished_jobs;
   options.keep_finished_for = absl::Hours(keep_finished_hours);
   shardline::CoordinatorMetrics metrics;

@@ -76,7 +76,16 @@ CoordinatorMetrics::CoordinatorMetrics()
                                          "Workers lost: session dropped or heartbeats stopped.")),
       refused_(registry_.AddCounter("shardline_coordinator_refused_total",
                                     "Messages and calls refused because the sender does not hold the rank it named "
-                                    "(what: progress, finished, connected, checkpoint_report).")),
+                                    "(what: progress, finished, connected, checkpoint_report, store, role).")),
+      restarts_(registry_.AddCounter("shardline_job_restarts_total",
+                                     "Times a job went RESTARTING after a lost rank or a retryable error.")),
+      restart_lost_(registry_.AddHistogram("shardline_job_restart_lost_seconds",
+                                           "What each restart cost: the seconds of the last attempt's steps computed "
+                                           "again, plus the seconds until the next attempt started.",
+                                           ExponentialBuckets(0.5, 2, 14))),
+      goodput_(registry_.AddGauge("shardline_job_goodput_ratio",
+                                  "Share of an unfinished job's wall time since its first start spent on steps that "
+                                  "were kept (not computed again after a restart).")),
       jobs_(registry_.AddGauge("shardline_coordinator_jobs", "Jobs by state.")),
       queue_(registry_.AddGauge("shardline_coordinator_queue_length", "Jobs waiting for workers.")),
       heartbeat_age_(registry_.AddGauge("shardline_coordinator_worker_heartbeat_age_seconds",
@@ -115,6 +124,8 @@ CoreEvents CoordinatorMetrics::Events() {
   };
   e.worker_lost = [this] { workers_lost_.Add({}).Increment(); };
   e.refused = [this](const char* what) { refused_.Add({{"what", what}}).Increment(); };
+  e.job_restarting = [this](const std::string& job) { restarts_.Add({{"job_id", job}}).Increment(); };
+  e.job_restarted = [this](double lost) { restart_lost_.Add({}).Observe(lost); };
   return e;
 }
 
@@ -137,11 +148,17 @@ void CoordinatorMetrics::Collect(const CoordinatorCore* core) {
   }
   for (const auto& [state, n] : workers) workers_.Add({{"state", state}}).Set(n);
 
-  std::map<std::string, int> jobs = {{"pending", 0}, {"running", 0}, {"succeeded", 0}, {"failed", 0},
-                                     {"cancelled", 0}};
-  for (auto* f : {&lag_steps_, &lag_collectives_, &since_progress_, &rank_stalled_, &job_stalled_}) f->Clear();
+  std::map<std::string, int> jobs = {{"pending", 0}, {"running", 0}, {"restarting", 0}, {"succeeded", 0},
+                                     {"failed", 0}, {"cancelled", 0}};
+  for (auto* f : {&lag_steps_, &lag_collectives_, &since_progress_, &rank_stalled_, &job_stalled_, &goodput_}) {
+    f->Clear();
+  }
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   for (const v1::Job& j : core->ListJobs()) {
     jobs[absl::AsciiStrToLower(JobStateName(j.state()))] += 1;
+    if (j.state() == v1::JOB_STATE_RESTARTING || j.state() == v1::JOB_STATE_RUNNING) {
+      goodput_.Add({{"job_id", j.id()}}).Set(JobGoodput(j, now_ms));
+    }
     if (j.state() != v1::JOB_STATE_RUNNING) continue;
     job_stalled_.Add({{"job", j.id()}}).Set(j.stalled().empty() ? 0 : 1);
     for (const v1::RankStatus& r : j.ranks()) {

@@ -3,7 +3,9 @@
 //
 //  - workers by state, workers lost, jobs by state, queue length, heartbeat
 //    age per worker (labelled by host and device, stable across reconnects);
-//  - rendezvous and checkpoint-commit durations (CoreEvents hooks);
+//  - rendezvous and checkpoint-commit durations, restarts per job and the
+//    seconds each restart cost (CoreEvents hooks); each unfinished job's
+//    goodput (JobGoodput);
 //  - RPC counts and latency by service, method and code (a server
 //    interceptor, so every RPC is counted, refused ones included);
 //  - per rank of each running job: lag behind the fastest rank in steps and
@@ -45,6 +47,9 @@ class CoordinatorMetrics {
   metrics::Family<metrics::Gauge>& workers_;
   metrics::Family<metrics::Counter>& workers_lost_;
   metrics::Family<metrics::Counter>& refused_;
+  metrics::Family<metrics::Counter>& restarts_;
+  metrics::Family<metrics::Histogram>& restart_lost_;
+  metrics::Family<metrics::Gauge>& goodput_;
   metrics::Family<metrics::Gauge>& jobs_;
   metrics::Family<metrics::Gauge>& queue_;
   metrics::Family<metrics::Gauge>& heartbeat_age_;

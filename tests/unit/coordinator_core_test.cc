@@ -35,7 +35,11 @@ class RecordingChannel : public WorkerChannel {
   absl::Status closed;
 };
 
+// Without restarts, so that a failure is final (the restart tests below
+// use kRestartSpec).
 constexpr char kSpec[] = R"(
+[job]
+max_restarts = 0
 [model]
 n_layer = 1
 n_head = 2
@@ -354,7 +358,7 @@ TEST_F(CoreTest, ACancelledWaitIsFreedAtTheNextTickAndShutdownAnswersEveryWait) 
   EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable);
 }
 
-TEST_F(CoreTest, RecoveryKeepsJobsAndFailsTheRunningOnes) {
+TEST_F(CoreTest, RecoveryKeepsJobsAndFailsTheRunningOnesWithoutRestarts) {
   RecordingChannel a;
   AddWorker("h", "cpu", &a);
   const std::string running = Submit(1);
@@ -626,12 +630,14 @@ TEST_F(CoreTest, TheStoreBoundsWhatCallersCanMakeItHold) {
 // The one transition table: every legal move, repeats as no-ops, and the
 // illegal ones refused naming both states.
 TEST(JobStateTest, TheTransitionTableAllowsExactlyTheLifecycle) {
-  const std::vector<v1::JobState> all = {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
-                                         v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED};
+  const std::vector<v1::JobState> all = {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING,   v1::JOB_STATE_SUCCEEDED,
+                                         v1::JOB_STATE_FAILED,  v1::JOB_STATE_CANCELLED, v1::JOB_STATE_RESTARTING};
   const std::set<std::pair<v1::JobState, v1::JobState>> legal = {
-      {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING},   {v1::JOB_STATE_PENDING, v1::JOB_STATE_CANCELLED},
-      {v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED}, {v1::JOB_STATE_RUNNING, v1::JOB_STATE_FAILED},
-      {v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLED}};
+      {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING},     {v1::JOB_STATE_PENDING, v1::JOB_STATE_CANCELLED},
+      {v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED},   {v1::JOB_STATE_RUNNING, v1::JOB_STATE_FAILED},
+      {v1::JOB_STATE_RUNNING, v1::JOB_STATE_CANCELLED},   {v1::JOB_STATE_RUNNING, v1::JOB_STATE_RESTARTING},
+      {v1::JOB_STATE_RESTARTING, v1::JOB_STATE_RUNNING},  {v1::JOB_STATE_RESTARTING, v1::JOB_STATE_FAILED},
+      {v1::JOB_STATE_RESTARTING, v1::JOB_STATE_CANCELLED}};
   for (v1::JobState from : all) {
     for (v1::JobState to : all) {
       absl::StatusOr<bool> t = CheckJobTransition(from, to);
@@ -645,7 +651,8 @@ TEST(JobStateTest, TheTransitionTableAllowsExactlyTheLifecycle) {
                   absl::StrCat("a job cannot go from ", JobStateName(from), " to ", JobStateName(to)));
       }
     }
-    EXPECT_EQ(IsFinalJobState(from), from != v1::JOB_STATE_PENDING && from != v1::JOB_STATE_RUNNING);
+    EXPECT_EQ(IsFinalJobState(from), from != v1::JOB_STATE_PENDING && from != v1::JOB_STATE_RUNNING &&
+                                         from != v1::JOB_STATE_RESTARTING);
     EXPECT_EQ(*ParseJobState(JobStateName(from)), from);  // names round-trip (legacy records)
   }
   EXPECT_FALSE(ParseJobState("UNSPECIFIED").ok());
@@ -669,6 +676,266 @@ TEST_F(CoreTest, ARecordWithTheLegacyStateStringIsReadAsItsEnum) {
   EXPECT_TRUE(restarted.GetJob("job-7")->legacy_state().empty());
   EXPECT_EQ(restarted.GetJob("job-8")->state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(restarted.GetJob("job-8")->message().find("not a job state"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardline
+
+namespace shardline {
+namespace {
+
+// Restarts (issue 13): a job of 3 workers that may run on 2.
+constexpr char kRestartSpec[] = R"(
+[job]
+workers = 3
+min_workers = 2
+max_restarts = 2
+restart_timeout = 60
+[model]
+n_layer = 1
+n_head = 2
+n_embd = 8
+vocab_size = 16
+block_size = 4
+[train]
+steps = 50
+batch_size = 12
+micro_batch_size = 1
+)";
+
+class RestartTest : public CoreTest {
+ protected:
+  void Open(absl::Duration settle) {
+    CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+    o.restart_settle = settle;
+    o.events.job_restarting = [this](const std::string&) { ++restarting_events_; };
+    o.events.job_restarted = [this](double lost) { lost_.push_back(lost); };
+    core_ = std::make_unique<CoordinatorCore>(store_.get(), o);
+  }
+  std::string SubmitRestartable(const std::string& spec = kRestartSpec) {
+    v1::SubmitJobRequest r;
+    r.set_spec_toml(spec);
+    r.set_base_dir(dir_);
+    auto id = core_->Submit(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+  // Every rank of the running attempt reports its file of `step`.
+  void Commit(const std::string& job, int64_t step, const std::vector<RecordingChannel*>& ranks) {
+    const std::string root = core_->GetJob(job)->checkpoint_root();
+    std::filesystem::create_directories(root + "/" + StepDirName(step));
+    for (RecordingChannel* ch : ranks) {
+      const v1::Assignment a = ch->Starts().back();
+      v1::CheckpointReport r;
+      r.set_job_id(job);
+      r.set_rank(a.rank());
+      r.set_step(step);
+      r.set_path(RankFilePath(root, step, a.rank()));
+      r.set_size_bytes(10);
+      r.set_checksum(std::string(64, 'a'));
+      ASSERT_TRUE(core_->ReportCheckpoint(r, a.credential()).ok());
+    }
+  }
+  void Progress(const std::string& worker, const std::string& job, int64_t step) {
+    v1::Progress p;
+    p.set_job_id(job);
+    p.set_rank(0);
+    p.set_step(step);
+    core_->OnProgress(worker, p);
+  }
+  int restarting_events_ = 0;
+  std::vector<double> lost_;
+};
+
+TEST_F(RestartTest, ALostRankRestartsFromTheNewestCheckpointAtTheLargestWorldThenGrowsBack) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c, d;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  ASSERT_EQ(State(job), "RUNNING");
+  Commit(job, 2, {&a, &b, &c});
+  Progress(wa, job, 3);
+  core_->WorkerGone(wc, "session closed");
+  v1::Job j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(j.message().find("restarting (1 of at most 2) after: worker lost: rank 2 on host h3"), std::string::npos)
+      << j.message();
+  EXPECT_EQ(restarting_events_, 1);
+  EXPECT_EQ(a.Cancels(), 1);
+  EXPECT_EQ(b.Cancels(), 1);
+  ASSERT_EQ(j.attempts_size(), 1);
+  EXPECT_EQ(j.attempts(0).world_size(), 3);
+  EXPECT_EQ(j.attempts(0).last_step(), 3);
+  EXPECT_NE(j.attempts(0).end().find("worker lost"), std::string::npos);
+  // Not before its survivors stopped: they still run the old attempt.
+  core_->Tick(absl::Now());
+  EXPECT_EQ(State(job), "RESTARTING");
+  EXPECT_NE(core_->GetJob(job)->message().find("rank 2 on host h3 (w-3, session closed); waiting for rank 0 on h1 to "
+                                               "stop its last attempt"),
+            std::string::npos)
+      << core_->GetJob(job)->message();
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  EXPECT_EQ(State(job), "RESTARTING");
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  // On the two that are left, from step 2.
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 2);
+  EXPECT_EQ(j.requested_workers(), 3);
+  EXPECT_EQ(j.step(), 2);
+  EXPECT_EQ(j.restarts(), 1);
+  ASSERT_EQ(j.attempts_size(), 2);
+  EXPECT_EQ(j.attempts(1).world_size(), 2);
+  EXPECT_EQ(j.attempts(1).first_step(), 2);
+  EXPECT_GE(j.attempts(0).lost_seconds(), 0);
+  ASSERT_EQ(lost_.size(), 1u);
+  ASSERT_EQ(a.Starts().size(), 2u);
+  ASSERT_EQ(b.Starts().size(), 2u);
+  for (const RecordingChannel* ch : {&a, &b}) {
+    EXPECT_EQ(ch->Starts().back().world_size(), 2);
+    EXPECT_EQ(ch->Starts().back().resume_from(), j.checkpoint_root() + "/step-00000002");
+    EXPECT_NE(ch->Starts().back().credential(), ch->Starts().front().credential());
+  }
+  // The old attempt's credentials open nothing any more.
+  EXPECT_EQ(core_->AuthorizeStore(a.Starts().front().credential(), {job + "/k"}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(core_->AuthorizeStore(a.Starts().back().credential(), {job + "/k"}).ok());
+  // A replacement registers: at the next commit the job stops and grows back to 3.
+  const std::string wd = AddWorker("h4", "cpu", &d);
+  EXPECT_EQ(State(job), "RUNNING");
+  Commit(job, 4, {&a, &b});
+  j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(j.message().find("growing from 2 to 3 workers from the checkpoint of step 4"), std::string::npos)
+      << j.message();
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 3);
+  EXPECT_EQ(j.restarts(), 1);  // growing is no restart
+  ASSERT_EQ(d.Starts().size(), 1u);
+  EXPECT_EQ(d.Starts()[0].resume_from(), j.checkpoint_root() + "/step-00000004");
+  // A rank's own error that would recur fails the job at once, naming every attempt.
+  Finish(wd, job, d.Starts()[0].rank(), false, "rank-00002.safetensors: checksum mismatch", absl::StatusCode::kDataLoss);
+  j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.message().rfind("rank 2 on host h4 failed: rank-00002.safetensors: checksum mismatch; attempts: [1] 3 "
+                              "workers, steps 0-3: worker lost",
+                              0),
+            0u)
+      << j.message();
+  EXPECT_NE(j.message().find("[2] 2 workers, steps 2-4: stopped at the checkpoint of step 4 to grow"),
+            std::string::npos)
+      << j.message();
+  EXPECT_NE(j.message().find("[3] 3 workers, steps 4-4: rank 2 on host h4 failed"), std::string::npos) << j.message();
+  EXPECT_EQ(restarting_events_, 1);
+}
+
+TEST_F(RestartTest, WithinTheSettlingTimeARestartWaitsForAllItsWorkers) {
+  Open(absl::Hours(1));
+  RecordingChannel a, b, c, d;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  core_->WorkerGone(wc, "session closed");
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  EXPECT_EQ(State(job), "RESTARTING");  // two are idle, but it may still have three
+  EXPECT_NE(core_->GetJob(job)->message().find("; waiting for 3 idle workers of one device kind (idle: 2 cpu)"),
+            std::string::npos)
+      << core_->GetJob(job)->message();
+  AddWorker("h4", "cpu", &d);
+  v1::Job j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(j.workers(), 3);
+  EXPECT_TRUE(j.attempts(1).first_step() == 0);  // no checkpoint: from the start
+  EXPECT_EQ(d.Starts().at(0).resume_from(), "");
+}
+
+TEST_F(RestartTest, SpentRestartsAndTheRestartTimeoutFailTheJobNamingEveryAttempt) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c, d;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  std::string spec = kRestartSpec;
+  spec.replace(spec.find("max_restarts = 2"), 16, "max_restarts = 1");
+  const std::string job = SubmitRestartable(spec);
+  core_->WorkerGone(wc, "session closed");
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  ASSERT_EQ(State(job), "RUNNING");
+  // A peer's connection error after the grace is retryable, but none is left.
+  Finish(wb, job, 1, false, "all_gather #9: connection reset by rank 0", absl::StatusCode::kUnavailable);
+  core_->Tick(absl::Now() + absl::Milliseconds(60));
+  v1::Job j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.message().rfind("rank 1 on host h2 failed: all_gather #9", 0), 0u) << j.message();
+  EXPECT_NE(j.message().find("[1] 3 workers, steps 0-0: worker lost: rank 2 on host h3"), std::string::npos)
+      << j.message();
+  EXPECT_NE(j.message().find("[2] 2 workers, steps 0-0: rank 1 on host h2 failed"), std::string::npos) << j.message();
+
+  // A restart that finds too few workers within restart_timeout fails.
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  const std::string job2 = SubmitRestartable();
+  ASSERT_EQ(State(job2), "PENDING");  // two workers are left for three
+  AddWorker("h4", "cpu", &d);
+  ASSERT_EQ(State(job2), "RUNNING");
+  core_->WorkerGone(wa, "session closed");
+  core_->WorkerGone(wb, "session closed");
+  EXPECT_EQ(State(job2), "RESTARTING");
+  core_->Tick(absl::Now() + absl::Seconds(61));
+  j = *core_->GetJob(job2);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.message().rfind("not restarted within [job] restart_timeout (1m)", 0), 0u) << j.message();
+}
+
+TEST_F(RestartTest, ACoordinatorThatRestartedRestartsItsRunningJobsOnceWorkersReconnect) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c;
+  AddWorker("h1", "cpu", &a);
+  AddWorker("h2", "cpu", &b);
+  AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  Commit(job, 2, {&a, &b, &c});
+  core_.reset();  // the coordinator dies; its workers keep running job's ranks
+  Open(absl::ZeroDuration());
+  ASSERT_TRUE(core_->Recover().ok());
+  v1::Job j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(j.message().find("the coordinator restarted while the job was running"), std::string::npos);
+  // They reconnect still running it: each is told to stop, and holds no rank
+  // of the next attempt (what it says of its old rank is not the job's).
+  RecordingChannel a2, b2, c2;
+  std::vector<std::string> ids;
+  for (RecordingChannel* ch : {&a2, &b2, &c2}) {
+    v1::WorkerInfo info;
+    info.set_host(ch == &a2 ? "h1" : ch == &b2 ? "h2" : "h3");
+    info.set_device("cpu");
+    info.set_job_id(job);
+    ids.push_back(core_->RegisterWorker(info, ch)->worker_id());
+    EXPECT_EQ(ch->Cancels(), 1);
+  }
+  EXPECT_EQ(State(job), "RESTARTING");
+  for (int i = 0; i < 3; ++i) Finish(ids[i], job, i, false, "cancelled", absl::StatusCode::kCancelled);
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 3);
+  EXPECT_EQ(a2.Starts().at(0).resume_from(), j.checkpoint_root() + "/step-00000002");
+  // A late word from an earlier attempt's rank 0 changes nothing.
+  RecordingChannel stray;
+  v1::WorkerInfo info;
+  info.set_host("h9");
+  info.set_device("cpu");
+  info.set_job_id(job);
+  const std::string ws = core_->RegisterWorker(info, &stray)->worker_id();
+  Finish(ws, job, 0, true);
+  Finish(ids[0], job, 0, true);
+  Finish(ids[1], job, 1, true);
+  EXPECT_EQ(State(job), "RUNNING");  // rank 2 has not finished; the stray's word is no rank's
+  Finish(ids[2], job, 2, true);
+  EXPECT_EQ(State(job), "SUCCEEDED");
 }
 
 }  // namespace

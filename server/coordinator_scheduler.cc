@@ -1,0 +1,301 @@
+// The coordinator's scheduler (DESIGN.md, "Control plane"): which queued job
+// starts on which idle workers, at what world size and from which
+// checkpoint; how an attempt ends, and when a job restarts or grows back.
+//
+// A job runs as a series of attempts (Job.attempts). An attempt that loses a
+// rank or fails with a retryable error sends the job RESTARTING, to the head
+// of the queue: once the attempt's surviving ranks have stopped, it starts
+// again from the newest committed checkpoint at the largest world size in
+// [min_workers, workers] that the idle workers and the batch allow. A job
+// running below its workers grows back at its next committed checkpoint
+// once enough workers are idle.
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/checkpoint_manifest.h"
+#include "common/job_state.h"
+#include "server/coordinator_core.h"
+
+namespace shardline {
+namespace {
+
+// 256 bits from the system's entropy source, as hex: a rank's job-scoped
+// credential, never stored and never logged.
+std::string NewCredential() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 8; ++i) absl::StrAppendFormat(&out, "%08x", rd());
+  return out;
+}
+
+std::string DeviceKind(const v1::WorkerInfo& w) { return w.device().substr(0, w.device().find(':')); }
+
+// What an attempt's end says in Job.attempts and in a final failure.
+constexpr size_t kMaxEndBytes = 300;
+
+}  // namespace
+
+int CoordinatorCore::RequestedWorkers(const v1::Job& j) {
+  return j.requested_workers() > 0 ? j.requested_workers() : j.workers();  // records older than attempts
+}
+
+int CoordinatorCore::LargestWorld(const JobRecord& r, int lo, int hi) const {
+  for (int w = hi; w >= std::max(lo, 1); --w) {
+    if (ValidateJobConfig(r.config, w, r.stored.job.id()).ok()) return w;
+  }
+  return 0;
+}
+
+// ---- how an attempt ends ------------------------------------------------------
+
+void CoordinatorCore::EndAttempt(JobRecord& r, const std::string& end) {
+  v1::Job& j = JobOf(r);
+  if (j.attempts_size() == 0) return;
+  v1::Attempt* a = j.mutable_attempts(j.attempts_size() - 1);
+  if (a->ended_unix_ms() != 0) return;  // ended already
+  a->set_end(end.substr(0, kMaxEndBytes));
+  a->set_ended_unix_ms(absl::ToUnixMillis(absl::Now()));
+  // Rank 0's progress may lag the ranks' newest commit.
+  const int64_t committed = j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : 0;
+  a->set_last_step(std::max({a->first_step(), j.step(), committed}));
+}
+
+void CoordinatorCore::FailJob(JobRecord& r, const std::string& cause_ref, const std::string& skip_worker,
+                              bool retryable) {
+  const std::string cause = cause_ref;  // it may be r.reported_failure, cleared below
+  v1::Job& j = JobOf(r);
+  StopRanks(r, cause, skip_worker);
+  EndAttempt(r, cause);
+  r.reported_failure.clear();
+  if (retryable && j.restarts() < r.config.restart.max_restarts) {
+    j.set_restarts(j.restarts() + 1);
+    Restart(r, absl::StrFormat("restarting (%d of at most %d) after: %s", j.restarts(),
+                               r.config.restart.max_restarts, cause));
+    if (options_.events.job_restarting) options_.events.job_restarting(j.id());
+    return;
+  }
+  FailForGood(r, cause);
+}
+
+void CoordinatorCore::Restart(JobRecord& r, const std::string& message) {
+  const absl::Time now = absl::Now();
+  r.restart_by = now + absl::Seconds(r.config.restart.restart_timeout);
+  r.settle_until = now + options_.restart_settle;
+  r.restart_reason = message;
+  Transition(r, v1::JOB_STATE_RESTARTING, message).IgnoreError();  // from RUNNING
+  const std::string& id = JobOf(r).id();
+  queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+  queue_.insert(queue_.begin(), id);  // ahead of jobs that never ran
+}
+
+void CoordinatorCore::FailForGood(JobRecord& r, const std::string& cause) {
+  const v1::Job& j = JobOf(r);
+  std::string msg = cause;
+  if (j.attempts_size() > 1) {
+    absl::StrAppend(&msg, "; attempts:");
+    for (int i = 0; i < j.attempts_size(); ++i) {
+      const v1::Attempt& a = j.attempts(i);
+      absl::StrAppendFormat(&msg, " [%d] %d workers, steps %d-%d: %s", i + 1, a.world_size(), a.first_step(),
+                            a.last_step(), a.end().empty() ? "running" : a.end());
+    }
+  }
+  Transition(r, v1::JOB_STATE_FAILED, msg).IgnoreError();  // from RUNNING or RESTARTING
+}
+
+void CoordinatorCore::StopRanks(JobRecord& r, const std::string& reason, const std::string& skip) {
+  for (const std::string& wid : JobOf(r).worker_ids()) {
+    if (wid == skip) continue;
+    auto w = workers_.find(wid);
+    if (w == workers_.end() || w->second.info.job_id() != JobOf(r).id()) continue;
+    v1::CoordinatorMessage m;
+    m.mutable_cancel()->set_job_id(JobOf(r).id());
+    m.mutable_cancel()->set_reason(reason);
+    w->second.channel->Send(m);
+  }
+}
+
+void CoordinatorCore::GrowAtCheckpoint(JobRecord& r, int64_t step) {
+  v1::Job& j = JobOf(r);
+  const int want = RequestedWorkers(j);
+  if (j.state() != v1::JOB_STATE_RUNNING || j.workers() >= want || j.worker_ids_size() == 0) return;
+  auto first = workers_.find(j.worker_ids(0));
+  if (first == workers_.end()) return;
+  const std::string kind = DeviceKind(first->second.info);
+  int idle = 0;
+  for (const auto& [wid, w] : workers_) {
+    if (w.info.state() == v1::WORKER_STATE_IDLE && DeviceKind(w.info) == kind) ++idle;
+  }
+  const int grown = LargestWorld(r, j.workers() + 1, std::min(want, j.workers() + idle));
+  if (grown == 0) return;
+  const std::string why =
+      absl::StrFormat("stopped at the checkpoint of step %d to grow from %d to %d workers", step, j.workers(), grown);
+  StopRanks(r, why, "");
+  EndAttempt(r, why);
+  Restart(r, absl::StrFormat("growing from %d to %d workers from the checkpoint of step %d", j.workers(), grown, step));
+  r.settle_until = absl::Now();  // the workers it grows onto are idle now
+}
+
+// ---- scheduling --------------------------------------------------------------
+
+// First come, first served, restarting jobs first, with one exception: a job
+// that asks for more workers of one device kind than are registered at all
+// does not hold the queue (it would wait for workers that may never come, as
+// Slurm's backfill lets smaller jobs pass a job that cannot start). It starts
+// ahead of later jobs once enough workers registered and are idle.
+void CoordinatorCore::Schedule() {
+  for (size_t i = 0; i < queue_.size();) {
+    switch (TryStart(queue_[i])) {
+      case StartOutcome::kStarted:
+        queue_.erase(queue_.begin() + i);
+        break;
+      case StartOutcome::kTooFewRegistered:
+        ++i;  // the jobs behind it may start
+        break;
+      case StartOutcome::kWaitsForIdle:
+        return;  // nobody overtakes it
+    }
+  }
+}
+
+CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
+  JobRecord& r = jobs_.at(id);
+  v1::Job& j = JobOf(r);
+  const bool restarting = j.state() == v1::JOB_STATE_RESTARTING;
+  const int want = RequestedWorkers(j);
+  // A first start takes every worker asked for; a restart settles for
+  // min_workers once the settling time is over.
+  const int min_workers = restarting && r.config.restart.min_workers > 0 ? r.config.restart.min_workers : want;
+  const int least = restarting && absl::Now() >= r.settle_until ? min_workers : want;
+  // A restarting job's message keeps why it restarts.
+  const std::string doing = restarting ? absl::StrCat(r.restart_reason, "; waiting") : "waiting";
+  if (restarting) {
+    for (const auto& [wid, w] : workers_) {
+      if (w.info.job_id() == id) {
+        j.set_message(absl::StrFormat("%s for %s on %s to stop its last attempt", doing,
+                                      w.info.rank() >= 0 ? absl::StrCat("rank ", w.info.rank()) : "a worker",
+                                      w.info.host()));
+        return StartOutcome::kWaitsForIdle;
+      }
+    }
+  }
+  // A job's ranks share one device kind: NCCL and Gloo ranks cannot form
+  // one group. CUDA is preferred where enough of both are idle.
+  std::map<std::string, std::vector<WorkerRecord*>> idle_by_kind;
+  std::map<std::string, int> registered_by_kind;
+  for (auto& [wid, w] : workers_) {
+    const std::string kind = DeviceKind(w.info);
+    ++registered_by_kind[kind];
+    if (w.info.state() == v1::WORKER_STATE_IDLE) idle_by_kind[kind].push_back(&w);
+  }
+  for (const char* kind : {"cuda", "cpu"}) {
+    auto it = idle_by_kind.find(kind);
+    if (it == idle_by_kind.end()) continue;
+    const int world = LargestWorld(r, least, std::min<int>(want, it->second.size()));
+    if (world > 0) {
+      StartOn(r, std::move(it->second), world);
+      return StartOutcome::kStarted;
+    }
+  }
+  int most = 0, idle_most = 0;
+  std::string registered, idle;
+  for (const auto& [kind, n] : registered_by_kind) {
+    most = std::max(most, n);
+    absl::StrAppend(&registered, registered.empty() ? "" : ", ", n, " ", kind);
+  }
+  for (const auto& [kind, ws] : idle_by_kind) {
+    idle_most = std::max<int>(idle_most, ws.size());
+    absl::StrAppend(&idle, idle.empty() ? "" : ", ", ws.size(), " ", kind);
+  }
+  const std::string what = least == want ? absl::StrCat(want) : absl::StrCat(least, " to ", want);
+  // A restart that could settle for the workers registered holds the queue
+  // while it waits for more: they are its own, coming back.
+  if (most < min_workers) {
+    j.set_message(absl::StrFormat("%s for %s workers of one device kind (registered: %s); later jobs that fit start "
+                                  "ahead of it",
+                                  doing, what, registered.empty() ? "none" : registered));
+    return StartOutcome::kTooFewRegistered;
+  }
+  j.set_message(absl::StrFormat("%s for %s idle workers of one device kind (idle: %s)", doing, what,
+                                idle.empty() ? "none" : idle));
+  return StartOutcome::kWaitsForIdle;
+}
+
+void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int world) {
+  v1::Job& j = JobOf(r);
+  // Ranks are stable: by host, then device, then registration order; ranks
+  // of one host are consecutive, so hybrid shard groups stay within a host.
+  std::sort(idle.begin(), idle.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
+    return std::make_tuple(a->info.host(), a->info.device(), a->info.worker_id().size(), a->info.worker_id()) <
+           std::make_tuple(b->info.host(), b->info.device(), b->info.worker_id().size(), b->info.worker_id());
+  });
+  // From the newest committed checkpoint; else where the submit said.
+  std::string resume = j.resume_from();
+  int64_t first_step = 0;
+  if (j.checkpoints_size() > 0) {
+    resume = j.checkpoints(j.checkpoints_size() - 1).path();
+    first_step = j.checkpoints(j.checkpoints_size() - 1).step();
+  } else if (!resume.empty()) {
+    absl::StatusOr<CheckpointManifest> m = ReadManifest(resume);
+    if (m.ok()) first_step = m->step;
+  }
+  const bool restart = j.attempts_size() > 0;
+  if (restart) {
+    // Saves the last attempt left half-written are no checkpoints; its ranks
+    // have all stopped (TryStart waited for them).
+    r.ckpt_reports.clear();
+    RemoveInterruptedSaves(r, INT64_MAX);
+    v1::Attempt& last = *j.mutable_attempts(j.attempts_size() - 1);
+    const int64_t ran = last.last_step() - last.first_step();
+    const double seconds = (last.ended_unix_ms() - last.started_unix_ms()) / 1e3;
+    if (ran > 0 && last.last_step() > first_step) {
+      last.set_lost_seconds(seconds * static_cast<double>(last.last_step() - std::max(first_step, last.first_step())) /
+                            static_cast<double>(ran));
+    }
+    const double down = (absl::ToUnixMillis(absl::Now()) - last.ended_unix_ms()) / 1e3;
+    if (options_.events.job_restarted) options_.events.job_restarted(last.lost_seconds() + std::max(0.0, down));
+  }
+  j.clear_worker_ids();
+  RevokeStoreAccess(r);
+  r.credentials.clear();
+  j.set_workers(world);
+  for (int rank = 0; rank < world; ++rank) {
+    WorkerRecord* w = idle[rank];
+    w->info.set_state(v1::WORKER_STATE_BUSY);
+    w->info.set_job_id(j.id());
+    w->info.set_rank(rank);
+    j.add_worker_ids(w->info.worker_id());
+    v1::CoordinatorMessage m;
+    v1::Assignment* a = m.mutable_start();
+    a->set_job_id(j.id());
+    a->set_spec_toml(r.stored.spec_toml);
+    a->set_base_dir(r.stored.base_dir);
+    a->set_rank(rank);
+    a->set_world_size(world);
+    a->set_resume_from(resume);
+    a->set_checkpoint_root(j.checkpoint_root());
+    a->set_credential(NewCredential());
+    r.credentials[rank] = a->credential();
+    credential_jobs_[a->credential()] = j.id();
+    w->channel->Send(m);
+  }
+  v1::Attempt* a = j.add_attempts();
+  a->set_world_size(world);
+  a->set_strategy(j.strategy());
+  a->set_first_step(first_step);
+  a->set_last_step(first_step);
+  a->set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
+  j.set_step(first_step);
+  r.started = absl::Now();
+  r.connected_ranks.clear();
+  r.finished_ranks.clear();
+  r.progress.clear();
+  r.reported_failure.clear();
+  std::string msg = absl::StrFormat("running on %d workers", world);
+  if (world < RequestedWorkers(j)) absl::StrAppendFormat(&msg, " of %d (min_workers %d)", RequestedWorkers(j), r.config.restart.min_workers);
+  if (restart) absl::StrAppendFormat(&msg, ", attempt %d from step %d", j.attempts_size(), first_step);
+  Transition(r, v1::JOB_STATE_RUNNING, msg).IgnoreError();  // queued: PENDING or RESTARTING
+}
+
+}  // namespace shardline
