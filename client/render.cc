@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace shardline::ctl {
 
@@ -38,10 +40,18 @@ std::string RankJson(const v1::RankStatus& r) {
                       r.stalled() ? "true" : "false", "}");
 }
 
+std::string AttemptJson(const v1::Attempt& a) {
+  return absl::StrCat("{\"world_size\":", a.world_size(), ",\"strategy\":", JsonString(a.strategy()),
+                      ",\"first_step\":", a.first_step(), ",\"last_step\":", a.last_step(), ",\"end\":",
+                      JsonString(a.end()), ",\"started_unix_ms\":", a.started_unix_ms(), ",\"ended_unix_ms\":",
+                      a.ended_unix_ms(), ",\"lost_seconds\":", Num(a.lost_seconds()), "}");
+}
+
 std::string JobJson(const v1::Job& j) {
-  std::vector<std::string> workers, ranks;
+  std::vector<std::string> workers, ranks, attempts;
   for (const auto& w : j.worker_ids()) workers.push_back(JsonString(w));
   for (const auto& r : j.ranks()) ranks.push_back(RankJson(r));
+  for (const auto& a : j.attempts()) attempts.push_back(AttemptJson(a));
   return absl::StrCat("{\"id\":", JsonString(j.id()), ",\"name\":", JsonString(j.name()), ",\"state\":",
                       JsonString(JobStateName(j.state())), ",\"step\":", j.step(), ",\"steps\":", j.steps(), ",\"loss\":",
                       Num(j.loss()), ",\"tokens_per_second\":", Num(j.tokens_per_second()), ",\"lr\":", Num(j.lr()),
@@ -49,7 +59,11 @@ std::string JobJson(const v1::Job& j) {
                       ",\"val_step\":", j.val_step(), ",\"workers\":", j.workers(), ",\"strategy\":",
                       JsonString(j.strategy()), ",\"message\":", JsonString(j.message()), ",\"worker_ids\":[",
                       absl::StrJoin(workers, ","), "],\"created_unix_ms\":", j.created_unix_ms(), ",\"stalled\":",
-                      JsonString(j.stalled()), ",\"ranks\":[", absl::StrJoin(ranks, ","), "]}");
+                      JsonString(j.stalled()), ",\"ranks\":[", absl::StrJoin(ranks, ","), "],\"requested_workers\":",
+                      j.requested_workers(), ",\"restarts\":", j.restarts(), ",\"strategy_reason\":", JsonString(j.strategy_reason()),
+                      ",\"measured_bus_bandwidth\":", Num(j.measured_bus_bandwidth()), ",\"goodput\":",
+                      Num(JobGoodput(j, absl::ToUnixMillis(absl::Now()))), ",\"attempts\":[",
+                      absl::StrJoin(attempts, ","), "]}");
 }
 
 std::string WorkerJson(const v1::WorkerInfo& w) {
@@ -71,6 +85,29 @@ std::string JobsTable(const std::vector<v1::Job>& jobs) {
   return out;
 }
 
+namespace {
+
+// Each start of a job that restarted or grew: on how many workers, which
+// steps, what it cost and how it ended.
+void AppendAttempts(const v1::Job& j, std::string* out) {
+  absl::StrAppendFormat(out, "attempts  %d (%d restarts of at most [job] max_restarts; %d workers asked), goodput %.3f\n",
+                        j.attempts_size(), j.restarts(), j.requested_workers(),
+                        JobGoodput(j, absl::ToUnixMillis(absl::Now())));
+  absl::StrAppendFormat(out, "  %-3s %-7s %-14s %-15s %-19s %-8s %s\n", "#", "WORKERS", "STRATEGY", "STEPS", "STARTED",
+                        "LOST", "END");
+  for (int i = 0; i < j.attempts_size(); ++i) {
+    const v1::Attempt& a = j.attempts(i);
+    absl::StrAppendFormat(out, "  %-3d %-7d %-14s %-15s %-19s %-8s %s\n", i + 1, a.world_size(), a.strategy(),
+                          absl::StrCat(a.first_step(), "-", a.ended_unix_ms() ? absl::StrCat(a.last_step()) : ""),
+                          absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(a.started_unix_ms()),
+                                           absl::LocalTimeZone()),
+                          a.lost_seconds() > 0 ? absl::StrFormat("%.1fs", a.lost_seconds()) : "-",
+                          a.ended_unix_ms() ? a.end() : "running");
+  }
+}
+
+}  // namespace
+
 std::string JobDetails(const v1::Job& j) {
   std::string out = absl::StrFormat(
       "job       %s (%s)\nstate     %s\nstep      %d/%d\nloss      %.4f\ntokens/s  %.0f\nlr        %.3g\n"
@@ -78,7 +115,9 @@ std::string JobDetails(const v1::Job& j) {
       j.id(), j.name(), JobStateName(j.state()), j.step(), j.steps(), j.loss(), j.tokens_per_second(), j.lr(), j.grad_norm(),
       j.workers(), j.strategy(), absl::StrJoin(j.worker_ids(), ","), j.message());
   if (j.has_val_loss()) absl::StrAppendFormat(&out, "val loss  %.4f (after step %d)\n", j.val_loss(), j.val_step());
+  if (!j.strategy_reason().empty()) absl::StrAppend(&out, "strategy  ", j.strategy_reason(), "\n");
   if (!j.stalled().empty()) absl::StrAppend(&out, "STALLED   ", j.stalled(), "\n");
+  if (j.attempts_size() > 1) AppendAttempts(j, &out);
   if (j.ranks_size() == 0) return out;
   absl::StrAppendFormat(&out, "\n%-5s %-16s %-7s %-10s %-9s %-9s %-10s %-13s %s\n", "RANK", "HOST", "STEP",
                         "COLL_SEQ", "LAG_STEP", "LAG_COLL", "HEARTBEAT", "NO_PROGRESS", "");

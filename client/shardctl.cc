@@ -180,6 +180,8 @@ absl::Status Watch(const Client& c, const std::string& id) {
   int64_t last_step = -1;
   bool have_first = false;
   while (reader->Read(&j)) {
+    // A new attempt (a restart) starts the step rate afresh.
+    if (have_first && j.attempts_size() != first.attempts_size()) have_first = false;
     if (!have_first && j.step() > 0) {
       first = j;
       t0 = absl::Now();

@@ -296,7 +296,11 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   opt.Double("weight_decay", &c.optimizer.weight_decay);
   opt.Double("grad_clip", &c.optimizer.grad_clip);
   TableReader par(table("parallelism"), "parallelism", src);
-  par.Enum<Strategy>("strategy", &c.parallelism.strategy, ParseStrategy);
+  par.Enum<Strategy>("strategy", &c.parallelism.strategy, [&c](const std::string& s) -> absl::StatusOr<Strategy> {
+    if (s != "auto") return ParseStrategy(s);
+    c.parallelism.auto_strategy = true;
+    return Strategy::kFullShard;  // until the coordinator picks
+  });
   par.Int("shard_group_size", &c.parallelism.shard_group_size, 0, kMaxRanks);
   TableReader prec(table("precision"), "precision", src);
   prec.Enum<DType>("param_dtype", &c.precision.param_dtype, ParseDType);
@@ -322,6 +326,7 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   TableReader ck(table("checkpoint"), "checkpoint", src);
   ck.String("dir", &c.checkpoint.dir);
   ck.Int("interval", &c.checkpoint.interval, 0, kMaxInt);
+  ck.Double("interval_seconds", &c.checkpoint.interval_seconds);
   ck.Int("keep_latest", &c.checkpoint.keep_latest, 0, 1 << 20);
   ck.Bool("async", &c.checkpoint.async);
   for (TableReader* r : {&job, &model, &data, &train, &opt, &par, &prec, &mem, &pf, &lora, &ck}) {
@@ -573,6 +578,9 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
     if (!s.ok()) return s;
   }
   if (c.checkpoint.interval < 0) return bad("checkpoint", "interval must be >= 0");
+  if (!(c.checkpoint.interval_seconds >= 0 && c.checkpoint.interval_seconds <= 30 * 24 * 3600)) {
+    return bad("checkpoint", "interval_seconds must be in [0, 2592000] (0: by steps only)");
+  }
   if (c.checkpoint.keep_latest < 0) return bad("checkpoint", "keep_latest must be >= 0");
   return absl::OkStatus();
 }

@@ -97,6 +97,9 @@ struct OptimizerConfig {
 };
 struct ParallelismConfig {
   Strategy strategy = Strategy::kFullShard;
+  // strategy = "auto": the coordinator picks one for each attempt
+  // (common/strategy_choice.h) and the assignment names it in `strategy`.
+  bool auto_strategy = false;
   int shard_group_size = 0;  // hybrid only; 0 means "the whole world"
 };
 struct PrecisionConfig {
@@ -142,6 +145,9 @@ const char* LoraBaseName(LoraBase b);
 struct CheckpointConfig {
   std::string dir;
   int interval = 0, keep_latest = 3;
+  // Also save once this many seconds passed since the last save (0: never),
+  // so that the work a failure costs is bounded in time.
+  double interval_seconds = 0;
   bool async = true;
 };
 

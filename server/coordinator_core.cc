@@ -208,6 +208,17 @@ void CoordinatorCore::DropStore(const JobRecord& r) {
   RevokeStoreAccess(r);
   const std::string prefix = r.stored.job.id() + "/";
   for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = EraseKv(it);
+  // Its ranks still in rendezvous stop now, not at their wait's deadline
+  // (a restart waits for them).
+  std::vector<Waiter> keep;
+  for (Waiter& w : waiters_) {
+    if (!w.keys.empty() && w.keys[0].rfind(prefix, 0) == 0) {
+      EndWait(w, absl::AbortedError(absl::StrCat("store: ", r.stored.job.id(), "'s attempt ended")), {});
+    } else {
+      keep.push_back(std::move(w));
+    }
+  }
+  waiters_ = std::move(keep);
 }
 
 CoordinatorCore::JobRecord* CoordinatorCore::RankOfSession(const std::string& worker_id, const std::string& job_id,
@@ -353,7 +364,7 @@ absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobR
   return cfg;
 }
 
-absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& req) {
+absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& req, const std::string& owner) {
   // Bounded before anything is parsed or stored: a job's record stays small
   // enough that listing many of them never exceeds a message.
   for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"source", &req.source()},
@@ -388,6 +399,7 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   j.set_spec_toml(req.spec_toml());
   j.set_base_dir(req.base_dir());
   j.set_resume_from(req.resume_from());
+  j.set_owner(owner);
   const std::string id = j.id();
   std::string root = ResolveJobPath(req.base_dir(), cfg->checkpoint.dir.empty() ? "ckpt" : cfg->checkpoint.dir);
   while (root.size() > 1 && root.back() == '/') root.pop_back();

@@ -128,7 +128,9 @@ class CoordinatorCore {
   // ---- jobs (from clients) ----
   // Job files of at most kMaxSpecBytes and paths of at most kMaxPathBytes.
   static constexpr size_t kMaxSpecBytes = 256 << 10, kMaxPathBytes = 4096;
-  absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& req);
+  // `owner` (Job.owner): the hex SHA-256 of the submitting user token, or
+  // empty without authentication; the service checks it on cancel and delete.
+  absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& req, const std::string& owner = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& id) const;
   std::vector<v1::Job> ListJobs() const;
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
@@ -260,6 +262,10 @@ class CoordinatorCore {
   // shard-group divisibility); 0 if none.
   int LargestWorld(const JobRecord& r, int lo, int hi) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static int RequestedWorkers(const v1::Job& j);
+  // strategy = "auto": picks the attempt's strategy for `world` of `ranks`
+  // (common/strategy_choice.h) into r.config, Job.strategy and its reason.
+  void PickStrategy(JobRecord& r, const std::vector<WorkerRecord*>& ranks, int world)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the running attempt's record.
   void EndAttempt(JobRecord& r, const std::string& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a job's rendezvous keys and its ranks' store access.

@@ -7,6 +7,7 @@
 // at fault is the one that stopped heartbeating (a paused or frozen process),
 // else the one(s) behind on collectives (hung before entering the next one).
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <vector>
 
@@ -34,6 +35,12 @@ void CoordinatorCore::OnConnected(const std::string& worker_id, const v1::RankCo
   const bool was_complete = static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers();
   r.connected_ranks.insert(c.rank());
   RecordProgress(r, c.rank(), 0, 0);
+  // The slowest rank's measurement bounds the ring: the next pick uses it.
+  if (c.bus_bandwidth() > 0 && std::isfinite(c.bus_bandwidth())) {
+    v1::Job& j = JobOf(r);
+    const bool first = r.connected_ranks.size() == 1 || j.measured_bus_bandwidth() <= 0;
+    j.set_measured_bus_bandwidth(first ? c.bus_bandwidth() : std::min(j.measured_bus_bandwidth(), c.bus_bandwidth()));
+  }
   if (!was_complete && static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers() &&
       options_.events.rendezvous_done) {
     options_.events.rendezvous_done(absl::Now() - r.started);

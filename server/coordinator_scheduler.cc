@@ -11,11 +11,13 @@
 // once enough workers are idle.
 #include <algorithm>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_manifest.h"
 #include "common/job_state.h"
+#include "common/strategy_choice.h"
 #include "server/coordinator_core.h"
 
 namespace shardline {
@@ -256,6 +258,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
     const double down = (absl::ToUnixMillis(absl::Now()) - last.ended_unix_ms()) / 1e3;
     if (options_.events.job_restarted) options_.events.job_restarted(last.lost_seconds() + std::max(0.0, down));
   }
+  if (r.config.parallelism.auto_strategy) PickStrategy(r, idle, world);
   j.clear_worker_ids();
   RevokeStoreAccess(r);
   r.credentials.clear();
@@ -276,6 +279,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
     a->set_resume_from(resume);
     a->set_checkpoint_root(j.checkpoint_root());
     a->set_credential(NewCredential());
+    a->set_strategy(j.strategy());
     r.credentials[rank] = a->credential();
     credential_jobs_[a->credential()] = j.id();
     w->channel->Send(m);
@@ -295,7 +299,34 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   std::string msg = absl::StrFormat("running on %d workers", world);
   if (world < RequestedWorkers(j)) absl::StrAppendFormat(&msg, " of %d (min_workers %d)", RequestedWorkers(j), r.config.restart.min_workers);
   if (restart) absl::StrAppendFormat(&msg, ", attempt %d from step %d", j.attempts_size(), first_step);
+  if (r.config.parallelism.auto_strategy) absl::StrAppend(&msg, "; ", j.strategy_reason());
   Transition(r, v1::JOB_STATE_RUNNING, msg).IgnoreError();  // queued: PENDING or RESTARTING
+}
+
+void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*>& ranks, int world) {
+  v1::Job& j = JobOf(r);
+  AttemptCluster a;
+  a.world = world;
+  std::set<std::string> hosts;
+  for (int i = 0; i < world; ++i) {
+    const v1::WorkerInfo& w = ranks[i]->info;
+    hosts.insert(w.host());
+    a.min_memory_bytes = i == 0 ? w.memory_bytes() : std::min<int64_t>(a.min_memory_bytes, w.memory_bytes());
+    a.device_kind = DeviceKind(w);
+  }
+  a.hosts = static_cast<int>(hosts.size());
+  a.measured_bus_bandwidth = j.measured_bus_bandwidth();
+  absl::StatusOr<StrategyChoice> choice = ChooseStrategy(r.config, a);
+  if (!choice.ok()) {
+    // The planner refused the model (it passed ValidateJobConfig): keep
+    // full_shard, the strategy of least memory, and say why.
+    r.config.parallelism.strategy = Strategy::kFullShard;
+    j.set_strategy_reason(absl::StrCat("auto: full_shard (the planner failed: ", choice.status().message(), ")"));
+  } else {
+    r.config.parallelism.strategy = choice->strategy;
+    j.set_strategy_reason(choice->why);
+  }
+  j.set_strategy(StrategyName(r.config.parallelism.strategy));
 }
 
 }  // namespace shardline

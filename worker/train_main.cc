@@ -1,7 +1,7 @@
 // shardline-train: runs one rank of a job from its TOML file, bootstrapping
 // Gloo through a TCP store that rank 0 hosts. This is how tests and
-// benchmarks run the engine as separate processes before (and besides) the
-// coordinator; the worker daemon runs the same Engine.
+// benchmarks run the engine as separate processes besides the coordinator;
+// it and the worker daemon run jobs through the same JobRunner.
 //
 //   shardline-train --config job.toml --rank R --world N --store-port P [--out DIR]
 //                   [--device cpu|cuda:N] [--backend auto|gloo|nccl]
@@ -34,6 +34,7 @@
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/tensor_file.h"
+#include "worker/job_runner.h"
 
 namespace shardline {
 namespace {
@@ -112,33 +113,89 @@ absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& pat
 
 // Without a coordinator rank 0 commits: every rank writes its file and
 // reports it through the store; rank 0 writes the manifest last.
-absl::Status SaveCheckpoint(const Engine& e, const JobConfig& c, const Flags& f, c10d::Store* store, int64_t step) {
-  const std::string dir = absl::StrCat(f.ckpt_dir, "/", c.name, "/", StepDirName(step));
-  SL_ASSIGN_OR_RETURN(ManifestRankFile mine, SaveRankShards(e, dir, step));
-  SL_ASSIGN_OR_RETURN(CheckpointManifest m, ManifestFor(e, c, step));
-  const auto key = [&](int r) { return absl::StrCat("ckpt/", step, "/", r); };
-  auto encode = [](const ManifestRankFile& x) { return absl::StrCat(x.size, " ", x.sha256, " ", x.file); };
-  try {
-    if (store) {
-      const std::string v = encode(mine);
-      store->set(key(f.rank), std::vector<uint8_t>(v.begin(), v.end()));
-    }
-    if (f.rank != 0) return absl::OkStatus();
-    for (int r = 0; r < f.world; ++r) {
-      ManifestRankFile x = mine;
-      if (r != 0) {
-        const std::vector<uint8_t> raw = store->get(key(r));  // waits, with the store's timeout
-        std::istringstream in(std::string(raw.begin(), raw.end()));
-        in >> x.size >> x.sha256 >> x.file;
-        x.rank = r;
+class StoreSink : public CheckpointSink {
+ public:
+  StoreSink(const JobConfig& c, const Flags& f, c10d::Store* store) : c_(c), f_(f), store_(store) {}
+  absl::StatusOr<int64_t> Save(const ShardSnapshot& snap, int64_t step) override {
+    const std::string dir = absl::StrCat(f_.ckpt_dir, "/", c_.name, "/", StepDirName(step));
+    SL_ASSIGN_OR_RETURN(ManifestRankFile mine, WriteRankShards(snap, dir, step));
+    SL_ASSIGN_OR_RETURN(CheckpointManifest m, NewManifest(c_.name, c_, f_.world, step));
+    const auto key = [&](int r) { return absl::StrCat("ckpt/", step, "/", r); };
+    auto encode = [](const ManifestRankFile& x) { return absl::StrCat(x.size, " ", x.sha256, " ", x.file); };
+    try {
+      if (store_) {
+        const std::string v = encode(mine);
+        store_->set(key(f_.rank), std::vector<uint8_t>(v.begin(), v.end()));
       }
-      m.ranks.push_back(x);
+      if (f_.rank != 0) return mine.size;
+      for (int r = 0; r < f_.world; ++r) {
+        ManifestRankFile x = mine;
+        if (r != 0) {
+          const std::vector<uint8_t> raw = store_->get(key(r));  // waits, with the store's timeout
+          std::istringstream in(std::string(raw.begin(), raw.end()));
+          in >> x.size >> x.sha256 >> x.file;
+          x.rank = r;
+        }
+        m.ranks.push_back(x);
+      }
+    } catch (const std::exception& ex) {
+      return absl::DeadlineExceededError(absl::StrCat("[rank ", f_.rank, "] checkpoint ", dir,
+                                                      ": a rank did not report its file: ", ex.what()));
     }
-  } catch (const std::exception& ex) {
-    return absl::DeadlineExceededError(absl::StrCat("[rank ", f.rank, "] checkpoint ", dir,
-                                                    ": a rank did not report its file: ", ex.what()));
+    SL_RETURN_IF_ERROR(WriteManifest(dir, m));
+    return mine.size;
   }
-  return WriteManifest(dir, m);
+
+ private:
+  const JobConfig& c_;
+  const Flags& f_;
+  c10d::Store* const store_;
+};
+
+// JSON has no NaN: a value that is not finite is null.
+std::string Number(double v) { return std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string("null"); }
+
+std::string StepJson(const StepResult& r) {
+  return absl::StrFormat(
+      "{\"step\":%d,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.10g,\"seconds\":%.6f,"
+      "\"exposed_comm_seconds\":%.6f,\"tokens_per_s\":%.2f,\"val_loss\":%s,\"skipped\":%s}",
+      r.step, Number(r.loss), Number(r.grad_norm), r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds,
+      Number(r.val_loss), r.skipped ? "true" : "false");
+}
+
+// DIR/rank-<r>.json: per-step results, memory by kind, units and bytes and
+// seconds per collective.
+absl::Status WriteRankReport(const Engine& engine, const Flags& f, const std::string& steps_json) {
+  const MemoryReport m = engine.Memory();
+  std::string mem = "{";
+  for (int k = 0; k < kNumMemKinds; ++k) {
+    absl::StrAppendFormat(&mem, "\"%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.bytes[k]);
+  }
+  for (int k = 0; k < kNumMemKinds; ++k) {
+    absl::StrAppendFormat(&mem, "\"peak_%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.peak_by_kind[k]);
+  }
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  absl::StrAppendFormat(&mem,
+                        "\"state\":%d,\"peak\":%d,\"activation_peak\":%d,\"init_peak\":%d,\"tensor_peak\":%d,"
+                        "\"reserved_peak\":%d,\"peak_rss\":%d}",
+                        m.state_bytes, m.peak_bytes, m.activation_peak_bytes, m.init_peak_bytes, m.tensor_peak_bytes,
+                        m.reserved_peak_bytes, int64_t{ru.ru_maxrss} * 1024);
+  std::string units = "[";
+  for (const ShardLayout& l : engine.trainable_layouts()) {
+    absl::StrAppendFormat(&units, "%s{\"unit\":\"%s\",\"numel\":%d,\"padded\":%d,\"shard\":%d}",
+                          units.size() > 1 ? "," : "", l.unit, l.numel, l.padded_numel, l.shard_numel);
+  }
+  units += "]";
+  const std::string path = absl::StrCat(f.out, "/rank-", f.rank, ".json");
+  std::ofstream out(path);
+  out << absl::StrFormat(
+      "{\"rank\":%d,\"world\":%d,\"device\":\"%s\",\"shard_group_size\":%d,\"steps\":[%s],\"memory\":%s,"
+      "\"units\":%s,\"comm\":{\"shard\":%s,\"replicate\":%s}}\n",
+      f.rank, f.world, engine.device().name(), engine.shard_group_size(), steps_json, mem, units,
+      StatsJson(engine.ShardCommStats()), StatsJson(engine.ReplicateCommStats()));
+  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
 }
 
 absl::Status Run(const Flags& f) {
@@ -166,66 +223,26 @@ absl::Status Run(const Flags& f) {
   }
   SL_ASSIGN_OR_RETURN(std::shared_ptr<const Device> device, Device::Open(f.device));
   SL_ASSIGN_OR_RETURN(const Backend backend, ParseBackend(f.backend));
-  const GroupPlan plan = PlanGroups(config, f.rank, f.world);
-  SL_ASSIGN_OR_RETURN(Communicators comms, ConnectGroups(store, plan, *device, backend, timeout));
-  SL_ASSIGN_OR_RETURN(auto engine, Engine::Create(config, f.rank, f.world, device, std::move(comms), timeout));
-  if (!f.dump_grads.empty()) return DumpGradients(*engine, config, f.dump_grads);
-
-  int64_t start = 0;
-  if (!f.resume.empty()) {
-    SL_ASSIGN_OR_RETURN(CheckpointManifest m, LoadCheckpoint(*engine, config, f.resume));
-    start = m.step;
-  }
+  // --save-at saves where the job file would not; without it, only [checkpoint] interval steps save.
+  if (f.ckpt_dir.empty()) config.checkpoint.interval = 0, config.checkpoint.interval_seconds = 0;
+  StoreSink sink(config, f, store.get());
   std::string steps_json;
-  NonFiniteSteps nonfinite(config.train.max_nonfinite_skips);
-  for (int64_t s = start; s < config.train.steps; ++s) {
-    SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
-    // JSON has no NaN: a value that is not finite is null.
-    auto number = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string("null"); };
-    const std::string line = absl::StrFormat(
-        "{\"step\":%d,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.10g,\"seconds\":%.6f,"
-        "\"exposed_comm_seconds\":%.6f,\"tokens_per_s\":%.2f,\"val_loss\":%s,\"skipped\":%s}",
-        r.step, number(r.loss), number(r.grad_norm), r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds,
-        number(r.val_loss), r.skipped ? "true" : "false");
+  JobHooks hooks;
+  hooks.stepped = [&](const StepResult& r, const Engine&) {
+    const std::string line = StepJson(r);
     if (f.rank == 0) std::cout << line << std::endl;
     absl::StrAppend(&steps_json, steps_json.empty() ? "" : ",", line);
-    SL_RETURN_IF_ERROR(nonfinite.Check(r));
-    if (f.save_at == s + 1) SL_RETURN_IF_ERROR(SaveCheckpoint(*engine, config, f, store.get(), s + 1));
-    if (f.stop_after == s + 1) break;
-  }
+    return absl::OkStatus();
+  };
+  JobRunner runner(JobRun{config, f.rank, f.world, f.resume, timeout, f.stop_after, f.save_at}, &sink,
+                   std::move(hooks));
+  SL_RETURN_IF_ERROR(runner.Start(store, device, backend));
+  if (!f.dump_grads.empty()) return DumpGradients(runner.engine(), config, f.dump_grads);
+  SL_RETURN_IF_ERROR(runner.Run());
   if (f.out.empty()) return absl::OkStatus();
-  SL_ASSIGN_OR_RETURN(NamedTensors params, GatherParams(*engine));
+  SL_ASSIGN_OR_RETURN(NamedTensors params, GatherParams(runner.engine()));
   if (f.rank == 0) SL_RETURN_IF_ERROR(WriteSafetensors(f.out + "/params.safetensors", params));
-  const MemoryReport m = engine->Memory();
-  std::string mem = "{";
-  for (int k = 0; k < kNumMemKinds; ++k) {
-    absl::StrAppendFormat(&mem, "\"%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.bytes[k]);
-  }
-  for (int k = 0; k < kNumMemKinds; ++k) {
-    absl::StrAppendFormat(&mem, "\"peak_%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.peak_by_kind[k]);
-  }
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  absl::StrAppendFormat(&mem,
-                        "\"state\":%d,\"peak\":%d,\"activation_peak\":%d,\"init_peak\":%d,\"tensor_peak\":%d,"
-                        "\"reserved_peak\":%d,\"peak_rss\":%d}",
-                        m.state_bytes, m.peak_bytes, m.activation_peak_bytes, m.init_peak_bytes, m.tensor_peak_bytes,
-                        m.reserved_peak_bytes, int64_t{ru.ru_maxrss} * 1024);
-  std::string units = "[";
-  for (const ShardLayout& l : engine->trainable_layouts()) {
-    absl::StrAppendFormat(&units, "%s{\"unit\":\"%s\",\"numel\":%d,\"padded\":%d,\"shard\":%d}",
-                          units.size() > 1 ? "," : "", l.unit, l.numel, l.padded_numel, l.shard_numel);
-  }
-  units += "]";
-  const std::string path = absl::StrCat(f.out, "/rank-", f.rank, ".json");
-  std::ofstream out(path);
-  out << absl::StrFormat(
-      "{\"rank\":%d,\"world\":%d,\"device\":\"%s\",\"shard_group_size\":%d,\"steps\":[%s],\"memory\":%s,"
-      "\"units\":%s,\"comm\":{\"shard\":%s,\"replicate\":%s}}\n",
-      f.rank, f.world, engine->device().name(), engine->shard_group_size(), steps_json, mem, units, StatsJson(engine->ShardCommStats()),
-      StatsJson(engine->ReplicateCommStats()));
-  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
-  return absl::OkStatus();
+  return WriteRankReport(runner.engine(), f, steps_json);
 }
 
 }  // namespace

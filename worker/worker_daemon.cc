@@ -11,6 +11,7 @@
 #include "common/checkpoint_manifest.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/engine/engine.h"
+#include "worker/job_runner.h"
 #include "worker/remote_store.h"
 #include "worker/worker_metrics.h"
 
@@ -44,7 +45,6 @@ WorkerDaemon::~WorkerDaemon() {
     job = std::move(job_thread_);
   }
   if (job.joinable()) job.join();
-  (void)WaitForSave();
 }
 
 bool WorkerDaemon::WaitForJob(absl::Duration timeout) {
@@ -72,7 +72,11 @@ void WorkerDaemon::AddAuth(grpc::ClientContext* ctx) const {
 
 void WorkerDaemon::Stop() {
   stopping_ = true;
-  cancel_ = true;
+  {
+    absl::MutexLock lock(&job_mu_);
+    cancel_ = true;
+    if (runner_) runner_->Cancel();
+  }
   absl::MutexLock lock(&write_mu_);
   if (session_ctx_) session_ctx_->TryCancel();
 }
@@ -167,10 +171,14 @@ void WorkerDaemon::HandleCommand(const v1::CoordinatorMessage& m) {
     if (m.cancel().job_id() == job_id_) {
       std::cerr << "shardline-worker: stopping " << job_id_ << ": " << m.cancel().reason() << std::endl;
       cancel_ = true;
+      if (runner_) runner_->Cancel();
     }
   } else if (m.has_checkpoint()) {
     absl::MutexLock lock(&job_mu_);
-    if (m.checkpoint().job_id() == job_id_) save_requested_ = true;
+    if (m.checkpoint().job_id() == job_id_) {
+      if (runner_) runner_->RequestSave();
+      else save_requested_ = true;
+    }
   } else if (m.has_start()) {
     absl::MutexLock lock(&job_mu_);
     if (!job_id_.empty()) {
@@ -200,8 +208,6 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
     std::string what = e.what();
     s = absl::InternalError(what.substr(0, what.find('\n')));
   }
-  const absl::Status saved = WaitForSave();  // no save outlives its job
-  if (s.ok()) s = saved;
   v1::WorkerMessage m;
   v1::RankFinished* f = m.mutable_finished();
   f->set_job_id(a.job_id());
@@ -218,16 +224,54 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
   Write(m);
 }
 
+namespace {
+
+// The daemon's commit path: this rank's file goes under the job's
+// checkpoint root and is reported, with the attempt's credential, to the
+// coordinator, which writes the manifest once every rank reported.
+class CoordinatorSink : public CheckpointSink {
+ public:
+  CoordinatorSink(v1::Coordinator::Stub* stub, std::string token, const v1::Assignment& a)
+      : stub_(stub), token_(std::move(token)), a_(a) {}
+  absl::StatusOr<int64_t> Save(const ShardSnapshot& snap, int64_t step) override {
+    const std::string dir = a_.checkpoint_root() + "/" + StepDirName(step);
+    SL_ASSIGN_OR_RETURN(ManifestRankFile f, WriteRankShards(snap, dir, step));
+    v1::CheckpointReport rep;
+    rep.set_job_id(a_.job_id());
+    rep.set_rank(a_.rank());
+    rep.set_step(step);
+    rep.set_path(dir + "/" + f.file);
+    rep.set_size_bytes(f.size);
+    rep.set_checksum(f.sha256);
+    grpc::ClientContext ctx;
+    if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
+    ctx.AddMetadata("x-shardline-credential", a_.credential());
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::CheckpointReportResponse resp;
+    SL_RETURN_IF_ERROR(FromGrpcStatus(stub_->ReportCheckpoint(&ctx, rep, &resp)));
+    return f.size;
+  }
+
+ private:
+  v1::Coordinator::Stub* const stub_;
+  const std::string token_;
+  const v1::Assignment a_;
+};
+
+}  // namespace
+
 absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(a.spec_toml(), a.job_id(), a.base_dir()));
   ResolveDataPaths(config.data, a.base_dir());
   config.model.init_from = ResolveJobPath(a.base_dir(), config.model.init_from);
+  if (!a.strategy().empty()) {  // the attempt's (the coordinator's pick for "auto")
+    SL_ASSIGN_OR_RETURN(config.parallelism.strategy, ParseStrategy(a.strategy()));
+  }
   SL_RETURN_IF_ERROR(ValidateJobConfig(config, a.world_size(), a.job_id()));
   at::set_num_threads(options_.threads);
   const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.collective_timeout));
   c10::intrusive_ptr<c10d::Store> store =
       c10::make_intrusive<RemoteStore>(channel_, options_.token, a.credential(), a.job_id() + "/", timeout);
-  const GroupPlan plan = PlanGroups(config, a.rank(), a.world_size());
   WorkerMetrics& metrics = *options_.metrics;
   metrics.BeginJob(a.job_id(), a.rank(), a.world_size(), config.model, config.lora,
                    options_.peak_flops > 0 ? options_.peak_flops : DefaultPeakFlops(options_.device, options_.threads));
@@ -235,35 +279,26 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   // rank and the device, and the worker takes the next one.
   absl::StatusOr<std::shared_ptr<const Device>> device = Device::Open(options_.device);
   if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat("[rank ", a.rank(), "] ", device.status().message()));
-  SL_ASSIGN_OR_RETURN(Communicators comms,
-                      ConnectGroups(store, plan, **device, Backend::kAuto, options_.collective_timeout));
-  comms.shard->set_observer(metrics.ObserverFor(/*shard_group=*/true));
-  comms.replicate->set_observer(metrics.ObserverFor(/*shard_group=*/false));
-  {
+
+  JobRun run{config, a.rank(), a.world_size(), a.resume_from(), options_.collective_timeout};
+  JobHooks hooks;
+  hooks.connected = [&](Communicators& comms, double bus_bandwidth) {
+    comms.shard->set_observer(metrics.ObserverFor(/*shard_group=*/true));
+    comms.replicate->set_observer(metrics.ObserverFor(/*shard_group=*/false));
     v1::WorkerMessage connected;
     connected.mutable_connected()->set_job_id(a.job_id());
     connected.mutable_connected()->set_rank(a.rank());
+    connected.mutable_connected()->set_bus_bandwidth(bus_bandwidth);
     Write(connected);
-  }
-  SL_ASSIGN_OR_RETURN(auto engine,
-                      Engine::Create(config, a.rank(), a.world_size(), *device, std::move(comms),
-                                     options_.collective_timeout));
-  int64_t start = 0;
-  if (!a.resume_from().empty()) {
-    SL_ASSIGN_OR_RETURN(CheckpointManifest m, LoadCheckpoint(*engine, config, a.resume_from()));
-    start = m.step;
-  }
-  NonFiniteSteps nonfinite(config.train.max_nonfinite_skips);
-  for (int64_t s = start; s < config.train.steps; ++s) {
-    if (cancel_) return absl::CancelledError(absl::StrCat("stopped before step ", s));
-    SL_ASSIGN_OR_RETURN(StepResult r, engine->Step(s));
-    step_ = s + 1;
-    metrics.OnStep(r, engine->Memory());
+  };
+  hooks.stepped = [&](const StepResult& r, const Engine& engine) {
+    step_ = r.step + 1;
+    metrics.OnStep(r, engine.Memory());
     v1::WorkerMessage m;
     v1::Progress* p = m.mutable_progress();
     p->set_job_id(a.job_id());
     p->set_rank(a.rank());
-    p->set_step(s + 1);
+    p->set_step(r.step + 1);
     p->set_loss(r.loss);
     p->set_tokens_per_second(r.tokens / r.seconds);
     p->set_lr(r.lr);
@@ -271,65 +306,25 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     p->set_step_seconds(r.seconds);
     if (!std::isnan(r.val_loss)) p->set_val_loss(r.val_loss);
     Write(m);
-    SL_RETURN_IF_ERROR(nonfinite.Check(r));
-    if (r.skipped) std::cerr << "shardline-worker: step " << s + 1 << ": gradient norm not finite; no update" << std::endl;
-    // A save that failed in the background fails the job now, naming why,
-    // not at the next save or at the end of the run.
-    if (save_done_ && save_thread_.joinable()) SL_RETURN_IF_ERROR(WaitForSave());
-    const int interval = config.checkpoint.interval;
-    if ((interval > 0 && (s + 1) % interval == 0) || save_requested_.exchange(false)) {
-      absl::Status saved = SaveAndReport(*engine, a, s + 1, config.checkpoint.async);
-      if (!saved.ok()) {
-        (void)WaitForSave();
-        return saved;
-      }
-    }
-  }
-  return WaitForSave();  // the last checkpoint is committed before the rank reports done
-}
-
-absl::Status WorkerDaemon::WaitForSave() {
-  if (!save_thread_.joinable()) return absl::OkStatus();
-  save_thread_.join();
-  return save_status_;
-}
-
-absl::Status WorkerDaemon::SaveAndReport(const Engine& engine, const v1::Assignment& a, int64_t step, bool async) {
-  SL_RETURN_IF_ERROR(WaitForSave());  // one save in flight at most
-  auto write = [this, a, step](ShardSnapshot snap) -> absl::Status {
-    const absl::Time t0 = absl::Now();
-    absl::StatusOr<int64_t> bytes = WriteAndReport(snap, a, step);
-    options_.metrics->OnCheckpoint(absl::ToDoubleSeconds(absl::Now() - t0), bytes.ok() ? *bytes : 0, bytes.ok());
-    return bytes.status();
+    if (r.skipped) std::cerr << "shardline-worker: step " << r.step + 1 << ": gradient norm not finite; no update" << std::endl;
+    return absl::OkStatus();
   };
-  if (!async) return write(SnapshotShards(engine, /*copy=*/false));
-  // The step loop pays only for this copy; the write runs beside training.
-  save_done_ = false;
-  save_thread_ = std::thread([this, write, snap = SnapshotShards(engine, /*copy=*/true)]() mutable {
-    save_status_ = write(std::move(snap));
-    save_done_ = true;
-  });
-  return absl::OkStatus();
-}
-
-absl::StatusOr<int64_t> WorkerDaemon::WriteAndReport(const ShardSnapshot& snap, const v1::Assignment& a,
-                                                     int64_t step) {
-  const std::string dir = a.checkpoint_root() + "/" + StepDirName(step);
-  SL_ASSIGN_OR_RETURN(ManifestRankFile f, WriteRankShards(snap, dir, step));
-  v1::CheckpointReport rep;
-  rep.set_job_id(a.job_id());
-  rep.set_rank(a.rank());
-  rep.set_step(step);
-  rep.set_path(dir + "/" + f.file);
-  rep.set_size_bytes(f.size);
-  rep.set_checksum(f.sha256);
-  grpc::ClientContext ctx;
-  AddAuth(&ctx);
-  ctx.AddMetadata("x-shardline-credential", a.credential());
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::CheckpointReportResponse resp;
-  SL_RETURN_IF_ERROR(FromGrpcStatus(stub_->ReportCheckpoint(&ctx, rep, &resp)));
-  return f.size;
+  hooks.saved = [&](double seconds, int64_t bytes, bool ok) { metrics.OnCheckpoint(seconds, bytes, ok); };
+  CoordinatorSink sink(stub_.get(), options_.token, a);
+  JobRunner runner(std::move(run), &sink, std::move(hooks));
+  {
+    // From now on a cancel or a save request reaches the runner; one that
+    // came during setup is passed on.
+    absl::MutexLock lock(&job_mu_);
+    runner_ = &runner;
+    if (cancel_) runner.Cancel();
+    if (save_requested_.exchange(false)) runner.RequestSave();
+  }
+  absl::Status s = runner.Start(store, *device);
+  if (s.ok()) s = runner.Run();
+  absl::MutexLock lock(&job_mu_);
+  runner_ = nullptr;
+  return s;
 }
 
 }  // namespace shardline

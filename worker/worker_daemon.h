@@ -23,7 +23,7 @@
 
 namespace shardline {
 
-struct ShardSnapshot;  // worker/checkpoint/checkpoint.h
+class JobRunner;  // worker/job_runner.h
 class WorkerMetrics;   // worker/worker_metrics.h
 
 struct WorkerOptions {
@@ -54,14 +54,9 @@ class WorkerDaemon {
   absl::Status RunSession();
   void HandleCommand(const v1::CoordinatorMessage& m);
   void RunJob(v1::Assignment a);
+  // Runs the assignment with a JobRunner whose saves are reported to the
+  // coordinator.
   absl::Status TrainJob(const v1::Assignment& a);
-  // Writes this rank's shards for `step` and reports them to the coordinator.
-  // With [checkpoint] async the shards are copied here and written by a
-  // background thread (one save in flight at most; the next waits for it).
-  absl::Status SaveAndReport(const class Engine& engine, const v1::Assignment& a, int64_t step, bool async);
-  absl::Status WaitForSave();
-  // Writes the shards of `snap` and reports them; returns the bytes written.
-  absl::StatusOr<int64_t> WriteAndReport(const ShardSnapshot& snap, const v1::Assignment& a, int64_t step);
   bool Write(const v1::WorkerMessage& m);
   void HeartbeatLoop();
   void AddAuth(grpc::ClientContext* ctx) const;
@@ -70,8 +65,10 @@ class WorkerDaemon {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::atomic<bool> stopping_{false};
+  // A cancel or `shardctl ckpt save` that came before the job's runner was
+  // built; passed on to it.
   std::atomic<bool> cancel_{false};
-  std::atomic<bool> save_requested_{false};  // `shardctl ckpt save`: after this step
+  std::atomic<bool> save_requested_{false};
 
   absl::Mutex write_mu_;
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream_ ABSL_GUARDED_BY(write_mu_) = nullptr;
@@ -81,10 +78,8 @@ class WorkerDaemon {
   absl::Mutex job_mu_;
   std::thread job_thread_ ABSL_GUARDED_BY(job_mu_);
   std::string job_id_ ABSL_GUARDED_BY(job_mu_);  // the job running now, if any
+  JobRunner* runner_ ABSL_GUARDED_BY(job_mu_) = nullptr;  // the running job's, once built
   std::atomic<int64_t> step_{0};
-  std::thread save_thread_;       // the async save in flight (job thread only)
-  absl::Status save_status_;      // its outcome, read after joining
-  std::atomic<bool> save_done_{false};  // the save thread has set save_status_
 };
 
 }  // namespace shardline

@@ -35,6 +35,7 @@ JOB = """
 [job]
 name = "{name}"
 workers = {workers}
+{job_keys}
 [model]
 n_layer = 2
 n_head = 4
@@ -58,10 +59,14 @@ strategy = "{strategy}"
 
 
 def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard", extra="", micro=None,
-             eval_interval=0):
+             eval_interval=0, restarts=None, job_keys=""):
+    """restarts: [job] max_restarts (None: the default, 3); job_keys: more
+    lines for the [job] table (min_workers = 2, ...)."""
     path = os.path.join(directory, f"{name}.toml")
+    if restarts is not None:
+        job_keys += f"\nmax_restarts = {restarts}"
     with open(path, "w") as f:
-        f.write(JOB.format(name=name, workers=workers, steps=steps, strategy=strategy,
+        f.write(JOB.format(name=name, workers=workers, steps=steps, strategy=strategy, job_keys=job_keys,
                            micro=micro or (12 // workers // 2 or 1), eval_interval=eval_interval) + extra)
     return path
 

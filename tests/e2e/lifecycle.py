@@ -64,7 +64,7 @@ def main():
 
     # 4. kill -9 of the worker holding rank 1, mid-job.
     cl.wait_workers(3)
-    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "victim", workers=3, steps=1000000))
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "victim", workers=3, steps=1000000, restarts=0))
     victim = json.loads(out)["job_id"]
     wait_for(lambda: cl.job(victim)["step"] > 2, 60, "the victim job to make progress")
     rank1 = hosts[cl.job(victim)["worker_ids"][1]]
@@ -90,7 +90,7 @@ def main():
 
     # 6. SIGTERM of the workers mid-job: each exits promptly (a stopping
     # worker never waits on a job stuck with a peer that is gone).
-    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "doomed", steps=1000000))
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "doomed", steps=1000000, restarts=0))
     doomed = json.loads(out)["job_id"]
     wait_for(lambda: cl.job(doomed)["step"] > 2, 60, "the doomed job to make progress")
     t0 = time.time()

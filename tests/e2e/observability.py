@@ -130,7 +130,8 @@ def main():
     prom = Prometheus(cl.dir, coord_metrics)
 
     ckpt = '\n[checkpoint]\ndir = "ckpt"\ninterval = 200\nkeep_latest = 2\n'
-    rc, out, err = cl.ctl("submit", job_file(cl.dir, "watched", steps=10_000_000, extra=ckpt, eval_interval=5))
+    rc, out, err = cl.ctl("submit", job_file(cl.dir, "watched", steps=10_000_000, extra=ckpt, eval_interval=5,
+                                               restarts=0))
     job = out.strip()
     c.check(rc == 0 and job.startswith("job-"), "job submitted", err.strip())
     wait_for(lambda: cl.job(job)["step"] > 0, 60, "the job's first step")

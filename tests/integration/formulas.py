@@ -99,8 +99,9 @@ def comm_bytes(cfg, world, steps):
     if lora and cfg["lora"].get("base", "sharded") == "sharded":
         ag += micro * gathers_per_micro([padded(n, G) for n in unit_sizes(cfg["model"])], p, G)
     rs = sum(ring(s * r, G) for s in sizes)
-    shard_ar = 2 * ring_all_reduce(8, 8, G) if G > 1 else 0           # grad norm + loss (fp64)
-    rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(8, 8, R)) if R > 1 else 0
+    # grad norm, then loss + save vote (fp64)
+    shard_ar = ring_all_reduce(8, 8, G) + ring_all_reduce(16, 8, G) if G > 1 else 0
+    rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(16, 8, R)) if R > 1 else 0
     final_gather = sum(ring(s * 4, G) for s in sizes)
     return {
         ("shard", "all_gather"): steps * ag + final_gather,

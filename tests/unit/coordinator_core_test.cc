@@ -940,3 +940,55 @@ TEST_F(RestartTest, ACoordinatorThatRestartedRestartsItsRunningJobsOnceWorkersRe
 
 }  // namespace
 }  // namespace shardline
+
+namespace shardline {
+namespace {
+
+// strategy = "auto": each attempt's assignment names the planner's pick, the
+// job says why, and a restart picks again with the bandwidth its ranks
+// measured.
+TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b;
+  std::vector<std::string> ids;
+  for (RecordingChannel* ch : {&a, &b}) {
+    v1::WorkerInfo info;
+    info.set_host(ch == &a ? "h1" : "h2");
+    info.set_device("cpu");
+    info.set_memory_bytes(int64_t{16} << 30);
+    ids.push_back(core_->RegisterWorker(info, ch)->worker_id());
+  }
+  std::string spec = kRestartSpec;
+  spec.replace(spec.find("workers = 3\nmin_workers = 2"), 27, "workers = 2\nmin_workers = 1");
+  spec += "[parallelism]\nstrategy = \"auto\"\n";
+  const std::string job = SubmitRestartable(spec);
+  v1::Job j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.strategy_reason().rfind("auto: ", 0), 0u) << j.strategy_reason();
+  EXPECT_NE(j.strategy_reason().find("assumed until measured"), std::string::npos) << j.strategy_reason();
+  EXPECT_NE(j.message().find(j.strategy_reason()), std::string::npos) << j.message();
+  ASSERT_EQ(a.Starts().size(), 1u);
+  EXPECT_EQ(a.Starts()[0].strategy(), j.strategy());
+  EXPECT_TRUE(ParseStrategy(j.strategy()).ok());
+  // The ranks measured the bus after they connected: the slower one counts.
+  for (int rank : {0, 1}) {
+    v1::RankConnected c;
+    c.set_job_id(job);
+    c.set_rank(rank);
+    c.set_bus_bandwidth(rank == 0 ? 3e9 : 1.5e9);
+    core_->OnConnected(ids[rank], c);
+  }
+  EXPECT_DOUBLE_EQ(core_->GetJob(job)->measured_bus_bandwidth(), 1.5e9);
+  core_->WorkerGone(ids[1], "session closed");
+  Finish(ids[0], job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 1);
+  EXPECT_NE(j.strategy_reason().find("1.5 GB/s measured"), std::string::npos) << j.strategy_reason();
+  EXPECT_NE(j.strategy_reason().find("at 1 ranks"), std::string::npos) << j.strategy_reason();
+  EXPECT_EQ(a.Starts().back().strategy(), j.strategy());
+  EXPECT_EQ(j.attempts(1).strategy(), j.strategy());
+}
+
+}  // namespace
+}  // namespace shardline

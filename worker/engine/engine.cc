@@ -349,7 +349,7 @@ absl::StatusOr<double> Engine::ComputeGradients(int64_t step) {
   return loss.item<double>();
 }
 
-absl::StatusOr<StepResult> Engine::Step(int64_t step) {
+absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   const Device::ComputeScope on_device(*device_);
   const absl::Time t0 = absl::Now();
   waiter_.ResetExposed();
@@ -367,12 +367,16 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step) {
   if (!r.skipped) {
     SL_RETURN_IF_ERROR(OptimizerStep(step, r.lr, ClipCoefficient(norm, config_.optimizer.grad_clip)));
   }
-  const at::Tensor results = at::cat({loss.reshape({1}), norm.reshape({1})});
-  SL_RETURN_IF_ERROR(SumOverWorld(results.narrow(0, 0, 1)));
+  // Loss shares and save votes are summed over the world in one
+  // all-reduce; the norm is global already.
+  const at::Tensor vote = device_->Zeros(1, at::kDouble).fill_(vote_save ? 1.0 : 0.0);
+  const at::Tensor results = at::cat({loss.reshape({1}), vote, norm.reshape({1})});
+  SL_RETURN_IF_ERROR(SumOverWorld(results.narrow(0, 0, 2)));
   SL_RETURN_IF_ERROR(SyncHost());
   const at::Tensor host = results.to(at::kCPU);
   r.loss = host[0].item<double>();
-  r.grad_norm = host[1].item<double>();
+  r.save = host[1].item<double>() > 0;
+  r.grad_norm = host[2].item<double>();
   r.tokens = static_cast<int64_t>(t.batch_size) * config_.model.block_size;
   r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   r.exposed_comm_seconds = waiter_.exposed_seconds();

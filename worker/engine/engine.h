@@ -62,6 +62,9 @@ struct StepResult {
   // The gradient norm was not finite and [train] max_nonfinite_skips allowed
   // skipping: the step made no update.
   bool skipped = false;
+  // Some rank voted to save after this step (Step's vote_save): the same on
+  // every rank.
+  bool save = false;
 };
 
 // Counts the non-finite steps of one run against [train] max_nonfinite_skips:
@@ -110,7 +113,11 @@ class Engine {
 
   // Runs global step `step` (0-based): every micro-batch, then the update,
   // then (every [train] eval_interval steps, and after the last) Evaluate.
-  absl::StatusOr<StepResult> Step(int64_t step);
+  // `vote_save`: this rank asks for a checkpoint after this step (a time
+  // interval ran out, a user asked); the votes ride on the loss's
+  // all-reduce, so every rank learns the same StepResult::save without a
+  // collective of its own.
+  absl::StatusOr<StepResult> Step(int64_t step, bool vote_save = false);
   // The mean loss over the first eval_batches global batches of [data]
   // val_path, forward only (every rank must call it). Masked validation
   // files count their masked-in targets only.

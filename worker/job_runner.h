@@ -1,0 +1,112 @@
+// JobRunner: one rank of one job, from rendezvous to its last step, for both
+// the worker daemon and shardline-train (DESIGN.md, "Layout"): it connects
+// the rank's communicators over a store, builds the engine, resumes from a
+// committed checkpoint, and runs the step loop: progress to the caller,
+// non-finite steps ([train] max_nonfinite_skips), saves every [checkpoint]
+// interval steps, every interval_seconds and when asked, and cancel. Each save
+// is handed to a CheckpointSink, which commits it: the daemon reports its
+// file to the coordinator, shardline-train has rank 0 write the manifest.
+//
+// A save decided by a clock or a request is voted on in the step's loss
+// all-reduce (Engine::Step), so every rank saves after the same step.
+//
+// Threads: Start and Run on the job's thread; Cancel and RequestSave from
+// any thread. With [checkpoint] async one save runs on a thread of its own
+// while training goes on; no save outlives Run.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/checkpoint_manifest.h"
+#include "common/job_config.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/comm/groups.h"
+#include "worker/engine/engine.h"
+
+namespace shardline {
+
+// Commits one rank's shards of a step. Save may run on the save thread.
+class CheckpointSink {
+ public:
+  virtual ~CheckpointSink() = default;
+  // Writes `snap` as this rank's file of `step` and commits it (or reports
+  // it to whoever commits); returns the bytes written.
+  virtual absl::StatusOr<int64_t> Save(const ShardSnapshot& snap, int64_t step) = 0;
+};
+
+struct JobRun {
+  JobConfig config;  // validated for `world`, paths resolved
+  int rank = 0, world = 1;
+  std::string resume_from;  // a committed step directory, or empty
+  absl::Duration collective_timeout = absl::Seconds(60);
+  int64_t stop_after = 0;  // stop once this step is done (0: at [train] steps)
+  int64_t save_at = 0;     // also save once this step is done (0: never)
+};
+
+struct JobHooks {
+  // Once the communicators are connected, before the engine is built (e.g.
+  // their observers). `bus_bandwidth`: with strategy = "auto", what a timed
+  // all-reduce over the world measured (bytes/s); 0 otherwise.
+  std::function<void(Communicators&, double bus_bandwidth)> connected;
+  // After every step (before its save); an error ends the run with it.
+  std::function<absl::Status(const StepResult&, const Engine&)> stepped;
+  // After each save ended: its seconds, bytes and outcome.
+  std::function<void(double seconds, int64_t bytes, bool ok)> saved;
+};
+
+// The median of three timed 8 MiB all-reduces over `c` (after a warm-up),
+// as nccl-tests' bus bandwidth: bytes/s per rank through the ring.
+absl::StatusOr<double> MeasureBusBandwidth(comm::Communicator& c, const Device& device, absl::Duration timeout);
+
+class JobRunner {
+ public:
+  // `sink` must outlive the runner.
+  JobRunner(JobRun run, CheckpointSink* sink, JobHooks hooks);
+  ~JobRunner();  // waits for a save in flight
+
+  // Connects the groups over `store` (null for a world of one) and builds the
+  // engine. Errors name the rank.
+  absl::Status Start(c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<const Device> device,
+                     Backend backend = Backend::kAuto);
+  // After Start: the engine (for callers that read it after or instead of Run).
+  Engine& engine() { return *engine_; }
+  // Resumes (if asked) and runs steps to the end, a stop_after, an error or a
+  // Cancel (Cancelled, naming the step); the last save is committed before
+  // it returns OK.
+  absl::Status Run();
+  void Cancel() { cancel_ = true; }
+  // Asks for a save after the next step (every rank saves after the first
+  // step in which any rank asked).
+  void RequestSave() { save_requested_ = true; }
+  int64_t step() const { return step_; }  // steps done
+
+ private:
+  // Starts this rank's save of `step` (in the background with [checkpoint]
+  // async); at most one save is in flight.
+  absl::Status Save(int64_t step);
+  absl::Status WaitForSave();
+  bool WantsTimedSave() const;
+
+  const JobRun run_;
+  CheckpointSink* const sink_;
+  const JobHooks hooks_;
+  std::unique_ptr<Engine> engine_;
+  std::atomic<bool> cancel_{false};
+  std::atomic<bool> save_requested_{false};
+  std::atomic<int64_t> step_{0};
+  absl::Time last_save_;          // the start of the run, or of the last save
+  std::thread save_thread_;       // the async save in flight
+  absl::Status save_status_;      // its outcome, read after joining
+  std::atomic<bool> save_done_{false};
+};
+
+}  // namespace shardline
