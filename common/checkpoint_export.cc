@@ -36,12 +36,23 @@ absl::StatusOr<const SafetensorsReader*> CheckpointReader::RankFile(int rank) {
   }
   if (!entry) return absl::DataLossError(absl::StrCat(dir_, ": manifest has no file for rank ", rank));
   const std::string path = dir_ + "/" + entry->file;
-  SL_ASSIGN_OR_RETURN(std::string sha, Sha256OfFile(path));
+  // The name is a plain file name (ParseManifest); a symlink under it would
+  // still lead out of the checkpoint (another step's file, or any file whose
+  // hash the mismatch below would print), so it is not followed.
+  SL_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFileNoFollow(path));
+  SL_ASSIGN_OR_RETURN(std::string sha, Sha256OfOpenFile(fd.get(), path));
   if (sha != entry->sha256) {
     return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (sha256 ", sha.substr(0, 12),
                                             "..., manifest says ", entry->sha256.substr(0, 12), "...)"));
   }
   SL_ASSIGN_OR_RETURN(auto f, SafetensorsReader::Open(path));
+  // SafetensorsReader opens the name again: it must still be the file that
+  // was verified, not a link or another file put there since.
+  struct stat verified, now;
+  if (::fstat(fd.get(), &verified) != 0 || ::lstat(path.c_str(), &now) != 0 || !S_ISREG(now.st_mode) ||
+      now.st_dev != verified.st_dev || now.st_ino != verified.st_ino) {
+    return absl::DataLossError(absl::StrCat(path, ": replaced while it was being verified"));
+  }
   return (files_[rank] = std::move(f)).get();
 }
 

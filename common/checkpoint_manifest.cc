@@ -1,6 +1,8 @@
 #include "common/checkpoint_manifest.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,7 +75,9 @@ std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int r
   return absl::StrCat(checkpoint_root, "/", StepDirName(step), "/", RankFileName(rank));
 }
 
-absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) {
+namespace {
+
+std::string ManifestText(const CheckpointManifest& m) {
   json j;
   j["format_version"] = m.format_version;
   j["job"] = m.job;
@@ -117,7 +121,37 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) 
   for (const auto& r : m.ranks) {
     j["ranks"].push_back({{"rank", r.rank}, {"file", r.file}, {"size", r.size}, {"sha256", r.sha256}});
   }
-  return WriteFileAtomically(dir + "/manifest.json", j.dump(2) + "\n");
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
+absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m) {
+  return WriteFileAtomically(dir + "/manifest.json", ManifestText(m));
+}
+
+absl::Status WriteManifestConfined(const std::string& checkpoint_root, const CheckpointManifest& m) {
+  const std::string name = StepDirName(m.step);
+  const std::string dir = absl::StrCat(checkpoint_root, "/", name);
+  absl::StatusOr<UniqueFd> root_fd = OpenDirectoryNoFollow(AT_FDCWD, checkpoint_root, checkpoint_root);
+  if (!root_fd.ok()) return root_fd.status();
+  absl::StatusOr<UniqueFd> dir_fd = OpenDirectoryNoFollow(root_fd->get(), name, dir);
+  if (!dir_fd.ok()) return dir_fd.status();
+  // The same confinement by real paths, as the contract states it, so that
+  // it does not rest on O_NOFOLLOW alone.
+  char real_root[PATH_MAX], real_dir[PATH_MAX];
+  if (::realpath(checkpoint_root.c_str(), real_root) == nullptr) {
+    return absl::NotFoundError(absl::StrCat(checkpoint_root, ": cannot resolve: ", std::strerror(errno)));
+  }
+  if (::realpath(dir.c_str(), real_dir) == nullptr) {
+    return absl::NotFoundError(absl::StrCat(dir, ": cannot resolve: ", std::strerror(errno)));
+  }
+  const std::string want = absl::StrCat(real_root, "/", name);
+  if (want != real_dir) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(dir, ": resolves to ", real_dir, ", not the job's own step directory ", want));
+  }
+  return WriteFileAtomicallyAt(dir_fd->get(), dir, "manifest.json", ManifestText(m));
 }
 
 namespace {
@@ -189,11 +223,18 @@ absl::Status CheckManifest(const CheckpointManifest& m, const std::string& path)
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(dir, ": no manifest.json: not a committed checkpoint"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseManifest(ss.str(), path);
+  // Not through a symlink: a reader would parse (and quote in its errors)
+  // whatever file the link names.
+  absl::StatusOr<UniqueFd> fd = OpenRegularFileNoFollow(path);
+  if (!fd.ok()) {
+    if (absl::IsNotFound(fd.status())) {
+      return absl::NotFoundError(absl::StrCat(dir, ": no manifest.json: not a committed checkpoint"));
+    }
+    return fd.status();
+  }
+  absl::StatusOr<std::string> text = ReadOpenFileToString(fd->get(), path);
+  if (!text.ok()) return text.status();
+  return ParseManifest(*text, path);
 }
 
 absl::StatusOr<CheckpointManifest> ParseManifest(const std::string& text, const std::string& path) {

@@ -69,7 +69,17 @@ std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int r
 absl::StatusOr<CheckpointManifest> NewManifest(const std::string& job, const JobConfig& config, int world_size,
                                                int64_t step);
 
+// Writes "<dir>/manifest.json" atomically (WriteFileAtomically).
 absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m);
+// The coordinator's commit of step m.step of the job whose checkpoint root is
+// `checkpoint_root`: writes the manifest into "<checkpoint_root>/step-N" only
+// if that is the job's own directory once `..` and symlinks are resolved.
+// Neither the root nor the step directory may be a symlink, and the step
+// directory's real path must be the root's real path + "/step-N"; both are
+// opened with O_NOFOLLOW and the manifest is written through them
+// (WriteFileAtomicallyAt), so a link swapped in after the check is not
+// followed either. A refusal is PermissionDenied naming the path.
+absl::Status WriteManifestConfined(const std::string& checkpoint_root, const CheckpointManifest& m);
 // NotFound ("<dir>: no manifest.json: not a committed checkpoint") when absent;
 // otherwise ParseManifest of its text.
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);

@@ -9,14 +9,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
-#include "absl/strings/string_view.h"
+#include <vector>
+
+#include <openssl/evp.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace shardline {
 
@@ -34,33 +38,146 @@ absl::Status WriteFully(int fd, const void* data, size_t n, const std::string& p
   return absl::OkStatus();
 }
 
-namespace {
-absl::Status SyncPath(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return absl::DataLossError(absl::StrCat(path, ": cannot open to sync: ", std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return absl::DataLossError(absl::StrCat(path, ": fsync failed: ", std::strerror(errno)));
-  return absl::OkStatus();
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) (void)::close(fd_);  // see the class comment
+    fd_ = o.release();
+  }
+  return *this;
 }
-}  // namespace
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) (void)::close(fd_);  // see the class comment
+}
+
+int UniqueFd::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);  // not world-readable
+  const std::filesystem::path p(path);
+  const std::string name = p.filename().string();
+  std::string dir = p.parent_path().string();
+  if (dir.empty()) dir = ".";
+  if (name.empty() || name == "." || name == "..") {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a file name to write"));
+  }
+  UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir_fd.get() < 0) {
+    return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot open folder to write ", name, ": ",
+                                                    std::strerror(errno)));
+  }
+  return WriteFileAtomicallyAt(dir_fd.get(), dir, name, text);
+}
+
+absl::Status WriteFileAtomicallyAt(int dir_fd, const std::string& dir, const std::string& name,
+                                   const std::string& text) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a plain file name"));
+  }
+  const std::string tmp_name = name + ".tmp", tmp = path + ".tmp";
+  // unlinkat removes a symlink itself, never its target.
+  if (::unlinkat(dir_fd, tmp_name.c_str(), 0) != 0 && errno != ENOENT) {
+    return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot remove the old temp file: ", std::strerror(errno)));
+  }
+  const int fd = ::openat(dir_fd, tmp_name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                          0640);  // not world-readable
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot write: ", std::strerror(errno)));
   absl::Status s = WriteFully(fd, text.data(), text.size(), tmp);
   if (s.ok() && ::fsync(fd) != 0) s = absl::DataLossError(absl::StrCat(tmp, ": fsync failed: ", std::strerror(errno)));
-  ::close(fd);
-  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::close(fd) != 0 && s.ok()) s = absl::DataLossError(absl::StrCat(tmp, ": close failed: ", std::strerror(errno)));
+  if (s.ok() && ::renameat(dir_fd, tmp_name.c_str(), dir_fd, name.c_str()) != 0) {
     s = absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(errno)));
   }
   if (!s.ok()) {
-    ::unlink(tmp.c_str());
+    // Best effort: the error already says what failed, and a leftover temp
+    // file is removed by the next write of the same name.
+    (void)::unlinkat(dir_fd, tmp_name.c_str(), 0);
     return s;
   }
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  return SyncPath(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY);
+  if (::fsync(dir_fd) != 0) return absl::DataLossError(absl::StrCat(dir, ": fsync failed: ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UniqueFd> OpenDirectoryNoFollow(int at, const std::string& name, const std::string& path) {
+  UniqueFd fd(::openat(at, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() >= 0) return fd;
+  const int err = errno;
+  struct stat st;
+  if (::fstatat(at, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+    return absl::PermissionDeniedError(absl::StrCat(path, ": is a symlink: refused (not followed)"));
+  }
+  return absl::NotFoundError(absl::StrCat(path, ": cannot open directory: ", std::strerror(err)));
+}
+
+absl::StatusOr<UniqueFd> OpenRegularFileNoFollow(const std::string& path) {
+  // O_NONBLOCK: a FIFO planted under the name must not block the reader.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int err = errno;
+    struct stat st;
+    if (err == ELOOP && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(path, ": is a symlink: refused (a checkpoint's files lie in its own directory)"));
+    }
+    const std::string why = absl::StrCat(path, ": cannot open: ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(why);
+    if (err == EACCES || err == EPERM || err == ELOOP) return absl::PermissionDeniedError(why);
+    return absl::InternalError(why);  // out of descriptors, EIO: perhaps not for good
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path) {
+  std::string out;
+  char buf[64 << 10];
+  for (off_t at = 0;;) {
+    const ssize_t n = ::pread(fd, buf, sizeof buf, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read failed: ", std::strerror(errno)));
+    if (n == 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+    at += n;
+  }
+}
+
+absl::StatusOr<std::string> Sha256OfOpenFile(int fd, const std::string& path) {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
+    return absl::InternalError(absl::StrCat(path, ": cannot start SHA-256"));
+  }
+  std::vector<char> buf(4 << 20);
+  off_t at = 0;
+  for (;;) {
+    const ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read failed: ", std::strerror(errno)));
+    if (n == 0) break;
+    if (EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n)) != 1) {
+      return absl::InternalError(absl::StrCat(path, ": SHA-256 failed"));
+    }
+    at += n;
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(ctx.get(), md, &len) != 1) return absl::InternalError(absl::StrCat(path, ": SHA-256 failed"));
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", md[i]);
+  return hex;
+}
+
+absl::StatusOr<std::string> Sha256OfFileNoFollow(const std::string& path) {
+  absl::StatusOr<UniqueFd> fd = OpenRegularFileNoFollow(path);
+  if (!fd.ok()) return fd.status();
+  return Sha256OfOpenFile(fd->get(), path);
 }
 
 namespace {

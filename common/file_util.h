@@ -11,9 +11,61 @@ namespace shardline {
 // Writes all n bytes to fd (retrying short writes and EINTR); errors name `path`.
 absl::Status WriteFully(int fd, const void* data, size_t n, const std::string& path);
 
+// An open file descriptor, closed when destroyed (a close error is ignored:
+// only read-only or already fsynced descriptors are held this way).
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd();
+  int get() const { return fd_; }
+  int release();
+
+ private:
+  int fd_ = -1;
+};
+
 // Writes `text` to "<path>.tmp", fsyncs it, renames it over `path` and fsyncs
 // the folder: readers see the old file or the whole new one, never a part.
+// The folder may be reached through symlinks; the temp file is created
+// afresh inside it as WriteFileAtomicallyAt does.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
+
+// WriteFileAtomically of `name` (a plain file name) inside the open directory
+// `dir_fd` (whose path `dir` names it in errors). "<name>.tmp" is created with
+// O_EXCL | O_NOFOLLOW after a stale one is unlinked, so that neither a crash's
+// leftover nor a symlink planted under either name is ever written through;
+// the rename replaces whatever entry `name` was, never what it points to.
+absl::Status WriteFileAtomicallyAt(int dir_fd, const std::string& dir, const std::string& name,
+                                   const std::string& text);
+
+// Opens the directory `name` (one path component) inside the open directory
+// `at` (AT_FDCWD: `name` is a path, and only its last component is checked)
+// without following a symlink there: a symlink is PermissionDenied naming
+// `path`, anything else that fails NotFound naming it.
+absl::StatusOr<UniqueFd> OpenDirectoryNoFollow(int at, const std::string& name, const std::string& path);
+
+// Opens `path` for reading without following a symlink in its last component
+// (O_NOFOLLOW): a symlink is PermissionDenied, anything but a regular file
+// InvalidArgument, a missing file (ENOENT) NotFound, an unreadable one
+// PermissionDenied, any other failure Internal; each one line naming `path`.
+// For files a reader takes by name from a manifest: such a name must not
+// lead out of the checkpoint's directory.
+absl::StatusOr<UniqueFd> OpenRegularFileNoFollow(const std::string& path);
+
+// The whole of the open file `fd` (read from offset 0); errors name `path`.
+absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path);
+
+// Hex SHA-256 of the whole of the open file `fd` (read from offset 0 with
+// pread, in 4 MiB pieces); errors name `path`.
+absl::StatusOr<std::string> Sha256OfOpenFile(int fd, const std::string& path);
+
+// Sha256OfOpenFile of OpenRegularFileNoFollow(path).
+absl::StatusOr<std::string> Sha256OfFileNoFollow(const std::string& path);
 
 // A bearer token from `path`, as every program reads it: the file's first
 // line, trimmed; visible ASCII only (gRPC metadata refuses anything else);

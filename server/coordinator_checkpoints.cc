@@ -2,11 +2,19 @@
 // collecting the ranks' reports, committing a step by writing its manifest
 // last, keep_latest, and removing interrupted saves.
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/job_state.h"
 #include "common/checkpoint_manifest.h"
+#include "common/file_util.h"
 #include "common/model_shapes.h"
 #include "server/coordinator_core.h"
 
@@ -83,26 +91,87 @@ absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   for (const auto& [rank, rep] : r.ckpt_reports[step]) {
     m.ranks.push_back({rank, RankFileName(rank), rep.size_bytes(), rep.checksum()});
   }
-  absl::Status s = WriteManifest(dir, m);
-  if (!s.ok()) return s;
+  // The record names the step before its manifest appears: a crash in
+  // between leaves a recorded step without a manifest, which Recover drops,
+  // never a committed step the record does not know (plain resume would take
+  // an older one, and keep_latest would never prune it).
   v1::CheckpointInfo* info = j.add_checkpoints();
   info->set_step(step);
   info->set_path(dir);
+  Persist(r);
+  // Only into the job's own step directory, never through a symlink: the
+  // coordinator may run as root.
+  absl::Status s = WriteManifestConfined(j.checkpoint_root(), m);
+  if (!s.ok()) {
+    j.mutable_checkpoints()->RemoveLast();
+    Persist(r);
+    return s;
+  }
+  // Pruning only once the new manifest is in place: until then the older
+  // checkpoints are the newest committed ones.
   PruneCheckpoints(r);
   Notify(r);
   return absl::OkStatus();
 }
 
-void RemoveStepDir(const std::string& dir) {
-  ::unlink((dir + "/manifest.json").c_str());
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") ::unlink((dir + "/" + name).c_str());
-    }
-    closedir(d);
+namespace {
+
+// The names the project itself writes in a step directory (the manifest, the
+// ranks' files, and the temp files each is written through): the only ones
+// the coordinator removes there.
+bool IsOwnStepFile(absl::string_view name) {
+  absl::ConsumeSuffix(&name, ".tmp");
+  if (name == "manifest.json") return true;
+  if (!absl::ConsumePrefix(&name, "rank-") || !absl::ConsumeSuffix(&name, ".safetensors")) return false;
+  return name.size() >= 5 && name.find_first_not_of("0123456789") == absl::string_view::npos;
+}
+
+// RemoveStepDir of the directory `name` inside the open directory `root_fd`
+// (`dir` names it in errors). A symlink is never followed, and nothing but
+// IsOwnStepFile names is removed: a directory holding anything else stays.
+absl::Status RemoveStepDirAt(int root_fd, const std::string& name, const std::string& dir) {
+  absl::StatusOr<UniqueFd> fd = OpenDirectoryNoFollow(root_fd, name, dir);
+  if (!fd.ok()) return fd.status();
+  // The manifest first: if it cannot go, the files it lists stay with it.
+  if (::unlinkat(fd->get(), "manifest.json", 0) != 0 && errno != ENOENT) {
+    return absl::PermissionDeniedError(absl::StrCat(dir, "/manifest.json: cannot remove: ", std::strerror(errno)));
   }
-  ::rmdir(dir.c_str());
+  DIR* d = ::fdopendir(fd->get());
+  if (d == nullptr) return absl::InternalError(absl::StrCat(dir, ": cannot list: ", std::strerror(errno)));
+  fd->release();  // closedir closes it
+  std::vector<std::string> own;
+  while (dirent* e = ::readdir(d)) {
+    if (IsOwnStepFile(e->d_name)) own.push_back(e->d_name);
+  }
+  absl::Status s;
+  for (const std::string& f : own) {
+    // unlinkat removes a symlink itself, never what it points to.
+    if (::unlinkat(::dirfd(d), f.c_str(), 0) != 0 && errno != ENOENT && s.ok()) {
+      s = absl::PermissionDeniedError(absl::StrCat(dir, "/", f, ": cannot remove: ", std::strerror(errno)));
+    }
+  }
+  if (::closedir(d) != 0 && s.ok()) s = absl::InternalError(absl::StrCat(dir, ": closedir: ", std::strerror(errno)));
+  if (!s.ok()) return s;
+  // Fails (ENOTEMPTY) where something the project did not write is left: it stays.
+  if (::unlinkat(root_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOTEMPTY && errno != EEXIST) {
+    return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot remove: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RemoveStepDir(const std::string& dir) {
+  const size_t slash = dir.rfind('/');
+  const std::string root = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+  const std::string name = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  // The job's root is not followed either: the coordinator committed under
+  // a real directory, and a link put there since leads to someone else's.
+  absl::StatusOr<UniqueFd> root_fd = OpenDirectoryNoFollow(AT_FDCWD, root, root);
+  // Nothing to tell (no caller has anyone to tell): what is left has no
+  // manifest or stays a checkpoint, and a later RemoveInterruptedSaves or
+  // Delete tries again.
+  if (root_fd.ok()) (void)RemoveStepDirAt(root_fd->get(), name, dir);
 }
 
 void CoordinatorCore::PruneCheckpoints(JobRecord& r) {
@@ -126,20 +195,38 @@ void CoordinatorCore::PruneCheckpoints(JobRecord& r) {
 
 void CoordinatorCore::RemoveInterruptedSaves(const JobRecord& r, int64_t below) {
   const std::string& root = r.stored.job.checkpoint_root();
-  std::vector<std::string> partial;
-  if (DIR* d = opendir(root.c_str())) {
-    while (dirent* e = readdir(d)) {
-      long long step = -1;
-      char rest = 0;
-      // Only the step directories this job's ranks write, and none whose
-      // save is still being reported.
-      if (sscanf(e->d_name, "step-%lld%c", &step, &rest) != 1 || step >= below || r.ckpt_reports.count(step)) continue;
-      const std::string dir = root + "/" + e->d_name;
-      if (access((dir + "/manifest.json").c_str(), F_OK) != 0) partial.push_back(dir);
-    }
-    closedir(d);
+  // A root that is a symlink is not the job's own directory: never followed.
+  absl::StatusOr<UniqueFd> root_fd = OpenDirectoryNoFollow(AT_FDCWD, root, root);
+  if (!root_fd.ok()) return;
+  const int list_fd = ::dup(root_fd->get());
+  if (list_fd < 0) return;
+  DIR* d = ::fdopendir(list_fd);
+  if (d == nullptr) {
+    (void)::close(list_fd);  // read-only: nothing to lose
+    return;
   }
-  for (const auto& p : partial) RemoveStepDir(p);
+  std::vector<std::string> partial;
+  while (dirent* e = ::readdir(d)) {
+    long long step = -1;
+    char rest = 0;
+    // Only the step directories this job's ranks write, and none whose
+    // save is still being reported.
+    if (sscanf(e->d_name, "step-%lld%c", &step, &rest) != 1 || step >= below || r.ckpt_reports.count(step)) continue;
+    // Real directories only: a symlink planted under a step's name is not
+    // the job's (d_type may be unknown on some file systems: ask lstat).
+    struct stat st;
+    bool is_dir = e->d_type == DT_DIR;
+    if (e->d_type == DT_UNKNOWN) {
+      is_dir = ::fstatat(root_fd->get(), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+    }
+    if (!is_dir) continue;
+    const std::string manifest = absl::StrCat(e->d_name, "/manifest.json");
+    if (::fstatat(root_fd->get(), manifest.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
+      partial.push_back(e->d_name);
+    }
+  }
+  (void)::closedir(d);  // read-only: nothing to lose
+  for (const std::string& name : partial) (void)RemoveStepDirAt(root_fd->get(), name, root + "/" + name);
 }
 
 void CoordinatorCore::RemoveSavesOfEndedJob(const std::string& job_id) {

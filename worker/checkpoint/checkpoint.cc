@@ -4,14 +4,17 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/checkpoint_export.h"
+#include "common/file_util.h"
 #include "worker/engine/tensor_file.h"
 
 namespace shardline {
@@ -84,10 +87,16 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
                                       [&](size_t written) {
                                         if (written == tensors.size() / 2) MaybeInjectFault("mid-write", step);
                                       }));
+  // Size and checksum of the file just written, not of whatever a symlink
+  // put under its name would point to: both go into the manifest, which the
+  // job's owner can read.
+  SL_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFileNoFollow(path));
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": vanished after writing"));
+  if (fstat(fd.get(), &st) != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": cannot stat after writing: ", std::strerror(errno)));
+  }
   f.size = st.st_size;
-  SL_ASSIGN_OR_RETURN(f.sha256, Sha256OfFile(path));
+  SL_ASSIGN_OR_RETURN(f.sha256, Sha256OfOpenFile(fd.get(), path));
   MaybeInjectFault("before-report", step);
   return f;
 }
