@@ -98,7 +98,10 @@ absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   v1::CheckpointInfo* info = j.add_checkpoints();
   info->set_step(step);
   info->set_path(dir);
-  Persist(r);
+  if (absl::Status saved = PersistOrError(r); !saved.ok()) {
+    j.mutable_checkpoints()->RemoveLast();
+    return absl::Status(saved.code(), absl::StrCat("the job record could not be saved: ", saved.message()));
+  }
   // Only into the job's own step directory, never through a symlink: the
   // coordinator may run as root.
   absl::Status s = WriteManifestConfined(j.checkpoint_root(), m);

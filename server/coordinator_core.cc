@@ -69,9 +69,15 @@ absl::Status CoordinatorCore::Recover() {
     // may list a checkpoint whose manifest is gone: it is no checkpoint.
     auto* ckpts = j.mutable_checkpoints();
     const int listed = ckpts->size();
+    // Nor is one whose directory or manifest became a symlink (lstat: the
+    // coordinator resumes from it and later deletes it).
     for (int i = ckpts->size() - 1; i >= 0; --i) {
-      struct stat st;
-      if (stat((ckpts->Get(i).path() + "/manifest.json").c_str(), &st) != 0) ckpts->DeleteSubrange(i, 1);
+      struct stat dir, manifest;
+      const std::string& path = ckpts->Get(i).path();
+      if (lstat(path.c_str(), &dir) != 0 || !S_ISDIR(dir.st_mode) ||
+          lstat((path + "/manifest.json").c_str(), &manifest) != 0 || !S_ISREG(manifest.st_mode)) {
+        ckpts->DeleteSubrange(i, 1);
+      }
     }
     // A record written before JobState holds the state's name.
     if (j.state() == v1::JOB_STATE_UNSPECIFIED) {
@@ -97,12 +103,16 @@ absl::Status CoordinatorCore::Recover() {
 // ---- persistence and notification ------------------------------------------
 
 void CoordinatorCore::Persist(JobRecord& r) {
-  JobOf(r).set_updated_unix_ms(NowMs());
-  r.last_persist = absl::Now();
   // A failed write is kept in the job's message rather than lost silently;
   // the in-memory state stays authoritative for this process.
-  absl::Status s = store_->PutJob(r.stored);
+  absl::Status s = PersistOrError(r);
   if (!s.ok()) JobOf(r).set_message(absl::StrCat(JobOf(r).message(), " [state not saved: ", s.message(), "]"));
+}
+
+absl::Status CoordinatorCore::PersistOrError(JobRecord& r) {
+  JobOf(r).set_updated_unix_ms(NowMs());
+  r.last_persist = absl::Now();
+  return store_->PutJob(r.stored);
 }
 
 void CoordinatorCore::Notify(const JobRecord& r) {

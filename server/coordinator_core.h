@@ -42,6 +42,8 @@ namespace shardline {
 
 // Removes a step directory: the manifest first, so that a crash half-way
 // leaves something that is no longer a checkpoint rather than a broken one.
+// Removes only the files the project writes there (the manifest, the ranks'
+// files and their temp files) and never follows a symlink.
 void RemoveStepDir(const std::string& dir);
 
 class WorkerChannel {
@@ -240,6 +242,9 @@ class CoordinatorCore {
   JobRecord* RankOfSession(const std::string& worker_id, const std::string& job_id, int rank, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persist that reports a failed write to the caller (a commit must not
+  // write its manifest before the record names it).
+  absl::Status PersistOrError(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves r to `state` by the one transition table (common/job_state.h),
   // persists and notifies; a repeat is a no-op, an illegal transition an
