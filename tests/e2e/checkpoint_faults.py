@@ -3,23 +3,70 @@ its shard, in the middle of writing it, and after writing it but before
 reporting it. Each time the last committed checkpoint stays intact (manifest
 and checksums verify), the interrupted one has no manifest and is removed once
 the job's ranks stopped, and a resume from the latest committed checkpoint
-runs."""
+runs.
+
+kill -9 of the coordinator in the middle of a prune (SHARDLINE_FAULT=mid-prune,
+server/fault_injection.h: the commit of step 4 with keep_latest = 1 recorded
+that step 2 is dropped, and the coordinator dies before removing it). Started
+again on the same --state-dir, `ckpt list` shows only step directories that
+exist with their manifest, and a plain `resume` starts from the newest
+committed step and SUCCEEDS."""
 import json
 import os
+import subprocess
 
 from cluster import Checks, Cluster, job_file, wait_for
 
 CKPT = '\n[checkpoint]\ndir = "ckpt"\ninterval = 5\nkeep_latest = 0\n'
 
 
+def kill_during_prune(c):
+    os.environ["SHARDLINE_FAULT"] = "mid-prune@4"  # the coordinator's environment only
+    try:
+        cl = Cluster()
+    finally:
+        del os.environ["SHARDLINE_FAULT"]
+    cl.add_worker("host-a")
+    cl.add_worker("host-b")
+    cl.wait_workers(2)
+    ckpt = '\n[checkpoint]\ndir = "ckpt"\ninterval = 2\nkeep_latest = 1\n'
+    job = cl.ctl_json("submit", job_file(cl.dir, "pruned", workers=2, steps=40, restarts=0, extra=ckpt))["job_id"]
+    try:
+        code = cl.coordinator.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        code = None
+    c.check(code == -9, "mid-prune: the coordinator killed itself (SIGKILL) during the prune after step 4",
+            cl.coordinator.stderr.read().strip()[-200:] if code is not None else "still running")
+    root = os.path.join(cl.dir, "ckpt", job)
+    print(f"on disk after the kill: {sorted(os.listdir(root))}", flush=True)
+    cl.start_coordinator()  # the same port and --state-dir
+    wait_for(lambda: cl.job(job)["state"] == "FAILED", 30, "the recovered job to end (max_restarts = 0)")
+    ckpts = cl.ctl_json("ckpt", "list", job)["checkpoints"]
+    listed = [k["step"] for k in ckpts]
+    c.check(listed == [4] and all(os.path.isfile(os.path.join(k["path"], "manifest.json")) for k in ckpts),
+            "after the restart `ckpt list` shows only step 4, which exists with its manifest", str(ckpts))
+    rc, out, err = cl.ctl("--json", "resume", job)
+    resumed = json.loads(out)["job_id"] if rc == 0 else None
+    c.check(rc == 0, "a plain resume is accepted", err.strip())
+    if resumed:
+        ok = wait_for(lambda: cl.job(resumed)["state"] in ("SUCCEEDED", "FAILED"), 120, "the resumed job", fail=False)
+        j = cl.job(resumed)
+        first = j["attempts"][0]["first_step"] if j["attempts"] else None
+        c.check(ok and j["state"] == "SUCCEEDED" and first == 4 and j["step"] == 40,
+                "the resumed job starts from step 4 (the newest committed) and SUCCEEDS",
+                f"{j['state']} from step {first} to {j['step']}: {j['message']}")
+
+
 def main():
     c = Checks()
+    kill_during_prune(c)
     for point in ("before-write", "mid-write", "before-report"):
         cl = Cluster()
         cl.add_worker("host-a")
         cl.add_worker("host-b", env={"SHARDLINE_FAULT": f"{point}@10"})
         cl.wait_workers(2)
-        rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "victim", workers=2, steps=1000000, extra=CKPT))
+        victim = job_file(cl.dir, "victim", workers=2, steps=1000000, restarts=0, extra=CKPT)  # fails, no restart
+        rc, out, _ = cl.ctl("--json", "submit", victim)
         job = json.loads(out)["job_id"]
         wait_for(lambda: cl.job(job)["state"] == "FAILED", 60, "the job to fail when the worker dies")
         c.check(cl.workers["host-b"].wait(timeout=10) == -9, f"{point}: the worker was killed")
