@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
@@ -16,36 +17,69 @@
 
 namespace shardline::ctl {
 
+namespace {
+
+// Every flag is bounded where it is parsed (CLI11 names the flag): sizes as
+// a job file's keys are (common/job_config.cc), so that nothing planned is
+// larger than a job could be; rates and sizes in [1, hi], NaN and
+// infinities refused (CLI::Range lets a NaN through).
+constexpr int kMaxRanks = 1 << 20;
+constexpr double kMaxParams = 1e13;  // ValidateJobConfig's parameter limit
+
+CLI::Validator Within(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& in) -> std::string {
+        double v = 0;
+        if (CLI::detail::lexical_cast(in, v) && v >= lo && v <= hi) return std::string();
+        return absl::StrFormat("%s is not a number in [%g, %g]", in, lo, hi);
+      },
+      absl::StrFormat("in [%g, %g]", lo, hi));
+}
+
+}  // namespace
+
 void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("JOB.toml", f->job_file, "a job file: its model, batch, precision and workers");
-  cmd->add_option("--params", f->params, "or a model of this many parameters (e.g. 7e9), shaped as --family's");
+  cmd->add_option("--params", f->params, "or a model of this many parameters (e.g. 7e9), shaped as --family's")
+      ->check(Within(1, kMaxParams));
   cmd->add_option("--family", f->family, "gpt2 (default) or llama (GQA, SwiGLU, untied head)")
       ->check(CLI::IsMember({"gpt2", "llama"}));
-  cmd->add_option("--kv-heads", f->kv_heads, "llama: key/value heads (default: --heads)");
-  cmd->add_option("--intermediate", f->intermediate, "llama: SwiGLU width (default: 8/3 x hidden, rounded to 256)");
+  cmd->add_option("--kv-heads", f->kv_heads, "llama: key/value heads (default: --heads)")
+      ->check(CLI::Range(1, 65536));
+  cmd->add_option("--intermediate", f->intermediate, "llama: SwiGLU width (default: 8/3 x hidden, rounded to 256)")
+      ->check(CLI::Range(1, 1 << 22));
   cmd->add_flag("--tied", f->tied, "llama: the head is the token embedding");
-  cmd->add_option("--layers", f->layers, "or the shape: layers");
-  cmd->add_option("--hidden", f->hidden, "hidden size");
-  cmd->add_option("--heads", f->heads, "attention heads");
-  cmd->add_option("--vocab", f->vocab, "vocabulary size");
-  cmd->add_option("--seq", f->seq, "sequence length");
-  cmd->add_option("--workers", f->workers, "world size (default: the job file's, else 8)");
-  cmd->add_option("--gpus-per-node", f->cluster.gpus_per_node, "devices per node (hybrid groups stay in a node)");
-  cmd->add_option("--gpu-memory", f->cluster.device_memory_bytes, "bytes of memory per device (e.g. 80e9)");
-  cmd->add_option("--intra-bw", f->cluster.intra_node_bw, "bytes/s per rank inside a node (bus bandwidth)");
-  cmd->add_option("--inter-bw", f->cluster.inter_node_bw, "bytes/s per rank between nodes");
-  cmd->add_option("--flops", f->cluster.flops, "achieved FLOP/s per device");
-  cmd->add_option("--mem-bw", f->cluster.memory_bw, "memory bytes/s per device (optimizer step)");
-  cmd->add_option("--batch", f->batch, "global batch in sequences (default: the job file's)");
-  cmd->add_option("--micro-batch", f->micro_batch, "sequences per rank per forward (default: the job file's, else 1)");
-  cmd->add_option("--shard-group", f->shard_group, "hybrid shard group size (default: --gpus-per-node)");
+  cmd->add_option("--layers", f->layers, "or the shape: layers")->check(CLI::Range(1, 10000));
+  cmd->add_option("--hidden", f->hidden, "hidden size")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--heads", f->heads, "attention heads")->check(CLI::Range(1, 65536));
+  cmd->add_option("--vocab", f->vocab, "vocabulary size")->check(CLI::Range(2, 1 << 24));
+  cmd->add_option("--seq", f->seq, "sequence length")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--workers", f->workers, "world size (default: the job file's, else 8)")
+      ->check(CLI::Range(1, kMaxRanks));
+  cmd->add_option("--gpus-per-node", f->cluster.gpus_per_node, "devices per node (hybrid groups stay in a node)")
+      ->check(CLI::Range(1, kMaxRanks));
+  cmd->add_option("--gpu-memory", f->cluster.device_memory_bytes, "bytes of memory per device (e.g. 80e9)")
+      ->check(Within(1, 1e15));
+  cmd->add_option("--intra-bw", f->cluster.intra_node_bw, "bytes/s per rank inside a node (bus bandwidth)")
+      ->check(Within(1, 1e15));
+  cmd->add_option("--inter-bw", f->cluster.inter_node_bw, "bytes/s per rank between nodes")->check(Within(1, 1e15));
+  cmd->add_option("--flops", f->cluster.flops, "achieved FLOP/s per device")->check(Within(1, 1e18));
+  cmd->add_option("--mem-bw", f->cluster.memory_bw, "memory bytes/s per device (optimizer step)")
+      ->check(Within(1, 1e15));
+  cmd->add_option("--batch", f->batch, "global batch in sequences (default: the job file's)")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--micro-batch", f->micro_batch, "sequences per rank per forward (default: the job file's, else 1)")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--shard-group", f->shard_group, "hybrid shard group size (default: --gpus-per-node)")
+      ->check(CLI::Range(1, kMaxRanks));
   cmd->add_option("--dtype", f->dtype, "parameter dtype, bf16 or fp32 (default: the job file's, else bf16)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   cmd->add_option("--reduce-dtype", f->reduce_dtype, "gradient reduction dtype, bf16 or fp32 (default: the job "
                                                      "file's, else fp32; fp32 with --dtype fp32)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   cmd->add_option("--lora-rank", f->lora_rank, "LoRA: adapters of this rank on a frozen base (default: the job "
-                                               "file's [lora], else none)");
+                                               "file's [lora], else none)")
+      ->check(CLI::Range(1, 65536));
   cmd->add_option("--lora-targets", f->lora_targets, "LoRA: projections, comma-separated, or all-linear (default: "
                                                      "PEFT's, q_proj,v_proj for llama, c_attn for gpt2)");
   cmd->add_option("--lora-base", f->lora_base, "LoRA: the frozen base sharded (default) or replicated")
@@ -87,6 +121,9 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     std::error_code ec;
     const std::string base = std::filesystem::absolute(f.job_file, ec).parent_path().string();
     SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(text, f.job_file, base));
+    // As `submit` would check it (its files aside: they need not exist where
+    // a job is planned), before anything is computed from it.
+    SL_RETURN_IF_ERROR(ValidateJobConfig(config, config.workers, f.job_file));
     in.model = config.model;
     in.batch_size = config.train.batch_size;
     in.micro_batch_size = config.train.micro_batch_size;
@@ -128,7 +165,14 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
   }
   if (!f.reduce_dtype.empty()) in.reduce_dtype = f.reduce_dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
   SL_RETURN_IF_ERROR(ApplyLoraFlags(f, &in));
-  SL_ASSIGN_OR_RETURN(Plan plan, MakePlan(in));
+  absl::StatusOr<Plan> made = MakePlan(in);
+  if (!made.ok() && f.job_file.empty() && absl::StartsWith(made.status().message(), "plan: [model] ")) {
+    // The model's checks speak of job-file keys; here the flags gave it.
+    const char* flags = f.layers > 0 ? "--layers/--hidden/--heads" : "--params";
+    return absl::InvalidArgumentError(absl::StrReplaceAll(made.status().message(),
+                                                          {{"plan: [model] ", absl::StrCat("plan: ", flags, ": ")}}));
+  }
+  SL_ASSIGN_OR_RETURN(Plan plan, std::move(made));
   if (json) {
     std::cout << PlanJson(plan) << std::endl;
   } else {

@@ -263,12 +263,16 @@ int main(int argc, char** argv) {
   bool follow = false, skip_local_check = false;
   auto* submit = app.add_subcommand("submit", "submit a job file");
   submit->add_option("JOB.toml", file)->required();
-  submit->add_option("--workers", workers, "number of workers (default: [job] workers)");
+  // Bounded as [job] workers is: 0 (the default) means "the job's", so a
+  // given value outside [1, 2^20] is refused rather than silently dropped.
+  submit->add_option("--workers", workers, "number of workers (default: [job] workers)")
+      ->check(CLI::Range(1, 1 << 20));
   submit->add_flag("--follow", follow, "watch the job until it ends");
   submit->add_flag("--skip-local-check", skip_local_check, "send without validating here (tests the coordinator's checks)");
   int page_size = 100;
   app.add_subcommand("jobs", "list jobs")
-      ->add_option("--page-size", page_size, "jobs fetched per call (1..1000, default 100)");
+      ->add_option("--page-size", page_size, "jobs fetched per call (1..1000, default 100)")
+      ->check(CLI::Range(1, 1000));  // the coordinator's bound, refused before any call
   auto* status = app.add_subcommand("status", "show one job");
   auto* watch = app.add_subcommand("watch", "follow a job with a progress bar until it ends");
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
@@ -282,7 +286,7 @@ int main(int argc, char** argv) {
   auto* resume = app.add_subcommand("resume", "start a new job from a job's latest (or a given) checkpoint");
   resume->add_option("JOB", job)->required();
   resume->add_option("--from", from, "a committed step directory (default: the job's latest)");
-  resume->add_option("--workers", workers, "number of workers (default: the job's)");
+  resume->add_option("--workers", workers, "number of workers (default: the job's)")->check(CLI::Range(1, 1 << 20));
   resume->add_option("--strategy", strategy, "another strategy for the new job");
   resume->add_flag("--follow", follow, "watch the new job until it ends");
   auto* ckpt = app.add_subcommand("ckpt", "checkpoints");

@@ -504,10 +504,10 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
     }
   }
   if (m.block_size < 1) return bad("model", "block_size must be >= 1");
-  // Bounded before anything is allocated or computed from it (each key's
-  // own bound keeps this sum within int64).
+  // Bounded before anything is allocated or computed from it. Counted in
+  // double: keys each within their own bound still multiply past int64.
   constexpr double kMaxParams = 1e13;
-  const double params = static_cast<double>(model::NumParams(m));
+  const double params = model::ApproxNumParams(m);
   if (params > kMaxParams) {
     return bad("model", absl::StrFormat("the model has %.3g parameters, more than the limit of %.0e", params,
                                         kMaxParams));

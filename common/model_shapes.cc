@@ -1,5 +1,8 @@
 #include "common/model_shapes.h"
 
+#include <limits>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace shardline::model {
@@ -69,10 +72,52 @@ std::vector<ParamSpec> UnitParams(const ModelConfig& m, int unit) {
           p(h + "mlp.c_proj.weight", {C, 4 * C}),  p(h + "mlp.c_proj.bias", {C})};
 }
 
+namespace {
+
+// The model's shapes as (unit's parameters, copies): the embedding, the head
+// and one block standing for all n_layer (the blocks' shapes are the same).
+// Counting by closed form keeps the cost independent of n_layer, so an
+// unvalidated model with 10^8 layers is counted (and refused) at once.
+std::vector<std::pair<std::vector<ParamSpec>, int64_t>> ShapeGroups(const ModelConfig& m) {
+  std::vector<std::pair<std::vector<ParamSpec>, int64_t>> out;
+  out.emplace_back(UnitParams(m, 0), 1);
+  if (m.n_layer >= 1) out.emplace_back(UnitParams(m, 1), m.n_layer);
+  if (HeadUnit(m) >= 1) out.emplace_back(UnitParams(m, HeadUnit(m)), 1);
+  return out;
+}
+
+}  // namespace
+
 int64_t NumParams(const ModelConfig& m) {
+  // Checked: each key within its own bound still multiplies past int64
+  // (signed overflow is undefined, and wrapped to a negative count it would
+  // pass any upper bound).
+  constexpr int64_t kSaturated = std::numeric_limits<int64_t>::max();
   int64_t n = 0;
-  for (int u = 0; u < NumUnits(m); ++u) {
-    for (const auto& s : UnitParams(m, u)) n += s.numel();
+  for (const auto& [params, copies] : ShapeGroups(m)) {
+    int64_t unit = 0;
+    for (const ParamSpec& s : params) {
+      int64_t numel = 1;
+      for (int64_t d : s.shape) {
+        if (__builtin_mul_overflow(numel, d, &numel)) return kSaturated;
+      }
+      if (__builtin_add_overflow(unit, numel, &unit)) return kSaturated;
+    }
+    if (__builtin_mul_overflow(unit, copies, &unit) || __builtin_add_overflow(n, unit, &n)) return kSaturated;
+  }
+  return n;
+}
+
+double ApproxNumParams(const ModelConfig& m) {
+  double n = 0;
+  for (const auto& [params, copies] : ShapeGroups(m)) {
+    double unit = 0;
+    for (const ParamSpec& s : params) {
+      double numel = 1;
+      for (int64_t d : s.shape) numel *= static_cast<double>(d);
+      unit += numel;
+    }
+    n += unit * static_cast<double>(copies);
   }
   return n;
 }

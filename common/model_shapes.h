@@ -27,7 +27,13 @@ std::string UnitName(const ModelConfig& m, int unit);
 bool IsBlock(const ModelConfig& m, int unit);
 int HeadUnit(const ModelConfig& m);
 std::vector<ParamSpec> UnitParams(const ModelConfig& m, int unit);
-int64_t NumParams(const ModelConfig& m);  // unique parameters (wte counted once)
+// Unique parameters (wte counted once), exact; INT64_MAX when the count
+// does not fit in int64 (only for a model no bound admits). Takes constant
+// time whatever n_layer.
+int64_t NumParams(const ModelConfig& m);
+// The same count in double arithmetic: never overflows, exact below 2^53.
+// What bounds checks on unvalidated models compare and report.
+double ApproxNumParams(const ModelConfig& m);
 
 // Training FLOPs per token, forward and backward (PaLM appendix B, as nanoGPT's
 // estimate_mfu): 6N + 12*L*H*Q*T, with N the parameters less the lookups

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,6 +18,19 @@ constexpr Strategy kStrategies[] = {Strategy::kNoShard,     Strategy::kZero1,   
                                     Strategy::kFullShard,   Strategy::kHybridShard, Strategy::kHybridShardZero2};
 
 int Bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+
+// Byte counts are summed in double and stored saturated: at the keys' own
+// bounds (2^24 sequences of 2^20 tokens, 10^13 parameters) they pass int64,
+// and a double beyond it converts to int64 as undefined behaviour.
+int64_t Saturated(double bytes) {
+  constexpr double kMax = 9.2e18;  // just under 2^63
+  return bytes < kMax ? static_cast<int64_t>(bytes) : std::numeric_limits<int64_t>::max();
+}
+
+// The largest global batch the planner takes, as a job file's batch_size.
+constexpr int64_t kMaxBatch = 1 << 24;
+// The most layers, as a job file's n_layer.
+constexpr int kMaxLayers = 10000;
 
 // Per-rank state bytes by kind from the ownership map at the strategy's shard
 // group (units padded as ShardLayout pads them): the engine's formula,
@@ -99,6 +113,9 @@ ModelConfig ModelForParams(double params, int vocab_size, int seq_len, const std
       ModelConfig m = shape(hidden, step);
       const auto [block, rest] = ParamSplit(m);
       const double want_layers = (params - static_cast<double>(rest)) / static_cast<double>(block);
+      // Checked before the int conversion (undefined out of range, or for a
+      // NaN): past hidden / 32 layers no shape is taken anyway.
+      if (!(want_layers > 0 && want_layers <= hidden / 32 + 1)) continue;
       for (int l : {static_cast<int>(std::floor(want_layers)), static_cast<int>(std::ceil(want_layers))}) {
         if (l < 1 || hidden < 32 * l || hidden > 256 * l) continue;
         m.n_layer = l;
@@ -124,10 +141,22 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   const ModelConfig& m = in.model;
   if (c.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   if (c.gpus_per_node < 1) return absl::InvalidArgumentError("--gpus-per-node must be at least 1");
-  if (c.flops <= 0) return absl::InvalidArgumentError("--flops must be positive");
-  if (c.intra_node_bw <= 0 || c.inter_node_bw <= 0) return absl::InvalidArgumentError("bandwidths must be positive");
+  // Written so that a NaN fails too; infinities would make every time 0.
+  auto positive = [](double x) { return x > 0 && std::isfinite(x); };
+  if (!positive(c.flops)) return absl::InvalidArgumentError("--flops must be positive");
+  if (!positive(c.intra_node_bw) || !positive(c.inter_node_bw)) {
+    return absl::InvalidArgumentError("bandwidths must be positive (--intra-bw, --inter-bw)");
+  }
+  if (!positive(c.memory_bw)) return absl::InvalidArgumentError("--mem-bw must be positive");
+  if (!positive(c.device_memory_bytes)) return absl::InvalidArgumentError("--gpu-memory must be positive");
   if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.vocab_size < 1 || m.block_size < 1) {
     return absl::InvalidArgumentError("model: layers, hidden, heads, vocab and seq must all be positive");
+  }
+  // The planner builds every unit's layout: layers bounded as a job file's
+  // n_layer (the parameter bound alone admits 10^9 one-wide layers).
+  if (m.n_layer > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("model: layers ", m.n_layer, " is more than ", kMaxLayers,
+                                                   " (--layers)"));
   }
   if (!m.is_llama() && m.n_embd % m.n_head != 0) {
     return absl::InvalidArgumentError(absl::StrCat("model: hidden ", m.n_embd, " is not divisible by heads ",
@@ -136,10 +165,24 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   if (m.is_llama() && (m.intermediate_size < 1 || m.n_head % m.kv_heads() != 0)) {
     return absl::InvalidArgumentError("model: llama needs an intermediate size and heads divisible by kv heads");
   }
+  {
+    // A job's own model checks, the parameter bound among them, before
+    // anything is counted or allocated from the model.
+    JobConfig job;
+    job.model = m;
+    job.lora = in.lora;
+    job.train.batch_size = job.train.micro_batch_size = 1;
+    SL_RETURN_IF_ERROR(ValidateJobConfig(job, 1, "plan"));
+  }
   const int world = c.workers;
   const int b = std::max(1, in.micro_batch_size);
-  const int batch = in.batch_size > 0 ? in.batch_size : b * world;
-  if (batch % (b * world) != 0) {
+  const int64_t per_step = static_cast<int64_t>(b) * world;  // int64: both may be large
+  const int64_t batch = in.batch_size > 0 ? in.batch_size : per_step;
+  if (batch > kMaxBatch) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size ", batch, " is more than ", kMaxBatch,
+                                                   " sequences (--batch, or --micro-batch x --workers)"));
+  }
+  if (batch % per_step != 0) {
     return absl::InvalidArgumentError(absl::StrCat("batch_size ", batch, " is not a multiple of micro_batch_size ",
                                                    b, " x ", world, " workers"));
   }
@@ -148,8 +191,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   plan.params = model::NumParams(m);
   plan.trainable_params = in.lora.enabled ? model::NumAdapterParams(m, in.lora) : plan.params;
   plan.flops_per_token = model::TrainingFlopsPerToken(m, in.lora);
-  plan.tokens_per_step = static_cast<int64_t>(batch) * m.block_size;
-  plan.micro_batches = batch / (b * world);
+  plan.tokens_per_step = batch * m.block_size;
+  plan.micro_batches = static_cast<int>(batch / per_step);
   const double tokens_per_rank = static_cast<double>(plan.tokens_per_step) / world;
   const double compute = plan.flops_per_token * tokens_per_rank / c.flops;
   // Recomputation repeats the blocks' forward: 2 FLOPs per weight and a
@@ -193,19 +236,22 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
     if (ShardsParams(s)) sp.transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
     if (base_sharded) sp.transient_bytes += p * (f.embed + f.head + live_blocks * f.block);
     if (ShardsGrads(s)) sp.transient_bytes += p * (t.embed + 2 * t.block);  // unsharded grads before reduction
-    sp.activation_bytes = static_cast<int64_t>(m.n_layer * layer_act + head_act);
-    sp.activation_bytes_checkpointed = static_cast<int64_t>(m.n_layer * layer_input + layer_act + head_act);
-    sp.peak_bytes = sp.state_bytes + sp.transient_bytes + sp.activation_bytes;
-    sp.peak_bytes_checkpointed = sp.state_bytes + sp.transient_bytes + sp.activation_bytes_checkpointed;
-    sp.fits = sp.peak_bytes <= c.device_memory_bytes;
-    sp.fits_checkpointed = sp.peak_bytes_checkpointed <= c.device_memory_bytes;
+    const double acts = m.n_layer * layer_act + head_act;
+    const double acts_checkpointed = m.n_layer * layer_input + layer_act + head_act;
+    const double held = static_cast<double>(sp.state_bytes) + static_cast<double>(sp.transient_bytes);
+    sp.activation_bytes = Saturated(acts);
+    sp.activation_bytes_checkpointed = Saturated(acts_checkpointed);
+    sp.peak_bytes = Saturated(held + acts);
+    sp.peak_bytes_checkpointed = Saturated(held + acts_checkpointed);
+    sp.fits = held + acts <= c.device_memory_bytes;
+    sp.fits_checkpointed = held + acts_checkpointed <= c.device_memory_bytes;
 
     // Communication per step, per rank: the engine's collectives.
     const double shard_bw = g <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
     const double rep_bw = world <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
     double overlapped = 0, exposed = 0;
-    int64_t bytes = 0;
-    auto add = [&](int64_t sent, double bw, bool overlaps) {
+    double bytes = 0;
+    auto add = [&](double sent, double bw, bool overlaps) {
       bytes += sent;
       (overlaps ? overlapped : exposed) += sent / bw;
     };
@@ -220,7 +266,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
     if (ShardsParams(s)) gathers += gathers_per_micro(t);
     if (base_sharded) gathers += gathers_per_micro(f);
     if (gathers > 0) {
-      add(plan.micro_batches * gathers - first, shard_bw, true);
+      add(static_cast<double>(plan.micro_batches) * gathers - first, shard_bw, true);
       add(first, shard_bw, false);
     }
     const int64_t full_p = t.embed + t.head + m.n_layer * t.block;
@@ -237,7 +283,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
       add(comm::RingAllReduceBytes((full_p - embed) / g * r, r, replicas), rep_bw, true);
       add(comm::RingAllReduceBytes(embed / g * r, r, replicas), rep_bw, false);
     }
-    sp.comm_bytes = bytes;
+    sp.comm_bytes = Saturated(bytes);
     sp.comm_s = overlapped + exposed;
     sp.compute_s = compute;
     sp.exposed_comm_s = exposed + std::max(0.0, overlapped - compute);

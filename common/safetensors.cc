@@ -148,17 +148,31 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head,
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat(path, ": malformed safetensors header: ", e.what()));
   }
-  // Two tensors sharing bytes would alias each other's values.
-  std::vector<std::pair<int64_t, const std::string*>> starts;
-  for (const auto& [name, e] : h.entries) {
-    if (e.end > e.begin) starts.push_back({e.begin, &name});
-  }
-  std::sort(starts.begin(), starts.end());
-  for (size_t i = 1; i < starts.size(); ++i) {
-    if (h.entries.at(*starts[i - 1].second).end > starts[i].first) {
-      return absl::DataLossError(absl::StrCat(path, ": tensors ", *starts[i - 1].second, " and ", *starts[i].second,
-                                              " overlap"));
+  // The tensors tile the data section, in offset order, as the format
+  // requires (safetensors' own reader refuses holes too): two tensors sharing
+  // bytes would alias each other's values, and bytes no tensor owns are a
+  // misplaced offset or another file's data appended. Empty tensors sit
+  // between others, at the offset where they fall.
+  std::vector<std::tuple<int64_t, int64_t, const std::string*>> ranges;
+  for (const auto& [name, e] : h.entries) ranges.emplace_back(e.begin, e.end, &name);
+  std::sort(ranges.begin(), ranges.end());
+  int64_t covered = 0;
+  const std::string* last = nullptr;
+  for (const auto& [begin, end, name] : ranges) {
+    if (begin < covered) {
+      return absl::DataLossError(absl::StrCat(path, ": tensors ", *last, " and ", *name, " overlap"));
     }
+    if (begin > covered) {
+      return absl::DataLossError(absl::StrCat(path, ": bytes [", covered, ", ", begin,
+                                              ") of the data section belong to no tensor (a gap before tensor ",
+                                              *name, ")"));
+    }
+    covered = end;
+    last = name;
+  }
+  if (covered != data_bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": bytes [", covered, ", ", data_bytes,
+                                            ") of the data section belong to no tensor (past the last one)"));
   }
   return h;
 }
@@ -166,7 +180,9 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head,
 absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path) {
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
-  r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named as a weight file must be refused below, not
+  // block the open until a writer appears (no effect on a regular file).
+  r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (r->fd_ < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   struct stat st;
   if (fstat(r->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {

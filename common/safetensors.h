@@ -44,9 +44,12 @@ absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view head, int64_t
 // Parses and checks the header of a safetensors file of `file_bytes` bytes
 // from its first bytes `head` (8 + SafetensorsHeaderLength of them, or all of
 // a shorter file): every tensor lies inside the data section, holds exactly
-// shape x element size bytes (for the dtypes it knows), and no two tensors
-// overlap. Errors are DataLoss naming `path` and the tensor; no input makes it
-// throw or abort, and memory is in proportion to `head`. No I/O; safe to call
+// shape x element size bytes (for the dtypes it knows), and the tensors,
+// sorted by offset, tile the data section: no two overlap, and no byte of it
+// (up to the end of the file) is left between or after them (the header
+// itself may end in spaces). Errors are DataLoss naming `path` and the
+// tensor or byte range; no input makes it throw or abort, and memory is in
+// proportion to `head`. No I/O; safe to call
 // from any thread.
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head, int64_t file_bytes,
                                                          const std::string& path);

@@ -8,9 +8,10 @@ own checks and sent straight to the coordinator: malformed TOML, unknown keys,
 wrong types, n_embd not divisible by n_head, batch not divisible by the world
 size, a missing data file: each is one line naming the key or file, exit 1,
 and the coordinator keeps serving. Integers past their bounds, an infinite
-lr, an empty file and a model past any machine are refused the same way; a
-job whose loss diverges to NaN FAILS naming the step; --heartbeat-ms 0 stops
-the coordinator at start."""
+lr, an empty file and a model past any machine (or past int64) are refused
+the same way, by `shardctl plan` too, whose flags are bounded like
+--workers and --page-size; a job whose loss diverges to NaN FAILS naming the
+step; --heartbeat-ms 0 stops the coordinator at start."""
 import json
 import os
 import signal
@@ -187,6 +188,33 @@ def main():
     listed = json.loads(whole)["jobs"] if rc == 0 else []
     c.check(rc == 0 and rc2 == 0 and len(listed) >= 2 and json.loads(paged) == json.loads(whole),
             "jobs listed one per page equal the default listing", f"{len(listed)} jobs")
+    # Sizes each within their key's bound whose parameter count passes int64
+    # (a wrapped count once passed the limit); and `shardctl plan` checks its
+    # job file and bounds its flags before computing anything (10^8 layers
+    # once never returned); negative --workers and an oversized --page-size
+    # are refused naming the flag instead of ignored.
+    wide = os.path.join(d, "wide.toml")
+    with open(wide, "w") as f:
+        f.write(open(job_file(d, "wide", workers=1)).read().replace(
+            "n_layer = 2\nn_head = 4\nn_embd = 32",
+            'family = "llama"\nn_layer = 10000\nn_head = 65536\nn_embd = 1048576\nhead_dim = 65536\n'
+            "intermediate_size = 1"))
+    for name, args in (("submit", ("submit", wide)), ("coordinator", ("submit", wide, "--skip-local-check")),
+                       ("plan", ("plan", wide))):
+        rc, _, err = cl.ctl(*args, timeout=20)
+        c.check(rc == 1 and "wide.toml" in err and "the model has 1.8e+20 parameters, more than the limit of 1e+13"
+                in err and one_line(err), f"a parameter count past int64 refused by {name}", err.strip())
+    for args, flag in ((("plan", "--layers", "100000000", "--hidden", "768", "--heads", "12"), "--layers"),
+                       (("plan", "--params", "1e300"), "--params"), (("plan", "--params", "7e9", "--mem-bw", "nan"),
+                                                                    "--mem-bw"),
+                       (("submit", job_file(d, "neg", workers=1), "--workers", "-1"), "--workers"),
+                       (("jobs", "--page-size", "5000"), "--page-size")):
+        rc, _, err = cl.ctl(*args, timeout=20)
+        first = err.strip().splitlines()[0] if err.strip() else ""
+        c.check(rc != 0 and first.startswith(flag + ":"), f"{' '.join(args[:2])} ... {flag} refused naming it", first)
+    rc, _, err = cl.ctl("plan", "--layers", "10000", "--hidden", "1048576", "--heads", "1", timeout=20)
+    c.check(rc == 1 and "--layers/--hidden/--heads: the model has 1.32e+17 parameters" in err and one_line(err),
+            "plan: a shape past the parameter limit names its flags", err.strip())
     c.finish()
 
 

@@ -165,6 +165,14 @@ TEST(JobConfig, TheParameterCountIsBounded) {
   const std::string e = ErrorOf("[model]\nn_layer = 10000\nn_embd = 1048576\nn_head = 1\n");
   EXPECT_NE(e.find("[model] the model has 1.32e+17 parameters, more than the limit of 1e+13"), std::string::npos)
       << e;
+  // Llama's attention widths (n_head x head_dim = 2^32 rows of n_embd = 2^20)
+  // over 10000 layers: about 1.8e20, past int64, where a wrapped count came
+  // out negative and passed the bound.
+  const std::string llama = ErrorOf(
+      "[model]\nfamily = \"llama\"\nn_layer = 10000\nn_head = 65536\nn_embd = 1048576\nhead_dim = 65536\n"
+      "intermediate_size = 1\n");
+  EXPECT_NE(llama.find("[model] the model has 1.8e+20 parameters, more than the limit of 1e+13"), std::string::npos)
+      << llama;
 }
 
 }  // namespace

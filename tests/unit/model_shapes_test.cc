@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 namespace shardline::model {
 namespace {
 
@@ -46,6 +49,26 @@ TEST(ModelShapes, Llama32OneBHasItsPublishedParameterCount) {
   m.qk_norm = true;
   EXPECT_EQ(UnitParams(m, HeadUnit(m)).back().name, "lm_head.weight");
   EXPECT_EQ(UnitParams(m, 1).size(), 14u);  // 2 norms, q/k/v with biases (6), o, q/k norms, 3 MLP
+}
+
+TEST(ModelShapes, TheParameterCountNeverOverflows) {
+  ModelConfig m;
+  m.family = "llama";
+  m.n_layer = 10000;
+  m.n_head = 65536;
+  m.n_embd = 1 << 20;
+  m.head_dim_override = 65536;
+  m.intermediate_size = 1;
+  // About 1.8e20: saturated in int64, the magnitude in double.
+  EXPECT_EQ(NumParams(m), std::numeric_limits<int64_t>::max());
+  EXPECT_NEAR(ApproxNumParams(m), 10000 * std::ldexp(1.0, 54), 1e17);
+  // Counted in closed form: 2^31 - 1 layers take no time (workers once spun here).
+  ModelConfig deep = Gpt2Small();
+  deep.n_layer = std::numeric_limits<int>::max();
+  const int64_t block = 12 * 768 * 768 + 13 * 768;
+  const int64_t rest = 50257 * 768 + 1024 * 768 + 2 * 768;
+  EXPECT_EQ(NumParams(deep), int64_t{deep.n_layer} * block + rest);
+  EXPECT_EQ(NumParams(Gpt2Small()), 12 * block + rest);
 }
 
 }  // namespace

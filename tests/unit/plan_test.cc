@@ -1,7 +1,9 @@
 // The planner's arithmetic: DESIGN.md's state table, the ring bytes, the
 // choice of strategy, and errors naming the flag.
-#include <cmath>
 #include "common/plan.h"
+
+#include <cmath>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -179,6 +181,65 @@ TEST(Plan, BadInputsNameTheFlag) {
   in = Gpt2Small(4);
   in.batch_size = 6;
   EXPECT_NE(std::string(MakePlan(in).status().message()).find("batch_size 6"), std::string::npos);
+}
+
+TEST(Plan, ModelsBeyondAJobsBoundsAreRefusedBeforeAnythingIsCounted) {
+  // 10^8 layers once kept `shardctl plan` counting (and allocating) forever.
+  PlanInput in = Gpt2Small(4);
+  in.model.n_layer = 100000000;
+  EXPECT_EQ(MakePlan(in).status().message(), "model: layers 100000000 is more than 10000 (--layers)");
+  // Each size within a job file's bound, the product past the parameter limit.
+  in = Gpt2Small(4);
+  in.model.n_layer = 10000;
+  in.model.n_embd = 1 << 20;
+  in.model.n_head = 1;
+  EXPECT_NE(std::string(MakePlan(in).status().message()).find("more than the limit of 1e+13"), std::string::npos);
+  // Past int64 altogether (llama's attention widths): refused, not wrapped.
+  in.model = ModelConfig{};
+  in.model.family = "llama";
+  in.model.n_layer = 10000;
+  in.model.n_head = 65536;
+  in.model.n_embd = 1 << 20;
+  in.model.head_dim_override = 65536;
+  in.model.intermediate_size = 1;
+  EXPECT_NE(std::string(MakePlan(in).status().message()).find("1.8e+20 parameters"), std::string::npos)
+      << MakePlan(in).status();
+  // Rates that are not positive numbers name their flag (a NaN too).
+  in = Gpt2Small(4);
+  in.cluster.memory_bw = std::nan("");
+  EXPECT_NE(std::string(MakePlan(in).status().message()).find("--mem-bw"), std::string::npos);
+  in = Gpt2Small(4);
+  in.cluster.device_memory_bytes = 0;
+  EXPECT_NE(std::string(MakePlan(in).status().message()).find("--gpu-memory"), std::string::npos);
+  in = Gpt2Small(4);
+  in.batch_size = 1 << 25;
+  EXPECT_NE(std::string(MakePlan(in).status().message()).find("batch_size 33554432 is more than 16777216"),
+            std::string::npos);
+}
+
+TEST(Plan, BytesAtTheBoundsSaturateInsteadOfWrapping) {
+  // 10^13 fp32 parameters, 2^20-token sequences and 2^24 sequences in 2^20
+  // micro-batches of 8: activations and gathered bytes pass int64 and are
+  // reported as its largest value (never negative), and nothing fits.
+  PlanInput in;
+  in.model = ModelForParams(9e12, 50304, 1 << 20, "gpt2");
+  in.cluster.workers = 2;
+  in.batch_size = 1 << 24;
+  in.micro_batch_size = 8;
+  in.param_dtype = DType::kFloat32;
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const StrategyPlan& sp : plan->strategies) {
+    EXPECT_EQ(sp.activation_bytes, std::numeric_limits<int64_t>::max()) << StrategyName(sp.strategy);
+    EXPECT_EQ(sp.peak_bytes, std::numeric_limits<int64_t>::max());
+    EXPECT_GT(sp.comm_bytes, 0);
+    EXPECT_FALSE(sp.fits || sp.fits_checkpointed);
+  }
+  EXPECT_EQ(Of(*plan, Strategy::kFullShard).comm_bytes, std::numeric_limits<int64_t>::max());
+  EXPECT_TRUE(plan->recommended.empty());
+  // A count no shape reaches still gives a model (the closest), without
+  // converting an out-of-range layer count.
+  for (double n : {1e300, std::nan("")}) EXPECT_GE(ModelForParams(n, 50304, 1024).n_layer, 1);
 }
 
 }  // namespace

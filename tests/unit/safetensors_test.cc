@@ -1,12 +1,16 @@
 // The safetensors reader refuses headers that would make it read the wrong
-// bytes (sizes that disagree with shape x dtype, tensors that overlap), and
-// converts 16-bit floats exactly; the writer's bf16 rounds to nearest even.
+// bytes (sizes that disagree with shape x dtype, tensors that overlap or
+// leave bytes to no tensor), and converts 16-bit floats exactly; the writer's
+// bf16 rounds to nearest even and leaves no gaps.
 #include "common/safetensors.h"
+
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -81,6 +85,80 @@ TEST(FloatToBf16Bits, RoundsToNearestEven) {
   // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: to the even 1 + 2^-6.
   EXPECT_EQ(FloatToBf16Bits(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);
   EXPECT_EQ(FloatToBf16Bits(NAN) & 0x7FC0, 0x7FC0);
+}
+
+// The data section must be tiled: a hole between tensors, before the first
+// or after the last is a misplaced offset or appended bytes, refused naming
+// the bytes.
+TEST(SafetensorsReader, RefusesBytesThatBelongToNoTensor) {
+  const struct {
+    const char* name;
+    std::string header;
+    size_t data;
+    std::string want;
+  } cases[] = {
+      {"gap.safetensors",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
+       20, "bytes [8, 12) of the data section belong to no tensor (a gap before tensor b)"},
+      {"lead.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12,
+       "bytes [0, 4) of the data section belong to no tensor (a gap before tensor a)"},
+      {"tail.safetensors", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12,
+       "bytes [8, 12) of the data section belong to no tensor (past the last one)"},
+      {"none.safetensors", R"({"__metadata__":{"format":"pt"}})", 4,
+       "bytes [0, 4) of the data section belong to no tensor (past the last one)"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = WriteRaw(c.name, c.header, std::string(c.data, '\0'));
+    auto r = SafetensorsReader::Open(path);
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_NE(r.status().message().find(path + ": " + c.want), std::string::npos) << r.status();
+  }
+}
+
+TEST(SafetensorsReader, AcceptsAPaddedHeaderAndEmptyTensorsBetweenOthers) {
+  // The header may end in spaces (writers pad it to 8 bytes); an empty
+  // tensor sits at the offset where it falls, as safetensors writes it.
+  const std::string path = WriteRaw(
+      "tiled.safetensors",
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+      R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[8,14]}}     )",
+      std::string(14, '\0'));
+  auto r = SafetensorsReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->entries().size(), 3u);
+}
+
+TEST(SafetensorsStreamWriter, WritesFilesItsReaderAccepts) {
+  // Odd sizes, so that no tensor ends on an 8-byte boundary: the writer
+  // leaves no padding between tensors, which the reader would refuse.
+  for (StoredDType dtype : {StoredDType::kF32, StoredDType::kBF16}) {
+    const std::string path = ::testing::TempDir() + "/written.safetensors";
+    const std::vector<float> a = {1, 2, 3}, b = {4}, c = {5, 6, 7, 8, 9};
+    {
+      auto w = SafetensorsStreamWriter::Create(path, {{"a", {3}}, {"e", {0}}, {"b", {1, 1}}, {"c", {5}}}, dtype);
+      ASSERT_TRUE(w.ok()) << w.status();
+      for (const auto* v : {&a, &b, &c}) ASSERT_TRUE((*w)->Append(v->data(), static_cast<int64_t>(v->size())).ok());
+      ASSERT_TRUE((*w)->Finish().ok());
+    }
+    auto r = SafetensorsReader::Open(path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    float got[5];
+    ASSERT_TRUE((*r)->ReadFloats("c", 0, 5, got).ok());
+    EXPECT_EQ(got[4], 9.0f);
+  }
+}
+
+TEST(SafetensorsReader, RefusesADirectoryOrAFifoWithoutBlocking) {
+  EXPECT_NE(SafetensorsReader::Open(::testing::TempDir()).status().message().find("not a regular file"),
+            std::string::npos);
+  const std::string fifo = ::testing::TempDir() + "/weights.fifo";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  // No writer ever opens it: a blocking open would hang here.
+  auto r = SafetensorsReader::Open(fifo);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(fifo + ": not a regular file"), std::string::npos) << r.status();
+  std::remove(fifo.c_str());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "worker/data/token_dataset.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <fstream>
@@ -158,6 +159,25 @@ TEST_F(TokenDatasetTest, FilesAndGlobsAreOneStreamInOrder) {
   EXPECT_NE(dir.find("not a regular file (a directory or device)"), std::string::npos) << dir;
   const std::string e = ErrorOf({DataFormat::kLlmc, {{Path("shard_9*.bin")}, {}}});
   EXPECT_NE(e.find("[data] path: " + Path("shard_9*.bin") + ": no such file"), std::string::npos) << e;
+}
+
+TEST_F(TokenDatasetTest, ADeviceOrAFifoIsNotAFile) {
+  // /dev/zero would map as endless zero tokens (or fail in mmap), a FIFO
+  // would block the open: each path is refused naming it, in every role.
+  for (const Source& s : {Llmc("/dev/zero"), Text("/dev/zero")}) {
+    const std::string e = ErrorOf(s, 256);
+    EXPECT_NE(e.find("[data] path: /dev/zero: not a regular file (a directory or device)"), std::string::npos) << e;
+  }
+  const std::string tokens = Path("masked_dev.bin");
+  ASSERT_TRUE(WriteLlmcFile(tokens, std::vector<uint16_t>(16, 1)).ok());
+  const std::string mask = ErrorOf({DataFormat::kLlmc, {{tokens}, {"/dev/zero"}}});
+  EXPECT_NE(mask.find("[data] mask_path: /dev/zero: not a regular file"), std::string::npos) << mask;
+  const std::string fifo = Path("tokens.fifo");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string f = ErrorOf(Llmc(fifo));
+  EXPECT_NE(f.find(fifo + ": not a regular file"), std::string::npos) << f;
+  std::remove(fifo.c_str());
 }
 
 TEST_F(TokenDatasetTest, MaskedTargetsAreIgnoredAndNotCounted) {

@@ -30,12 +30,14 @@ class MappedFile {
   static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path) {
     std::unique_ptr<MappedFile> f(new MappedFile());
     f->path_ = path;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO put where a checked file was must be refused below,
+    // not block the open until a writer appears (no effect on a regular file).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open data file: ", std::strerror(errno)));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file (a directory or device)"));
     }
     f->bytes_ = static_cast<size_t>(st.st_size);
     if (f->bytes_ > 0) {
