@@ -1,13 +1,15 @@
 // shardline-coordinator --listen ADDR --state-dir DIR
-//                       [--token-file F [--worker-token-file F]]
+//                       [--token-file F (--worker-token-file F | --shared-token)]
 //                       [--tls-cert F --tls-key F] [--heartbeat-ms N]
 //                       [--lost-after-missed N] [--stall-after SECONDS]
 //                       [--keep-finished-jobs N] [--keep-finished-hours H]
 //                       [--metrics-port P | --metrics-listen HOST:PORT] [--metrics-token-file F]
 //
 // Token files hold one accepted token per line: --token-file the users',
-// --worker-token-file the workers' (without it, the user tokens serve
-// workers too), --metrics-token-file the scrapers'. SIGHUP reads them again
+// --worker-token-file the workers', --metrics-token-file the scrapers'.
+// --token-file needs --worker-token-file, or --shared-token to say that one
+// file serves both roles (then a user token can open worker sessions and a
+// worker's token can submit and cancel). SIGHUP reads them again
 // (rotation: add the new token, SIGHUP, move the clients, remove the old
 // one, SIGHUP); a file that no longer reads keeps the tokens in force.
 //
@@ -78,7 +80,12 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "address to serve on (host:port)");
   app.add_option("--state-dir", state_dir, "directory for the state database")->required();
   app.add_option("--token-file", token_files.user, "file of the users' bearer tokens, one per line");
-  app.add_option("--worker-token-file", token_files.worker, "file of the workers' bearer tokens, one per line");
+  auto* worker_tokens =
+      app.add_option("--worker-token-file", token_files.worker, "file of the workers' bearer tokens, one per line");
+  bool shared_token = false;
+  app.add_flag("--shared-token", shared_token,
+               "the --token-file tokens serve workers too (no roles: for a single-user development cluster)")
+      ->excludes(worker_tokens);
   app.add_option("--metrics-token-file", token_files.metrics,
                  "scrapes of /metrics and /sd/workers must carry a bearer token of this file");
   app.add_option("--tls-cert", tls_cert, "PEM certificate (with --tls-key: serve TLS)");
@@ -103,15 +110,32 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-listen", metrics_listen, "serve Prometheus /metrics on HOST:PORT")->excludes(port_flag);
   CLI11_PARSE(app, argc, argv);
 
+  // Block the stop and reload signals in every thread, before any thread
+  // starts (the metrics server's, gRPC's: a thread that left them unblocked
+  // would take a SIGHUP's default action and end the process); this one
+  // waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (shared_token && token_files.user.empty()) {
+    return Fail(absl::InvalidArgumentError("--shared-token needs --token-file (the tokens it shares)"));
+  }
+  if (!token_files.user.empty() && token_files.worker.empty()) {
+    if (!shared_token) {
+      return Fail(absl::InvalidArgumentError(
+          "--token-file needs --worker-token-file (the workers' tokens), or --shared-token to let the user tokens "
+          "serve workers too"));
+    }
+    std::cerr << "shardline-coordinator: --shared-token: the user tokens serve workers too (no roles)" << std::endl;
+  }
   absl::StatusOr<shardline::AcceptedTokens> tokens = token_files.ReadRpcTokens();
   if (!tokens.ok()) return Fail(tokens.status());
   absl::StatusOr<std::vector<std::string>> metrics_tokens = token_files.ReadMetricsTokens();
   if (!metrics_tokens.ok()) return Fail(metrics_tokens.status());
-  if (!tokens->user.empty() && tokens->worker.empty()) {
-    std::cerr << "shardline-coordinator: the user tokens serve workers too; give --worker-token-file to keep "
-                 "workers from submitting and users from opening worker sessions"
-              << std::endl;
-  }
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!tls_cert.empty() || !tls_key.empty()) {
     if (tls_cert.empty() || tls_key.empty()) {
@@ -149,14 +173,6 @@ int main(int argc, char** argv) {
   }
   if (absl::Status s = core.Recover(); !s.ok()) return Fail(s);
   shardline::CoordinatorService service(&core, *std::move(tokens));
-
-  // Block the stop and reload signals in every thread; this one waits for them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

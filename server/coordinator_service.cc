@@ -1,6 +1,8 @@
 #include "common/job_state.h"
 #include "server/coordinator_service.h"
 
+#include <openssl/evp.h>
+
 #include <deque>
 
 #include "absl/base/thread_annotations.h"
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/accepted_token.h"
+#include "common/checkpoint_manifest.h"
 #include "common/grpc_status.h"
 
 namespace shardline {
@@ -200,6 +203,29 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::Job> {
   grpc::Status final_ ABSL_GUARDED_BY(mu_);
 };
 
+// The call's bearer token ("authorization: Bearer <token>"); empty if none.
+absl::string_view BearerOf(const grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return {};
+  absl::string_view header(it->second.data(), it->second.size());
+  return absl::ConsumePrefix(&header, "Bearer ") ? header : absl::string_view();
+}
+
+// Job.owner of a token: its SHA-256 in hex (the record never holds a token).
+std::string OwnerHash(absl::string_view token) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(token.data(), token.size(), md, &len, EVP_sha256(), nullptr) != 1) return "";
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) {
+    hex.push_back(kHex[md[i] >> 4]);
+    hex.push_back(kHex[md[i] & 15]);
+  }
+  return hex;
+}
+
 absl::Time WaitDeadline(grpc::CallbackServerContext* ctx, int64_t timeout_ms) {
   absl::Time d = absl::Now() + absl::Milliseconds(timeout_ms > 0 ? timeout_ms : 0);
   const absl::Time client = absl::FromChrono(ctx->deadline());
@@ -230,6 +256,33 @@ absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx, Rol
   return absl::PermissionDeniedError(absl::StrCat("a ", role == Role::kUser ? "worker" : "user", " token may not call ",
                                                   method, " (it takes a ", role == Role::kUser ? "user" : "worker",
                                                   " token)"));
+}
+
+std::string CoordinatorService::OwnerOf(const grpc::CallbackServerContext* ctx) const {
+  absl::MutexLock lock(&tokens_mu_);
+  if (tokens_.user.empty() && tokens_.worker.empty()) return "";
+  return OwnerHash(BearerOf(ctx));
+}
+
+absl::Status CoordinatorService::CheckOwner(const grpc::CallbackServerContext* ctx, const std::string& job_id,
+                                            const char* verb) const {
+  absl::StatusOr<v1::Job> j = core_->GetJob(job_id);
+  if (!j.ok()) return j.status();
+  if (j->owner().empty()) return absl::OkStatus();  // submitted without authentication
+  std::vector<std::string> users;
+  {
+    absl::MutexLock lock(&tokens_mu_);
+    if (tokens_.user.empty() && tokens_.worker.empty()) return absl::OkStatus();
+    users = tokens_.user;
+  }
+  if (OwnerHash(BearerOf(ctx)) == j->owner()) return absl::OkStatus();
+  // A job whose token was rotated out would otherwise belong to nobody.
+  bool owner_accepted = false;
+  for (const std::string& t : users) owner_accepted |= OwnerHash(t) == j->owner();
+  if (!owner_accepted) return absl::OkStatus();
+  core_->CountRefused("owner");
+  return absl::PermissionDeniedError(absl::StrCat("job ", job_id, " belongs to another user: only the token that "
+                                                  "submitted it may ", verb, " it"));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
@@ -275,7 +328,7 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
                                                         const v1::SubmitJobRequest* req,
                                                         v1::SubmitJobResponse* resp) {
   SL_AUTHORIZE(ctx, kUser);
-  auto id = core_->Submit(*req);
+  auto id = core_->Submit(*req, OwnerOf(ctx));
   if (id.ok()) resp->set_job_id(*id);
   return Done(ctx, id.status());
 }
@@ -312,6 +365,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* ctx,
                                                         const v1::CancelJobRequest* req, v1::Job* resp) {
   SL_AUTHORIZE(ctx, kUser);
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "cancel"); !mine.ok()) return Done(ctx, mine);
   auto j = core_->Cancel(req->job_id());
   if (j.ok()) *resp = *j;
   return Done(ctx, j.status());
@@ -320,6 +374,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::DeleteJob(grpc::CallbackServerContext* ctx,
                                                         const v1::DeleteJobRequest* req, v1::DeleteJobResponse* resp) {
   SL_AUTHORIZE(ctx, kUser);
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "delete"); !mine.ok()) return Done(ctx, mine);
   absl::StatusOr<int> removed = core_->Delete(req->job_id(), req->checkpoints());
   if (removed.ok()) resp->set_removed_checkpoints(*removed);
   return Done(ctx, removed.status());
@@ -398,6 +453,18 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportCheckpoint(grpc::CallbackSer
                                                                const v1::CheckpointReport* req,
                                                                v1::CheckpointReportResponse*) {
   SL_AUTHORIZE(ctx, kWorker);
+  // Only the rank's own file of that step under the job's own root (the
+  // core checks it too, after the rank's credential): refused and counted
+  // here whoever sends it, since the coordinator writes and prunes there.
+  if (absl::StatusOr<v1::Job> j = core_->GetJob(req->job_id()); j.ok()) {
+    const std::string expected = RankFilePath(j->checkpoint_root(), req->step(), req->rank());
+    if (req->path() != expected) {
+      core_->CountRefused("checkpoint_report");
+      return Done(ctx, absl::PermissionDeniedError(absl::StrCat("job ", req->job_id(), " rank ", req->rank(),
+                                                                ": reported file ", req->path().substr(0, 256),
+                                                                " is not the rank's checkpoint file ", expected)));
+    }
+  }
   return Done(ctx, core_->ReportCheckpoint(*req, CredentialOf(ctx)));
 }
 

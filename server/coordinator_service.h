@@ -10,6 +10,11 @@
 // refused with PERMISSION_DENIED (counted as refused "role"). The standard
 // health and reflection services stay open for probes.
 //
+// Ownership: a job records the SHA-256 of the user token that submitted it
+// (Job.owner); only that token cancels or deletes it (PERMISSION_DENIED,
+// counted as refused "owner"). A job submitted without authentication, or
+// whose owner's token is no longer accepted (rotated out), any user may.
+//
 // Thread-safe; SetTokens may be called at any time (SIGHUP).
 #pragma once
 
@@ -78,6 +83,12 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // OK if the call's bearer token is one of `role`'s; `method` names the
   // call in the refusal.
   absl::Status Authorize(grpc::CallbackServerContext* ctx, Role role, const char* method) const
+      ABSL_LOCKS_EXCLUDED(tokens_mu_);
+  // The Job.owner of a submit by this call: empty without authentication.
+  std::string OwnerOf(const grpc::CallbackServerContext* ctx) const ABSL_LOCKS_EXCLUDED(tokens_mu_);
+  // OK if this call may `verb` (cancel, delete) job `job_id` (see Ownership);
+  // NotFound if there is no such job.
+  absl::Status CheckOwner(const grpc::CallbackServerContext* ctx, const std::string& job_id, const char* verb) const
       ABSL_LOCKS_EXCLUDED(tokens_mu_);
   // Finishes a unary call with `s` (after authorization was checked).
   static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s);

@@ -1,21 +1,42 @@
-// store_abuse ADDRESS TOKEN_FILE ROUNDS: a worker that holds a real rank of a
-// real job and uses its credential to press the coordinator's rendezvous
-// store as hard as a hostile client could. For tests/e2e/abuse.py, which
-// submits the job and samples the coordinator's memory between rounds.
+// store_abuse ADDRESS WORKER_TOKEN_FILE USER_TOKEN_FILE: a hostile client
+// built from the proto, for tests/e2e/abuse.py. It holds a real rank of a
+// real job (so a valid worker token and a valid rank credential) and does,
+// one command at a time, what a hostile client could.
 //
-// It registers a worker session (heartbeating in the background), waits up
-// to 30 s for an assignment, then runs ROUNDS rounds. Each round sets 1 MiB
-// values until the store refuses one, deletes them, then starts 1000 store
-// waits on keys that never come and gives each up after 100 ms (the
-// client's deadline, as a killed client would). After each round it prints
-// one line, "round R set S refused_set R1 waits W refused_waits R2", and
-// sleeps 0.5 s so that the coordinator frees what it should.
+// It registers a worker session (heartbeating in the background), prints
+// "registered", waits up to 30 s for an assignment and prints
+// "assigned JOB RANK". Then it reads commands from stdin, one per line, and
+// answers each with one line on stdout:
+//   fill                    sets 1 MiB values under its own job's keys until
+//                           the store refuses one: "filled set S refused CODE"
+//   empty                   deletes them: "emptied S"
+//   waits                   1000 store waits on keys that never come, each
+//                           given up after 100 ms (the client's deadline, as
+//                           a killed client would): "waits 1000 refused R"
+//                           (R refused as too many pending)
+//   report JOB RANK STEP PATH CRED
+//                           ReportCheckpoint of that rank's file PATH of STEP
+//   store get|set KEY CRED TOKEN
+//                           StoreGet (100 ms) or StoreSet of KEY
+//   progress JOB RANK STEP  Progress of that rank, sent on a second worker
+//   finished JOB RANK       session (registered as host "hostile-2" at its
+//                           first use): "sent" (the coordinator answers no
+//                           session message)
+//   job JOB                 GetJob with the user token: "job STATE OWNER ROOT"
+//                           (the state as a number; OWNER "-" if none)
+//   quit
+// CRED is "own" (its rank's credential) or "-" (none); TOKEN is "worker",
+// "user" or "-" (no bearer token). Calls answer "status CODE MESSAGE" (the
+// gRPC code as a number). Every call has a deadline; stdin's end quits.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -32,128 +53,278 @@ std::string FirstLine(const std::string& path) {
   return line;
 }
 
+std::chrono::system_clock::time_point In(int ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
 void Authorize(grpc::ClientContext* ctx, const std::string& token, const std::string& credential, int deadline_ms) {
-  ctx->AddMetadata("authorization", "Bearer " + token);
-  ctx->AddMetadata("x-shardline-credential", credential);
-  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+  if (!credential.empty()) ctx->AddMetadata("x-shardline-credential", credential);
+  ctx->set_deadline(In(deadline_ms));
 }
 
-// Sets 1 MiB values until one is refused; deletes them. Returns (set, refused code).
-std::pair<int, int> FillAndEmpty(v1::Coordinator::Stub* stub, const v1::Assignment& a, const std::string& token) {
-  const std::string value((1 << 20) - 64, 'x');
-  int set = 0, refused = 0;
-  for (; set < 1000; ++set) {
-    grpc::ClientContext ctx;
-    Authorize(&ctx, token, a.credential(), 10000);
-    v1::StoreSetRequest req;
-    req.set_key(a.job_id() + "/abuse/" + std::to_string(set));
-    req.set_value(value);
-    v1::StoreSetResponse resp;
-    grpc::Status s = stub->StoreSet(&ctx, req, &resp);
-    if (!s.ok()) {
-      refused = s.error_code();
-      break;
+std::string Answer(const grpc::Status& s) {
+  std::string msg = s.error_message();
+  for (char& c : msg) {
+    if (c == '\n') c = ' ';
+  }
+  return "status " + std::to_string(s.error_code()) + " " + msg;
+}
+
+// A registered worker session that heartbeats every 200 ms until destroyed.
+class Session {
+ public:
+  Session(v1::Coordinator::Stub* stub, const std::string& token, const std::string& host) {
+    ctx_.AddMetadata("authorization", "Bearer " + token);
+    stream_ = stub->WorkerSession(&ctx_);
+    v1::WorkerMessage reg;
+    reg.mutable_register_()->set_host(host);
+    reg.mutable_register_()->set_device("cpu");
+    ok_ = stream_->Write(reg);
+    heartbeats_ = std::thread([this] {
+      while (!done_) {
+        v1::WorkerMessage hb;
+        hb.mutable_heartbeat();
+        if (!Send(hb)) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  }
+  ~Session() {
+    done_ = true;
+    ctx_.TryCancel();
+    heartbeats_.join();
+  }
+  bool ok() const { return ok_; }
+  bool Send(const v1::WorkerMessage& m) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    return stream_->Write(m);
+  }
+  // The first assignment within `seconds`; an empty one if none came.
+  v1::Assignment AwaitAssignment(int seconds) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    v1::CoordinatorMessage m;
+    // Read blocks; the session's heartbeats make the coordinator write
+    // nothing back, so the deadline is enforced by cancelling the call.
+    std::atomic<bool> got{false};
+    std::thread watchdog([&] {
+      while (!got && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (!got) ctx_.TryCancel();
+    });
+    v1::Assignment a;
+    while (stream_->Read(&m)) {
+      if (m.has_start()) {
+        a = m.start();
+        break;
+      }
     }
+    got = true;
+    watchdog.join();
+    return a;
   }
-  for (int i = 0; i < set; ++i) {
-    grpc::ClientContext ctx;
-    Authorize(&ctx, token, a.credential(), 10000);
-    v1::StoreDeleteRequest req;
-    req.set_key(a.job_id() + "/abuse/" + std::to_string(i));
-    v1::StoreDeleteResponse resp;
-    (void)stub->StoreDelete(&ctx, req, &resp);
-  }
-  return {set, refused};
-}
+  std::string Finish() { return stream_->Finish().error_message(); }
 
-// 1000 waits given up after 100 ms; returns how many the store refused.
-int AbandonedWaits(v1::Coordinator::Stub* stub, const v1::Assignment& a, const std::string& token) {
-  constexpr int kWaits = 1000;
-  grpc::CompletionQueue cq;
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::StoreWaitResponse resp;
-    grpc::Status status;
-    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::StoreWaitResponse>> reader;
-  };
-  std::vector<std::unique_ptr<Call>> calls;
-  for (int i = 0; i < kWaits; ++i) {
-    auto c = std::make_unique<Call>();
-    Authorize(&c->ctx, token, a.credential(), 100);
-    v1::StoreWaitRequest req;
-    req.add_keys(a.job_id() + "/never/" + std::to_string(i));
-    req.set_timeout_ms(3600 * 1000);
-    c->reader = stub->AsyncStoreWait(&c->ctx, req, &cq);
-    c->reader->Finish(&c->resp, &c->status, c.get());
-    calls.push_back(std::move(c));
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
+  std::mutex write_mu_;
+  bool ok_ = false;
+  std::atomic<bool> done_{false};
+  std::thread heartbeats_;
+};
+
+class Abuser {
+ public:
+  Abuser(std::unique_ptr<v1::Coordinator::Stub> stub, std::string worker_token, std::string user_token,
+         v1::Assignment a)
+      : stub_(std::move(stub)), worker_token_(std::move(worker_token)), user_token_(std::move(user_token)),
+        a_(std::move(a)) {}
+
+  std::string Do(const std::string& line) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    if (cmd == "fill") return Fill();
+    if (cmd == "empty") return Empty();
+    if (cmd == "waits") return Waits();
+    if (cmd == "report") {
+      v1::CheckpointReport r;
+      int rank = 0;
+      int64_t step = 0;
+      std::string job, path, cred;
+      in >> job >> rank >> step >> path >> cred;
+      r.set_job_id(job);
+      r.set_rank(rank);
+      r.set_step(step);
+      r.set_path(path);
+      r.set_size_bytes(4096);
+      r.set_checksum(std::string(64, 'a'));
+      grpc::ClientContext ctx;
+      Authorize(&ctx, worker_token_, Credential(cred), 10000);
+      v1::CheckpointReportResponse resp;
+      return Answer(stub_->ReportCheckpoint(&ctx, r, &resp));
+    }
+    if (cmd == "job") {
+      std::string id;
+      in >> id;
+      grpc::ClientContext ctx;
+      Authorize(&ctx, user_token_, "", 10000);
+      v1::GetJobRequest req;
+      req.set_job_id(id);
+      v1::Job j;
+      grpc::Status s = stub_->GetJob(&ctx, req, &j);
+      if (!s.ok()) return Answer(s);
+      return "job " + std::to_string(j.state()) + " " + (j.owner().empty() ? "-" : j.owner()) + " " +
+             j.checkpoint_root();
+    }
+    if (cmd == "store") {
+      std::string op, key, cred, token;
+      in >> op >> key >> cred >> token;
+      grpc::ClientContext ctx;
+      Authorize(&ctx, token == "worker" ? worker_token_ : token == "user" ? user_token_ : "", Credential(cred), 10000);
+      if (op == "get") {
+        v1::StoreGetRequest req;
+        req.set_key(key);
+        req.set_timeout_ms(100);
+        v1::StoreGetResponse resp;
+        return Answer(stub_->StoreGet(&ctx, req, &resp));
+      }
+      v1::StoreSetRequest req;
+      req.set_key(key);
+      req.set_value("planted by a hostile client");
+      v1::StoreSetResponse resp;
+      return Answer(stub_->StoreSet(&ctx, req, &resp));
+    }
+    if (cmd == "progress" || cmd == "finished") {
+      if (!second_) {
+        second_ = std::make_unique<Session>(stub_.get(), worker_token_, "hostile-2");
+        if (!second_->ok()) return "cannot open a second session: " + second_->Finish();
+      }
+      v1::WorkerMessage m;
+      std::string job;
+      int rank = 0;
+      in >> job >> rank;
+      if (cmd == "progress") {
+        int64_t step = 0;
+        in >> step;
+        m.mutable_progress()->set_job_id(job);
+        m.mutable_progress()->set_rank(rank);
+        m.mutable_progress()->set_step(step);
+        m.mutable_progress()->set_loss(0.125);
+      } else {
+        m.mutable_finished()->set_job_id(job);
+        m.mutable_finished()->set_rank(rank);
+        m.mutable_finished()->set_ok(true);
+      }
+      return second_->Send(m) ? "sent" : "the second session is closed";
+    }
+    return "unknown command: " + cmd;
   }
-  int refused = 0;
-  for (int i = 0; i < kWaits; ++i) {
-    void* tag = nullptr;
-    bool ok = false;
-    if (!cq.Next(&tag, &ok)) break;
-    refused += static_cast<Call*>(tag)->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+
+ private:
+  std::string Credential(const std::string& which) const { return which == "own" ? a_.credential() : ""; }
+
+  // Sets 1 MiB values until one is refused.
+  std::string Fill() {
+    const std::string value((1 << 20) - 64, 'x');
+    int refused = 0;
+    for (filled_ = 0; filled_ < 1000; ++filled_) {
+      grpc::ClientContext ctx;
+      Authorize(&ctx, worker_token_, a_.credential(), 10000);
+      v1::StoreSetRequest req;
+      req.set_key(a_.job_id() + "/abuse/" + std::to_string(filled_));
+      req.set_value(value);
+      v1::StoreSetResponse resp;
+      grpc::Status s = stub_->StoreSet(&ctx, req, &resp);
+      if (!s.ok()) {
+        refused = s.error_code();
+        break;
+      }
+    }
+    return "filled set " + std::to_string(filled_) + " refused " + std::to_string(refused);
   }
-  cq.Shutdown();
-  void* tag;
-  bool ok;
-  while (cq.Next(&tag, &ok)) {
+
+  std::string Empty() {
+    for (int i = 0; i < filled_; ++i) {
+      grpc::ClientContext ctx;
+      Authorize(&ctx, worker_token_, a_.credential(), 10000);
+      v1::StoreDeleteRequest req;
+      req.set_key(a_.job_id() + "/abuse/" + std::to_string(i));
+      v1::StoreDeleteResponse resp;
+      (void)stub_->StoreDelete(&ctx, req, &resp);
+    }
+    return "emptied " + std::to_string(filled_);
   }
-  return refused;
-}
+
+  // 1000 waits given up after 100 ms.
+  std::string Waits() {
+    constexpr int kWaits = 1000;
+    grpc::CompletionQueue cq;
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::StoreWaitResponse resp;
+      grpc::Status status;
+      std::unique_ptr<grpc::ClientAsyncResponseReader<v1::StoreWaitResponse>> reader;
+    };
+    std::vector<std::unique_ptr<Call>> calls;
+    for (int i = 0; i < kWaits; ++i) {
+      auto c = std::make_unique<Call>();
+      Authorize(&c->ctx, worker_token_, a_.credential(), 100);
+      v1::StoreWaitRequest req;
+      req.add_keys(a_.job_id() + "/never/" + std::to_string(i));
+      req.set_timeout_ms(3600 * 1000);
+      c->reader = stub_->AsyncStoreWait(&c->ctx, req, &cq);
+      c->reader->Finish(&c->resp, &c->status, c.get());
+      calls.push_back(std::move(c));
+    }
+    int refused = 0;
+    for (int i = 0; i < kWaits; ++i) {
+      void* tag = nullptr;
+      bool ok = false;
+      // Each call ends by its 100 ms deadline; 30 s bounds the whole.
+      if (cq.AsyncNext(&tag, &ok, In(30000)) != grpc::CompletionQueue::GOT_EVENT) break;
+      refused += static_cast<Call*>(tag)->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    }
+    cq.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq.Next(&tag, &ok)) {
+    }
+    return "waits " + std::to_string(kWaits) + " refused " + std::to_string(refused);
+  }
+
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  const std::string worker_token_, user_token_;
+  const v1::Assignment a_;
+  int filled_ = 0;
+  std::unique_ptr<Session> second_;
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::cerr << "usage: store_abuse ADDRESS TOKEN_FILE ROUNDS" << std::endl;
+    std::cerr << "usage: store_abuse ADDRESS WORKER_TOKEN_FILE USER_TOKEN_FILE" << std::endl;
     return 2;
   }
-  const std::string token = FirstLine(argv[2]);
-  const int rounds = std::atoi(argv[3]);
+  const std::string worker_token = FirstLine(argv[2]), user_token = FirstLine(argv[3]);
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(argv[1], grpc::InsecureChannelCredentials()));
-  grpc::ClientContext session;
-  session.AddMetadata("authorization", "Bearer " + token);
-  auto stream = stub->WorkerSession(&session);
-  v1::WorkerMessage reg;
-  reg.mutable_register_()->set_host("abuser");
-  reg.mutable_register_()->set_device("cpu");
-  if (!stream->Write(reg)) {
-    std::cerr << "store_abuse: cannot register: " << stream->Finish().error_message() << std::endl;
+  auto session = std::make_unique<Session>(stub.get(), worker_token, "abuser");
+  if (!session->ok()) {
+    std::cerr << "store_abuse: cannot register: " << session->Finish() << std::endl;
     return 1;
   }
   std::cout << "registered" << std::endl;
-  v1::CoordinatorMessage m;
-  v1::Assignment a;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  std::atomic<bool> done{false};
-  std::thread heartbeats([&] {
-    while (!done) {
-      v1::WorkerMessage hb;
-      hb.mutable_heartbeat();
-      if (!stream->Write(hb)) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-  });
-  while (a.job_id().empty() && std::chrono::steady_clock::now() < give_up && stream->Read(&m)) {
-    if (m.has_start()) a = m.start();
-  }
+  const v1::Assignment a = session->AwaitAssignment(30);
   if (a.job_id().empty()) {
     std::cerr << "store_abuse: no assignment within 30 s" << std::endl;
-    done = true;
-    session.TryCancel();
-    heartbeats.join();
     return 1;
   }
-  for (int r = 1; r <= rounds; ++r) {
-    auto [set, refused_set] = FillAndEmpty(stub.get(), a, token);
-    const int refused_waits = AbandonedWaits(stub.get(), a, token);
-    std::cout << "round " << r << " set " << set << " refused_set " << refused_set << " waits 1000 refused_waits "
-              << refused_waits << std::endl;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  }
-  done = true;
-  session.TryCancel();
-  heartbeats.join();
+  std::cout << "assigned " << a.job_id() << " " << a.rank() << std::endl;
+  Abuser abuser(std::move(stub), worker_token, user_token, a);
+  std::string line;
+  while (std::getline(std::cin, line) && line != "quit") std::cout << abuser.Do(line) << std::endl;
   return 0;
 }
