@@ -96,6 +96,11 @@ absl::Status CoordinatorCore::Recover() {
     } else if (j.state() == v1::JOB_STATE_PENDING) {
       queue_.push_back(id);
     }
+    if (j.state() == v1::JOB_STATE_RESTARTING) {
+      // Its workers reconnect within their backoff: until then only all of
+      // them will do, rather than a smaller world that must grow back.
+      it->second.settle_until = std::max(it->second.settle_until, absl::Now() + kWorkersReconnectWithin);
+    }
   }
   return absl::OkStatus();
 }

@@ -102,6 +102,11 @@ class CoordinatorCore {
 
   CoordinatorCore(StateStore* store, CoordinatorOptions options);
 
+  // Workers retry a lost session with a backoff capped at 5 s
+  // (worker/worker_daemon.cc): a coordinator that restarted hears from all
+  // of them within this.
+  static constexpr absl::Duration kWorkersReconnectWithin = absl::Seconds(6);
+
   // Loads every job from the store. Jobs that were RUNNING when the previous
   // coordinator died restart like a job that lost a rank (their workers are
   // told to stop when they reconnect, then the job starts again from its

@@ -11,7 +11,9 @@
 3. kill -9 of the coordinator mid-run, then a restart of it: the job reaches
    SUCCEEDED by itself.
 4. An error that would recur (a diverging loss) fails at once, without a
-   restart; spent restarts end FAILED naming each attempt's cause."""
+   restart; spent restarts end FAILED naming each attempt's cause.
+And strategy = "auto" runs the planner's pick with the bandwidth its ranks
+measured at rendezvous."""
 import json
 import os
 import re
@@ -118,6 +120,18 @@ def main():
             "the coordinator restarted" in done["attempts"][0]["end"],
             "kill -9 of the coordinator: the job reaches SUCCEEDED by itself",
             f"{len(done['attempts'])} attempts on {[a['world_size'] for a in done['attempts']]} workers")
+
+    # strategy = "auto": the ranks measure the bus at rendezvous; the pick and why show in status.
+    cl.wait_workers(3)
+    auto = job_file(cl.dir, "auto", workers=2, steps=12, strategy="auto")
+    job = cl.ctl_json("submit", auto)["job_id"]
+    rc, _, _ = cl.ctl("watch", job, timeout=120)
+    done = cl.job(job)
+    rc2, out, _ = cl.ctl("status", job)
+    c.check(rc == 0 and done["strategy_reason"].startswith(f"auto: {done['strategy']}, ") and
+            done["measured_bus_bandwidth"] > 0 and "strategy  auto: " in out,
+            'strategy = "auto": the planner\'s pick runs, with the bandwidth its ranks measured',
+            f"{done['strategy_reason'][:110]}; measured {done['measured_bus_bandwidth'] / 1e9:.2f} GB/s")
 
     # 4. Errors that would recur fail at once; spent restarts name every attempt.
     cl.wait_workers(3)
