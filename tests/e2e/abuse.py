@@ -10,7 +10,7 @@ coordinator's resident memory, sampled before the first round, in the middle
 of each (the job's store at its limit) and after each, stays flat: over five
 rounds, once the heap has settled (eight rounds first), each middle within
 20% of the first middle and each end within 20% of the end before them, with
-glibc's malloc in one arena (see main).
+the coordinator as shipped (it limits and trims malloc's arenas).
 
 Authority: while a victim job runs on two real workers, the hostile client
 is refused (PERMISSION_DENIED, and shardline_coordinator_refused_total{what}
@@ -112,10 +112,13 @@ def store_pressure(c, cl, ab):
     rounds, during, after = [], [], []
     for r in range(WARMUP_ROUNDS + MEASURED_ROUNDS):
         filled = ab.ask("fill").split()  # filled set S refused CODE
+        # Each sample after the coordinator's next malloc_trim (once a
+        # second): what it holds, not what malloc has yet to give back.
+        time.sleep(1.2)
         during.append(rss_mib(cl.coordinator.pid))
         ab.ask("empty")
         waits = ab.ask("waits").split()  # waits 1000 refused R
-        time.sleep(0.5)  # the coordinator's tick frees abandoned waits
+        time.sleep(1.2)  # the coordinator's tick frees abandoned waits, then trims
         after.append(rss_mib(cl.coordinator.pid))
         rounds.append((int(filled[2]), int(filled[4]), int(waits[3])))
     # 8 MiB per job: eight values of just under 1 MiB fit, the ninth is refused.
@@ -266,17 +269,10 @@ def ownership(c, cl, ab, victim, port):
 
 def main():
     c = Checks()
-    # One malloc arena: glibc would give each of gRPC's threads an arena of
-    # its own as 1000 calls arrive at once, each keeping what it freed, and
-    # RSS would then measure how the calls fell on threads (it climbs to
-    # 55-80 MiB over a dozen rounds and wanders with the machine's load),
-    # not what the coordinator holds.
-    os.environ["MALLOC_ARENA_MAX"] = "1"  # the coordinator's environment only
-    try:
-        cl = Cluster(token="user-token", worker_token="worker-token",
-                     coordinator_args=["--metrics-listen", "127.0.0.1:0"])
-    finally:
-        del os.environ["MALLOC_ARENA_MAX"]
+    # The coordinator as shipped: it limits malloc's arenas and trims freed
+    # memory itself (coordinator_main.cc), so RSS measures what it holds.
+    cl = Cluster(token="user-token", worker_token="worker-token",
+                 coordinator_args=["--metrics-listen", "127.0.0.1:0"])
     port = int(cl.coordinator.stdout.readline().split()[-1])  # "metrics on port N"
     cl.secret_file("token", "user-token\nother-user-token")  # two users; shardctl sends the first line
     cl.coordinator.send_signal(signal.SIGHUP)
