@@ -417,8 +417,12 @@ absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, cons
   auto missing = [&](const char* key, const std::string& p) {
     const std::string full = ResolveJobPath(base_dir, p);
     struct stat st;
-    if (stat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return absl::OkStatus();
-    return absl::NotFoundError(absl::StrCat(source, ": ", key, ": ", full, ": no such file"));
+    if (stat(full.c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat(source, ": ", key, ": ", full, ": no such file"));
+    }
+    if (S_ISREG(st.st_mode)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, ": ", full, ": not a regular file (",
+                                                   S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe", ")"));
   };
   const std::pair<const char*, const std::vector<std::string>*> lists[] = {
       {"[data] path", &c.data.train.paths}, {"[data] mask_path", &c.data.train.mask_paths},

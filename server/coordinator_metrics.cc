@@ -76,7 +76,7 @@ CoordinatorMetrics::CoordinatorMetrics()
                                          "Workers lost: session dropped or heartbeats stopped.")),
       refused_(registry_.AddCounter("shardline_coordinator_refused_total",
                                     "Messages and calls refused because the sender does not hold the rank it named "
-                                    "(what: progress, finished, connected, checkpoint_report, store, role).")),
+                                    "(what: progress, finished, connected, checkpoint_report, store, role, owner).")),
       restarts_(registry_.AddCounter("shardline_job_restarts_total",
                                      "Times a job went RESTARTING after a lost rank or a retryable error.")),
       restart_lost_(registry_.AddHistogram("shardline_job_restart_lost_seconds",

@@ -472,6 +472,8 @@ grpc::ServerUnaryReactor* CoordinatorService::CheckpointNow(grpc::CallbackServer
                                                             const v1::CheckpointNowRequest* req,
                                                             v1::CheckpointNowResponse*) {
   SL_AUTHORIZE(ctx, kUser);
+  // A save costs the owner's job time and disk: the owner's call, as cancel is.
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "checkpoint"); !mine.ok()) return Done(ctx, mine);
   return Done(ctx, core_->CheckpointNow(req->job_id()));
 }
 

@@ -175,5 +175,20 @@ TEST(JobConfig, TheParameterCountIsBounded) {
       << llama;
 }
 
+// A file key that names a directory says so, rather than "no such file".
+TEST(JobConfig, AnInitFromThatIsADirectoryIsNotARegularFile) {
+  const std::string dir = ::testing::TempDir();
+  JobConfig c;
+  c.data.format = DataFormat::kSynthetic;
+  c.model.init_from = dir;
+  absl::Status s = CheckJobFiles(c, "", "job.toml");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("init_from: " + dir), std::string::npos) << s;
+  EXPECT_NE(s.message().find("not a regular file (a directory)"), std::string::npos) << s;
+  c.model.init_from = dir + "/no-such-model.safetensors";
+  s = CheckJobFiles(c, "", "job.toml");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+}
+
 }  // namespace
 }  // namespace shardline
