@@ -72,6 +72,14 @@ int main(int argc, char** argv) {
     }
     metrics_tokens = *std::move(t);
   }
+  // Block the stop signals before any thread starts (the metrics server's,
+  // gRPC's), so that only the waiter below takes them and the worker stops
+  // its job rather than dying of the default action.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   const std::string listen = shardline::metrics::MetricsListenAddress(metrics_listen, metrics_port);
   auto metrics = shardline::WorkerMetrics::Start(listen, std::move(metrics_tokens));
   if (!metrics.ok()) {
@@ -81,11 +89,6 @@ int main(int argc, char** argv) {
   o.metrics = std::move(*metrics);
   if (!listen.empty()) std::cerr << "shardline-worker: metrics on port " << o.metrics->port() << std::endl;
 
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   shardline::WorkerDaemon daemon(o);
   std::thread waiter([&] {
     int sig = 0;
