@@ -397,6 +397,10 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   auto cfg = ParseAndValidate(req, &workers);
   if (!cfg.ok()) return cfg.status();
   absl::MutexLock lock(&mu_);
+  if (queue_.size() >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat("the queue already holds ", queue_.size(),
+                                                     " jobs waiting to start, the limit; try again later"));
+  }
   JobRecord r;
   r.config = *cfg;
   r.stored.spec_toml = req.spec_toml();

@@ -90,6 +90,9 @@ struct CoordinatorOptions {
   // before it settles for fewer, down to [job] min_workers.
   absl::Duration restart_settle = absl::Seconds(3);
   int keep_finished_jobs = 1000;
+  // Jobs waiting to start at most (PENDING or RESTARTING): a caller cannot
+  // make the coordinator hold unbounded specs (Submit: ResourceExhausted).
+  size_t max_queued_jobs = 10000;
   absl::Duration keep_finished_for = absl::ZeroDuration();
   CoreEvents events;
 };

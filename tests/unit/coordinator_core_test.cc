@@ -992,3 +992,25 @@ TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
 
 }  // namespace
 }  // namespace shardline
+
+namespace shardline {
+namespace {
+
+// No unbounded memory from a caller: the queue of jobs waiting to start is bounded.
+TEST_F(CoreTest, TheQueueOfWaitingJobsIsBounded) {
+  CoordinatorOptions o;
+  o.max_queued_jobs = 2;
+  core_ = std::make_unique<CoordinatorCore>(store_.get(), o);
+  Submit(3);
+  Submit(3);  // no workers: both wait
+  v1::SubmitJobRequest r;
+  r.set_spec_toml(kSpec);
+  r.set_workers(3);
+  absl::StatusOr<std::string> third = core_->Submit(r);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_NE(third.status().message().find("2 jobs waiting to start"), std::string::npos) << third.status();
+  EXPECT_EQ(core_->ListJobs().size(), 2u);
+}
+
+}  // namespace
+}  // namespace shardline
