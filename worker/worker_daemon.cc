@@ -3,8 +3,12 @@
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
+#ifdef SHARDLINE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -24,7 +28,21 @@ std::string Hostname() {
   return buf;
 }
 
-int64_t MemoryBytes() {
+// What the worker's device can hold, as WorkerInfo.memory_bytes (the
+// planner's budget for strategy = "auto"): a GPU's own memory, read without
+// allocating on it; the host's RAM for a CPU rank, or where the GPU cannot be
+// read (the job then fails on its own, naming the device).
+int64_t DeviceMemoryBytes(const std::string& device) {
+#ifdef SHARDLINE_WITH_CUDA
+  if (device.rfind("cuda", 0) == 0) {
+    int index = 0;
+    const auto colon = device.find(':');
+    if (colon == std::string::npos || absl::SimpleAtoi(device.substr(colon + 1), &index)) {
+      cudaDeviceProp prop;
+      if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) return static_cast<int64_t>(prop.totalGlobalMem);
+    }
+  }
+#endif
   const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
   return static_cast<int64_t>(pages) * size;
 }
@@ -110,7 +128,7 @@ absl::Status WorkerDaemon::RunSession() {
   v1::WorkerInfo* info = reg.mutable_register_();
   info->set_host(options_.host.empty() ? Hostname() : options_.host);
   info->set_device(options_.device);
-  info->set_memory_bytes(MemoryBytes());
+  info->set_memory_bytes(DeviceMemoryBytes(options_.device));
   info->set_pid(getpid());
   info->set_metrics_port(options_.metrics->port());
   info->add_capabilities("gloo");
