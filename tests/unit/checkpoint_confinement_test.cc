@@ -19,27 +19,14 @@
 #include "common/job_state.h"
 #include "common/safetensors.h"
 #include "server/coordinator_core.h"
+#include "tests/unit/core_fixture.h"
 
 namespace shardline {
 namespace {
 
 namespace fs = std::filesystem;
 
-// The session as the core sees it (as in coordinator_core_test.cc).
-class RecordingChannel : public WorkerChannel {
- public:
-  void Send(const v1::CoordinatorMessage& m) override { sent.push_back(m); }
-  void Close(const absl::Status& why) override { closed = why; }
-  v1::Assignment LastStart() const {
-    v1::Assignment a;
-    for (const auto& m : sent) {
-      if (m.has_start()) a = m.start();
-    }
-    return a;
-  }
-  std::vector<v1::CoordinatorMessage> sent;
-  absl::Status closed;
-};
+using testing_core::RecordingChannel;
 
 // One rank, no restarts (a refused commit fails the job for good), and
 // keep_latest = 1 so that the second commit prunes the first.
@@ -122,7 +109,7 @@ class ConfinementTest : public ::testing::Test {
     r.set_path(RankFilePath(root_, step, 0));
     r.set_size_bytes(10);
     r.set_checksum(std::string(64, 'a'));
-    return core_->ReportCheckpoint(r, channel_.LastStart().credential());
+    return core_->ReportCheckpoint(r, channel_.Starts().back().credential());
   }
   // Ends the job (its rank reports back) and deletes it with its checkpoints.
   void CancelAndDelete() {

@@ -1,0 +1,326 @@
+// CoordinatorCore's restarts (issue 13, DESIGN.md "Control plane"): a lost
+// rank or a retryable error sends a job RESTARTING; it starts again from its
+// newest checkpoint at the largest world it can have, grows back at a
+// checkpoint, fails naming every attempt once restarts or time are spent,
+// survives the coordinator's own restart; strategy = "auto" picks again at
+// every attempt.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/checkpoint_manifest.h"
+#include "common/job_state.h"
+#include "server/coordinator_core.h"
+#include "tests/unit/core_fixture.h"
+
+namespace shardline {
+namespace {
+
+using namespace testing_core;  // NOLINT: the fixture's names
+
+// Restarts (issue 13): a job of 3 workers that may run on 2.
+constexpr char kRestartSpec[] = R"(
+[job]
+workers = 3
+min_workers = 2
+max_restarts = 2
+restart_timeout = 60
+[model]
+n_layer = 1
+n_head = 2
+n_embd = 8
+vocab_size = 16
+block_size = 4
+[train]
+steps = 50
+batch_size = 12
+micro_batch_size = 1
+)";
+
+class RestartTest : public CoreTest {
+ protected:
+  void Open(absl::Duration settle) {
+    CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+    o.restart_settle = settle;
+    o.events.job_restarting = [this](const std::string&) { ++restarting_events_; };
+    o.events.job_restarted = [this](double lost) { lost_.push_back(lost); };
+    core_ = std::make_unique<CoordinatorCore>(store_.get(), o);
+  }
+  std::string SubmitRestartable(const std::string& spec = kRestartSpec) {
+    v1::SubmitJobRequest r;
+    r.set_spec_toml(spec);
+    r.set_base_dir(dir_);
+    auto id = core_->Submit(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+  // Every rank of the running attempt reports its file of `step`.
+  void Commit(const std::string& job, int64_t step, const std::vector<RecordingChannel*>& ranks) {
+    const std::string root = core_->GetJob(job)->checkpoint_root();
+    std::filesystem::create_directories(root + "/" + StepDirName(step));
+    for (RecordingChannel* ch : ranks) {
+      const v1::Assignment a = ch->Starts().back();
+      v1::CheckpointReport r;
+      r.set_job_id(job);
+      r.set_rank(a.rank());
+      r.set_step(step);
+      r.set_path(RankFilePath(root, step, a.rank()));
+      r.set_size_bytes(10);
+      r.set_checksum(std::string(64, 'a'));
+      ASSERT_TRUE(core_->ReportCheckpoint(r, a.credential()).ok());
+    }
+  }
+  void Progress(const std::string& worker, const std::string& job, int64_t step) {
+    v1::Progress p;
+    p.set_job_id(job);
+    p.set_rank(0);
+    p.set_step(step);
+    core_->OnProgress(worker, p);
+  }
+  int restarting_events_ = 0;
+  std::vector<double> lost_;
+};
+
+TEST_F(RestartTest, ALostRankRestartsFromTheNewestCheckpointAtTheLargestWorldThenGrowsBack) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c, d;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  ASSERT_EQ(State(job), "RUNNING");
+  Commit(job, 2, {&a, &b, &c});
+  Progress(wa, job, 3);
+  core_->WorkerGone(wc, "session closed");
+  v1::Job j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(j.message().find("restarting (1 of at most 2) after: worker lost: rank 2 on host h3"), std::string::npos)
+      << j.message();
+  EXPECT_EQ(restarting_events_, 1);
+  EXPECT_EQ(a.Cancels(), 1);
+  EXPECT_EQ(b.Cancels(), 1);
+  ASSERT_EQ(j.attempts_size(), 1);
+  EXPECT_EQ(j.attempts(0).world_size(), 3);
+  EXPECT_EQ(j.attempts(0).last_step(), 3);
+  EXPECT_NE(j.attempts(0).end().find("worker lost"), std::string::npos);
+  // Not before its survivors stopped: they still run the old attempt.
+  core_->Tick(absl::Now());
+  EXPECT_EQ(State(job), "RESTARTING");
+  EXPECT_NE(core_->GetJob(job)->message().find("rank 2 on host h3 (w-3, session closed); waiting for rank 0 on h1 to "
+                                               "stop its last attempt"),
+            std::string::npos)
+      << core_->GetJob(job)->message();
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  EXPECT_EQ(State(job), "RESTARTING");
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  // On the two that are left, from step 2.
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 2);
+  EXPECT_EQ(j.requested_workers(), 3);
+  EXPECT_EQ(j.step(), 2);
+  EXPECT_EQ(j.restarts(), 1);
+  ASSERT_EQ(j.attempts_size(), 2);
+  EXPECT_EQ(j.attempts(1).world_size(), 2);
+  EXPECT_EQ(j.attempts(1).first_step(), 2);
+  EXPECT_GE(j.attempts(0).lost_seconds(), 0);
+  ASSERT_EQ(lost_.size(), 1u);
+  ASSERT_EQ(a.Starts().size(), 2u);
+  ASSERT_EQ(b.Starts().size(), 2u);
+  for (const RecordingChannel* ch : {&a, &b}) {
+    EXPECT_EQ(ch->Starts().back().world_size(), 2);
+    EXPECT_EQ(ch->Starts().back().resume_from(), j.checkpoint_root() + "/step-00000002");
+    EXPECT_NE(ch->Starts().back().credential(), ch->Starts().front().credential());
+  }
+  // The old attempt's credentials open nothing any more.
+  EXPECT_EQ(core_->AuthorizeStore(a.Starts().front().credential(), {job + "/k"}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(core_->AuthorizeStore(a.Starts().back().credential(), {job + "/k"}).ok());
+  // A replacement registers: at the next commit the job stops and grows back to 3.
+  const std::string wd = AddWorker("h4", "cpu", &d);
+  EXPECT_EQ(State(job), "RUNNING");
+  Commit(job, 4, {&a, &b});
+  j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(j.message().find("growing from 2 to 3 workers from the checkpoint of step 4"), std::string::npos)
+      << j.message();
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 3);
+  EXPECT_EQ(j.restarts(), 1);  // growing is no restart
+  ASSERT_EQ(d.Starts().size(), 1u);
+  EXPECT_EQ(d.Starts()[0].resume_from(), j.checkpoint_root() + "/step-00000004");
+  // A rank's own error that would recur fails the job at once, naming every attempt.
+  Finish(wd, job, d.Starts()[0].rank(), false, "rank-00002.safetensors: checksum mismatch", absl::StatusCode::kDataLoss);
+  j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.message().rfind("rank 2 on host h4 failed: rank-00002.safetensors: checksum mismatch; attempts: [1] 3 "
+                              "workers, steps 0-3: worker lost",
+                              0),
+            0u)
+      << j.message();
+  EXPECT_NE(j.message().find("[2] 2 workers, steps 2-4: stopped at the checkpoint of step 4 to grow"),
+            std::string::npos)
+      << j.message();
+  EXPECT_NE(j.message().find("[3] 3 workers, steps 4-4: rank 2 on host h4 failed"), std::string::npos) << j.message();
+  EXPECT_EQ(restarting_events_, 1);
+}
+
+TEST_F(RestartTest, WithinTheSettlingTimeARestartWaitsForAllItsWorkers) {
+  Open(absl::Hours(1));
+  RecordingChannel a, b, c, d;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  core_->WorkerGone(wc, "session closed");
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  EXPECT_EQ(State(job), "RESTARTING");  // two are idle, but it may still have three
+  EXPECT_NE(core_->GetJob(job)->message().find("; waiting for 3 idle workers of one device kind (idle: 2 cpu)"),
+            std::string::npos)
+      << core_->GetJob(job)->message();
+  AddWorker("h4", "cpu", &d);
+  v1::Job j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(j.workers(), 3);
+  EXPECT_TRUE(j.attempts(1).first_step() == 0);  // no checkpoint: from the start
+  EXPECT_EQ(d.Starts().at(0).resume_from(), "");
+}
+
+TEST_F(RestartTest, SpentRestartsAndTheRestartTimeoutFailTheJobNamingEveryAttempt) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c, d;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  std::string spec = kRestartSpec;
+  spec.replace(spec.find("max_restarts = 2"), 16, "max_restarts = 1");
+  const std::string job = SubmitRestartable(spec);
+  core_->WorkerGone(wc, "session closed");
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  ASSERT_EQ(State(job), "RUNNING");
+  // A peer's connection error after the grace is retryable, but none is left.
+  Finish(wb, job, 1, false, "all_gather #9: connection reset by rank 0", absl::StatusCode::kUnavailable);
+  core_->Tick(absl::Now() + absl::Milliseconds(60));
+  v1::Job j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.message().rfind("rank 1 on host h2 failed: all_gather #9", 0), 0u) << j.message();
+  EXPECT_NE(j.message().find("[1] 3 workers, steps 0-0: worker lost: rank 2 on host h3"), std::string::npos)
+      << j.message();
+  EXPECT_NE(j.message().find("[2] 2 workers, steps 0-0: rank 1 on host h2 failed"), std::string::npos) << j.message();
+
+  // A restart that finds too few workers within restart_timeout fails.
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  const std::string job2 = SubmitRestartable();
+  ASSERT_EQ(State(job2), "PENDING");  // two workers are left for three
+  AddWorker("h4", "cpu", &d);
+  ASSERT_EQ(State(job2), "RUNNING");
+  core_->WorkerGone(wa, "session closed");
+  core_->WorkerGone(wb, "session closed");
+  EXPECT_EQ(State(job2), "RESTARTING");
+  core_->Tick(absl::Now() + absl::Seconds(61));
+  j = *core_->GetJob(job2);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(j.message().rfind("not restarted within [job] restart_timeout (1m)", 0), 0u) << j.message();
+}
+
+TEST_F(RestartTest, ACoordinatorThatRestartedRestartsItsRunningJobsOnceWorkersReconnect) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c;
+  AddWorker("h1", "cpu", &a);
+  AddWorker("h2", "cpu", &b);
+  AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  Commit(job, 2, {&a, &b, &c});
+  core_.reset();  // the coordinator dies; its workers keep running job's ranks
+  Open(absl::ZeroDuration());
+  ASSERT_TRUE(core_->Recover().ok());
+  v1::Job j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
+  EXPECT_NE(j.message().find("the coordinator restarted while the job was running"), std::string::npos);
+  // They reconnect still running it: each is told to stop, and holds no rank
+  // of the next attempt (what it says of its old rank is not the job's).
+  RecordingChannel a2, b2, c2;
+  std::vector<std::string> ids;
+  for (RecordingChannel* ch : {&a2, &b2, &c2}) {
+    v1::WorkerInfo info;
+    info.set_host(ch == &a2 ? "h1" : ch == &b2 ? "h2" : "h3");
+    info.set_device("cpu");
+    info.set_job_id(job);
+    ids.push_back(core_->RegisterWorker(info, ch)->worker_id());
+    EXPECT_EQ(ch->Cancels(), 1);
+  }
+  EXPECT_EQ(State(job), "RESTARTING");
+  for (int i = 0; i < 3; ++i) Finish(ids[i], job, i, false, "cancelled", absl::StatusCode::kCancelled);
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 3);
+  EXPECT_EQ(a2.Starts().at(0).resume_from(), j.checkpoint_root() + "/step-00000002");
+  // A late word from an earlier attempt's rank 0 changes nothing.
+  RecordingChannel stray;
+  v1::WorkerInfo info;
+  info.set_host("h9");
+  info.set_device("cpu");
+  info.set_job_id(job);
+  const std::string ws = core_->RegisterWorker(info, &stray)->worker_id();
+  Finish(ws, job, 0, true);
+  Finish(ids[0], job, 0, true);
+  Finish(ids[1], job, 1, true);
+  EXPECT_EQ(State(job), "RUNNING");  // rank 2 has not finished; the stray's word is no rank's
+  Finish(ids[2], job, 2, true);
+  EXPECT_EQ(State(job), "SUCCEEDED");
+}
+
+
+// strategy = "auto": each attempt's assignment names the planner's pick, the
+// job says why, and a restart picks again with the bandwidth its ranks
+// measured.
+TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b;
+  std::vector<std::string> ids;
+  for (RecordingChannel* ch : {&a, &b}) {
+    v1::WorkerInfo info;
+    info.set_host(ch == &a ? "h1" : "h2");
+    info.set_device("cpu");
+    info.set_memory_bytes(int64_t{16} << 30);
+    ids.push_back(core_->RegisterWorker(info, ch)->worker_id());
+  }
+  std::string spec = kRestartSpec;
+  spec.replace(spec.find("workers = 3\nmin_workers = 2"), 27, "workers = 2\nmin_workers = 1");
+  spec += "[parallelism]\nstrategy = \"auto\"\n";
+  const std::string job = SubmitRestartable(spec);
+  v1::Job j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.strategy_reason().rfind("auto: ", 0), 0u) << j.strategy_reason();
+  EXPECT_NE(j.strategy_reason().find("assumed until measured"), std::string::npos) << j.strategy_reason();
+  EXPECT_NE(j.message().find(j.strategy_reason()), std::string::npos) << j.message();
+  ASSERT_EQ(a.Starts().size(), 1u);
+  EXPECT_EQ(a.Starts()[0].strategy(), j.strategy());
+  EXPECT_TRUE(ParseStrategy(j.strategy()).ok());
+  // The ranks measured the bus after they connected: the slower one counts.
+  for (int rank : {0, 1}) {
+    v1::RankConnected c;
+    c.set_job_id(job);
+    c.set_rank(rank);
+    c.set_bus_bandwidth(rank == 0 ? 3e9 : 1.5e9);
+    core_->OnConnected(ids[rank], c);
+  }
+  EXPECT_DOUBLE_EQ(core_->GetJob(job)->measured_bus_bandwidth(), 1.5e9);
+  core_->WorkerGone(ids[1], "session closed");
+  Finish(ids[0], job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 1);
+  EXPECT_NE(j.strategy_reason().find("1.5 GB/s measured"), std::string::npos) << j.strategy_reason();
+  EXPECT_NE(j.strategy_reason().find("at 1 ranks"), std::string::npos) << j.strategy_reason();
+  EXPECT_EQ(a.Starts().back().strategy(), j.strategy());
+  EXPECT_EQ(j.attempts(1).strategy(), j.strategy());
+}
+
+}  // namespace
+}  // namespace shardline
+

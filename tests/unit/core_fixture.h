@@ -1,0 +1,95 @@
+// What the coordinator core's unit tests share: a WorkerChannel that records
+// what the core sent, a small job, and a core over a fresh state store.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/job_state.h"
+#include "server/coordinator_core.h"
+
+namespace shardline::testing_core {
+
+// The session as the core sees it: what was sent, and whether it was closed.
+class RecordingChannel : public WorkerChannel {
+ public:
+  void Send(const v1::CoordinatorMessage& m) override { sent.push_back(m); }
+  void Close(const absl::Status& why) override { closed = why; }
+  std::vector<v1::Assignment> Starts() const {
+    std::vector<v1::Assignment> out;
+    for (const auto& m : sent) if (m.has_start()) out.push_back(m.start());
+    return out;
+  }
+  int Cancels() const {
+    int n = 0;
+    for (const auto& m : sent) n += m.has_cancel();
+    return n;
+  }
+  std::vector<v1::CoordinatorMessage> sent;
+  absl::Status closed;
+};
+
+// Without restarts, so that a failure is final (the restart tests below
+// use kRestartSpec).
+constexpr char kSpec[] = R"(
+[job]
+max_restarts = 0
+[model]
+n_layer = 1
+n_head = 2
+n_embd = 8
+vocab_size = 16
+block_size = 4
+[train]
+steps = 5
+batch_size = 12
+micro_batch_size = 1
+)";
+
+class CoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/core-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    store_ = *StateStore::Open(dir_);
+    core_ = std::make_unique<CoordinatorCore>(store_.get(),
+                                             CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50)});
+  }
+  std::string AddWorker(const std::string& host, const std::string& device, RecordingChannel* ch) {
+    v1::WorkerInfo info;
+    info.set_host(host);
+    info.set_device(device);
+    return core_->RegisterWorker(info, ch)->worker_id();
+  }
+  std::string Submit(int workers) {
+    v1::SubmitJobRequest r;
+    r.set_spec_toml(kSpec);
+    r.set_workers(workers);
+    auto id = core_->Submit(r);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+  // `code` 0: a worker that does not say what kind of error it had.
+  void Finish(const std::string& worker, const std::string& job, int rank, bool ok, const std::string& msg = "",
+              absl::StatusCode code = absl::StatusCode::kOk) {
+    v1::RankFinished f;
+    f.set_job_id(job);
+    f.set_rank(rank);
+    f.set_ok(ok);
+    f.set_message(msg);
+    f.set_code(static_cast<int>(code));
+    core_->OnFinished(worker, f);
+  }
+  std::string State(const std::string& job) { return JobStateName(core_->GetJob(job)->state()); }
+
+  std::string dir_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<CoordinatorCore> core_;
+};
+
+}  // namespace shardline::testing_core
