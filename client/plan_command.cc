@@ -124,14 +124,9 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     // As `submit` would check it (its files aside: they need not exist where
     // a job is planned), before anything is computed from it.
     SL_RETURN_IF_ERROR(ValidateJobConfig(config, config.workers, f.job_file));
-    in.model = config.model;
-    in.batch_size = config.train.batch_size;
-    in.micro_batch_size = config.train.micro_batch_size;
-    in.param_dtype = config.precision.param_dtype;
-    in.reduce_dtype = config.precision.reduce_dtype;
-    in.max_inflight_all_gathers = config.prefetch.max_inflight_all_gathers;
-    in.shard_group_size = config.parallelism.shard_group_size;
-    in.lora = config.lora;
+    const ClusterSpec flags = in.cluster;
+    in = PlanInputForJob(config, config.workers);
+    in.cluster = flags;
     in.cluster.workers = config.workers;
   } else if (f.layers > 0 || f.hidden > 0 || f.heads > 0) {
     if (f.layers <= 0 || f.hidden <= 0 || f.heads <= 0) {

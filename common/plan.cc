@@ -136,6 +136,20 @@ ModelConfig ModelForParams(double params, int vocab_size, int seq_len, const std
   return best;
 }
 
+PlanInput PlanInputForJob(const JobConfig& c, int workers) {
+  PlanInput in;
+  in.model = c.model;
+  in.batch_size = c.train.batch_size;
+  in.micro_batch_size = c.train.micro_batch_size;
+  in.param_dtype = c.precision.param_dtype;
+  in.reduce_dtype = c.precision.reduce_dtype;
+  in.max_inflight_all_gathers = c.prefetch.max_inflight_all_gathers;
+  in.shard_group_size = c.parallelism.shard_group_size;
+  in.lora = c.lora;
+  in.cluster.workers = workers;
+  return in;
+}
+
 absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   const ClusterSpec& c = in.cluster;
   const ModelConfig& m = in.model;

@@ -88,6 +88,10 @@ struct Plan {
 
 absl::StatusOr<Plan> MakePlan(const PlanInput& in);
 
+// What a job file says of the plan (model, batch, dtypes, prefetch, shard
+// group, LoRA) on `workers` ranks; the rest of the cluster keeps its defaults.
+PlanInput PlanInputForJob(const JobConfig& c, int workers);
+
 // Llama's SwiGLU width for `hidden`: 8/3 x hidden rounded to a multiple of
 // 256 (at least 256).
 int DefaultIntermediateSize(int hidden);

@@ -13,16 +13,8 @@ bool Candidate(Strategy s) { return !IsHybrid(s); }
 }  // namespace
 
 absl::StatusOr<StrategyChoice> ChooseStrategy(const JobConfig& c, const AttemptCluster& a) {
-  PlanInput in;
-  in.model = c.model;
-  in.batch_size = c.train.batch_size;
-  in.micro_batch_size = c.train.micro_batch_size;
-  in.param_dtype = c.precision.param_dtype;
-  in.reduce_dtype = c.precision.reduce_dtype;
-  in.max_inflight_all_gathers = c.prefetch.max_inflight_all_gathers;
-  in.lora = c.lora;
+  PlanInput in = PlanInputForJob(c, a.world);
   ClusterSpec& s = in.cluster;
-  s.workers = a.world;
   s.gpus_per_node = std::max(1, a.world / std::max(1, a.hosts));
   s.device_memory_bytes = static_cast<double>(std::max<int64_t>(a.min_memory_bytes, 1));
   const bool cuda = a.device_kind == "cuda";
