@@ -40,6 +40,13 @@ std::string RankJson(const v1::RankStatus& r) {
                       r.stalled() ? "true" : "false", "}");
 }
 
+std::string StepRecordJson(const v1::StepRecord& s) {
+  return absl::StrCat("{\"step\":", s.step(), ",\"loss\":", Num(s.loss()), ",\"lr\":", Num(s.lr()),
+                      ",\"grad_norm\":", Num(s.grad_norm()), ",\"tokens_per_second\":", Num(s.tokens_per_second()),
+                      ",\"val_loss\":", s.has_val_loss() ? Num(s.val_loss()) : "null", ",\"unix_ms\":", s.unix_ms(),
+                      "}");
+}
+
 std::string AttemptJson(const v1::Attempt& a) {
   return absl::StrCat("{\"world_size\":", a.world_size(), ",\"strategy\":", JsonString(a.strategy()),
                       ",\"first_step\":", a.first_step(), ",\"last_step\":", a.last_step(), ",\"end\":",
@@ -52,6 +59,8 @@ std::string JobJson(const v1::Job& j) {
   for (const auto& w : j.worker_ids()) workers.push_back(JsonString(w));
   for (const auto& r : j.ranks()) ranks.push_back(RankJson(r));
   for (const auto& a : j.attempts()) attempts.push_back(AttemptJson(a));
+  std::vector<std::string> history;
+  for (const auto& s : j.history()) history.push_back(StepRecordJson(s));
   return absl::StrCat("{\"id\":", JsonString(j.id()), ",\"name\":", JsonString(j.name()), ",\"state\":",
                       JsonString(JobStateName(j.state())), ",\"step\":", j.step(), ",\"steps\":", j.steps(), ",\"loss\":",
                       Num(j.loss()), ",\"tokens_per_second\":", Num(j.tokens_per_second()), ",\"lr\":", Num(j.lr()),
@@ -63,7 +72,8 @@ std::string JobJson(const v1::Job& j) {
                       j.requested_workers(), ",\"restarts\":", j.restarts(), ",\"strategy_reason\":", JsonString(j.strategy_reason()),
                       ",\"measured_bus_bandwidth\":", Num(j.measured_bus_bandwidth()), ",\"goodput\":",
                       Num(JobGoodput(j, absl::ToUnixMillis(absl::Now()))), ",\"attempts\":[",
-                      absl::StrJoin(attempts, ","), "]}");
+                      absl::StrJoin(attempts, ","), "]",
+                      j.history_size() ? absl::StrCat(",\"history\":[", absl::StrJoin(history, ","), "]") : "", "}");
 }
 
 std::string WorkerJson(const v1::WorkerInfo& w) {
@@ -106,6 +116,17 @@ void AppendAttempts(const v1::Job& j, std::string* out) {
   }
 }
 
+// Rank 0's steps of the kept run (status --history).
+void AppendHistory(const v1::Job& j, std::string* out) {
+  absl::StrAppendFormat(out, "\n%-8s %-10s %-10s %-10s %-10s %s\n", "STEP", "LOSS", "LR", "GRAD_NORM", "TOK/S",
+                        "VAL_LOSS");
+  for (const v1::StepRecord& s : j.history()) {
+    absl::StrAppendFormat(out, "%-8d %-10.4f %-10.3g %-10.4f %-10.0f %s\n", s.step(), s.loss(), s.lr(),
+                          s.grad_norm(), s.tokens_per_second(),
+                          s.has_val_loss() ? absl::StrFormat("%.4f", s.val_loss()) : "-");
+  }
+}
+
 }  // namespace
 
 std::string JobDetails(const v1::Job& j) {
@@ -118,6 +139,7 @@ std::string JobDetails(const v1::Job& j) {
   if (!j.strategy_reason().empty()) absl::StrAppend(&out, "strategy  ", j.strategy_reason(), "\n");
   if (!j.stalled().empty()) absl::StrAppend(&out, "STALLED   ", j.stalled(), "\n");
   if (j.attempts_size() > 1) AppendAttempts(j, &out);
+  if (j.history_size() > 0) AppendHistory(j, &out);
   if (j.ranks_size() == 0) return out;
   absl::StrAppendFormat(&out, "\n%-5s %-16s %-7s %-10s %-9s %-9s %-10s %-13s %s\n", "RANK", "HOST", "STEP",
                         "COLL_SEQ", "LAG_STEP", "LAG_COLL", "HEARTBEAT", "NO_PROGRESS", "");

@@ -123,11 +123,12 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text, const std::string
   return std::stoll(text.substr(0, digits)) * scale;
 }
 
-absl::StatusOr<v1::Job> FetchJob(const Client& c, const std::string& id) {
+absl::StatusOr<v1::Job> FetchJob(const Client& c, const std::string& id, bool history = false) {
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   v1::GetJobRequest r;
   r.set_job_id(id);
+  r.set_history(history);
   v1::Job j;
   SL_RETURN_IF_ERROR(c.Check(c.stub()->GetJob(&ctx, r, &j)));
   return j;
@@ -274,6 +275,8 @@ int main(int argc, char** argv) {
       ->add_option("--page-size", page_size, "jobs fetched per call (1..1000, default 100)")
       ->check(CLI::Range(1, 1000));  // the coordinator's bound, refused before any call
   auto* status = app.add_subcommand("status", "show one job");
+  bool history = false;
+  status->add_flag("--history", history, "also its per-step history (loss, lr, grad norm, tokens/s, val loss)");
   auto* watch = app.add_subcommand("watch", "follow a job with a progress bar until it ends");
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
   auto* del = app.add_subcommand("delete", "forget a job that has ended");
@@ -388,7 +391,7 @@ int main(int argc, char** argv) {
     if (cmd == "status" || cmd == "cancel") {
       v1::Job j;
       if (cmd == "status") {
-        SL_ASSIGN_OR_RETURN(j, FetchJob(c, job));
+        SL_ASSIGN_OR_RETURN(j, FetchJob(c, job, history));
       } else {
         v1::CancelJobRequest r;
         r.set_job_id(job);

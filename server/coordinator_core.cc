@@ -43,6 +43,18 @@ bool IsRetryableOwnError(int code) {
   return c == absl::StatusCode::kInternal || c == absl::StatusCode::kUnknown;
 }
 
+// A copy of `j` without its history (listings and watchers follow progress,
+// not the whole curve). The history is swapped aside and back, not copied;
+// callers hold the core's lock, so nobody sees it gone.
+v1::Job WithoutHistory(const v1::Job& j) {
+  v1::Job& job = const_cast<v1::Job&>(j);
+  google::protobuf::RepeatedPtrField<v1::StepRecord> history;
+  history.Swap(job.mutable_history());
+  v1::Job out = job;
+  history.Swap(job.mutable_history());
+  return out;
+}
+
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(StateStore* store, CoordinatorOptions options)
@@ -121,8 +133,12 @@ absl::Status CoordinatorCore::PersistOrError(JobRecord& r) {
 }
 
 void CoordinatorCore::Notify(const JobRecord& r) {
+  bool watched = false;
+  for (auto& [h, w] : watchers_) watched |= w.first == r.stored.job.id();
+  if (!watched) return;
+  const v1::Job j = WithoutHistory(r.stored.job);  // watchers follow progress, not the whole curve
   for (auto& [h, w] : watchers_) {
-    if (w.first == r.stored.job.id()) w.second(r.stored.job);
+    if (w.first == j.id()) w.second(j);
   }
 }
 
@@ -274,9 +290,31 @@ void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
     j.set_val_loss(p.val_loss());
     j.set_val_step(p.step());
   }
+  AppendHistory(j, p);
   // Progress is persisted at most once a second; states always at once.
   if (absl::Now() - r->last_persist > absl::Seconds(1)) Persist(*r);
   Notify(*r);
+}
+
+void CoordinatorCore::AppendHistory(v1::Job& j, const v1::Progress& p) {
+  auto* h = j.mutable_history();
+  if (!h->empty() && h->Get(h->size() - 1).step() >= p.step()) return;  // said already
+  v1::StepRecord* s = h->Add();
+  s->set_step(p.step());
+  s->set_loss(p.loss());
+  s->set_lr(p.lr());
+  s->set_grad_norm(p.grad_norm());
+  s->set_tokens_per_second(p.tokens_per_second());
+  if (p.has_val_loss()) s->set_val_loss(p.val_loss());
+  s->set_unix_ms(NowMs());
+  if (h->size() <= kMaxHistory) return;
+  // Bounded: the older half at half the resolution, the newer half whole.
+  google::protobuf::RepeatedPtrField<v1::StepRecord> kept;
+  const int half = h->size() / 2;
+  for (int i = 0; i < h->size(); ++i) {
+    if (i >= half || i % 2 == 0) kept.Add()->Swap(h->Mutable(i));
+  }
+  h->Swap(&kept);
 }
 
 void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& f) {
@@ -430,11 +468,11 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   return id;
 }
 
-absl::StatusOr<v1::Job> CoordinatorCore::GetJob(const std::string& id) const {
+absl::StatusOr<v1::Job> CoordinatorCore::GetJob(const std::string& id, bool history) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  v1::Job j = it->second.stored.job;
+  v1::Job j = history ? it->second.stored.job : WithoutHistory(it->second.stored.job);
   FillRanks(it->second, absl::Now(), &j);
   return j;
 }
@@ -444,7 +482,7 @@ std::vector<v1::Job> CoordinatorCore::ListJobs() const {
   std::vector<v1::Job> out;
   const absl::Time now = absl::Now();
   for (const auto& [id, r] : jobs_) {
-    out.push_back(r.stored.job);
+    out.push_back(WithoutHistory(r.stored.job));
     FillRanks(r, now, &out.back());
   }
   std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {
@@ -503,6 +541,7 @@ absl::StatusOr<int> CoordinatorCore::Forget(JobRecord& r, bool checkpoints) {
     }
     r.ckpt_reports.clear();
     RemoveInterruptedSaves(r, INT64_MAX);
+    ::unlink((JobOf(r).checkpoint_root() + "/history.jsonl").c_str());  // rank 0's per-step record
     ::rmdir(JobOf(r).checkpoint_root().c_str());  // only if nothing else is left in it
   }
   for (auto w = watchers_.begin(); w != watchers_.end();) {

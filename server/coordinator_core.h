@@ -141,8 +141,11 @@ class CoordinatorCore {
   // `owner` (Job.owner): the hex SHA-256 of the submitting user token, or
   // empty without authentication; the service checks it on cancel and delete.
   absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& req, const std::string& owner = "");
-  absl::StatusOr<v1::Job> GetJob(const std::string& id) const;
-  std::vector<v1::Job> ListJobs() const;
+  // Without Job.history unless `history`.
+  absl::StatusOr<v1::Job> GetJob(const std::string& id, bool history = false) const;
+  std::vector<v1::Job> ListJobs() const;  // without their history
+  // Job.history's bound: past it the older half is thinned to every other step.
+  static constexpr int kMaxHistory = 4096;
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   // Forgets a job that has ended: its record, and with `checkpoints` its
   // committed and interrupted step directories (the count removed). A
@@ -250,6 +253,8 @@ class CoordinatorCore {
   JobRecord* RankOfSession(const std::string& worker_id, const std::string& job_id, int rank, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank 0's progress into Job.history, within kMaxHistory.
+  static void AppendHistory(v1::Job& j, const v1::Progress& p);
   // Persist that reports a failed write to the caller (a commit must not
   // write its manifest before the record names it).
   absl::Status PersistOrError(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -291,6 +291,10 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   a->set_last_step(first_step);
   a->set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
   j.set_step(first_step);
+  // The history keeps the run that counts: steps past the checkpoint are
+  // computed again by this attempt.
+  auto* h = j.mutable_history();
+  while (!h->empty() && h->Get(h->size() - 1).step() > first_step) h->RemoveLast();
   r.started = absl::Now();
   r.connected_ranks.clear();
   r.finished_ranks.clear();

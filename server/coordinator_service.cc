@@ -336,7 +336,7 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                                      v1::Job* resp) {
   SL_AUTHORIZE(ctx, kUser);
-  auto j = core_->GetJob(req->job_id());
+  auto j = core_->GetJob(req->job_id(), req->history());
   if (j.ok()) *resp = *j;
   return Done(ctx, j.status());
 }

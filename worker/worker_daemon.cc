@@ -1,6 +1,10 @@
 #include "worker/worker_daemon.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cmath>
+#include <fstream>
 
 #include <ATen/Parallel.h>
 #ifdef SHARDLINE_WITH_CUDA
@@ -10,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/checkpoint_manifest.h"
@@ -46,6 +51,47 @@ int64_t DeviceMemoryBytes(const std::string& device) {
   const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
   return static_cast<int64_t>(pages) * size;
 }
+
+// Rank 0's per-step record beside the job's checkpoints,
+// <checkpoint root>/history.jsonl, one JSON object a line, appended as
+// trainers' CSV monitors do (an attempt after a restart appends the steps it
+// computes again). A monitor: a file that cannot be written is said once on
+// stderr and the job goes on.
+class HistoryFile {
+ public:
+  explicit HistoryFile(std::string path) : path_(std::move(path)) {}
+  void Append(const StepResult& r, int world) {
+    if (failed_) return;
+    if (!out_.is_open()) {
+      const std::string dir = path_.substr(0, path_.rfind('/'));
+      absl::Status made = MakeDirs(dir);
+      if (made.ok()) {
+        const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
+        if (fd >= 0) ::close(fd);
+        out_.open(path_, std::ios::app);
+      }
+      if (!made.ok() || !out_) return Fail(made.ok() ? "cannot open it" : std::string(made.message()));
+    }
+    auto number = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.9g", v) : std::string("null"); };
+    out_ << absl::StrFormat(
+                "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_second\":%.1f,"
+                "\"val_loss\":%s,\"world_size\":%d,\"unix_ms\":%d}",
+                r.step + 1, number(r.loss), r.lr, number(r.grad_norm), r.tokens / r.seconds, number(r.val_loss),
+                world, absl::ToUnixMillis(absl::Now()))
+         << "\n"
+         << std::flush;
+    if (!out_) Fail("write failed");
+  }
+
+ private:
+  void Fail(const std::string& why) {
+    failed_ = true;
+    std::cerr << "shardline-worker: " << path_ << ": " << why << "; the job goes on without it" << std::endl;
+  }
+  const std::string path_;
+  std::ofstream out_;
+  bool failed_ = false;
+};
 
 }  // namespace
 
@@ -309,8 +355,10 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     connected.mutable_connected()->set_bus_bandwidth(bus_bandwidth);
     Write(connected);
   };
+  HistoryFile history(a.checkpoint_root() + "/history.jsonl");
   hooks.stepped = [&](const StepResult& r, const Engine& engine) {
     step_ = r.step + 1;
+    if (a.rank() == 0) history.Append(r, a.world_size());
     metrics.OnStep(r, engine.Memory());
     v1::WorkerMessage m;
     v1::Progress* p = m.mutable_progress();

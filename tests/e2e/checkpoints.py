@@ -32,7 +32,16 @@ def main():
     c.check([k["step"] for k in ckpts] == [15, 20], "keep_latest = 2 keeps the two newest", str(ckpts))
     root = os.path.join(cl.dir, "ckpt", job)
     on_disk = sorted(os.listdir(root)) if os.path.isdir(root) else []
-    c.check(on_disk == ["step-00000015", "step-00000020"], "older checkpoints were removed from disk", str(on_disk))
+    c.check(on_disk == ["history.jsonl", "step-00000015", "step-00000020"], "older checkpoints were removed from disk",
+            str(on_disk))
+    with open(os.path.join(root, "history.jsonl")) as f:
+        history = [json.loads(line) for line in f]
+    c.check([h["step"] for h in history] == list(range(1, 21)) and
+            all(abs(h["loss"] - losses[h["step"]]) <= 1e-6 * abs(losses[h["step"]]) for h in history if h["step"] in losses),
+            "rank 0 appends each step's record to history.jsonl beside the checkpoints", str(history[-1]))
+    st = cl.ctl_json("status", job, "--history")
+    c.check([h["step"] for h in st.get("history", [])] == list(range(1, 21)),
+            "status --history carries every step of the run", f"{len(st.get('history', []))} records")
     files = sorted(os.listdir(ckpts[0]["path"]))
     c.check(files == ["manifest.json", "rank-00000.safetensors", "rank-00001.safetensors"],
             "a checkpoint is a manifest and one shard file per rank", str(files))

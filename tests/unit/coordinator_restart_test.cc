@@ -321,6 +321,37 @@ TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
   EXPECT_EQ(j.attempts(1).strategy(), j.strategy());
 }
 
+// Job.history: rank 0's steps, only where asked for, the run that counts
+// after a restart, and bounded however long the job runs.
+TEST_F(RestartTest, TheHistoryKeepsTheStepsThatCountWithinItsBound) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  for (int s = 1; s <= 5; ++s) Progress(wa, job, s);
+  Progress(wb, job, 6);  // not rank 0's: refused
+  EXPECT_EQ(core_->GetJob(job, /*history=*/true)->history_size(), 5);
+  EXPECT_EQ(core_->GetJob(job)->history_size(), 0);
+  EXPECT_EQ(core_->ListJobs().at(0).history_size(), 0);
+  Commit(job, 2, {&a, &b, &c});
+  core_->WorkerGone(wc, "session closed");
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  ASSERT_EQ(State(job), "RUNNING");
+  v1::Job j = *core_->GetJob(job, true);
+  ASSERT_EQ(j.history_size(), 2);  // steps 3-5 are computed again
+  EXPECT_EQ(j.history(1).step(), 2);
+  const int last = CoordinatorCore::kMaxHistory + 500;
+  for (int s = 3; s <= last; ++s) Progress(wa, job, s);
+  j = *core_->GetJob(job, true);
+  EXPECT_LE(j.history_size(), CoordinatorCore::kMaxHistory);
+  EXPECT_GT(j.history_size(), CoordinatorCore::kMaxHistory / 2);
+  EXPECT_EQ(j.history(0).step(), 1);
+  EXPECT_EQ(j.history(j.history_size() - 1).step(), last);
+  for (int i = 1; i < j.history_size(); ++i) ASSERT_LT(j.history(i - 1).step(), j.history(i).step());
+}
+
 }  // namespace
 }  // namespace shardline
 

@@ -22,6 +22,9 @@ namespace {
 
 constexpr const char* kKinds[] = {"param", "exp_avg", "exp_avg_sq"};
 
+
+}  // namespace
+
 absl::Status MakeDirs(const std::string& dir) {
   std::string partial;
   for (size_t i = 0; i <= dir.size(); ++i) {
@@ -34,8 +37,6 @@ absl::Status MakeDirs(const std::string& dir) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 int64_t ShardSnapshot::bytes() const {
   int64_t n = 0;
