@@ -2,9 +2,11 @@
 //
 //   submit JOB.toml [--workers N] [--follow]   jobs   status JOB   watch JOB
 //   cancel JOB   delete JOB [--checkpoints]   workers   shards JOB
-//   resume JOB   ckpt save|list|export   plan
+//   resume JOB   ckpt save|list|export   plan   completion bash|zsh
 //
-// Errors are one line on stderr and a nonzero exit (2 for usage). `watch` (and
+// The global flags may also follow the command (`shardctl status JOB --json`).
+// Errors are one line on stderr and a nonzero exit (2 for usage: a mistyped
+// command names the nearest real one). `watch` (and
 // `submit --follow`) exit 0 only when the job SUCCEEDED. The job file is
 // validated here before it is sent, and again by the coordinator.
 #include <cctype>
@@ -25,8 +27,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/job_state.h"
+#include "client/command_line.h"
 #include "client/plan_command.h"
 #include "client/render.h"
+#include "common/build_info.h"
 #include "common/checkpoint_export.h"
 #include "common/file_util.h"
 #include "common/grpc_status.h"
@@ -250,8 +254,12 @@ absl::StatusOr<v1::CheckpointInfo> SaveNow(const Client& c, const std::string& j
 int main(int argc, char** argv) {
   using namespace shardline;
   using namespace shardline::ctl;
-  CLI::App app{"shardctl: submit, watch and manage Shardline jobs"};
+  CLI::App app{"shardctl: submit, watch and manage Shardline jobs", "shardctl"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", absl::StrCat("shardctl ", kVersion, " (", kRevision, ")"));
+  // The global flags below are taken after the subcommand too: every
+  // subcommand (added after this) hands what it does not know to its parent.
+  app.fallthrough();
   Options o;
   const char* env = std::getenv("SHARDLINE_COORDINATOR");
   o.coordinator = env ? env : "127.0.0.1:50051";
@@ -320,11 +328,37 @@ int main(int argc, char** argv) {
   AddPlanOptions(app.add_subcommand("plan", "predict memory, communication and step time of every strategy "
                                             "(no coordinator needed)"),
                  &plan_flags);
-  CLI11_PARSE(app, argc, argv);
+  std::string shell;
+  app.add_subcommand("completion", "print a completion script: source <(shardctl completion bash)")
+      ->add_option("SHELL", shell, "bash or zsh")
+      ->required()
+      ->check(CLI::IsMember({"bash", "zsh"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors exit 2; a word where a command belongs is named with the
+    // nearest real one rather than as an unexpected argument.
+    if (auto typo = MistypedSubcommand(app, std::vector<std::string>(argv + 1, argv + argc))) {
+      std::cerr << "shardctl: " << *typo << std::endl;
+    } else {
+      app.exit(e);
+    }
+    return 2;
+  }
 
   auto run = [&]() -> absl::Status {
     std::string cmd = app.get_subcommands()[0]->get_name();
     if (cmd == "ckpt") cmd += " " + ckpt->get_subcommands()[0]->get_name();
+    if (cmd == "completion") {  // generated from `app` itself, so it follows every flag added above
+      std::cout << (shell == "bash" ? BashCompletion(app) : ZshCompletion(app));
+      return absl::OkStatus();
+    }
     if (cmd == "plan") return RunPlan(plan_flags, o.json);  // local arithmetic
     if (cmd == "ckpt export") {  // local: reads the shard files, one unit at a time
       const StoredDType dtype = export_dtype == "bf16" ? StoredDType::kBF16 : StoredDType::kF32;

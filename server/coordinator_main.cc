@@ -34,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/build_info.h"
 #include "common/file_util.h"
 #include "common/metrics_http.h"
 #include "server/coordinator_core.h"
@@ -74,6 +75,8 @@ struct TokenFiles {
 
 int main(int argc, char** argv) {
   CLI::App app{"shardline-coordinator: the Shardline control plane"};
+  app.set_version_flag("--version",
+                       std::string("shardline-coordinator ") + shardline::kVersion + " (" + shardline::kRevision + ")");
   std::string listen = "127.0.0.1:50051", state_dir, tls_cert, tls_key, metrics_listen;
   TokenFiles token_files;
   int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = -1, keep_finished_jobs = 1000;

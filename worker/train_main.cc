@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/build_info.h"
 #include "common/status_macros.h"
 #include "common/checkpoint_manifest.h"
 #include "common/file_util.h"
@@ -250,6 +251,8 @@ absl::Status Run(const Flags& f) {
 
 int main(int argc, char** argv) {
   CLI::App app{"shardline-train: run one rank of a job"};
+  app.set_version_flag("--version",
+                       std::string("shardline-train ") + shardline::kVersion + " (" + shardline::kRevision + ")");
   shardline::Flags f;
   app.add_option("--config", f.config, "job file (TOML)")->required();
   app.add_option("--rank", f.rank, "this process's rank");

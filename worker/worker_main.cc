@@ -13,12 +13,15 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/strip.h"
+#include "common/build_info.h"
 #include "common/file_util.h"
 #include "worker/worker_daemon.h"
 #include "worker/worker_metrics.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"shardline-worker: a Shardline worker daemon"};
+  app.set_version_flag("--version",
+                       std::string("shardline-worker ") + shardline::kVersion + " (" + shardline::kRevision + ")");
   shardline::WorkerOptions o;
   std::string token_file, tls_ca, metrics_listen, metrics_token_file;
   double timeout_s = 30;
