@@ -13,8 +13,10 @@
 // (rotation: add the new token, SIGHUP, move the clients, remove the old
 // one, SIGHUP); a file that no longer reads keeps the tokens in force.
 //
-// With a metrics address it also serves Prometheus /metrics and /sd/workers
-// (the workers' /metrics targets, for Prometheus' http_sd_configs) over HTTP.
+// It serves Prometheus /metrics and /sd/workers (the workers' /metrics
+// targets, for Prometheus' http_sd_configs) over HTTP, by default on port
+// 9400 of every interface (taken: any free port, printed); --metrics-port -1
+// turns that off.
 // Serves the Coordinator service, grpc.health.v1 and server reflection.
 // Prints "listening on HOST:PORT" once it accepts connections (with port 0 the
 // chosen port). SIGINT/SIGTERM stop it cleanly; state survives kill -9.
@@ -79,7 +81,7 @@ int main(int argc, char** argv) {
                        std::string("shardline-coordinator ") + shardline::kVersion + " (" + shardline::kRevision + ")");
   std::string listen = "127.0.0.1:50051", state_dir, tls_cert, tls_key, metrics_listen;
   TokenFiles token_files;
-  int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = -1, keep_finished_jobs = 1000;
+  int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = 9400, keep_finished_jobs = 1000;
   double stall_after_s = 10, keep_finished_hours = 0, restart_settle_s = 3;
   app.add_option("--listen", listen, "address to serve on (host:port)");
   app.add_option("--state-dir", state_dir, "directory for the state database")->required();
@@ -109,7 +111,8 @@ int main(int argc, char** argv) {
                  "forget ended jobs this many hours after they ended (0: at any age)")
       ->check(CLI::Range(0.0, 1e6));
   auto* port_flag = app.add_option("--metrics-port", metrics_port,
-                                   "serve Prometheus /metrics on this port of every interface (0: any free port)")
+                                   "serve Prometheus /metrics and /sd/workers on this port of every interface "
+                                   "(default 9400, any free port if it is taken; 0: any free port; -1: off)")
                         ->check(CLI::Range(-1, 65535));
   app.add_option("--metrics-listen", metrics_listen, "serve Prometheus /metrics on HOST:PORT")->excludes(port_flag);
   CLI11_PARSE(app, argc, argv);
@@ -170,13 +173,20 @@ int main(int argc, char** argv) {
   shardline::CoordinatorMetrics metrics;
   options.events = metrics.Events();
   shardline::CoordinatorCore core(store->get(), options);
-  metrics.CollectFrom(&core);
   std::unique_ptr<shardline::metrics::MetricsServer> metrics_server;
   if (const std::string addr = shardline::metrics::MetricsListenAddress(metrics_listen, metrics_port); !addr.empty()) {
-    auto m = shardline::metrics::MetricsServer::Start(
-        addr, &metrics.registry(),
-        {{"/sd/workers", [&core] { return shardline::WorkerScrapeTargets(core.ListWorkers()); }}},
-        *std::move(metrics_tokens));
+    auto start = [&](const std::string& a) {
+      return shardline::metrics::MetricsServer::Start(
+          a, metrics.Pages(&core),
+          {{"/sd/workers", [&core] { return shardline::WorkerScrapeTargets(core.ListWorkers()); }}}, *metrics_tokens);
+    };
+    auto m = start(addr);
+    if (!m.ok() && port_flag->count() == 0 && metrics_listen.empty()) {
+      // The default port is taken (another coordinator on this host): any
+      // free one, printed below, rather than no metrics at all.
+      std::cerr << "shardline-coordinator: " << m.status().message() << "; metrics on any free port" << std::endl;
+      m = start("0.0.0.0:0");
+    }
     if (!m.ok()) return Fail(m.status());
     metrics_server = std::move(*m);
   }

@@ -1,11 +1,13 @@
-#include "common/job_state.h"
 #include "server/coordinator_metrics.h"
+
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/job_state.h"
 
 namespace shardline {
 
@@ -70,47 +72,94 @@ class CoordinatorMetrics::InterceptorFactory : public grpc::experimental::Server
   CoordinatorMetrics* const m_;
 };
 
+// The gauges computed from the core's state, built at every scrape.
+class CoordinatorMetrics::StateCollector : public prometheus::Collectable {
+ public:
+  explicit StateCollector(const CoordinatorCore* core) : core_(core) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const CoordinatorCore* const core_;
+};
+
+std::vector<prometheus::MetricFamily> CoordinatorMetrics::StateCollector::Collect() const {
+  using metrics::AddGauge;
+  using metrics::GaugeFamily;
+  auto workers_f = GaugeFamily("shardline_coordinator_workers", "Connected workers by state (idle, busy).");
+  auto heartbeat_age = GaugeFamily("shardline_coordinator_worker_heartbeat_age_seconds",
+                                   "Seconds since each connected worker's last heartbeat.");
+  std::map<std::string, int> workers = {{"idle", 0}, {"busy", 0}};
+  for (const v1::WorkerInfo& w : core_->ListWorkers()) {
+    workers[absl::AsciiStrToLower(WorkerStateName(w.state()))] += 1;
+    AddGauge(&heartbeat_age, {{"host", w.host()}, {"device", w.device()}}, w.heartbeat_age_seconds());
+  }
+  for (const auto& [state, n] : workers) AddGauge(&workers_f, {{"state", state}}, n);
+
+  auto goodput = GaugeFamily("shardline_job_goodput_ratio",
+                             "Share of an unfinished job's wall time since its first start spent on steps that "
+                             "were kept (not computed again after a restart).");
+  auto jobs_f = GaugeFamily("shardline_coordinator_jobs", "Jobs by state.");
+  auto queue = GaugeFamily("shardline_coordinator_queue_length", "Jobs waiting for workers.");
+  auto lag_steps = GaugeFamily("shardline_rank_lag_steps", "Steps a rank is behind its job's fastest rank.");
+  auto lag_collectives =
+      GaugeFamily("shardline_rank_lag_collectives", "Collectives a rank is behind its job's fastest rank.");
+  auto since_progress = GaugeFamily("shardline_rank_seconds_since_progress",
+                                    "Seconds since a rank last completed a step or a collective.");
+  auto rank_stalled = GaugeFamily("shardline_rank_stalled", "1 if the rank is named as the cause of its job's stall.");
+  auto job_stalled =
+      GaugeFamily("shardline_job_stalled", "1 if no rank of the running job made progress for the stall threshold.");
+  std::map<std::string, int> jobs = {{"pending", 0}, {"running", 0}, {"restarting", 0}, {"succeeded", 0},
+                                     {"failed", 0}, {"cancelled", 0}};
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  for (const v1::Job& j : core_->ListJobs()) {
+    jobs[absl::AsciiStrToLower(JobStateName(j.state()))] += 1;
+    if (j.state() == v1::JOB_STATE_RESTARTING || j.state() == v1::JOB_STATE_RUNNING) {
+      AddGauge(&goodput, {{"job_id", j.id()}}, JobGoodput(j, now_ms));
+    }
+    if (j.state() != v1::JOB_STATE_RUNNING) continue;
+    AddGauge(&job_stalled, {{"job_id", j.id()}}, j.stalled().empty() ? 0 : 1);
+    for (const v1::RankStatus& r : j.ranks()) {
+      const metrics::Labels l = {{"job_id", j.id()}, {"rank", absl::StrCat(r.rank())}};
+      AddGauge(&lag_steps, l, static_cast<double>(r.lag_steps()));
+      AddGauge(&lag_collectives, l, static_cast<double>(r.lag_collectives()));
+      AddGauge(&since_progress, l, r.seconds_since_progress());
+      AddGauge(&rank_stalled, l, r.stalled() ? 1 : 0);
+    }
+  }
+  for (const auto& [state, n] : jobs) AddGauge(&jobs_f, {{"state", state}}, n);
+  AddGauge(&queue, {}, jobs["pending"]);
+  std::vector<prometheus::MetricFamily> out;
+  for (auto* f : {&workers_f, &heartbeat_age, &goodput, &jobs_f, &queue, &lag_steps, &lag_collectives,
+                  &since_progress, &rank_stalled, &job_stalled}) {
+    out.push_back(std::move(*f));
+  }
+  return out;
+}
+
 CoordinatorMetrics::CoordinatorMetrics()
-    : workers_(registry_.AddGauge("shardline_coordinator_workers", "Connected workers by state (idle, busy).")),
-      workers_lost_(registry_.AddCounter("shardline_coordinator_workers_lost_total",
-                                         "Workers lost: session dropped or heartbeats stopped.")),
-      refused_(registry_.AddCounter("shardline_coordinator_refused_total",
-                                    "Messages and calls refused because the sender does not hold the rank it named "
-                                    "(what: progress, finished, connected, checkpoint_report, store, role, owner).")),
-      restarts_(registry_.AddCounter("shardline_job_restarts_total",
-                                     "Times a job went RESTARTING after a lost rank or a retryable error.")),
-      restart_lost_(registry_.AddHistogram("shardline_job_restart_lost_seconds",
-                                           "What each restart cost: the seconds of the last attempt's steps computed "
-                                           "again, plus the seconds until the next attempt started.",
-                                           ExponentialBuckets(0.5, 2, 14))),
-      goodput_(registry_.AddGauge("shardline_job_goodput_ratio",
-                                  "Share of an unfinished job's wall time since its first start spent on steps that "
-                                  "were kept (not computed again after a restart).")),
-      jobs_(registry_.AddGauge("shardline_coordinator_jobs", "Jobs by state.")),
-      queue_(registry_.AddGauge("shardline_coordinator_queue_length", "Jobs waiting for workers.")),
-      heartbeat_age_(registry_.AddGauge("shardline_coordinator_worker_heartbeat_age_seconds",
-                                        "Seconds since each connected worker's last heartbeat.")),
-      rendezvous_(registry_.AddHistogram("shardline_coordinator_rendezvous_duration_seconds",
-                                         "From a job's start until every rank's communicators connected.",
-                                         ExponentialBuckets(0.01, 2, 16))),
-      commit_(registry_.AddHistogram("shardline_coordinator_checkpoint_commit_duration_seconds",
-                                     "Writing a checkpoint's manifest once every rank reported.",
-                                     ExponentialBuckets(0.0005, 2, 16))),
-      commit_failures_(registry_.AddCounter("shardline_coordinator_checkpoint_commit_failures_total",
-                                            "Checkpoint commits that failed.")),
-      rpcs_(registry_.AddCounter("shardline_coordinator_rpcs_total", "RPCs served, by service, method and code.")),
-      rpc_seconds_(registry_.AddHistogram("shardline_coordinator_rpc_duration_seconds",
-                                          "RPC latency (for streams, their lifetime) by service, method and code.",
-                                          ExponentialBuckets(1e-5, 4, 14))),
-      lag_steps_(registry_.AddGauge("shardline_rank_lag_steps", "Steps a rank is behind its job's fastest rank.")),
-      lag_collectives_(registry_.AddGauge("shardline_rank_lag_collectives",
-                                          "Collectives a rank is behind its job's fastest rank.")),
-      since_progress_(registry_.AddGauge("shardline_rank_seconds_since_progress",
-                                         "Seconds since a rank last completed a step or a collective.")),
-      rank_stalled_(registry_.AddGauge("shardline_rank_stalled",
-                                       "1 if the rank is named as the cause of its job's stall.")),
-      job_stalled_(registry_.AddGauge("shardline_job_stalled",
-                                      "1 if no rank of the running job made progress for the stall threshold.")) {
+    : workers_lost_(registry_->AddCounter("shardline_coordinator_workers_lost_total",
+                                          "Workers lost: session dropped or heartbeats stopped.")),
+      refused_(registry_->AddCounter("shardline_coordinator_refused_total",
+                                     "Messages and calls refused because the sender does not hold the rank it named "
+                                     "(what: progress, finished, connected, checkpoint_report, store, role, owner).")),
+      restarts_(registry_->AddCounter("shardline_job_restarts_total",
+                                      "Times a job went RESTARTING after a lost rank or a retryable error.")),
+      restart_lost_(registry_->AddHistogram("shardline_job_restart_lost_seconds",
+                                            "What each restart cost: the seconds of the last attempt's steps computed "
+                                            "again, plus the seconds until the next attempt started.",
+                                            ExponentialBuckets(0.5, 2, 14))),
+      rendezvous_(registry_->AddHistogram("shardline_coordinator_rendezvous_duration_seconds",
+                                          "From a job's start until every rank's communicators connected.",
+                                          ExponentialBuckets(0.01, 2, 16))),
+      commit_(registry_->AddHistogram("shardline_coordinator_checkpoint_commit_duration_seconds",
+                                      "Writing a checkpoint's manifest once every rank reported.",
+                                      ExponentialBuckets(0.0005, 2, 16))),
+      commit_failures_(registry_->AddCounter("shardline_coordinator_checkpoint_commit_failures_total",
+                                             "Checkpoint commits that failed.")),
+      rpcs_(registry_->AddCounter("shardline_coordinator_rpcs_total", "RPCs served, by service, method and code.")),
+      rpc_seconds_(registry_->AddHistogram("shardline_coordinator_rpc_duration_seconds",
+                                           "RPC latency (for streams, their lifetime) by service, method and code.",
+                                           ExponentialBuckets(1e-5, 4, 14))) {
   workers_lost_.Add({});
   commit_failures_.Add({});
 }
@@ -133,44 +182,8 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Coordinat
   return std::make_unique<InterceptorFactory>(this);
 }
 
-void CoordinatorMetrics::CollectFrom(const CoordinatorCore* core) {
-  registry_.AddCollector([this, core] { Collect(core); });
-}
-
-void CoordinatorMetrics::Collect(const CoordinatorCore* core) {
-  // Gauges computed from state are rebuilt at every scrape, so workers and
-  // jobs that are gone leave no stale series behind.
-  std::map<std::string, int> workers = {{"idle", 0}, {"busy", 0}};
-  heartbeat_age_.Clear();
-  for (const v1::WorkerInfo& w : core->ListWorkers()) {
-    workers[absl::AsciiStrToLower(WorkerStateName(w.state()))] += 1;
-    heartbeat_age_.Add({{"host", w.host()}, {"device", w.device()}}).Set(w.heartbeat_age_seconds());
-  }
-  for (const auto& [state, n] : workers) workers_.Add({{"state", state}}).Set(n);
-
-  std::map<std::string, int> jobs = {{"pending", 0}, {"running", 0}, {"restarting", 0}, {"succeeded", 0},
-                                     {"failed", 0}, {"cancelled", 0}};
-  for (auto* f : {&lag_steps_, &lag_collectives_, &since_progress_, &rank_stalled_, &job_stalled_, &goodput_}) {
-    f->Clear();
-  }
-  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
-  for (const v1::Job& j : core->ListJobs()) {
-    jobs[absl::AsciiStrToLower(JobStateName(j.state()))] += 1;
-    if (j.state() == v1::JOB_STATE_RESTARTING || j.state() == v1::JOB_STATE_RUNNING) {
-      goodput_.Add({{"job_id", j.id()}}).Set(JobGoodput(j, now_ms));
-    }
-    if (j.state() != v1::JOB_STATE_RUNNING) continue;
-    job_stalled_.Add({{"job", j.id()}}).Set(j.stalled().empty() ? 0 : 1);
-    for (const v1::RankStatus& r : j.ranks()) {
-      const metrics::Labels l = {{"job", j.id()}, {"rank", absl::StrCat(r.rank())}};
-      lag_steps_.Add(l).Set(static_cast<double>(r.lag_steps()));
-      lag_collectives_.Add(l).Set(static_cast<double>(r.lag_collectives()));
-      since_progress_.Add(l).Set(r.seconds_since_progress());
-      rank_stalled_.Add(l).Set(r.stalled() ? 1 : 0);
-    }
-  }
-  for (const auto& [state, n] : jobs) jobs_.Add({{"state", state}}).Set(n);
-  queue_.Add({}).Set(jobs["pending"]);
+std::vector<std::shared_ptr<prometheus::Collectable>> CoordinatorMetrics::Pages(const CoordinatorCore* core) const {
+  return {registry_, std::make_shared<StateCollector>(core)};
 }
 
 std::string WorkerScrapeTargets(const std::vector<v1::WorkerInfo>& workers) {

@@ -9,8 +9,12 @@
 //  - RPC counts and latency by service, method and code (a server
 //    interceptor, so every RPC is counted, refused ones included);
 //  - per rank of each running job: lag behind the fastest rank in steps and
-//    collectives, seconds since progress, stalled (job and rank labels; the
-//    series of a job vanish when it ends).
+//    collectives, seconds since progress, stalled (job_id and rank labels;
+//    the series of a job vanish when it ends).
+//
+// Counters and histograms live in a prometheus-cpp registry; the gauges read
+// from the core are built afresh at each scrape by a Collectable of their own
+// (so workers and jobs that are gone leave no stale series behind).
 //
 // Thread-safe: hooks run under the core's lock, the interceptor on gRPC's
 // threads, scrapes on the HTTP server's.
@@ -32,37 +36,27 @@ class CoordinatorMetrics {
   CoordinatorMetrics();
   // The hooks to put in CoordinatorOptions::events.
   CoreEvents Events();
-  // Reads the core's workers and jobs at every scrape; `core` must outlive
-  // every scrape.
-  void CollectFrom(const CoordinatorCore* core);
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcInterceptor();
-  const metrics::Registry& registry() const { return registry_; }
+  // What /metrics shows (MetricsServer::Start's pages): the registry, then
+  // the gauges read from `core` at every scrape; `core` must outlive every
+  // scrape.
+  std::vector<std::shared_ptr<prometheus::Collectable>> Pages(const CoordinatorCore* core) const;
 
  private:
   class Interceptor;
   class InterceptorFactory;
-  void Collect(const CoordinatorCore* core);
+  class StateCollector;
 
-  metrics::Registry registry_;
-  metrics::Family<metrics::Gauge>& workers_;
+  const std::shared_ptr<metrics::Registry> registry_ = std::make_shared<metrics::Registry>();
   metrics::Family<metrics::Counter>& workers_lost_;
   metrics::Family<metrics::Counter>& refused_;
   metrics::Family<metrics::Counter>& restarts_;
   metrics::Family<metrics::Histogram>& restart_lost_;
-  metrics::Family<metrics::Gauge>& goodput_;
-  metrics::Family<metrics::Gauge>& jobs_;
-  metrics::Family<metrics::Gauge>& queue_;
-  metrics::Family<metrics::Gauge>& heartbeat_age_;
   metrics::Family<metrics::Histogram>& rendezvous_;
   metrics::Family<metrics::Histogram>& commit_;
   metrics::Family<metrics::Counter>& commit_failures_;
   metrics::Family<metrics::Counter>& rpcs_;
   metrics::Family<metrics::Histogram>& rpc_seconds_;
-  metrics::Family<metrics::Gauge>& lag_steps_;
-  metrics::Family<metrics::Gauge>& lag_collectives_;
-  metrics::Family<metrics::Gauge>& since_progress_;
-  metrics::Family<metrics::Gauge>& rank_stalled_;
-  metrics::Family<metrics::Gauge>& job_stalled_;
 };
 
 // Prometheus http_sd_configs JSON: one target group per worker that serves

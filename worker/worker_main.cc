@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   shardline::WorkerOptions o;
   std::string token_file, tls_ca, metrics_listen, metrics_token_file;
   double timeout_s = 30;
-  int metrics_port = -1;
+  int metrics_port = 0;  // any free port: several workers share a host; /sd/workers lists it
   app.add_option("--coordinator", o.coordinator, "coordinator address (host:port)");
   app.add_option("--device", o.device, "cpu or cuda:N");
   app.add_option("--token-file", token_file, "file holding a worker token of the coordinator");
@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
   app.add_option("--collective-timeout", timeout_s, "deadline of every collective and rendezvous, seconds")
       ->check(CLI::Range(0.1, 86400.0));
   auto* port_flag = app.add_option("--metrics-port", metrics_port,
-                                   "serve Prometheus /metrics on this port of every interface (0: any free port)")
+                                   "serve Prometheus /metrics on this port of every interface (default 0: any free "
+                                   "port, reported to the coordinator's /sd/workers; -1: off)")
                         ->check(CLI::Range(-1, 65535));
   app.add_option("--metrics-listen", metrics_listen, "serve Prometheus /metrics on HOST:PORT")->excludes(port_flag);
   app.add_option("--metrics-token-file", metrics_token_file,

@@ -26,44 +26,44 @@ class WorkerMetrics::Observer : public comm::CollectiveObserver {
 };
 
 WorkerMetrics::WorkerMetrics()
-    : step_seconds_(registry_.AddHistogram("shardline_step_duration_seconds", "Wall time of one training step.",
+    : step_seconds_(registry_->AddHistogram("shardline_step_duration_seconds", "Wall time of one training step.",
                                            ExponentialBuckets(0.01, 2, 16))),
-      exposed_comm_seconds_(registry_.AddHistogram(
+      exposed_comm_seconds_(registry_->AddHistogram(
           "shardline_step_exposed_comm_seconds",
           "Per step, time the step thread waited on collectives (communication not hidden behind compute).",
           ExponentialBuckets(0.001, 2, 18))),
-      tokens_(registry_.AddCounter("shardline_tokens_total", "Tokens this rank processed (its share of each batch).")),
-      step_(registry_.AddGauge("shardline_step", "Steps this rank completed.")),
-      loss_(registry_.AddGauge("shardline_loss", "Mean loss of the last step's global batch (NaN or Inf if not finite).")),
-      val_loss_(registry_.AddGauge("shardline_val_loss",
+      tokens_(registry_->AddCounter("shardline_tokens_total", "Tokens this rank processed (its share of each batch).")),
+      step_(registry_->AddGauge("shardline_step", "Steps this rank completed.")),
+      loss_(registry_->AddGauge("shardline_loss", "Mean loss of the last step's global batch (NaN or Inf if not finite).")),
+      val_loss_(registry_->AddGauge("shardline_val_loss",
                                    "Mean loss over the validation batches at the latest evaluation.")),
-      nonfinite_loss_(registry_.AddCounter("shardline_loss_nonfinite_steps_total", "Steps whose loss was NaN or Inf.")),
-      lr_(registry_.AddGauge("shardline_learning_rate", "Learning rate of the last step.")),
-      grad_norm_(registry_.AddGauge("shardline_grad_norm", "Global gradient norm of the last step, before clipping.")),
-      mfu_(registry_.AddGauge("shardline_mfu_ratio",
+      nonfinite_loss_(registry_->AddCounter("shardline_loss_nonfinite_steps_total", "Steps whose loss was NaN or Inf.")),
+      lr_(registry_->AddGauge("shardline_learning_rate", "Learning rate of the last step.")),
+      grad_norm_(registry_->AddGauge("shardline_grad_norm", "Global gradient norm of the last step, before clipping.")),
+      mfu_(registry_->AddGauge("shardline_mfu_ratio",
                               "Model FLOPs utilisation of the last step: (6N + 12*L*H*Q*T) x tokens/s per device "
                               "over the device's peak FLOP/s.")),
-      flops_per_token_(registry_.AddGauge("shardline_model_flops_per_token",
+      flops_per_token_(registry_->AddGauge("shardline_model_flops_per_token",
                                           "Training FLOPs per token, 6N + 12*L*H*Q*T.")),
-      peak_flops_(registry_.AddGauge("shardline_device_peak_flops", "The device peak FLOP/s MFU is measured against.")),
-      collective_seconds_(registry_.AddHistogram("shardline_collective_duration_seconds",
+      peak_flops_(registry_->AddGauge("shardline_device_peak_flops", "The device peak FLOP/s MFU is measured against.")),
+      collective_seconds_(registry_->AddHistogram("shardline_collective_duration_seconds",
                                                  "Duration of one collective, from start on the backend to finish.",
                                                  ExponentialBuckets(1e-5, 2, 24))),
-      collective_bytes_(registry_.AddCounter("shardline_collective_sent_bytes_total",
+      collective_bytes_(registry_->AddCounter("shardline_collective_sent_bytes_total",
                                              "Bytes this rank sent in collectives.")),
-      collective_failures_(registry_.AddCounter("shardline_collective_failures_total", "Collectives that failed.")),
-      last_seq_gauge_(registry_.AddGauge("shardline_last_collective_seq",
+      collective_failures_(registry_->AddCounter("shardline_collective_failures_total", "Collectives that failed.")),
+      last_seq_gauge_(registry_->AddGauge("shardline_last_collective_seq",
                                          "Sequence number of the last collective this rank completed (shard group).")),
-      memory_(registry_.AddGauge("shardline_memory_bytes",
+      memory_(registry_->AddGauge("shardline_memory_bytes",
                                  "Memory by kind: params, grads, master, optimizer as held at the last step's peak; "
                                  "activation_peak; step_peak (all tracked kinds together); tensor_peak (every tensor "
                                  "byte, measured by the device's allocator); reserved_peak (what that allocator "
                                  "held, the CUDA caching allocator's reserve included); process_rss.")),
-      ckpt_seconds_(registry_.AddHistogram("shardline_checkpoint_save_duration_seconds",
+      ckpt_seconds_(registry_->AddHistogram("shardline_checkpoint_save_duration_seconds",
                                            "Time to write, fsync, hash and report this rank's checkpoint shard.",
                                            ExponentialBuckets(0.01, 2, 16))),
-      ckpt_bytes_(registry_.AddCounter("shardline_checkpoint_saved_bytes_total", "Checkpoint bytes this rank wrote.")),
-      ckpt_failures_(registry_.AddCounter("shardline_checkpoint_failures_total",
+      ckpt_bytes_(registry_->AddCounter("shardline_checkpoint_saved_bytes_total", "Checkpoint bytes this rank wrote.")),
+      ckpt_failures_(registry_->AddCounter("shardline_checkpoint_failures_total",
                                           "Checkpoint saves of this rank that failed.")) {
   job_families_ = {&step_seconds_,       &exposed_comm_seconds_, &tokens_,         &step_,
                    &loss_,               &val_loss_,             &nonfinite_loss_,       &lr_,             &grad_norm_,
@@ -71,7 +71,7 @@ WorkerMetrics::WorkerMetrics()
                    &collective_bytes_,   &collective_failures_,  &last_seq_gauge_, &memory_,
                    &ckpt_seconds_,       &ckpt_bytes_,           &ckpt_failures_};
   // The RSS is read at scrape time, so an idle or stuck rank still reports it.
-  registry_.AddCollector([this] {
+  registry_->AddCollector([this] {
     if (!has_job_) return;
     auto l = JobLabels();
     l["kind"] = "process_rss";
@@ -83,7 +83,7 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Start(const std::s
                                                                     std::vector<std::string> bearer_tokens) {
   std::unique_ptr<WorkerMetrics> m(new WorkerMetrics());
   if (!listen.empty()) {
-    auto server = metrics::MetricsServer::Start(listen, &m->registry_, {}, std::move(bearer_tokens));
+    auto server = metrics::MetricsServer::Start(listen, {m->registry_}, {}, std::move(bearer_tokens));
     if (!server.ok()) return server.status();
     m->server_ = std::move(*server);
   }
@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Start(const std::s
 
 metrics::Labels WorkerMetrics::JobLabels() const {
   absl::MutexLock lock(&labels_mu_);
-  return {{"job", job_}, {"rank", absl::StrCat(rank_)}};
+  return {{"job_id", job_}, {"rank", absl::StrCat(rank_)}};
 }
 
 void WorkerMetrics::BeginJob(const std::string& job, int rank, int world, const ModelConfig& model,

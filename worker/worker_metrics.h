@@ -1,6 +1,6 @@
 // WorkerMetrics: what one worker exports at /metrics (DESIGN.md "Metrics").
 //
-// Every series carries the labels job and rank of the job the worker runs
+// Every series carries the labels job_id and rank of the job the worker runs
 // (or ran last): BeginJob drops the previous job's series, so a long-lived
 // worker's cardinality stays bounded by one job. Besides those, the only
 // labels are op (five collectives) and kind (eight memory kinds).
@@ -34,7 +34,7 @@ class WorkerMetrics {
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Start(const std::string& listen,
                                                               std::vector<std::string> bearer_tokens = {});
   int port() const { return server_ ? server_->port() : 0; }
-  const metrics::Registry& registry() const { return registry_; }
+  const metrics::Registry& registry() const { return *registry_; }
 
   // A new job's series; `peak_flops` is one device's peak (for MFU).
   void BeginJob(const std::string& job, int rank, int world, const ModelConfig& model, const LoraConfig& lora,
@@ -52,7 +52,7 @@ class WorkerMetrics {
   metrics::Labels JobLabels() const;
   void OnCollective(comm::Op op, int64_t bytes, double seconds, int64_t seq, bool ok, bool shard_group);
 
-  metrics::Registry registry_;
+  const std::shared_ptr<metrics::Registry> registry_ = std::make_shared<metrics::Registry>();
   std::unique_ptr<metrics::MetricsServer> server_;
   metrics::Family<metrics::Histogram>& step_seconds_;
   metrics::Family<metrics::Histogram>& exposed_comm_seconds_;

@@ -141,8 +141,14 @@ def main():
     c.check(len(targets) == 2, "/sd/workers lists both workers", json.dumps(targets))
     pages = {"coordinator": coord_metrics} | {t["labels"]["shardline_host"]: t["targets"][0] for t in targets}
     for name, addr in pages.items():
-        rc, out = promtool("check", "metrics", stdin=http_get(f"http://{addr}/metrics"))
-        c.check(rc == 0, f"promtool check metrics: {name}", out[:300])
+        page = http_get(f"http://{addr}/metrics")
+        rc, out = promtool("check", "metrics", stdin=page)
+        c.check(rc == 0 and not out, f"promtool check metrics: {name} (clean, no lint warnings)", out[:300])
+        missing = [m for m in ("shardline_build_info{", "process_cpu_seconds_total ", "process_resident_memory_bytes ",
+                               "process_virtual_memory_bytes ", "process_open_fds ", "process_max_fds ",
+                               "process_start_time_seconds ") if f"\n{m}" not in page]
+        c.check(not missing, f"{name} carries shardline_build_info and the process metrics", ", ".join(missing))
+        c.check(not re.search(r'[{,]job="', page), f"{name}: no series labelled job (it is job_id)")
 
     # Prometheus scrapes all three, discovered through the coordinator.
     up = wait_for(lambda: (lambda r: len(r) == 3 and all(x["value"][1] == "1" for x in r) and r)(
@@ -210,13 +216,13 @@ def main():
     j = cl.job(job)
     c.check(j["state"] == "RUNNING" and [r["rank"] for r in j["ranks"] if r["stalled"]] == [1],
             "status --json flags rank 1 only, and the job still runs", json.dumps(j["ranks"]))
-    res = wait_for(lambda: prom.query(f'shardline_rank_stalled{{job="{job}"}} == 1')["data"]["result"],
+    res = wait_for(lambda: prom.query(f'shardline_rank_stalled{{job_id="{job}"}} == 1')["data"]["result"],
                    15 - (time.time() - t0) + 1, "shardline_rank_stalled in Prometheus")
     t_metric = time.time() - t0
     c.check([x["metric"]["rank"] for x in res] == ["1"] and t_metric <= 16,
             "shardline_rank_stalled names rank 1 in Prometheus", f"after {t_metric:.1f}s")
     alerts = wait_for(lambda: prom.firing("ShardlineJobStalled"), 20, "ShardlineJobStalled to fire")
-    c.check(alerts[0]["labels"].get("rank") == "1" and alerts[0]["labels"].get("job") == job,
+    c.check(alerts[0]["labels"].get("rank") == "1" and alerts[0]["labels"].get("job_id") == job,
             "ShardlineJobStalled fires for rank 1", f"after {time.time() - t0:.1f}s: {alerts[0]['labels']}")
 
     # SIGCONT: the stall clears and training goes on.
@@ -235,7 +241,7 @@ def main():
     lost = wait_for(lambda: prom.firing("ShardlineWorkerLost"), 20, "ShardlineWorkerLost to fire")
     c.check(bool(lost), "ShardlineWorkerLost fires")
     page = http_get(f"http://{coord_metrics}/metrics")
-    c.check(f'job="{job}"' not in page, "an ended job's rank series leave the coordinator's page")
+    c.check(f'job_id="{job}"' not in page, "an ended job's rank series leave the coordinator's page")
 
     # The surviving worker's page keeps its (now ended) job's series, still:
     # the token counter and the FLOPs formula against the job's shapes.
