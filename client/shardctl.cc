@@ -26,6 +26,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/job_state.h"
 #include "client/command_line.h"
 #include "client/plan_command.h"
@@ -215,6 +217,35 @@ absl::Status Watch(const Client& c, const std::string& id) {
   return absl::OkStatus();
 }
 
+// Prints a job's log lines (of one rank, or all for -1); with `follow`, asks
+// again every second for newer ones until the job has ended.
+absl::Status Logs(const Client& c, const std::string& id, int rank, bool follow) {
+  int64_t after = 0;
+  for (;;) {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    v1::GetLogsRequest r;
+    r.set_job_id(id);
+    r.set_rank(rank);
+    r.set_after_seq(after);
+    v1::GetLogsResponse resp;
+    SL_RETURN_IF_ERROR(c.Check(c.stub()->GetLogs(&ctx, r, &resp)));
+    for (const v1::LogLine& l : resp.lines()) {
+      after = std::max(after, l.seq());
+      if (c.json()) {
+        std::cout << "{\"seq\":" << l.seq() << ",\"rank\":" << l.rank() << ",\"unix_ms\":" << l.unix_ms()
+                  << ",\"text\":" << JsonString(l.text()) << "}\n";
+      } else {
+        std::cout << absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::FromUnixMillis(l.unix_ms()), absl::LocalTimeZone())
+                  << " [rank " << l.rank() << "] " << l.text() << "\n";
+      }
+    }
+    std::cout << std::flush;
+    if (!follow || resp.ended()) return absl::OkStatus();
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
 int64_t NewestCheckpointStep(const v1::Job& j) {
   return j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : -1;
 }
@@ -293,6 +324,12 @@ int main(int argc, char** argv) {
   auto* shards = app.add_subcommand("shards", "the job's ownership map");
   for (auto* s : {status, watch, cancel, del, shards}) s->add_option("JOB", job)->required();
   app.add_subcommand("workers", "list workers");
+  auto* logs = app.add_subcommand("logs", "a job's log lines as its ranks sent them (a tail per rank)");
+  logs->add_option("JOB", job)->required();
+  int log_rank = -1;
+  bool follow_logs = false;
+  logs->add_option("--rank", log_rank, "only this rank's lines")->check(CLI::Range(0, 1 << 20));
+  logs->add_flag("--follow", follow_logs, "keep printing new lines until the job ends");
   std::string from, strategy, step_dir, out_file;
   auto* resume = app.add_subcommand("resume", "start a new job from a job's latest (or a given) checkpoint");
   resume->add_option("JOB", job)->required();
@@ -478,6 +515,7 @@ int main(int argc, char** argv) {
       if (o.json) std::cout << "{\"checkpoints\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
       return absl::OkStatus();
     }
+    if (cmd == "logs") return Logs(c, job, log_rank, follow_logs);
     if (cmd == "workers") {
       v1::ListWorkersResponse resp;
       SL_RETURN_IF_ERROR(c.Check(c.stub()->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp)));

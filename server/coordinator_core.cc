@@ -547,6 +547,7 @@ absl::StatusOr<int> CoordinatorCore::Forget(JobRecord& r, bool checkpoints) {
   for (auto w = watchers_.begin(); w != watchers_.end();) {
     w = w->second.first == id ? watchers_.erase(w) : std::next(w);
   }
+  log_bytes_ -= r.log_bytes;
   jobs_.erase(id);
   return removed;
 }

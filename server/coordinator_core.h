@@ -23,6 +23,7 @@
 // invoked with the core's lock held and must not call back into the core.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -129,6 +130,12 @@ class CoordinatorCore {
   void OnProgress(const std::string& worker_id, const v1::Progress& p);
   void OnFinished(const std::string& worker_id, const v1::RankFinished& f);
   void OnConnected(const std::string& worker_id, const v1::RankConnected& c);
+  // A line of a rank's log (coordinator_logs.cc): kept, cut to
+  // kMaxLogLineBytes, in a tail of kLogLinesPerRank per rank, within
+  // kMaxLogBytes over all jobs (the logs of the jobs that ended first go
+  // first). In memory only: a restarted coordinator starts without them.
+  void OnLog(const std::string& worker_id, const v1::LogLine& line);
+  static constexpr size_t kMaxLogLineBytes = 1024, kLogLinesPerRank = 500, kMaxLogBytes = 64 << 20;
 
   // Counts a call refused before it reached the core (`what`: "role").
   void CountRefused(const char* what) const {
@@ -165,6 +172,9 @@ class CoordinatorCore {
   absl::Status ReportCheckpoint(const v1::CheckpointReport& report, const std::string& credential);
   absl::Status CheckpointNow(const std::string& id);
   absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(const std::string& id) const;
+  // The job's kept log lines after `after_seq` (of rank `rank`, or all for
+  // -1), in arrival order, and whether the job has ended.
+  absl::StatusOr<v1::GetLogsResponse> GetLogs(const std::string& id, int rank, int64_t after_seq) const;
 
   // Calls `cb` with the job now and after every change; returns a handle for
   // Unwatch. NotFound if there is no such job.
@@ -236,6 +246,9 @@ class CoordinatorCore {
     absl::Time restart_by;    // while RESTARTING: when it fails instead
     absl::Time settle_until;  // while RESTARTING: until then, only all its workers will do
     std::string restart_reason;  // while RESTARTING: what Job.message leads with
+    std::map<int, std::deque<v1::LogLine>> logs;  // by rank, oldest first
+    int64_t next_log_seq = 1;
+    size_t log_bytes = 0;
   };
   struct Waiter {
     std::vector<std::string> keys;
@@ -337,6 +350,7 @@ class CoordinatorCore {
   // The rank credentials of running attempts -> their job id (store access).
   std::map<std::string, std::string> credential_jobs_ ABSL_GUARDED_BY(mu_);
   size_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values of kv_
+  size_t log_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // every job's kept log lines
   struct JobKv {
     size_t bytes = 0, keys = 0, waiters = 0;
   };

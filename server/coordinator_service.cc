@@ -103,6 +103,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::Coo
     if (m.has_progress()) core_->OnProgress(id_, m.progress());
     if (m.has_finished()) core_->OnFinished(id_, m.finished());
     if (m.has_connected()) core_->OnConnected(id_, m.connected());
+    if (m.has_log()) core_->OnLog(id_, m.log());
     return absl::OkStatus();
   }
   void Gone(const std::string& why) {
@@ -486,6 +487,14 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServ
     for (auto& c : *list) *resp->add_checkpoints() = std::move(c);
   }
   return Done(ctx, list.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetLogs(grpc::CallbackServerContext* ctx, const v1::GetLogsRequest* req,
+                                                      v1::GetLogsResponse* resp) {
+  SL_AUTHORIZE(ctx, kUser);
+  auto logs = core_->GetLogs(req->job_id(), req->rank(), req->after_seq());
+  if (logs.ok()) *resp = *std::move(logs);
+  return Done(ctx, logs.status());
 }
 
 }  // namespace shardline

@@ -78,6 +78,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                           v1::CheckpointNowResponse* resp) override;
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
                                             v1::ListCheckpointsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetLogs(grpc::CallbackServerContext* ctx, const v1::GetLogsRequest* req,
+                                    v1::GetLogsResponse* resp) override;
 
  private:
   // OK if the call's bearer token is one of `role`'s; `method` names the

@@ -198,6 +198,17 @@ absl::Status WorkerDaemon::RunSession() {
   return FromGrpcStatus(stream->Finish());
 }
 
+void WorkerDaemon::Log(const v1::Assignment& a, const std::string& text) {
+  std::cerr << "shardline-worker: " << a.job_id() << " rank " << a.rank() << ": " << text << std::endl;
+  v1::WorkerMessage m;
+  v1::LogLine* l = m.mutable_log();
+  l->set_job_id(a.job_id());
+  l->set_rank(a.rank());
+  l->set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  l->set_text(text);
+  Write(m);
+}
+
 bool WorkerDaemon::Write(const v1::WorkerMessage& m) {
   absl::MutexLock lock(&write_mu_);
   return stream_ && stream_->Write(m);
@@ -263,8 +274,6 @@ void WorkerDaemon::HandleCommand(const v1::CoordinatorMessage& m) {
 }
 
 void WorkerDaemon::RunJob(v1::Assignment a) {
-  std::cerr << "shardline-worker: running " << a.job_id() << " as rank " << a.rank() << " of " << a.world_size()
-            << std::endl;
   absl::Status s;
   try {
     s = TrainJob(a);
@@ -280,7 +289,8 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
   f->set_cancelled(absl::IsCancelled(s));
   f->set_code(static_cast<int>(s.code()));
   f->set_message(std::string(s.message()));
-  if (!s.ok()) std::cerr << "shardline-worker: " << a.job_id() << ": " << s.message() << std::endl;
+  Log(a, s.ok() ? absl::StrCat("finished at step ", step_.load())
+               : absl::StrCat(absl::IsCancelled(s) ? "stopped: " : "failed: ", s.message()));
   {
     absl::MutexLock lock(&job_mu_);
     job_id_.clear();
@@ -359,6 +369,11 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   hooks.stepped = [&](const StepResult& r, const Engine& engine) {
     step_ = r.step + 1;
     if (a.rank() == 0) history.Append(r, a.world_size());
+    if (options_.log_every_steps > 0 && ((r.step + 1) % options_.log_every_steps == 0 || r.step + 1 == config.train.steps)) {
+      Log(a, absl::StrFormat("step %d/%d: loss %.4f, lr %.3g, grad norm %.4f, %.0f tokens/s%s", r.step + 1,
+                             config.train.steps, r.loss, r.lr, r.grad_norm, r.tokens / r.seconds,
+                             std::isnan(r.val_loss) ? "" : absl::StrFormat(", val loss %.4f", r.val_loss)));
+    }
     metrics.OnStep(r, engine.Memory());
     v1::WorkerMessage m;
     v1::Progress* p = m.mutable_progress();
@@ -375,7 +390,13 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     if (r.skipped) std::cerr << "shardline-worker: step " << r.step + 1 << ": gradient norm not finite; no update" << std::endl;
     return absl::OkStatus();
   };
-  hooks.saved = [&](double seconds, int64_t bytes, bool ok) { metrics.OnCheckpoint(seconds, bytes, ok); };
+  hooks.saved = [&](double seconds, int64_t bytes, bool ok) {
+    metrics.OnCheckpoint(seconds, bytes, ok);
+    if (ok) Log(a, absl::StrFormat("saved its shard (%.1f MB) in %.2f s", bytes / 1e6, seconds));
+  };
+  Log(a, absl::StrFormat("running as rank %d of %d, %s, %s", a.rank(), a.world_size(),
+                         StrategyName(config.parallelism.strategy),
+                         a.resume_from().empty() ? "from the start" : absl::StrCat("resuming from ", a.resume_from())));
   CoordinatorSink sink(stub_.get(), options_.token, a);
   JobRunner runner(std::move(run), &sink, std::move(hooks));
   {

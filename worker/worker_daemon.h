@@ -34,6 +34,7 @@ struct WorkerOptions {
   int threads = 1;   // intra-op threads for the engine
   absl::Duration collective_timeout = absl::Seconds(30);
   double peak_flops = 0;  // one device's peak FLOP/s for MFU; 0 = DefaultPeakFlops
+  int log_every_steps = 10;  // a log line to the coordinator every this many steps
   // Where the worker's metrics go (served or not); required.
   std::shared_ptr<WorkerMetrics> metrics;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -58,6 +59,9 @@ class WorkerDaemon {
   // coordinator.
   absl::Status TrainJob(const v1::Assignment& a);
   bool Write(const v1::WorkerMessage& m);
+  // One line of the job's log: on stderr, and to the coordinator's tail of
+  // the job's logs (shardctl logs).
+  void Log(const v1::Assignment& a, const std::string& text);
   void HeartbeatLoop();
   void AddAuth(grpc::ClientContext* ctx) const;
 

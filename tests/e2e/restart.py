@@ -66,6 +66,11 @@ def main():
     c.check(killed in a0["end"] and "worker lost" in a0["end"] and a1["first_step"] % 10 == 0 and
             a1["first_step"] >= 40 and a1["first_step"] <= a0["last_step"],
             "from its newest committed checkpoint", f"step {a1['first_step']}")
+    rc, out, _ = cl.ctl("logs", job, "--rank", "0")
+    c.check(rc == 0 and "[rank 0] running as rank 0 of 3" in out and "[rank 0] step 10/200: loss" in out and
+            "running as rank 0 of 2, full_shard, resuming from" in out,
+            "shardctl logs: rank 0's lines of both attempts, time-stamped",
+            [l for l in out.splitlines() if "resuming" in l][0][:110] if "resuming" in out else out[-200:])
     restarts = metric(f'shardline_job_restarts_total{{job_id="{job}"}}')
     lost = metric("shardline_job_restart_lost_seconds_count")
     goodput = metric(f'shardline_job_goodput_ratio{{job_id="{job}"}}')
@@ -125,6 +130,11 @@ def main():
     cl.wait_workers(3)
     auto = job_file(cl.dir, "auto", workers=2, steps=12, strategy="auto")
     job = cl.ctl_json("submit", auto)["job_id"]
+    rc_logs, logs, _ = cl.ctl("--json", "logs", job, "--follow", timeout=120)
+    lines = [json.loads(l) for l in logs.splitlines()]
+    c.check(rc_logs == 0 and {l["rank"] for l in lines} == {0, 1} and
+            any(l["text"] == "finished at step 12" for l in lines),
+            "shardctl logs --follow prints every rank's lines until the job ends", f"{len(lines)} lines")
     rc, _, _ = cl.ctl("watch", job, timeout=120)
     done = cl.job(job)
     rc2, out, _ = cl.ctl("status", job)

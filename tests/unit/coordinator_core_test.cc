@@ -615,5 +615,42 @@ TEST_F(CoreTest, TheQueueOfWaitingJobsIsBounded) {
   EXPECT_EQ(core_->ListJobs().size(), 2u);
 }
 
+// shardctl logs: a rank's lines are kept only from the session holding it,
+// one line each, in a bounded tail per rank, and outlive the job.
+TEST_F(CoreTest, LogLinesAreTheRanksOwnInABoundedTail) {
+  RecordingChannel a, b;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string job = Submit(2);
+  auto log = [&](const std::string& worker, int rank, const std::string& text) {
+    v1::LogLine l;
+    l.set_job_id(job);
+    l.set_rank(rank);
+    l.set_unix_ms(1000);
+    l.set_text(text);
+    core_->OnLog(worker, l);
+  };
+  log(wa, 0, "running as rank 0");
+  log(wb, 1, "running as rank 1\nsecond line");
+  log(wb, 0, "forged");  // wb does not hold rank 0
+  v1::GetLogsResponse all = *core_->GetLogs(job, -1, 0);
+  ASSERT_EQ(all.lines_size(), 2);
+  EXPECT_EQ(all.lines(0).text(), "running as rank 0");
+  EXPECT_EQ(all.lines(1).text(), "running as rank 1 second line");
+  EXPECT_EQ(all.lines(1).seq(), 2);
+  EXPECT_FALSE(all.ended());
+  EXPECT_EQ(core_->GetLogs(job, 1, 0)->lines_size(), 1);
+  EXPECT_EQ(core_->GetLogs(job, -1, 1)->lines_size(), 1);  // after seq 1
+  log(wa, 0, std::string(5000, 'x'));
+  EXPECT_EQ(core_->GetLogs(job, 0, 2)->lines(0).text().size(), CoordinatorCore::kMaxLogLineBytes);
+  for (size_t i = 0; i < CoordinatorCore::kLogLinesPerRank + 10; ++i) log(wa, 0, absl::StrCat("step ", i));
+  v1::GetLogsResponse zero = *core_->GetLogs(job, 0, 0);
+  EXPECT_EQ(zero.lines_size(), static_cast<int>(CoordinatorCore::kLogLinesPerRank));
+  EXPECT_EQ(zero.lines(zero.lines_size() - 1).text(), absl::StrCat("step ", CoordinatorCore::kLogLinesPerRank + 9));
+  ASSERT_TRUE(core_->Cancel(job).ok());
+  EXPECT_TRUE(core_->GetLogs(job, -1, 0)->ended());
+  EXPECT_EQ(core_->GetLogs(job, 1, 0)->lines_size(), 1);
+  EXPECT_EQ(core_->GetLogs("job-99", -1, 0).status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace shardline
