@@ -34,7 +34,6 @@ class WorkerMetrics {
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Start(const std::string& listen,
                                                               std::vector<std::string> bearer_tokens = {});
   int port() const { return server_ ? server_->port() : 0; }
-  const metrics::Registry& registry() const { return *registry_; }
 
   // A new job's series; `peak_flops` is one device's peak (for MFU).
   void BeginJob(const std::string& job, int rank, int world, const ModelConfig& model, const LoraConfig& lora,
