@@ -287,6 +287,7 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   train.Int("seed", &c.train.seed, 0, std::numeric_limits<int64_t>::max());
   train.Int("eval_interval", &c.train.eval_interval, 0, kMaxInt);
   train.Int("eval_batches", &c.train.eval_batches, 1, 1 << 20);
+  train.Int("log_interval", &c.train.log_interval, 0, kMaxInt);
   TableReader opt(table("optimizer"), "optimizer", src);
   opt.Double("lr", &c.optimizer.lr);
   opt.Double("min_lr", &c.optimizer.min_lr);

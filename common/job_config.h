@@ -84,6 +84,10 @@ struct TrainConfig {
   // over the first eval_batches global batches of [data] val_path (synthetic
   // data: a synthetic stream of another seed).
   int eval_interval = 0, eval_batches = 20;
+  // A worker sends a log line (loss, lr, grad norm, tokens/s) to the
+  // coordinator every log_interval steps and after the last (0: only the
+  // start, saves and the end); `shardctl logs` shows them.
+  int log_interval = 10;
   // Steps whose global gradient norm is NaN or infinite make no update, as a
   // mixed-precision loss scaler skips them, up to this many in one run; the
   // next one fails the job naming the step. 0: the first fails it.

@@ -369,7 +369,8 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   hooks.stepped = [&](const StepResult& r, const Engine& engine) {
     step_ = r.step + 1;
     if (a.rank() == 0) history.Append(r, a.world_size());
-    if (options_.log_every_steps > 0 && ((r.step + 1) % options_.log_every_steps == 0 || r.step + 1 == config.train.steps)) {
+    const int every = config.train.log_interval;
+    if (every > 0 && ((r.step + 1) % every == 0 || r.step + 1 == config.train.steps)) {
       Log(a, absl::StrFormat("step %d/%d: loss %.4f, lr %.3g, grad norm %.4f, %.0f tokens/s%s", r.step + 1,
                              config.train.steps, r.loss, r.lr, r.grad_norm, r.tokens / r.seconds,
                              std::isnan(r.val_loss) ? "" : absl::StrFormat(", val loss %.4f", r.val_loss)));

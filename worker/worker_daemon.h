@@ -34,7 +34,6 @@ struct WorkerOptions {
   int threads = 1;   // intra-op threads for the engine
   absl::Duration collective_timeout = absl::Seconds(30);
   double peak_flops = 0;  // one device's peak FLOP/s for MFU; 0 = DefaultPeakFlops
-  int log_every_steps = 10;  // a log line to the coordinator every this many steps
   // Where the worker's metrics go (served or not); required.
   std::shared_ptr<WorkerMetrics> metrics;
   std::shared_ptr<grpc::ChannelCredentials> credentials;

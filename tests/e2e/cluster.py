@@ -49,6 +49,7 @@ steps = {steps}
 batch_size = 12
 micro_batch_size = {micro}
 eval_interval = {eval_interval}
+{train_keys}
 [optimizer]
 lr = 3e-3
 min_lr = 3e-4
@@ -59,15 +60,17 @@ strategy = "{strategy}"
 
 
 def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard", extra="", micro=None,
-             eval_interval=0, restarts=None, job_keys=""):
-    """restarts: [job] max_restarts (None: the default, 3); job_keys: more
-    lines for the [job] table (min_workers = 2, ...)."""
+             eval_interval=0, restarts=None, job_keys="", train_keys=""):
+    """restarts: [job] max_restarts (None: the default, 3); job_keys and
+    train_keys: more lines for the [job] table (min_workers = 2, ...) and the
+    [train] table."""
     path = os.path.join(directory, f"{name}.toml")
     if restarts is not None:
         job_keys += f"\nmax_restarts = {restarts}"
     with open(path, "w") as f:
         f.write(JOB.format(name=name, workers=workers, steps=steps, strategy=strategy, job_keys=job_keys,
-                           micro=micro or (12 // workers // 2 or 1), eval_interval=eval_interval) + extra)
+                           micro=micro or (12 // workers // 2 or 1), eval_interval=eval_interval,
+                           train_keys=train_keys) + extra)
     return path
 
 

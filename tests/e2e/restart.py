@@ -128,13 +128,16 @@ def main():
 
     # strategy = "auto": the ranks measure the bus at rendezvous; the pick and why show in status.
     cl.wait_workers(3)
-    auto = job_file(cl.dir, "auto", workers=2, steps=12, strategy="auto")
+    auto = job_file(cl.dir, "auto", workers=2, steps=12, strategy="auto", train_keys="log_interval = 5")
     job = cl.ctl_json("submit", auto)["job_id"]
     rc_logs, logs, _ = cl.ctl("--json", "logs", job, "--follow", timeout=120)
     lines = [json.loads(l) for l in logs.splitlines()]
     c.check(rc_logs == 0 and {l["rank"] for l in lines} == {0, 1} and
             any(l["text"] == "finished at step 12" for l in lines),
             "shardctl logs --follow prints every rank's lines until the job ends", f"{len(lines)} lines")
+    logged = sorted(int(m.group(1)) for l in lines if l["rank"] == 0 for m in [re.match(r"step (\d+)/12:", l["text"])] if m)
+    c.check(logged == [5, 10, 12], "[train] log_interval = 5: a step line at steps 5 and 10 and after the last",
+            f"rank 0 logged steps {logged}")
     rc, _, _ = cl.ctl("watch", job, timeout=120)
     done = cl.job(job)
     rc2, out, _ = cl.ctl("status", job)

@@ -124,6 +124,17 @@ TEST(JobConfig, IntegersAreCheckedBeforeTheyAreNarrowed) {
   EXPECT_NE(e.find("[train] seed = -1 is out of range"), std::string::npos) << e;
 }
 
+TEST(JobConfig, LogIntervalDefaultsToTenAndIsBounded) {
+  auto c = ParseJobConfig(kGood, "job.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->train.log_interval, 10);
+  c = ParseJobConfig("[model]\n[train]\nlog_interval = 0\n", "job.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->train.log_interval, 0);
+  const std::string e = ErrorOf("[model]\n[train]\nlog_interval = -1\n");
+  EXPECT_NE(e.find("[train] log_interval = -1 is out of range [0, 2147483647]"), std::string::npos) << e;
+}
+
 TEST(JobConfig, NumbersMustBeFinite) {
   const std::string e = ErrorOf("[model]\n[optimizer]\nlr = inf\n");
   EXPECT_NE(e.find("[optimizer] lr = inf must be finite"), std::string::npos) << e;
