@@ -324,6 +324,7 @@ def main():
         tokens = {"SHARDLINE_TOKEN_FILE": os.path.join(work, "user-token"),
                   "SHARDLINE_WORKER_TOKEN_FILE": os.path.join(work, "worker-token")}
         common = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=5",
+                  "--signal=B:USR1@30",  # the header's @300 would come at once within --time=5
                   f"--chdir={work}"]
 
         # 1. Success.
@@ -371,38 +372,73 @@ def main():
         bound = sorted(set(re.findall(r"\bw-\d+\s+\S+\s+(cuda:\d+)\s+IDLE", out)))
         checks.check(bound == ["cuda:0", "cuda:1"], "the default device: worker i on cuda:$SLURM_LOCALID", str(bound))
 
-        # 3. scancel while the job runs.
+        # 3. A long job: USR1 (as --signal=B:USR1@300 sends it before the time
+        # limit) saves a checkpoint, then scancel while it runs.
         t = time.time()
+        state = os.path.join(base, "shared", "state")
         jid = cluster.sbatch(common + [f"--output={work}/cancel-%j.out", SCRIPT, "long.toml"],
-                             dict(env, SHARDLINE_DEVICE="cpu", **tokens))
+                             dict(env, SHARDLINE_DEVICE="cpu", SHARDLINE_STATE_DIR=state, **tokens))
         out_path = os.path.join(work, f"cancel-{jid}.out")
-        m = wait_for(lambda: re.search(r"coordinator on (\S+) ", read(out_path)), 90)
-        shardctl = PROGRAMS[2]
+        address = wait_for(lambda: re.search(r"coordinator on (\S+) ", read(out_path)), 90)
+        address = address.group(1) if address else "127.0.0.1:1"
 
         def ctl(*args, token=True):
-            cmd = [shardctl, "--coordinator", m.group(1)]
+            cmd = [PROGRAMS[2], "--coordinator", address]
             if token:
                 cmd += ["--token-file", tokens["SHARDLINE_TOKEN_FILE"]]
             return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=20)
 
-        def running():
-            r = ctl("--json", "status", "job-1")
-            return r.returncode == 0 and re.search(r'"state":"RUNNING","step":[1-9]', r.stdout)
-        started = m is not None and wait_for(running, 90)
+        def running(job, first=1):
+            def pred():
+                r = ctl("--json", "status", job)
+                m = re.search(r'"state":"RUNNING","step":(\d+)', r.stdout)
+                return m and int(m.group(1)) >= first and int(m.group(1))
+            return pred
+        started = wait_for(running("job-1"), 90)
         checks.check(bool(started), "a long job runs under the script", "" if started else read(out_path)[-2000:])
-        if started:
-            r = ctl("workers", token=False)
-            checks.check(r.returncode != 0 and re.search(r"unauthenticated|token", r.stderr, re.I),
-                         "the coordinator wants the user token (SHARDLINE_TOKEN_FILE)", r.stderr.strip()[:150])
+        if not started:
+            raise RuntimeError("the long job did not start")
+        r = ctl("workers", token=False)
+        checks.check(r.returncode != 0 and re.search(r"unauthenticated|token", r.stderr, re.I),
+                     "the coordinator wants the user token (SHARDLINE_TOKEN_FILE)", r.stderr.strip()[:150])
+        subprocess.run(["scancel", "--signal=USR1", "--batch", jid], check=True, timeout=20, env=cluster.env)
+
+        def saved():
+            r = ctl("--json", "ckpt", "list", "job-1")
+            found = re.findall(r'"step":(\d+),"path":"([^"]*)"', r.stdout)
+            return found and found[-1]
+        ckpt = wait_for(saved, 60)
+        checks.check(bool(ckpt) and "USR1: asking job-1 for a checkpoint" in read(out_path),
+                     "USR1 (--signal=B:USR1@300): the script has the job save a checkpoint", str(ckpt))
+        checks.check(bool(wait_for(running("job-1", int(ckpt[0]) + 1 if ckpt else 1), 30)),
+                     "the job goes on after the save")
+        subprocess.run(["scancel", jid], check=True, timeout=20, env=cluster.env)
+        j = cluster.wait_end(jid, 90)
+        checks.check(j.get("JobState") == "CANCELLED", "scancel: the Slurm job is CANCELLED",
+                     f"{j.get('JobState')} {j.get('ExitCode')}")
+        gone = wait_for(lambda: not cluster.steps_left(), 40)
+        out = read(out_path)
+        checks.check(bool(gone), "scancel: the coordinator and the workers stopped",
+                     f"in {time.time() - t:.1f}s" if gone else str(cluster.steps_left()) + "\n" + out[-2000:])
+        checks.check("interrupted" in out, "scancel: the script's trap ran", out.splitlines()[-1] if out else "")
+
+        # 4. SHARDLINE_RESUME in a new allocation, on the same state directory.
+        if ckpt:
+            t = time.time()
+            jid = cluster.sbatch(common + [f"--output={work}/resume-%j.out", SCRIPT],
+                                 dict(env, SHARDLINE_DEVICE="cpu", SHARDLINE_STATE_DIR=state, SHARDLINE_RESUME="job-1",
+                                      **tokens))
+            out_path = os.path.join(work, f"resume-{jid}.out")
+            line = f"resuming from {ckpt[1]}"
+            resumed = wait_for(lambda: "resumed job-1 as job-2" in read(out_path) and line in read(out_path), 90)
+            checks.check("job-1 is still recorded as running: cancelling it first" in read(out_path),
+                         "SHARDLINE_RESUME: job-1, left RUNNING by the scancel, is cancelled first")
+            checks.check(bool(resumed), "SHARDLINE_RESUME: a new allocation resumes job-1 from its checkpoint",
+                         line if resumed else read(out_path)[-2000:])
             subprocess.run(["scancel", jid], check=True, timeout=20, env=cluster.env)
             j = cluster.wait_end(jid, 90)
-            checks.check(j.get("JobState") == "CANCELLED", "scancel: the Slurm job is CANCELLED",
-                         f"{j.get('JobState')} {j.get('ExitCode')}")
-            gone = wait_for(lambda: not cluster.steps_left(), 40)
-            out = read(out_path)
-            checks.check(bool(gone), "scancel: the coordinator and the workers stopped",
-                         f"in {time.time() - t:.1f}s" if gone else str(cluster.steps_left()) + "\n" + out[-2000:])
-            checks.check("interrupted" in out, "scancel: the script's trap ran", out.splitlines()[-1] if out else "")
+            checks.check(j.get("JobState") == "CANCELLED" and wait_for(lambda: not cluster.steps_left(), 40),
+                         "scancel of the resumed run: CANCELLED, nothing left", f"{time.time() - t:.1f}s")
     except Exception as e:  # noqa: BLE001 - reported as a failure, the cluster is stopped below
         checks.check(False, "the Slurm run", f"{type(e).__name__}: {e}")
     finally:
