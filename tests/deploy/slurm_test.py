@@ -15,8 +15,13 @@ with `scontrol show job`). Then it sbatch's deploy/slurm/shardline.sbatch:
   2. the same job with the default device: worker i is bound to cuda:i
      ($SLURM_LOCALID), which this GPU-less host does not have, so the Shardline
      job FAILS and the Slurm job ends FAILED with a non-zero exit code;
-  3. a long job cancelled with scancel while it runs: CANCELLED, and no
-     coordinator or worker left running.
+  3. a long job on a node without GPUs (--gpus-per-node=0,
+     SHARDLINE_WORKERS_PER_NODE=2): SIGUSR1 to the batch shell (what
+     --signal=B:USR1@300 sends before the time limit) has it saved, then
+     scancel while it runs: CANCELLED, and no coordinator or worker left;
+  4. SHARDLINE_RESUME=job-1 on the same SHARDLINE_STATE_DIR in a new
+     allocation: job-1 (left RUNNING by the scancel) is cancelled first and
+     resumed from the saved checkpoint.
 
 Also `bash -n` and shellcheck (when installed) on the script. Every wait has a
 deadline and the daemons are stopped at the end, also on failure.
@@ -291,6 +296,8 @@ def check_static(checks):
 def main():
     checks = Checks()
     check_static(checks)
+    if not checks.check(os.geteuid() == 0, "running as root (slurmd runs jobs as their users)"):
+        checks.finish()
     missing = [t for t in ("munged", "munge", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
                if not shutil.which(t)]
     if not checks.check(not missing, "Slurm and munge are installed (Debian slurm-wlm, munge)", " ".join(missing)):
@@ -323,17 +330,22 @@ def main():
                "SHARDLINE_START_TIMEOUT": "120"}
         tokens = {"SHARDLINE_TOKEN_FILE": os.path.join(work, "user-token"),
                   "SHARDLINE_WORKER_TOKEN_FILE": os.path.join(work, "worker-token")}
-        common = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=5",
+        try:  # workers dial the first node's hostname; a host whose name does not resolve gets the loopback
+            socket.gethostbyname(socket.gethostname())
+        except OSError:
+            env["SHARDLINE_COORDINATOR_HOST"] = "127.0.0.1"
+        common = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--time=5",
                   "--signal=B:USR1@30",  # the header's @300 would come at once within --time=5
                   f"--chdir={work}"]
 
         # 1. Success.
         t = time.time()
         ckpt = os.path.join(base, "shared", "checkpoints")
-        jid = cluster.sbatch(common + [f"--output={work}/ok-%j.out", SCRIPT, "tiny.toml"],
+        jid = cluster.sbatch(common + ["--gpus-per-node=2", f"--output={work}/ok-%j.out", SCRIPT, "tiny.toml"],
                              dict(env, SHARDLINE_DEVICE="cpu", SHARDLINE_CHECKPOINT_DIR=ckpt, **tokens))
         j = cluster.wait_end(jid, 150)
         out = read(os.path.join(work, f"ok-{jid}.out"))
+        print("".join("    | " + l + "\n" for l in out.splitlines()), end="")
         ok = j.get("JobState") == "COMPLETED" and j.get("ExitCode") == "0:0"
         checks.check(ok, "a job that succeeds: the Slurm job is COMPLETED with exit code 0:0",
                      f"{j.get('JobState')} {j.get('ExitCode')} in {time.time() - t:.1f}s"
@@ -356,10 +368,15 @@ def main():
                      "the job file's copy with the checkpoint dir is removed")
         gone = wait_for(lambda: not cluster.steps_left(), 30)
         checks.check(gone, "no coordinator or worker left after the Slurm job", str(cluster.steps_left()))
+        coordinator_log = read(os.path.join(work, f"shardline-{jid}", "coordinator.log"))
+        forced = re.findall(r"^srun: .*(?:Killed|forcing job termination|error).*$", out, re.M)
+        checks.check("stopping on signal 15" in coordinator_log and not forced,
+                     "the steps end by SIGTERM to their tasks (the programs' own stop, not Slurm's SIGKILL)",
+                     " | ".join(forced[:3]))
 
         # 2. Failure: the default device binds worker i to cuda:i, absent here.
         t = time.time()
-        jid = cluster.sbatch(common + [f"--output={work}/fail-%j.out", SCRIPT, "tiny.toml"], env)
+        jid = cluster.sbatch(common + ["--gpus-per-node=2", f"--output={work}/fail-%j.out", SCRIPT, "tiny.toml"], env)
         j = cluster.wait_end(jid, 150)
         out = read(os.path.join(work, f"fail-{jid}.out"))
         ok = j.get("JobState") == "FAILED" and j.get("ExitCode", "0:0") != "0:0"
@@ -372,12 +389,13 @@ def main():
         bound = sorted(set(re.findall(r"\bw-\d+\s+\S+\s+(cuda:\d+)\s+IDLE", out)))
         checks.check(bound == ["cuda:0", "cuda:1"], "the default device: worker i on cuda:$SLURM_LOCALID", str(bound))
 
-        # 3. A long job: USR1 (as --signal=B:USR1@300 sends it before the time
-        # limit) saves a checkpoint, then scancel while it runs.
+        # 3. A long job on a node without GPUs (--gpus-per-node=0, SHARDLINE_WORKERS_PER_NODE):
+        # USR1 (as --signal=B:USR1@300 sends it before the time limit) saves a
+        # checkpoint, then scancel while it runs.
         t = time.time()
         state = os.path.join(base, "shared", "state")
-        jid = cluster.sbatch(common + [f"--output={work}/cancel-%j.out", SCRIPT, "long.toml"],
-                             dict(env, SHARDLINE_DEVICE="cpu", SHARDLINE_STATE_DIR=state, **tokens))
+        nogpu = dict(env, SHARDLINE_DEVICE="cpu", SHARDLINE_WORKERS_PER_NODE="2", SHARDLINE_STATE_DIR=state, **tokens)
+        jid = cluster.sbatch(common + ["--gpus-per-node=0", f"--output={work}/cancel-%j.out", SCRIPT, "long.toml"], nogpu)
         out_path = os.path.join(work, f"cancel-{jid}.out")
         address = wait_for(lambda: re.search(r"coordinator on (\S+) ", read(out_path)), 90)
         address = address.group(1) if address else "127.0.0.1:1"
@@ -425,14 +443,15 @@ def main():
         # 4. SHARDLINE_RESUME in a new allocation, on the same state directory.
         if ckpt:
             t = time.time()
-            jid = cluster.sbatch(common + [f"--output={work}/resume-%j.out", SCRIPT],
-                                 dict(env, SHARDLINE_DEVICE="cpu", SHARDLINE_STATE_DIR=state, SHARDLINE_RESUME="job-1",
-                                      **tokens))
+            jid = cluster.sbatch(common + ["--gpus-per-node=0", f"--output={work}/resume-%j.out", SCRIPT],
+                                 dict(nogpu, SHARDLINE_RESUME="job-1"))
             out_path = os.path.join(work, f"resume-{jid}.out")
             line = f"resuming from {ckpt[1]}"
             resumed = wait_for(lambda: "resumed job-1 as job-2" in read(out_path) and line in read(out_path), 90)
-            checks.check("job-1 is still recorded as running: cancelling it first" in read(out_path),
-                         "SHARDLINE_RESUME: job-1, left RUNNING by the scancel, is cancelled first")
+            by_trap = "cancelling job-1" in read(os.path.join(work, f"cancel-{int(jid) - 1}.out"))
+            first = "job-1 is still recorded as running: cancelling it first" in read(out_path)
+            checks.check(by_trap or first, "job-1 is not left running: cancelled by the scancelled run's trap or"
+                         " before the resume", "by the trap" if by_trap else "before the resume")
             checks.check(bool(resumed), "SHARDLINE_RESUME: a new allocation resumes job-1 from its checkpoint",
                          line if resumed else read(out_path)[-2000:])
             subprocess.run(["scancel", jid], check=True, timeout=20, env=cluster.env)
