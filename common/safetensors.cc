@@ -1,7 +1,6 @@
 #include "common/safetensors.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -310,25 +309,6 @@ absl::Status SafetensorsStreamWriter::Finish() {
   }
   finished_ = true;
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> Sha256OfFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  std::vector<char> buf(4 << 20);
-  ssize_t n;
-  while ((n = ::read(fd, buf.data(), buf.size())) > 0) EVP_DigestUpdate(ctx, buf.data(), n);
-  ::close(fd);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, md, &len);
-  EVP_MD_CTX_free(ctx);
-  if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", md[i]);
-  return hex;
 }
 
 }  // namespace shardline

@@ -113,7 +113,4 @@ int SafetensorsElementBytes(const std::string& dtype);
 // fp32 -> bf16 bits, rounding to nearest even (NaN stays NaN), as torch casts.
 uint16_t FloatToBf16Bits(float f);
 
-// Hex SHA-256 of a whole file, read in 4 MiB pieces.
-absl::StatusOr<std::string> Sha256OfFile(const std::string& path);
-
 }  // namespace shardline

@@ -4,7 +4,8 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 
 #include <ATen/Parallel.h>
 #ifdef SHARDLINE_WITH_CUDA
@@ -15,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/checkpoint_manifest.h"
@@ -62,25 +64,22 @@ class HistoryFile {
   explicit HistoryFile(std::string path) : path_(std::move(path)) {}
   void Append(const StepResult& r, int world) {
     if (failed_) return;
-    if (!out_.is_open()) {
-      const std::string dir = path_.substr(0, path_.rfind('/'));
-      absl::Status made = MakeDirs(dir);
-      if (made.ok()) {
-        const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
-        if (fd >= 0) ::close(fd);
-        out_.open(path_, std::ios::app);
-      }
-      if (!made.ok() || !out_) return Fail(made.ok() ? "cannot open it" : std::string(made.message()));
+    if (out_.get() < 0) {
+      absl::Status made = MakeDirs(path_.substr(0, path_.rfind('/')));
+      if (!made.ok()) return Fail(std::string(made.message()));
+      // O_NOFOLLOW: a symlink planted under this name is never written through.
+      out_ = UniqueFd(::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640));
+      if (out_.get() < 0) return Fail(absl::StrCat("cannot open it: ", std::strerror(errno)));
     }
     auto number = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.9g", v) : std::string("null"); };
-    out_ << absl::StrFormat(
-                "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_second\":%.1f,"
-                "\"val_loss\":%s,\"world_size\":%d,\"unix_ms\":%d}",
-                r.step + 1, number(r.loss), r.lr, number(r.grad_norm), r.tokens / r.seconds, number(r.val_loss),
-                world, absl::ToUnixMillis(absl::Now()))
-         << "\n"
-         << std::flush;
-    if (!out_) Fail("write failed");
+    const std::string line = absl::StrFormat(
+        "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_second\":%.1f,"
+        "\"val_loss\":%s,\"world_size\":%d,\"unix_ms\":%d}\n",
+        r.step + 1, number(r.loss), r.lr, number(r.grad_norm), r.tokens / r.seconds, number(r.val_loss), world,
+        absl::ToUnixMillis(absl::Now()));
+    // One write(2) of a whole line to an O_APPEND file: a reader never sees half of one.
+    absl::Status wrote = WriteFully(out_.get(), line.data(), line.size(), path_);
+    if (!wrote.ok()) Fail(std::string(wrote.message()));
   }
 
  private:
@@ -89,7 +88,7 @@ class HistoryFile {
     std::cerr << "shardline-worker: " << path_ << ": " << why << "; the job goes on without it" << std::endl;
   }
   const std::string path_;
-  std::ofstream out_;
+  UniqueFd out_;
   bool failed_ = false;
 };
 

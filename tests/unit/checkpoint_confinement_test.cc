@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_export.h"
 #include "common/checkpoint_manifest.h"
+#include "common/file_util.h"
 #include "common/job_state.h"
 #include "common/safetensors.h"
 #include "server/coordinator_core.h"
@@ -253,7 +254,7 @@ class ReaderTest : public ::testing::Test {
       ASSERT_TRUE((*w)->Append(v.data(), d.shape[0]).ok());
     }
     ASSERT_TRUE((*w)->Finish().ok());
-    absl::StatusOr<std::string> sha = Sha256OfFile(path);
+    absl::StatusOr<std::string> sha = Sha256OfFileNoFollow(path);
     ASSERT_TRUE(sha.ok()) << sha.status();
     manifest_.ranks = {{0, RankFileName(0), static_cast<int64_t>(fs::file_size(path)), *sha}};
     ASSERT_TRUE(WriteManifest(step_dir_, manifest_).ok());
