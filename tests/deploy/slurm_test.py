@@ -216,6 +216,17 @@ PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
                            env=self.env)
         return dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
 
+    def wait_while_running(self, job_id, pred, timeout):
+        """pred()'s first true value while the Slurm job has not ended; RuntimeError once it has."""
+        def step():
+            v = pred()
+            if v:
+                return v
+            if self.job(job_id).get("JobState") in FINAL:
+                raise RuntimeError(f"Slurm job {job_id} ended early: {self.job(job_id).get('JobState')}")
+            return None
+        return wait_for(step, timeout)
+
     def wait_end(self, job_id, timeout):
         j = wait_for(lambda: (lambda j: j if j.get("JobState") in FINAL else None)(self.job(job_id)), timeout, 1)
         return j or self.job(job_id)
@@ -397,7 +408,10 @@ def main():
         nogpu = dict(env, SHARDLINE_DEVICE="cpu", SHARDLINE_WORKERS_PER_NODE="2", SHARDLINE_STATE_DIR=state, **tokens)
         jid = cluster.sbatch(common + ["--gpus-per-node=0", f"--output={work}/cancel-%j.out", SCRIPT, "long.toml"], nogpu)
         out_path = os.path.join(work, f"cancel-{jid}.out")
-        address = wait_for(lambda: re.search(r"coordinator on (\S+) ", read(out_path)), 90)
+        try:
+            address = cluster.wait_while_running(jid, lambda: re.search(r"coordinator on (\S+) ", read(out_path)), 90)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}\n{read(out_path)[-2000:]}")
         address = address.group(1) if address else "127.0.0.1:1"
 
         def ctl(*args, token=True):
@@ -412,7 +426,7 @@ def main():
                 m = re.search(r'"state":"RUNNING","step":(\d+)', r.stdout)
                 return m and int(m.group(1)) >= first and int(m.group(1))
             return pred
-        started = wait_for(running("job-1"), 90)
+        started = cluster.wait_while_running(jid, running("job-1"), 90)
         checks.check(bool(started), "a long job runs under the script", "" if started else read(out_path)[-2000:])
         if not started:
             raise RuntimeError("the long job did not start")
@@ -447,7 +461,11 @@ def main():
                                  dict(nogpu, SHARDLINE_RESUME="job-1"))
             out_path = os.path.join(work, f"resume-{jid}.out")
             line = f"resuming from {ckpt[1]}"
-            resumed = wait_for(lambda: "resumed job-1 as job-2" in read(out_path) and line in read(out_path), 90)
+            try:
+                resumed = cluster.wait_while_running(
+                    jid, lambda: "resumed job-1 as job-2" in read(out_path) and line in read(out_path), 90)
+            except RuntimeError:
+                resumed = None
             by_trap = "cancelling job-1" in read(os.path.join(work, f"cancel-{int(jid) - 1}.out"))
             first = "job-1 is still recorded as running: cancelling it first" in read(out_path)
             checks.check(by_trap or first, "job-1 is not left running: cancelled by the scancelled run's trap or"
