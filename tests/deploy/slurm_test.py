@@ -10,8 +10,10 @@ with `scontrol show job`). Then it sbatch's deploy/slurm/shardline.sbatch:
 
   1. a tiny GPT on text, SHARDLINE_DEVICE=cpu with --gpus-per-node=2 (one worker
      per GPU: 2), user and worker tokens, SHARDLINE_CHECKPOINT_DIR: the Slurm
-     job ends COMPLETED 0:0, the script says the Shardline job SUCCEEDED, and
-     rank 0's history.jsonl is in the checkpoint directory given;
+     job ends COMPLETED 0:0, the script says the Shardline job SUCCEEDED, the
+     steps were stopped by SIGTERM to their tasks (not Slurm's SIGKILL), and the
+     checkpoints and rank 0's history.jsonl are in the directory given, not in
+     the job file's own [checkpoint] dir;
   2. the same job with the default device: worker i is bound to cuda:i
      ($SLURM_LOCALID), which this GPU-less host does not have, so the Shardline
      job FAILS and the Slurm job ends FAILED with a non-zero exit code;
@@ -78,7 +80,7 @@ warmup_steps = 2
 
 [parallelism]
 strategy = "full_shard"
-"""
+{checkpoint}"""
 
 
 def free_ports(n):
@@ -331,9 +333,11 @@ def main():
             corpus = f.read()[:40000]
         with open(os.path.join(work, "corpus.txt"), "w") as f:
             f.write(corpus)
-        for name, steps in (("tiny", 20), ("long", 1000000)):
+        # tiny's own [checkpoint] dir is what SHARDLINE_CHECKPOINT_DIR replaces.
+        for name, steps, ck in (("tiny", 20, '\n[checkpoint]\ndir = "ckpt-local"   # replaced\ninterval = 10\n'),
+                                ("long", 1000000, "")):
             with open(os.path.join(work, f"{name}.toml"), "w") as f:
-                f.write(JOB.format(name=name, steps=steps))
+                f.write(JOB.format(name=name, steps=steps, checkpoint=ck))
         user_token, worker_token = secrets.token_hex(32), secrets.token_hex(32)
         write_secret(os.path.join(work, "user-token"), user_token)
         write_secret(os.path.join(work, "worker-token"), worker_token)
@@ -375,6 +379,11 @@ def main():
         history = os.path.join(ckpt, shardline_job, "history.jsonl")
         n = len(read(history).splitlines())
         checks.check(n == 20, "rank 0's history.jsonl is in SHARDLINE_CHECKPOINT_DIR", f"{history}: {n} lines")
+        steps = sorted(d for d in os.listdir(os.path.join(ckpt, shardline_job)) if d.startswith("step-")) \
+            if os.path.isdir(os.path.join(ckpt, shardline_job)) else []
+        checks.check(steps == ["step-00000010", "step-00000020"] and not os.path.exists(os.path.join(work, "ckpt-local")),
+                     "SHARDLINE_CHECKPOINT_DIR replaces the job file's [checkpoint] dir, keeping its interval",
+                     str(steps))
         checks.check(not [f for f in os.listdir(work) if f.startswith(".tiny.")],
                      "the job file's copy with the checkpoint dir is removed")
         gone = wait_for(lambda: not cluster.steps_left(), 30)
