@@ -43,13 +43,13 @@ case "$only" in ""|coordinator|worker) ;; *) echo "build-images.sh: --only coord
 read -r -a docker <<< "${DOCKER:-docker}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 suite="${DEBIAN_SUITE:-bookworm}"
-# The legacy builder: plain Dockerfiles need nothing more, and Debian's
-# docker.io ships no buildx plugin.
+# The classic builder: plain Dockerfiles need nothing more, and it needs no
+# buildx plugin.
 export DOCKER_BUILDKIT=0
 say() { echo "build-images: $*"; }
 
 work="$(mktemp -d "${TMPDIR:-/var/tmp}/shardline-images.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf --one-file-system "$work"' EXIT  # never into a mount a stopped debootstrap left
 
 # --- 1. the package -------------------------------------------------------------
 if [ -z "$deb" ]; then

@@ -29,6 +29,7 @@ shardline/worker with no network. Then:
 SHARDLINE_TEST_DOCKER_HOST=unix:///var/run/docker.sock uses that daemon
 instead of starting one (its images are then replaced by the test's).
 """
+import glob
 import json
 import os
 import re
@@ -96,7 +97,9 @@ class Dockerd:
         self.out = open(os.path.join(base, "dockerd.log"), "w")
         argv = ["dockerd", "--host", "unix://" + self.sock, "--data-root", os.path.join(base, "data"),
                 "--exec-root", os.path.join(base, "exec"), "--pidfile", os.path.join(base, "dockerd.pid"),
-                "--iptables=false", "--ip-masq=false", "--bridge=none", "--storage-driver=overlay2"]
+                "--iptables=false", "--ip-masq=false", "--bridge=none",
+                # Its own namespaces should it share a system containerd.
+                "--containerd-namespace", "shardline-test", "--containerd-plugins-namespace", "shardline-test-plugins"]
         self.p = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
         self.docker = Docker("unix://" + self.sock)
 
@@ -121,11 +124,47 @@ class Dockerd:
                 os.killpg(self.p.pid, signal.SIGKILL)
                 self.p.wait(10)
         self.out.close()
-        # Whatever it left mounted under its roots (after a SIGKILL).
-        with open("/proc/mounts") as f:
-            mounts = [l.split()[1] for l in f if l.split()[1].startswith(self.base)]
-        for m in sorted(mounts, key=len, reverse=True):
-            subprocess.run(["umount", "-l", m], capture_output=True, timeout=30)
+
+
+def unmount_under(path):
+    """Whatever is still mounted under path (a daemon's overlays after a SIGKILL, the /proc of a
+    debootstrap that was stopped), deepest first, so that removing path stays inside it."""
+    with open("/proc/mounts") as f:
+        mounts = [l.split()[1] for l in f if l.split()[1].startswith(path.rstrip("/") + "/")]
+    for m in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True, timeout=30)
+
+
+def reap_stale(parent="/var/tmp"):
+    """A private dockerd an earlier run left behind (killed past its deadline): stopped, its roots removed."""
+    for d in glob.glob(os.path.join(parent, "sl-dk-*")):
+        try:  # a run still going (its test process alive) is left alone
+            with open(os.path.join(d, "owner.pid")) as f:
+                if os.path.exists(f"/proc/{int(f.read().strip())}"):
+                    continue
+        except (OSError, ValueError):
+            try:  # or one that has only just made its directory
+                if time.time() - os.stat(d).st_mtime < 120:
+                    continue
+            except OSError:
+                continue
+        try:
+            with open(os.path.join(d, "dockerd.pid")) as f:
+                pid = int(f.read().strip())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                ours = (d + "/docker.sock").encode() in f.read()
+        except (OSError, ValueError):
+            pid, ours = None, False
+        if ours:
+            log(f"stopping dockerd {pid} left by an earlier run in {d}")
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.time() + 30
+            while time.time() < deadline and os.path.exists(f"/proc/{pid}"):
+                time.sleep(0.5)
+            if os.path.exists(f"/proc/{pid}"):
+                os.kill(pid, signal.SIGKILL)
+        unmount_under(d)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def unresolved(ldd_output):
@@ -159,7 +198,15 @@ def main():
     c.check(len(unresolved("undefined symbol: ncclCommInitRank\t(/usr/bin/x)\n")) == 1,
             "checker: an undefined symbol is named")
 
+    # ctest's timeout or ^C: stop the daemon and its containers all the same.
+    def interrupted(signum, _frame):
+        raise SystemExit(f"interrupted by signal {signum}")
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
+    reap_stale()
     base = tempfile.mkdtemp(prefix="sl-dk-", dir="/var/tmp")  # short: unix socket paths
+    with open(os.path.join(base, "owner.pid"), "w") as f:
+        f.write(f"{os.getpid()}\n")
     daemon = None
     docker = None
     try:
@@ -180,6 +227,7 @@ def main():
                 docker("rm", "-f", *ids, timeout=60)
         if daemon is not None:
             daemon.stop()
+        unmount_under(base)
         shutil.rmtree(base, ignore_errors=True)
     log("docker test done")
     c.finish()
@@ -188,8 +236,21 @@ def main():
 def run_all(docker, base):
     # --- the images ---------------------------------------------------------------
     t = time.monotonic()
-    r = subprocess.run([os.path.join(REPO, "deploy", "docker", "build-images.sh"), "--build", BUILD],
-                       capture_output=True, text=True, timeout=780, env=docker.env)
+    # Its scratch directory inside ours (removed with it whatever happens); its process group
+    # stopped if this test is.
+    p = subprocess.Popen([os.path.join(REPO, "deploy", "docker", "build-images.sh"), "--build", BUILD],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env=dict(docker.env, TMPDIR=base, DOCKER=docker.cli))
+    try:
+        out, err = p.communicate(timeout=780)
+    except BaseException:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+        raise
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     print(r.stdout, end="")
     c.check(r.returncode == 0, "build-images.sh", f"{time.monotonic() - t:.0f} s"
             + ("" if r.returncode == 0 else " " + r.stderr[-1500:]))
@@ -424,6 +485,31 @@ interval = 30
     code = docker("inspect", "-f", "{{.State.ExitCode}}", workers[0]).stdout.strip()
     c.check(r.returncode == 0 and time.monotonic() - t < 9, "worker: docker stop (SIGTERM) ends it",
             f"{time.monotonic() - t:.1f} s, exit {code}")
+
+    # The GPU path where the container sees no GPU (no --gpus): the worker image's CUDA runtime
+    # answers, and a job given to a cuda:0 worker fails naming the device, not a library.
+    docker("stop", "-t", "10", workers[1], timeout=60)
+    gpu = f"{PREFIX}-worker-gpu"
+    r = docker("run", "-d", "--name", gpu, "--network", "host", "-v", f"{shared}:/shared",
+               "-v", f"{secrets['worker']}:/secrets:ro", f"shardline/worker:{version}",
+               "--coordinator", addr, "--device", "cuda:0", "--metrics-port", "0",
+               "--token-file", "/secrets/worker-token", timeout=60)
+    deadline = time.time() + 60
+    out = ""
+    while r.returncode == 0 and time.time() < deadline:
+        out = shardctl("workers", timeout=30).stdout
+        if any("cuda:0" in l and "IDLE" in l for l in out.splitlines()):
+            break
+        time.sleep(0.5)
+    t = time.monotonic()
+    r = shardctl("submit", "/shared/fortunes-gpt.toml", "--workers", "1", "--follow", timeout=120)
+    jobs = json.loads(shardctl("--json", "jobs").stdout or "{}").get("jobs", [])
+    st = json.loads(shardctl("status", jobs[-1]["id"], "--json").stdout or "{}") if len(jobs) > 1 else {}
+    c.check(r.returncode != 0 and st.get("state") == "FAILED" and "device cuda:0: not visible" in st.get("message", "")
+            and "cannot load" not in st.get("message", ""),
+            "worker --device cuda:0 without a GPU: the job fails naming the device",
+            f"{st.get('state')}: {st.get('message', '')[:200]} {time.monotonic() - t:.0f} s"
+            + ("" if st else " workers: " + out[-300:] + docker("logs", gpu, timeout=30).stderr[-300:]))
 
 
 if __name__ == "__main__":
