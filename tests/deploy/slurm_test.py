@@ -342,7 +342,7 @@ def main():
         write_secret(os.path.join(work, "user-token"), user_token)
         write_secret(os.path.join(work, "worker-token"), worker_token)
         env = {"SHARDLINE_BUILD": BUILD, "SHARDLINE_COORDINATOR_ARGS": "--metrics-port 0",
-               "SHARDLINE_START_TIMEOUT": "120"}
+               "SHARDLINE_START_TIMEOUT": "60"}
         tokens = {"SHARDLINE_TOKEN_FILE": os.path.join(work, "user-token"),
                   "SHARDLINE_WORKER_TOKEN_FILE": os.path.join(work, "worker-token")}
         try:  # workers dial the first node's hostname; a host whose name does not resolve gets the loopback
@@ -358,7 +358,7 @@ def main():
         ckpt = os.path.join(base, "shared", "checkpoints")
         jid = cluster.sbatch(common + ["--gpus-per-node=2", f"--output={work}/ok-%j.out", SCRIPT, "tiny.toml"],
                              dict(env, SHARDLINE_DEVICE="cpu", SHARDLINE_CHECKPOINT_DIR=ckpt, **tokens))
-        j = cluster.wait_end(jid, 150)
+        j = cluster.wait_end(jid, 120)
         out = read(os.path.join(work, f"ok-{jid}.out"))
         print("".join("    | " + l + "\n" for l in out.splitlines()), end="")
         ok = j.get("JobState") == "COMPLETED" and j.get("ExitCode") == "0:0"
@@ -397,7 +397,7 @@ def main():
         # 2. Failure: the default device binds worker i to cuda:i, absent here.
         t = time.time()
         jid = cluster.sbatch(common + ["--gpus-per-node=2", f"--output={work}/fail-%j.out", SCRIPT, "tiny.toml"], env)
-        j = cluster.wait_end(jid, 150)
+        j = cluster.wait_end(jid, 120)
         out = read(os.path.join(work, f"fail-{jid}.out"))
         ok = j.get("JobState") == "FAILED" and j.get("ExitCode", "0:0") != "0:0"
         checks.check(ok, "a job that fails: the Slurm job is FAILED with a non-zero exit code",
