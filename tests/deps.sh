@@ -3,7 +3,8 @@
 # machines run the 2.11 series), safetensors and numpy for the Python oracle,
 # transformers 5.17.0 (the GPU machines' version) as the llama family's oracle,
 # peft 0.21.2 as LoRA's, kubernetes-validate 1.37.0 (its Kubernetes schemas, 1.30
-# among them) for deploy/kubernetes; zsh to check shardctl's zsh completion (tests/e2e/cli.py).
+# among them) for deploy/kubernetes; zsh to check shardctl's zsh completion (tests/e2e/cli.py);
+# docker.io and debootstrap for deploy/docker, slurm-wlm, munge and shellcheck for deploy/slurm.
 SHARDLINE_TORCH_VERSION="2.11.0"
 SHARDLINE_TRANSFORMERS_VERSION="5.17.0"
 SHARDLINE_PEFT_VERSION="0.21.2"
@@ -12,7 +13,7 @@ SHARDLINE_APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-ven
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtomlplusplus-dev libcli11-dev libsqlite3-dev libgtest-dev libgmock-dev libgloo-dev openssl libssl-dev nlohmann-json3-dev
   libcivetweb-dev prometheus-cpp-dev prometheus clang libclang-rt-14-dev systemd zsh
-  dpkg-dev file)
+  dpkg-dev file docker.io debootstrap slurm-wlm munge shellcheck)
 
 shardline_install_deps() {
   local missing=()
