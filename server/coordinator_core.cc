@@ -43,18 +43,6 @@ bool IsRetryableOwnError(int code) {
   return c == absl::StatusCode::kInternal || c == absl::StatusCode::kUnknown;
 }
 
-// A copy of `j` without its history (listings and watchers follow progress,
-// not the whole curve). The history is swapped aside and back, not copied;
-// callers hold the core's lock, so nobody sees it gone.
-v1::Job WithoutHistory(const v1::Job& j) {
-  v1::Job& job = const_cast<v1::Job&>(j);
-  google::protobuf::RepeatedPtrField<v1::StepRecord> history;
-  history.Swap(job.mutable_history());
-  v1::Job out = job;
-  history.Swap(job.mutable_history());
-  return out;
-}
-
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(StateStore* store, CoordinatorOptions options)
@@ -70,6 +58,7 @@ absl::Status CoordinatorCore::Recover() {
   for (StoredJob& s : *jobs) {
     JobRecord r;
     r.stored = std::move(s);
+    r.history.Swap(r.stored.job.mutable_history());
     auto cfg = ParseJobSpec(r.stored.spec_toml, r.stored.job.name(), r.stored.base_dir);
     if (cfg.ok()) r.config = *cfg;
     const std::string id = r.stored.job.id();
@@ -129,14 +118,18 @@ void CoordinatorCore::Persist(JobRecord& r) {
 absl::Status CoordinatorCore::PersistOrError(JobRecord& r) {
   JobOf(r).set_updated_unix_ms(NowMs());
   r.last_persist = absl::Now();
-  return store_->PutJob(r.stored);
+  // The history is stored in the job's row: swapped in for the write, not copied.
+  r.stored.job.mutable_history()->Swap(&r.history);
+  absl::Status put = store_->PutJob(r.stored);
+  r.stored.job.mutable_history()->Swap(&r.history);
+  return put;
 }
 
 void CoordinatorCore::Notify(const JobRecord& r) {
   bool watched = false;
   for (auto& [h, w] : watchers_) watched |= w.first == r.stored.job.id();
   if (!watched) return;
-  const v1::Job j = WithoutHistory(r.stored.job);  // watchers follow progress, not the whole curve
+  const v1::Job& j = r.stored.job;  // without its history: watchers follow progress, not the whole curve
   for (auto& [h, w] : watchers_) {
     if (w.first == j.id()) w.second(j);
   }
@@ -290,14 +283,15 @@ void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
     j.set_val_loss(p.val_loss());
     j.set_val_step(p.step());
   }
-  AppendHistory(j, p);
+  AppendHistory(r->history, p);
   // Progress is persisted at most once a second; states always at once.
   if (absl::Now() - r->last_persist > absl::Seconds(1)) Persist(*r);
   Notify(*r);
 }
 
-void CoordinatorCore::AppendHistory(v1::Job& j, const v1::Progress& p) {
-  auto* h = j.mutable_history();
+void CoordinatorCore::AppendHistory(google::protobuf::RepeatedPtrField<v1::StepRecord>& history,
+                                    const v1::Progress& p) {
+  auto* h = &history;
   if (!h->empty() && h->Get(h->size() - 1).step() >= p.step()) return;  // said already
   v1::StepRecord* s = h->Add();
   s->set_step(p.step());
@@ -472,7 +466,8 @@ absl::StatusOr<v1::Job> CoordinatorCore::GetJob(const std::string& id, bool hist
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  v1::Job j = history ? it->second.stored.job : WithoutHistory(it->second.stored.job);
+  v1::Job j = it->second.stored.job;
+  if (history) *j.mutable_history() = it->second.history;
   FillRanks(it->second, absl::Now(), &j);
   return j;
 }
@@ -482,7 +477,7 @@ std::vector<v1::Job> CoordinatorCore::ListJobs() const {
   std::vector<v1::Job> out;
   const absl::Time now = absl::Now();
   for (const auto& [id, r] : jobs_) {
-    out.push_back(WithoutHistory(r.stored.job));
+    out.push_back(r.stored.job);
     FillRanks(r, now, &out.back());
   }
   std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {

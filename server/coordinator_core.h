@@ -229,7 +229,10 @@ class CoordinatorCore {
     absl::Time last_change;  // when step or seq last moved
   };
   struct JobRecord {
-    StoredJob stored;
+    StoredJob stored;  // its Job.history is empty but while it is written (PersistOrError)
+    // Job.history, kept apart so that listings and watchers copy the job
+    // without the whole curve; stored with the job.
+    google::protobuf::RepeatedPtrField<v1::StepRecord> history;
     absl::Time started;                   // when it turned RUNNING
     std::set<int> connected_ranks;        // rendezvous done
     std::map<int, RankProgress> progress;  // by rank
@@ -267,7 +270,7 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank 0's progress into Job.history, within kMaxHistory.
-  static void AppendHistory(v1::Job& j, const v1::Progress& p);
+  static void AppendHistory(google::protobuf::RepeatedPtrField<v1::StepRecord>& history, const v1::Progress& p);
   // Persist that reports a failed write to the caller (a commit must not
   // write its manifest before the record names it).
   absl::Status PersistOrError(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

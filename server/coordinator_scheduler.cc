@@ -293,7 +293,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   j.set_step(first_step);
   // The history keeps the run that counts: steps past the checkpoint are
   // computed again by this attempt.
-  auto* h = j.mutable_history();
+  auto* h = &r.history;
   while (!h->empty() && h->Get(h->size() - 1).step() > first_step) h->RemoveLast();
   r.started = absl::Now();
   r.connected_ranks.clear();

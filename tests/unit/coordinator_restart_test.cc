@@ -352,6 +352,28 @@ TEST_F(RestartTest, TheHistoryKeepsTheStepsThatCountWithinItsBound) {
   for (int i = 1; i < j.history_size(); ++i) ASSERT_LT(j.history(i - 1).step(), j.history(i).step());
 }
 
+// The history is written with the job's record (the next state change
+// persists it) and read back by a coordinator that restarted; listings still
+// leave it out.
+TEST_F(RestartTest, TheHistoryIsStoredWithTheJob) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c;
+  const std::string wa = AddWorker("h1", "cpu", &a);
+  AddWorker("h2", "cpu", &b);
+  AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  for (int s = 1; s <= 3; ++s) Progress(wa, job, s);
+  ASSERT_TRUE(core_->Cancel(job).ok());
+  core_.reset();
+  Open(absl::ZeroDuration());
+  ASSERT_TRUE(core_->Recover().ok());
+  const v1::Job j = *core_->GetJob(job, /*history=*/true);
+  ASSERT_EQ(j.history_size(), 3);
+  EXPECT_EQ(j.history(2).step(), 3);
+  EXPECT_EQ(core_->GetJob(job)->history_size(), 0);
+  EXPECT_EQ(core_->ListJobs().at(0).history_size(), 0);
+}
+
 }  // namespace
 }  // namespace shardline
 
