@@ -45,14 +45,9 @@ absl::StatusOr<const SafetensorsReader*> CheckpointReader::RankFile(int rank) {
     return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (sha256 ", sha.substr(0, 12),
                                             "..., manifest says ", entry->sha256.substr(0, 12), "...)"));
   }
-  SL_ASSIGN_OR_RETURN(auto f, SafetensorsReader::Open(path));
-  // SafetensorsReader opens the name again: it must still be the file that
-  // was verified, not a link or another file put there since.
-  struct stat verified, now;
-  if (::fstat(fd.get(), &verified) != 0 || ::lstat(path.c_str(), &now) != 0 || !S_ISREG(now.st_mode) ||
-      now.st_dev != verified.st_dev || now.st_ino != verified.st_ino) {
-    return absl::DataLossError(absl::StrCat(path, ": replaced while it was being verified"));
-  }
+  // Read through the descriptor that was verified: a file put under the name
+  // since is never what is read.
+  SL_ASSIGN_OR_RETURN(auto f, SafetensorsReader::FromOpenFile(std::move(fd), path));
   return (files_[rank] = std::move(f)).get();
 }
 

@@ -177,33 +177,35 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head,
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path) {
-  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
-  r->path_ = path;
   // O_NONBLOCK: a FIFO named as a weight file must be refused below, not
   // block the open until a writer appears (no effect on a regular file).
-  r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (r->fd_ < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  return FromOpenFile(std::move(fd), path);
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::FromOpenFile(UniqueFd fd,
+                                                                                  const std::string& path) {
+  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
+  r->path_ = path;
+  r->fd_ = std::move(fd);
   struct stat st;
-  if (fstat(r->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(r->fd_.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
   std::string head(8, '\0');
-  const ssize_t n = ::pread(r->fd_, head.data(), 8, 0);
+  const ssize_t n = ::pread(r->fd_.get(), head.data(), 8, 0);
   head.resize(n > 0 ? static_cast<size_t>(n) : 0);
   absl::StatusOr<uint64_t> len = SafetensorsHeaderLength(head, st.st_size, path);
   if (!len.ok()) return len.status();
   head.resize(8 + *len);
-  if (::pread(r->fd_, head.data() + 8, *len, 8) != static_cast<ssize_t>(*len)) {
+  if (::pread(r->fd_.get(), head.data() + 8, *len, 8) != static_cast<ssize_t>(*len)) {
     return absl::DataLossError(absl::StrCat(path, ": truncated header"));
   }
   absl::StatusOr<SafetensorsHeader> h = ParseSafetensorsHeader(head, st.st_size, path);
   if (!h.ok()) return h.status();
   r->header_ = *std::move(h);
   return r;
-}
-
-SafetensorsReader::~SafetensorsReader() {
-  if (fd_ >= 0) ::close(fd_);
 }
 
 absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t first, int64_t count, float* dst) const {
@@ -224,7 +226,7 @@ absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t firs
   char* out = reinterpret_cast<char*>(dst) + (size == 2 ? count * 2 : 0);
   int64_t left = count * size, at = header_.data_start + e.begin + first * size;
   while (left > 0) {
-    const ssize_t n = ::pread(fd_, out, left, at);
+    const ssize_t n = ::pread(fd_.get(), out, left, at);
     if (n <= 0) return absl::DataLossError(absl::StrCat(path_, ": short read of ", name));
     out += n;
     at += n;

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/file_util.h"
 
 namespace shardline {
 
@@ -59,9 +60,13 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head,
 class SafetensorsReader {
  public:
   using Entry = SafetensorsEntry;
-  // Reads and checks the header (ParseSafetensorsHeader).
+  // Opens `path` and reads and checks the header (ParseSafetensorsHeader).
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
-  ~SafetensorsReader();
+  // The same on a file already open (`path` names it in errors); the reader
+  // owns `fd` from then on. For a file that was verified through this very
+  // descriptor (a checkpoint's rank file after its checksum), so that what is
+  // read is what was verified.
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> FromOpenFile(UniqueFd fd, const std::string& path);
   const std::string& path() const { return path_; }
   const std::map<std::string, Entry>& entries() const { return header_.entries; }
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
@@ -72,7 +77,7 @@ class SafetensorsReader {
  private:
   SafetensorsReader() = default;
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
   SafetensorsHeader header_;
 };
 
