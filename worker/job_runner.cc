@@ -39,9 +39,25 @@ absl::Status JobRunner::Start(c10::intrusive_ptr<c10d::Store> store, std::shared
     SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(*comms.shard, *device, run_.collective_timeout));
   }
   if (hooks_.connected) hooks_.connected(comms, bus_bandwidth);
+  std::vector<comm::Communicator*> groups = {comms.shard.get(), comms.replicate.get()};
   SL_ASSIGN_OR_RETURN(engine_, Engine::Create(run_.config, run_.rank, run_.world, std::move(device), std::move(comms),
                                               run_.collective_timeout));
+  absl::MutexLock lock(&comms_mu_);
+  comms_ = std::move(groups);
+  if (cancel_) AbortComms();
   return absl::OkStatus();
+}
+
+void JobRunner::Cancel() {
+  cancel_ = true;
+  absl::MutexLock lock(&comms_mu_);
+  AbortComms();
+}
+
+void JobRunner::AbortComms() {
+  for (comm::Communicator* c : comms_) {
+    if (c) c->Abort(absl::CancelledError(absl::StrCat("rank ", run_.rank, " was told to stop")));
+  }
 }
 
 bool JobRunner::WantsTimedSave() const {
@@ -70,6 +86,9 @@ absl::Status JobRunner::Run() {
     absl::StatusOr<StepResult> r = engine_->Step(s, vote);
     if (!r.ok()) {
       (void)WaitForSave();
+      // Told to stop while the step waited on a collective: the abort that
+      // ended the wait is not the step's failure.
+      if (cancel_) return absl::CancelledError(absl::StrCat("stopped in step ", s, " (", r.status().message(), ")"));
       return r.status();
     }
     step_ = s + 1;

@@ -20,11 +20,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/checkpoint_manifest.h"
 #include "common/job_config.h"
@@ -83,7 +86,11 @@ class JobRunner {
   // Cancel (Cancelled, naming the step); the last save is committed before
   // it returns OK.
   absl::Status Run();
-  void Cancel() { cancel_ = true; }
+  // From any thread: Run returns Cancelled, before the next step or, when a
+  // collective of this step waits, as soon as its communicator can end the
+  // wait (Communicator::Abort): a job being stopped does not sit out the
+  // collective timeout on a peer that failed.
+  void Cancel();
   // Asks for a save after the next step (every rank saves after the first
   // step in which any rank asked).
   void RequestSave() { save_requested_ = true; }
@@ -95,12 +102,17 @@ class JobRunner {
   absl::Status Save(int64_t step);
   absl::Status WaitForSave();
   bool WantsTimedSave() const;
+  void AbortComms() ABSL_EXCLUSIVE_LOCKS_REQUIRED(comms_mu_);
 
   const JobRun run_;
   CheckpointSink* const sink_;
   const JobHooks hooks_;
   std::unique_ptr<Engine> engine_;
   std::atomic<bool> cancel_{false};
+  // The engine's communicators, for Cancel to abort (set once the engine
+  // owns them, and valid as long as it lives).
+  absl::Mutex comms_mu_;
+  std::vector<comm::Communicator*> comms_ ABSL_GUARDED_BY(comms_mu_);
   std::atomic<bool> save_requested_{false};
   std::atomic<int64_t> step_{0};
   absl::Time last_save_;          // the start of the run, or of the last save

@@ -2,7 +2,8 @@
 // that do not divide), fp32 and bf16; a hung peer fails the op within its
 // deadline naming the op and the peer it waited on; a peer process killed
 // with SIGKILL fails the next collective naming the op and the peer's rank;
-// an aborted communicator stays so.
+// an aborted communicator stays so; Abort from another thread ends a ring
+// step that waits.
 #include "worker/comm/gloo_communicator.h"
 
 #include <gtest/gtest.h>
@@ -100,6 +101,46 @@ TEST(GlooCommunicator, HungPeerFailsWithinTheDeadlineNamingTheOp) {
     EXPECT_EQ(next.code(), absl::StatusCode::kAborted) << next;
     EXPECT_NE(std::string(next.message()).find("aborted"), std::string::npos);
   });
+}
+
+// A job being stopped: Abort from another thread ends a ring step that waits
+// on a peer which neither sends nor closes its connection (a peer that failed
+// and kept its process), long before the op's deadline, and says why.
+TEST(GlooCommunicator, AbortEndsAWaitingRingStepAtOnce) {
+  GlooOptions o;
+  o.op_timeout = absl::Seconds(30);
+  absl::Mutex mu;
+  std::vector<Communicator*> waiting;
+  std::thread stopper;
+  OnRanks(3, o, [&](int r, Communicator& c) {
+    if (r == 2) {
+      absl::SleepFor(absl::Seconds(3));  // alive, connected, never joins
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu);
+      waiting.push_back(&c);
+      if (waiting.size() == 2) {
+        stopper = std::thread([&] {
+          absl::SleepFor(absl::Milliseconds(300));
+          absl::MutexLock l(&mu);
+          for (Communicator* w : waiting) w->Abort(absl::CancelledError("told to stop"));
+        });
+      }
+    }
+    at::Tensor in = at::ones({4}), out = at::empty({12});
+    const absl::Time t0 = absl::Now();
+    absl::Status s = c.AllGather(out, in)->Wait(absl::Seconds(60));
+    const absl::Duration took = absl::Now() - t0;
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_LT(took, absl::Seconds(2.5)) << "ended only after " << took << " (the op's deadline is 30 s)";
+    EXPECT_NE(std::string(s.message()).find("[rank " + std::to_string(r) + "] all_gather #1"), std::string::npos) << s;
+    EXPECT_NE(std::string(s.message()).find("told to stop"), std::string::npos) << s;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kCancelled) << c.status();
+    // Every later op fails at once.
+    EXPECT_EQ(c.AllGather(out, in)->Wait(absl::Seconds(30)).code(), absl::StatusCode::kAborted);
+  });
+  stopper.join();
 }
 
 // --- a peer in another process, killed with SIGKILL ------------------------

@@ -34,6 +34,7 @@ class CountingGroup : public comm::Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backend() const override { return "test"; }
+  void Abort(const absl::Status&) override {}
   std::shared_ptr<comm::Work> AllGather(at::Tensor out, at::Tensor in) override {
     ++gathers;
     out.copy_(in);

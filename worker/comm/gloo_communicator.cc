@@ -208,9 +208,34 @@ class GlooCommunicator : public Communicator {
     absl::MutexLock lock(&mu_);
     return !abort_status_.ok();
   }
-  void Abort(const absl::Status& why) {
+
+ public:
+  void Abort(const absl::Status& why) override {
+    std::vector<c10::intrusive_ptr<c10d::Work>> waiting;
+    {
+      absl::MutexLock lock(&mu_);
+      if (abort_status_.ok()) abort_status_ = why;
+      waiting = ring_step_;
+    }
+    // c10d's point-to-point works end a pending wait when aborted (Gloo's
+    // abortWaitRecv / abortWaitSend): the wait returns false at once.
+    for (auto& w : waiting) AbortWork(*w);
+  }
+
+ private:
+  static void AbortWork(c10d::Work& w) {
+    try {
+      w.abort();
+    } catch (const std::exception&) {
+      // Nothing to end: the work had completed.
+    }
+  }
+  // Publishes a ring step's receive and send for Abort (empty: none in
+  // progress); OK unless the communicator was aborted already.
+  absl::Status SetRingStep(std::vector<c10::intrusive_ptr<c10d::Work>> works) {
     absl::MutexLock lock(&mu_);
-    if (abort_status_.ok()) abort_status_ = why;
+    ring_step_ = std::move(works);
+    return abort_status_;
   }
 
   std::shared_ptr<Work> Enqueue(Op op, const at::Tensor& tensor, Body body) {
@@ -316,9 +341,30 @@ class GlooCommunicator : public Communicator {
       return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": cannot send to rank ",
                                                  right, " (", FirstLine(e), ")"));
     }
+    // An Abort from now on ends these waits; one that came before ends them here.
+    if (absl::Status gone = SetRingStep({rw, sw}); !gone.ok()) {
+      AbortWork(*rw);
+      AbortWork(*sw);
+    }
+    absl::Status st = WaitRingStep(op, seq, step, rw, sw, deadline);
+    (void)SetRingStep({});
+    if (st.ok()) *sent += send.nbytes();
+    return st;
+  }
+
+  absl::Status WaitRingStep(Op op, int64_t seq, int step, const c10::intrusive_ptr<c10d::Work>& rw,
+                            const c10::intrusive_ptr<c10d::Work>& sw, absl::Time deadline) {
+    const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+    auto aborted_by = [&](const std::string& what) {
+      absl::MutexLock lock(&mu_);
+      return abort_status_.ok() ? absl::OkStatus()
+                                : absl::AbortedError(absl::StrCat(OpLabel(op, seq), " step ", step, ": ", what,
+                                                                  " ended: ", abort_status_.message()));
+    };
     try {
       if (!rw->wait(Remaining(deadline))) throw std::runtime_error("timed out");
     } catch (const std::exception& e) {
+      if (absl::Status a = aborted_by(absl::StrCat("waiting for rank ", left)); !a.ok()) return a;
       const bool late = absl::Now() >= deadline;
       const std::string msg = absl::StrCat(OpLabel(op, seq), " step ", step, ": no data from rank ",
                                            left, late ? " before the deadline (" : " (",
@@ -328,11 +374,11 @@ class GlooCommunicator : public Communicator {
     try {
       if (!sw->wait(Remaining(deadline))) throw std::runtime_error("timed out");
     } catch (const std::exception& e) {
+      if (absl::Status a = aborted_by(absl::StrCat("sending to rank ", right)); !a.ok()) return a;
       return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step,
                                                  ": sending to rank ", right, " failed (",
                                                  FirstLine(e), ")"));
     }
-    *sent += send.nbytes();
     return absl::OkStatus();
   }
 
@@ -407,6 +453,8 @@ class GlooCommunicator : public Communicator {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
+  // The receive and send of the ring step in progress, for Abort to end.
+  std::vector<c10::intrusive_ptr<c10d::Work>> ring_step_ ABSL_GUARDED_BY(mu_);
   CommStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -244,6 +244,7 @@ class NcclCommunicator : public Communicator {
 
   CommStats Stats() const override { return state_->Stats(); }
   absl::Status status() const override { return state_->status(); }
+  void Abort(const absl::Status& why) override { state_->Fail(why, /*culprit=*/0); }
 
  private:
   using NcclCall = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
