@@ -122,6 +122,8 @@ void CoordinatorCore::GrowAtCheckpoint(JobRecord& r, int64_t step) {
   v1::Job& j = JobOf(r);
   const int want = RequestedWorkers(j);
   if (j.state() != v1::JOB_STATE_RUNNING || j.workers() >= want || j.worker_ids_size() == 0) return;
+  // The checkpoint of the last step ends the job: nothing is left to run faster.
+  if (step >= r.config.train.steps) return;
   auto first = workers_.find(j.worker_ids(0));
   if (first == workers_.end()) return;
   const std::string kind = DeviceKind(first->second.info);

@@ -321,6 +321,28 @@ TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
   EXPECT_EQ(j.attempts(1).strategy(), j.strategy());
 }
 
+// The checkpoint of the last step ends the job: it does not stop the ranks
+// to grow onto a worker that came back (they would restart only to finish).
+TEST_F(RestartTest, TheLastStepsCheckpointDoesNotGrowTheJob) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c, d;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  Commit(job, 2, {&a, &b, &c});
+  core_->WorkerGone(wc, "session closed");
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  ASSERT_EQ(core_->GetJob(job)->workers(), 2);
+  AddWorker("h4", "cpu", &d);
+  Commit(job, 50, {&a, &b});  // [train] steps = 50
+  const v1::Job j = *core_->GetJob(job);
+  EXPECT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.attempts_size(), 2);
+  EXPECT_EQ(a.Cancels(), 1);  // only the restart's
+  EXPECT_TRUE(d.Starts().empty());
+}
+
 // Job.history: rank 0's steps, only where asked for, the run that counts
 // after a restart, and bounded however long the job runs.
 TEST_F(RestartTest, TheHistoryKeepsTheStepsThatCountWithinItsBound) {
