@@ -13,8 +13,9 @@ one time in four, the coordinator. It then prints
   - restarts, steps computed twice, goodput (shardline_job_goodput_ratio's
     formula over the attempts), wall time;
   - the final loss against an uninterrupted run of the same job on 3 workers
-    in the same session (cross-world tolerance: 1e-5 relative, as a resume at
-    another world size);
+    in the same session, within max(1e-5, twice the relative difference
+    between uninterrupted runs at 3 and at 2 workers): the chaos run moves
+    between the two world sizes, and each carries the other's rounding on;
   - whether every checkpoint ever listed as committed is still listed, and
     its files still match their manifest's SHA-256.
 
@@ -39,8 +40,9 @@ MODEL = {"n_layer = 2": "n_layer = 4", "n_embd = 32": "n_embd = 128", "block_siz
 CKPT = '\n[checkpoint]\ndir = "ckpt"\ninterval = 10\ninterval_seconds = 5\nkeep_latest = 0\n'
 
 
-def write_job(d, name, steps):
-    path = job_file(d, name, workers=3, steps=steps, extra=CKPT, micro=1, job_keys="min_workers = 2\nmax_restarts = 100")
+def write_job(d, name, steps, workers=3):
+    path = job_file(d, name, workers=workers, steps=steps, extra=CKPT, micro=1,
+                    job_keys="min_workers = 2\nmax_restarts = 100")
     text = open(path).read()
     for a, b in MODEL.items():
         text = text.replace(a, b)
@@ -69,13 +71,14 @@ def safe_job(cl, job):
         return None
 
 
-def run_reference(steps):
+def run_reference(steps, workers):
+    """An uninterrupted run: its final loss and wall seconds."""
     cl = Cluster()
-    for h in ("ref-a", "ref-b", "ref-c"):
+    for h in ("ref-a", "ref-b", "ref-c")[:workers]:
         cl.add_worker(h)
-    cl.wait_workers(3)
+    cl.wait_workers(workers)
     t0 = time.time()
-    job = cl.ctl_json("submit", write_job(cl.dir, "reference", steps))["job_id"]
+    job = cl.ctl_json("submit", write_job(cl.dir, "reference", steps, workers))["job_id"]
     rc, _, err = cl.ctl("watch", job, timeout=3600)
     j = cl.job(job)
     if rc != 0:
@@ -95,7 +98,13 @@ def main():
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
-    ref_loss, ref_wall = run_reference(args.steps)
+    ref_loss, ref_wall = run_reference(args.steps, 3)
+    # The tolerance: a run that moves between 3 and 2 workers differs from
+    # the one at 3 by rounding (sums in another order), which training
+    # carries on; a whole run at 2 workers bounds how far that goes.
+    ref2_loss, _ = run_reference(args.steps, 2)
+    cross = abs(ref2_loss - ref_loss) / abs(ref_loss)
+    tol = max(1e-5, 2 * cross)
     cl = Cluster(coordinator_args=["--restart-settle", "2"])
     hosts = ["host-a", "host-b", "host-c"]
     for h in hosts:
@@ -163,12 +172,14 @@ def main():
         print(f"{i:>7} {a['world_size']:>7} {str(a['first_step']) + '-' + str(a['last_step']):>11} "
               f"{a['lost_seconds']:>7.1f}  {a['end'][:70]}")
     print(f"\n| state | faults | restarts | steps recomputed | goodput | wall s | uninterrupted s | final loss | "
-          f"reference loss | rel. diff | checkpoints committed | lost |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"reference loss | rel. diff | tolerance | checkpoints committed | lost |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {final['state']} | {len(faults)} | {final['restarts']} | {recomputed} | {final['goodput']:.3f} | "
-          f"{wall:.0f} | {ref_wall:.0f} | {final['loss']:.6f} | {ref_loss:.6f} | {rel:.1e} | {len(committed)} | "
+          f"{wall:.0f} | {ref_wall:.0f} | {final['loss']:.6f} | {ref_loss:.6f} | {rel:.1e} | {tol:.1e} | {len(committed)} | "
           f"{len(lost)} |")
-    ok = final["state"] == "SUCCEEDED" and rel < 1e-5 and not lost
+    print(f"\nuninterrupted at 2 workers: final loss {ref2_loss:.6f}, {cross:.1e} from the run at 3; "
+          f"tolerance max(1e-5, 2 x that) = {tol:.1e}")
+    ok = final["state"] == "SUCCEEDED" and rel <= tol and not lost
     if not ok:
         print(f"FAILED: state {final['state']} ({final['message'][:200]}), rel. diff {rel:.1e}, lost {lost}")
     for p in list(cl.workers.values()) + [cl.coordinator]:
