@@ -37,6 +37,7 @@
 #include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
+#include "common/quoted.h"
 #include "common/status_macros.h"
 #include "shardline/v1/shardline.grpc.pb.h"
 #define TOML_EXCEPTIONS 1
@@ -124,7 +125,7 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text, const std::string
   if (unit == "MB") scale = 1000 * 1000;
   if (unit == "GB") scale = 1000 * 1000 * 1000;
   if (digits == 0 || digits > 9 || scale == 0 || std::stoll(text.substr(0, digits)) < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, " \"", text, "\": expected a size such as 5GB, 500MB or 20KB"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", Quoted(text), ": expected a size such as 5GB, 500MB or 20KB"));
   }
   return std::stoll(text.substr(0, digits)) * scale;
 }

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/model_shapes.h"
+#include "common/quoted.h"
 
 namespace shardline {
 
@@ -198,7 +199,7 @@ absl::Status CheckManifest(const CheckpointManifest& m, const std::string& path)
     const ShardLayout& l = (*own)[u];
     if (x.unit != l.unit || x.numel != l.numel || x.group_size != l.group_size || x.padded != l.padded_numel ||
         x.shard != l.shard_numel) {
-      return bad(absl::StrCat("ownership of unit ", u, " (", x.unit, ": numel ", x.numel, ", padded ", x.padded,
+      return bad(absl::StrCat("ownership of unit ", u, " (", Shown(x.unit), ": numel ", x.numel, ", padded ", x.padded,
                               ", shard ", x.shard, ", group_size ", x.group_size, ") is not the model's (", l.unit,
                               ": numel ", l.numel, " at group size ", l.group_size, ")"));
     }
@@ -210,7 +211,7 @@ absl::Status CheckManifest(const CheckpointManifest& m, const std::string& path)
     }
     seen[r.rank] = true;
     if (r.file.empty() || r.file == "." || r.file == ".." || r.file.find('/') != std::string::npos) {
-      return bad(absl::StrCat("rank ", r.rank, "'s file \"", r.file, "\" is not a file name in the checkpoint"));
+      return bad(absl::StrCat("rank ", r.rank, "'s file ", Quoted(r.file), " is not a file name in the checkpoint"));
     }
   }
   for (int r = 0; r < m.shard_group_size; ++r) {
@@ -301,7 +302,7 @@ absl::StatusOr<CheckpointManifest> ParseManifest(const std::string& text, const 
                          IntIn(r, "size", 0, INT64_MAX), r.at("sha256").get<std::string>()});
     }
   } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat(path, ": malformed manifest: ", e.what()));
+    return absl::DataLossError(absl::StrCat(path, ": malformed manifest: ", Shown(e.what(), 256)));
   }
   absl::Status s = CheckManifest(m, path);
   if (!s.ok()) return s;
@@ -316,7 +317,7 @@ absl::Status CheckSameModel(const CheckpointManifest& m, const ModelConfig& mode
                                                    " there, ", want, " in the job"));
   };
   if (m.model.family != model.family) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": checkpoint of another model family: ", m.model.family));
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": checkpoint of another model family: ", Quoted(m.model.family)));
   }
   if (m.model.n_layer != model.n_layer) return differ("n_layer", m.model.n_layer, model.n_layer);
   if (m.model.n_head != model.n_head) return differ("n_head", m.model.n_head, model.n_head);
@@ -359,8 +360,8 @@ absl::Status CheckSameTraining(const CheckpointManifest& m, const JobConfig& c, 
                             c.lora.alpha, " on [", absl::StrJoin(mine, ", "), "]"));
   }
   if (m.base_weights != LoraBaseWeights(c)) {
-    return bad(absl::StrCat("adapters trained on the base \"", m.base_weights, "\", the job's base is \"",
-                            LoraBaseWeights(c), "\""));
+    return bad(absl::StrCat("adapters trained on the base ", Quoted(m.base_weights), ", the job's base is ",
+                            Quoted(LoraBaseWeights(c))));
   }
   return absl::OkStatus();
 }

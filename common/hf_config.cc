@@ -1,6 +1,8 @@
 #include "common/hf_config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -8,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/json_object.h"
+#include "common/quoted.h"
 
 namespace shardline {
 
@@ -15,7 +18,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string Show(const std::string& v) { return absl::StrCat("\"", v, "\""); }
+std::string Show(const std::string& v) { return Quoted(v); }
 std::string Show(bool v) { return v ? "true" : "false"; }
 template <typename T>
 std::string Show(T v) { return absl::StrCat(v); }
@@ -28,6 +31,7 @@ class ConfigReader {
       : j_(j), file_(file), source_(source), m_(m) {}
 
   const json& j() const { return j_; }
+  const std::string& file() const { return file_; }
   const absl::Status& status() const { return status_; }
   void Fail(const std::string& msg) {
     if (status_.ok()) status_ = absl::InvalidArgumentError(msg);
@@ -42,6 +46,14 @@ class ConfigReader {
   template <typename T>
   T Get(const std::string& key, T fallback) {
     if (!Has(key)) return fallback;
+    // nlohmann casts a float to an integer type unchecked (undefined out of
+    // range): integers must be written as integers.
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (!j_.at(key).is_number_integer()) {
+        Fail(absl::StrCat(file_, ": ", key, " must be an integer"));
+        return fallback;
+      }
+    }
     try {
       return j_.at(key).get<T>();
     } catch (const std::exception&) {
@@ -115,8 +127,14 @@ void ReadRope(ConfigReader& r, ModelConfig& m) {
     r.Set<double>("rope_low_freq_factor", "low_freq_factor", &m.rope_low_freq_factor, get("low_freq_factor", 1.0));
     r.Set<double>("rope_high_freq_factor", "high_freq_factor", &m.rope_high_freq_factor,
                   get("high_freq_factor", 4.0));
+    // A double that becomes an int: out of range, the cast is undefined.
+    const double original = get("original_max_position_embeddings", 8192);
+    if (!(original >= 1 && original <= (1 << 30)) || original != std::floor(original)) {
+      r.Fail(absl::StrCat(r.file(), ": rope original_max_position_embeddings = ", original, " is not a valid size"));
+      return;
+    }
     r.Set<int>("rope_original_max_position", "original_max_position_embeddings", &m.rope_original_max_position,
-               static_cast<int>(get("original_max_position_embeddings", 8192)));
+               static_cast<int>(original));
   } else {
     r.Refuse("rope_type", Show(type));
   }

@@ -17,6 +17,7 @@
 #include "common/hf_config.h"
 #include "common/lora_adapter.h"
 #include "common/model_shapes.h"
+#include "common/quoted.h"
 #include "common/weight_source.h"
 #define TOML_EXCEPTIONS 1
 #include <toml++/toml.h>
@@ -41,8 +42,8 @@ absl::StatusOr<Strategy> ParseStrategy(const std::string& s) {
     if (s == StrategyName(v)) return v;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown strategy \"", s,
-      "\" (expected no_shard, zero1, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2)"));
+      "unknown strategy ", Quoted(s),
+      " (expected no_shard, zero1, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2)"));
 }
 
 const char* LoraBaseName(LoraBase b) { return b == LoraBase::kSharded ? "sharded" : "replicated"; }
@@ -188,7 +189,7 @@ class TableReader {
     if (status_.ok() && table_) {
       for (const auto& [k, v] : *table_) {
         if (!used_.count(std::string(k.str()))) {
-          Fail(absl::StrCat(Where(std::string(k.str())), ": unknown key"));
+          Fail(absl::StrCat(Where(Shown(std::string(k.str()))), ": unknown key"));
           break;
         }
       }
@@ -211,24 +212,24 @@ class TableReader {
 absl::StatusOr<DType> ParseDType(const std::string& s) {
   if (s == "fp32" || s == "float32") return DType::kFloat32;
   if (s == "bf16" || s == "bfloat16") return DType::kBFloat16;
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype \"", s, "\" (expected fp32 or bf16)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", Quoted(s), " (expected fp32 or bf16)"));
 }
 absl::StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& s) {
   if (s == "pre") return BackwardPrefetch::kPre;
   if (s == "post") return BackwardPrefetch::kPost;
   if (s == "none") return BackwardPrefetch::kNone;
-  return absl::InvalidArgumentError(absl::StrCat("unknown value \"", s, "\" (expected pre, post or none)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown value ", Quoted(s), " (expected pre, post or none)"));
 }
 absl::StatusOr<DataFormat> ParseDataFormat(const std::string& s) {
   if (s == "llmc") return DataFormat::kLlmc;
   if (s == "text") return DataFormat::kText;
   if (s == "synthetic") return DataFormat::kSynthetic;
-  return absl::InvalidArgumentError(absl::StrCat("unknown format \"", s, "\" (expected llmc, text or synthetic)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown format ", Quoted(s), " (expected llmc, text or synthetic)"));
 }
 absl::StatusOr<LoraBase> ParseLoraBase(const std::string& s) {
   if (s == "sharded") return LoraBase::kSharded;
   if (s == "replicated") return LoraBase::kReplicated;
-  return absl::InvalidArgumentError(absl::StrCat("unknown value \"", s, "\" (expected sharded or replicated)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown value ", Quoted(s), " (expected sharded or replicated)"));
 }
 
 absl::Status ReadSections(const toml::table& root, const std::string& src, JobConfig& c) {
@@ -238,7 +239,7 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
     const std::string key(k.str());
     bool known = false;
     for (const char* s : kSections) known |= key == s;
-    if (!known) return absl::InvalidArgumentError(absl::StrCat(src, ": [", key, "]: unknown section"));
+    if (!known) return absl::InvalidArgumentError(absl::StrCat(src, ": [", Shown(key), "]: unknown section"));
     if (!v.is_table()) {
       return absl::InvalidArgumentError(absl::StrCat(src, ": ", key, " must be a [", key, "] table"));
     }
@@ -348,14 +349,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
     // toml++ quotes what it saw, newlines and all: the error stays one line.
-    std::string what;
-    for (char ch : e.description()) {
-      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) {
-        absl::StrAppendFormat(&what, "\\x%02x", static_cast<unsigned char>(ch));
-      } else {
-        what.push_back(ch);
-      }
-    }
+    const std::string what = Shown(std::string(e.description()), 512);
     return absl::InvalidArgumentError(
         absl::StrCat(source, ":", b.line, ":", b.column, ": malformed TOML: ", what));
   }
@@ -398,9 +392,9 @@ absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::vector<std::
       if (stat(m.c_str(), &st) == 0 && S_ISREG(st.st_mode)) regular.push_back(m);
     }
     if (regular.empty() && !matches.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(key, ": ", matches[0], ": not a regular file (a directory or device)"));
+      return absl::InvalidArgumentError(absl::StrCat(key, ": ", Shown(matches[0], 256), ": not a regular file (a directory or device)"));
     }
-    if (regular.empty()) return absl::NotFoundError(absl::StrCat(key, ": ", full, ": no such file"));
+    if (regular.empty()) return absl::NotFoundError(absl::StrCat(key, ": ", Shown(full, 256), ": no such file"));
     files.insert(files.end(), regular.begin(), regular.end());
   }
   return files;
@@ -419,10 +413,10 @@ absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, cons
     const std::string full = ResolveJobPath(base_dir, p);
     struct stat st;
     if (stat(full.c_str(), &st) != 0) {
-      return absl::NotFoundError(absl::StrCat(source, ": ", key, ": ", full, ": no such file"));
+      return absl::NotFoundError(absl::StrCat(source, ": ", key, ": ", Shown(full, 256), ": no such file"));
     }
     if (S_ISREG(st.st_mode)) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, ": ", full, ": not a regular file (",
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, ": ", Shown(full, 256), ": not a regular file (",
                                                    S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe", ")"));
   };
   const std::pair<const char*, const std::vector<std::string>*> lists[] = {
@@ -466,8 +460,8 @@ absl::Status ValidateLora(const LoraConfig& l, const ModelConfig& m, const std::
   for (const std::string& t : l.target_modules) {
     if (t == "all-linear" && l.target_modules.size() == 1) continue;
     if (std::find(names.begin(), names.end(), t) == names.end()) {
-      return bad(absl::StrCat("target_modules: \"", t, "\" is not a projection of family \"", m.family,
-                              "\" (expected \"all-linear\" or some of ", absl::StrJoin(names, ", "), ")"));
+      return bad(absl::StrCat("target_modules: ", Quoted(t), " is not a projection of family ", Quoted(m.family),
+                              " (expected \"all-linear\" or some of ", absl::StrJoin(names, ", "), ")"));
     }
   }
   return absl::OkStatus();
@@ -479,9 +473,16 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
   auto bad = [&](const std::string& section, const std::string& msg) {
     return absl::InvalidArgumentError(absl::StrCat(src, ": [", section, "] ", msg));
   };
+  // The name is shown to every user in listings and dashboards: a control
+  // character (an escape sequence) there would reach their terminals.
+  if (c.name.size() > kMaxJobNameBytes ||
+      std::any_of(c.name.begin(), c.name.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; })) {
+    return bad("job", absl::StrCat("name = ", Quoted(c.name), ": at most ", kMaxJobNameBytes,
+                                   " bytes and no control characters"));
+  }
   const ModelConfig& m = c.model;
   if (m.family != "gpt2" && m.family != "llama") {
-    return bad("model", absl::StrCat("family = \"", m.family, "\": expected gpt2 or llama"));
+    return bad("model", absl::StrCat("family = ", Quoted(m.family), ": expected gpt2 or llama"));
   }
   if (m.n_layer < 1) return bad("model", "n_layer must be >= 1");
   if (m.n_head < 1) return bad("model", "n_head must be >= 1");
@@ -499,7 +500,7 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
     if (m.intermediate_size < 1) return bad("model", "intermediate_size must be >= 1 for family = \"llama\"");
     if (!(m.rope_theta > 0) || !(m.rms_norm_eps > 0)) return bad("model", "rope_theta and rms_norm_eps must be > 0");
     if (m.rope_scaling != "none" && m.rope_scaling != "llama3") {
-      return bad("model", absl::StrCat("rope_scaling = \"", m.rope_scaling, "\": expected none or llama3"));
+      return bad("model", absl::StrCat("rope_scaling = ", Quoted(m.rope_scaling), ": expected none or llama3"));
     }
     if (m.rope_scaling == "llama3" &&
         (!(m.rope_scaling_factor > 0) || !(m.rope_high_freq_factor > m.rope_low_freq_factor) ||

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -165,6 +166,9 @@ struct RestartConfig {
   int min_workers = 0;            // 0: the job's workers
   double restart_timeout = 300;   // seconds
 };
+
+// [job] name: shown in listings, at most this long, no control characters.
+inline constexpr size_t kMaxJobNameBytes = 128;
 
 struct JobConfig {
   std::string name = "job";

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/quoted.h"
 
 namespace shardline {
 namespace {
@@ -43,7 +44,7 @@ absl::StatusOr<JobState> ParseJobState(absl::string_view name) {
       state != v1::JOB_STATE_UNSPECIFIED) {
     return state;
   }
-  return absl::InvalidArgumentError(absl::StrCat("\"", name.substr(0, 32), "\" is not a job state"));
+  return absl::InvalidArgumentError(absl::StrCat(Quoted(name, 32), " is not a job state"));
 }
 
 bool IsFinalJobState(JobState state) {

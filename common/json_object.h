@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/quoted.h"
 
 namespace shardline {
 
@@ -17,7 +18,7 @@ inline absl::StatusOr<nlohmann::json> ParseJsonObject(const std::string& text, c
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": malformed JSON: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(file, ": malformed JSON: ", Shown(e.what(), 256)));
   }
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(file, ": not a JSON object"));
   return j;

@@ -12,6 +12,7 @@
 #include "common/file_util.h"
 #include "common/json_object.h"
 #include "common/model_shapes.h"
+#include "common/quoted.h"
 
 namespace shardline {
 
@@ -32,15 +33,18 @@ absl::Status ReadAdapterConfig(const json& j, const std::string& file, const std
   auto refuse = [&](const std::string& key, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": ", key, ": ", why, " (not supported)"));
   };
-  if (j.value("peft_type", std::string()) != "LORA") {
-    return refuse("peft_type", absl::StrCat("\"", j.value("peft_type", std::string()), "\" is not LORA"));
+  // Every value is checked for its type before it is read: nlohmann's
+  // value() and get() throw on another type, and nothing here may throw.
+  const json peft_type = j.value("peft_type", json());
+  if (!peft_type.is_string() || peft_type.get<std::string>() != "LORA") {
+    return refuse("peft_type", absl::StrCat(Shown(peft_type.dump()), " is not LORA"));
   }
   for (const char* key : {"use_rslora", "use_dora", "modules_to_save", "layers_to_transform", "rank_pattern",
                           "alpha_pattern", "layers_pattern", "trainable_token_indices", "lora_bias", "exclude_modules",
                           "target_parameters", "layer_replication", "use_qalora", "alora_invocation_tokens"}) {
-    if (!Unset(j, key)) return refuse(key, absl::StrCat("set to ", j.at(key).dump()));
+    if (!Unset(j, key)) return refuse(key, absl::StrCat("set to ", Shown(j.at(key).dump())));
   }
-  if (j.contains("bias") && j.at("bias") != "none") return refuse("bias", j.at("bias").dump());
+  if (j.contains("bias") && j.at("bias") != "none") return refuse("bias", Shown(j.at("bias").dump()));
   LoraConfig& l = c.lora;
   auto contradict = [&](const char* toml_key, const std::string& have, const char* peft_key, const std::string& want) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": [lora] ", toml_key, " = ", have, " contradicts ", file,

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
+#include "common/quoted.h"
 
 namespace shardline {
 
@@ -73,19 +74,19 @@ int64_t Int64Of(const nlohmann::json& v, const std::string& name) {
 absl::Status CheckEntry(const std::string& path, const std::string& name, const SafetensorsEntry& e,
                         int64_t data_bytes) {
   if (e.begin < 0 || e.end < e.begin || e.end > data_bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " lies outside the file"));
+    return absl::DataLossError(absl::StrCat(path, ": tensor ", Shown(name), " lies outside the file"));
   }
   // The element count is checked as it grows, so that it cannot overflow.
   int64_t numel = 1;
   for (int64_t d : e.shape) {
     if (d < 0 || (d > 0 && numel > (int64_t{1} << 56) / d)) {
-      return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " has a bad shape"));
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", Shown(name), " has a bad shape"));
     }
     numel *= d;
   }
   const int bytes = SafetensorsElementBytes(e.dtype);
   if (bytes != 0 && numel * bytes != e.end - e.begin) {
-    return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " holds ", e.end - e.begin,
+    return absl::DataLossError(absl::StrCat(path, ": tensor ", Shown(name), " holds ", e.end - e.begin,
                                             " bytes, its shape and dtype need ", numel * bytes));
   }
   return absl::OkStatus();
@@ -145,7 +146,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head,
       h.entries[name] = std::move(e);
     }
   } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat(path, ": malformed safetensors header: ", e.what()));
+    // What was thrown may quote the header's bytes: shown escaped, on one line.
+    return absl::DataLossError(absl::StrCat(path, ": malformed safetensors header: ", Shown(e.what(), 256)));
   }
   // The tensors tile the data section, in offset order, as the format
   // requires (safetensors' own reader refuses holes too): two tensors sharing
@@ -159,7 +161,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head,
   const std::string* last = nullptr;
   for (const auto& [begin, end, name] : ranges) {
     if (begin < covered) {
-      return absl::DataLossError(absl::StrCat(path, ": tensors ", *last, " and ", *name, " overlap"));
+      return absl::DataLossError(absl::StrCat(path, ": tensors ", Shown(*last), " and ", Shown(*name), " overlap"));
     }
     if (begin > covered) {
       return absl::DataLossError(absl::StrCat(path, ": bytes [", covered, ", ", begin,
@@ -210,15 +212,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::FromOpenFi
 
 absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t first, int64_t count, float* dst) const {
   auto it = header_.entries.find(name);
-  if (it == header_.entries.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", name));
+  if (it == header_.entries.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", Shown(name)));
   const Entry& e = it->second;
   if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16") {
     return absl::InvalidArgumentError(
-        absl::StrCat(path_, ": tensor ", name, " is ", e.dtype, " (expected F32, BF16 or F16)"));
+        absl::StrCat(path_, ": tensor ", Shown(name), " is ", Shown(e.dtype, 16), " (expected F32, BF16 or F16)"));
   }
   const int size = SafetensorsElementBytes(e.dtype);
   if (first < 0 || count < 0 || first + count > e.numel()) {
-    return absl::OutOfRangeError(absl::StrCat(path_, ": tensor ", name, " has no elements [", first, ", ",
+    return absl::OutOfRangeError(absl::StrCat(path_, ": tensor ", Shown(name), " has no elements [", first, ", ",
                                               first + count, ")"));
   }
   // 16-bit values are read into the upper half of dst and widened in place,
@@ -227,7 +229,7 @@ absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t firs
   int64_t left = count * size, at = header_.data_start + e.begin + first * size;
   while (left > 0) {
     const ssize_t n = ::pread(fd_.get(), out, left, at);
-    if (n <= 0) return absl::DataLossError(absl::StrCat(path_, ": short read of ", name));
+    if (n <= 0) return absl::DataLossError(absl::StrCat(path_, ": short read of ", Shown(name)));
     out += n;
     at += n;
     left -= n;

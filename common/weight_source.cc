@@ -10,6 +10,7 @@
 #include "common/hf_config.h"
 #include "common/lora_adapter.h"
 #include "common/model_shapes.h"
+#include "common/quoted.h"
 #include "common/status_macros.h"
 
 namespace shardline {
@@ -36,12 +37,12 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& 
     const nlohmann::json j = nlohmann::json::parse(text);
     for (const auto& [name, file] : j.at("weight_map").items()) weight_map[name] = file.get<std::string>();
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": malformed index: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": malformed index: ", Shown(e.what(), 256)));
   }
   for (const auto& [name, file] : weight_map) {
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensor ", name, " maps to \"", file, "\", not a file name in this directory"));
+          absl::StrCat(path, ": tensor ", Shown(name), " maps to ", Quoted(file), ", not a file name in this directory"));
     }
   }
   return weight_map;
@@ -68,7 +69,7 @@ absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::Open(const ModelConf
       }
       const SafetensorsReader* f = opened[file];
       if (!f->entries().count(name)) {
-        return absl::DataLossError(absl::StrCat(index, ": maps tensor ", name, " to ", file, ", which has no such tensor"));
+        return absl::DataLossError(absl::StrCat(index, ": maps tensor ", Shown(name), " to ", Shown(file), ", which has no such tensor"));
       }
       w->tensors_[name] = f;
     }
@@ -121,7 +122,7 @@ absl::Status WeightSource::CheckShape(const ParamSpec& p, const Located& at) con
   const SafetensorsReader::Entry& e = at.file->entries().at(at.name);
   if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16") {
     return absl::InvalidArgumentError(
-        absl::StrCat(at.file->path(), ": tensor ", at.name, " is ", e.dtype, " (expected F32, BF16 or F16)"));
+        absl::StrCat(at.file->path(), ": tensor ", Shown(at.name), " is ", Shown(e.dtype, 16), " (expected F32, BF16 or F16)"));
   }
   std::vector<int64_t> want = p.shape;
   if (at.transposed) std::swap(want[0], want[1]);

@@ -447,7 +447,6 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   j.set_strategy(StrategyName(cfg->parallelism.strategy));
   j.set_created_unix_ms(NowMs());
   j.set_message(absl::StrFormat("waiting for %d idle workers", workers));
-  j.set_spec_toml(req.spec_toml());
   j.set_base_dir(req.base_dir());
   j.set_resume_from(req.resume_from());
   j.set_owner(owner);
@@ -467,6 +466,7 @@ absl::StatusOr<v1::Job> CoordinatorCore::GetJob(const std::string& id, bool hist
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
   v1::Job j = it->second.stored.job;
+  j.set_spec_toml(it->second.stored.spec_toml);
   if (history) *j.mutable_history() = it->second.history;
   FillRanks(it->second, absl::Now(), &j);
   return j;

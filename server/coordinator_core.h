@@ -148,9 +148,11 @@ class CoordinatorCore {
   // `owner` (Job.owner): the hex SHA-256 of the submitting user token, or
   // empty without authentication; the service checks it on cancel and delete.
   absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& req, const std::string& owner = "");
-  // Without Job.history unless `history`.
+  // With Job.spec_toml; without Job.history unless `history`.
   absl::StatusOr<v1::Job> GetJob(const std::string& id, bool history = false) const;
-  std::vector<v1::Job> ListJobs() const;  // without their history
+  // Without their spec or history: a listing copies every job, and a spec may
+  // be kMaxSpecBytes.
+  std::vector<v1::Job> ListJobs() const;
   // Job.history's bound: past it the older half is thinned to every other step.
   static constexpr int kMaxHistory = 4096;
   absl::StatusOr<v1::Job> Cancel(const std::string& id);

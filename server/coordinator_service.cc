@@ -357,7 +357,6 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
   for (size_t k = first; k < jobs.size() && k < first + size; ++k) {
     v1::Job* j = resp->add_jobs();
     *j = std::move(jobs[k]);
-    j->clear_spec_toml();
   }
   if (first + size < jobs.size()) resp->set_next_page_token(std::to_string(first + size));
   return Done(ctx, absl::OkStatus());

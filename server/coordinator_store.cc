@@ -2,6 +2,7 @@
 // keys the engine's communicators bootstrap through, confined to each job's
 // namespace and bounded in keys, bytes and waits.
 #include "absl/strings/str_cat.h"
+#include "common/quoted.h"
 #include "server/coordinator_core.h"
 
 namespace shardline {
@@ -98,7 +99,7 @@ absl::Status CoordinatorCore::AuthorizeStore(const std::string& credential,
     for (const std::string& k : keys) {
       if (k.rfind(prefix, 0) != 0) {
         refused = absl::PermissionDeniedError(
-            absl::StrCat("store: key \"", k.substr(0, 64), "\" is outside job ", it->second, "'s keys (", prefix, "...)"));
+            absl::StrCat("store: key ", Quoted(k), " is outside job ", it->second, "'s keys (", prefix, "...)"));
         break;
       }
     }

@@ -100,6 +100,7 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
       sqlite3_finalize(st);
       return absl::DataLossError(absl::StrCat(path_, ": a job row does not parse"));
     }
+    j.job.clear_spec_toml();  // rows written before the spec was kept once hold it twice
     j.spec_toml = reinterpret_cast<const char*>(sqlite3_column_text(st, 1));
     j.base_dir = reinterpret_cast<const char*>(sqlite3_column_text(st, 2));
     out.push_back(std::move(j));

@@ -19,6 +19,9 @@ struct sqlite3;
 
 namespace shardline {
 
+// A job's row. The spec is kept once, here, not in `job` (whose
+// Job.spec_toml stays empty: the job is rewritten at every change of state,
+// the spec never).
 struct StoredJob {
   v1::Job job;
   std::string spec_toml;

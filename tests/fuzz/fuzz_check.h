@@ -18,9 +18,15 @@
 
 namespace shardline::fuzz {
 
-// The project's error contract: one line that starts by naming the file.
+// The project's error contract: one line that starts by naming the file, in
+// printable ASCII (text echoed from the input is escaped by common/quoted.h;
+// a raw byte could break the line, a terminal, or a proto string field,
+// which must be valid UTF-8).
 inline bool NamesFileInOneLine(absl::string_view message, absl::string_view file) {
-  return message.substr(0, file.size()) == file && message.find('\n') == absl::string_view::npos;
+  for (const char ch : message) {
+    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) return false;
+  }
+  return message.substr(0, file.size()) == file;
 }
 
 }  // namespace shardline::fuzz

@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include "common/checkpoint_manifest.h"
+#include "common/hf_config.h"
 #include "common/job_config.h"
+#include "common/lora_adapter.h"
 #include "common/safetensors.h"
 #include "worker/data/token_file_header.h"
 
@@ -337,6 +339,34 @@ void TokenHeaders() {
   Put("token_header", "short_header.bin", TokenFile(kLlmcMagic, kLlmcVersion, 0, 0).substr(0, 1000));
 }
 
+// hf_json inputs: a first byte 'c' (config.json) or 'a' (adapter_config.json),
+// then the text the project's own writers produce for the job files above.
+void HfJsonFiles() {
+  auto model_of = [](const char* toml) {
+    absl::StatusOr<JobConfig> c = ParseJobConfig(toml, "seed.toml");
+    Die(c.status());
+    return *c;
+  };
+  const JobConfig gpt2 = model_of(kHybrid), llama = model_of(kLlamaLora);
+  JobConfig qwen3 = llama;
+  qwen3.model.qk_norm = true;
+  qwen3.model.rope_scaling = "none";
+  Put("hf_json", "gpt2.json", "c" + HfConfigJson(gpt2.model, "float32"));
+  Put("hf_json", "llama3.json", "c" + HfConfigJson(llama.model, "bfloat16"));
+  Put("hf_json", "qwen3.json", "c" + HfConfigJson(qwen3.model, "bfloat16"));
+  Put("hf_json", "moe.json", Replace("c" + HfConfigJson(llama.model, "bfloat16"), "{", "{\"num_experts\": 8, "));
+  // Adapters for the fuzz target's fixed GPT-2 (n_embd 32, 2 layers).
+  LoraConfig lora;
+  lora.rank = 8;
+  lora.alpha = 16;
+  lora.target_modules = {"c_attn", "c_proj"};
+  Put("hf_json", "adapter.json", "a" + PeftAdapterConfigJson(gpt2.model, lora, "gpt2"));
+  lora.target_modules = {"all-linear"};
+  Put("hf_json", "adapter_all_linear.json", "a" + PeftAdapterConfigJson(gpt2.model, lora, "gpt2"));
+  Put("hf_json", "adapter_dora.json",
+      Replace("a" + PeftAdapterConfigJson(gpt2.model, lora, "gpt2"), "{", "{\"use_dora\": true, "));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -351,6 +381,7 @@ int main(int argc, char** argv) {
   SafetensorsFiles(tmp);
   Manifests(tmp);
   TokenHeaders();
+  HfJsonFiles();
   fs::remove_all(tmp);
   return 0;
 }

@@ -9,33 +9,39 @@
 #   tests/fuzz/run.sh [SECONDS] [TARGET...]
 # SHARDLINE_FUZZ_BUILD: the build directory (default build/fuzz).
 # SHARDLINE_FUZZ_JOBS: targets run at once (default 1).
+# SHARDLINE_FUZZ_SEED: libFuzzer's -seed (default 1; 0 draws one). A fixed
+#   seed makes the run in tests/run.sh explore the same inputs on every
+#   machine, so a red run is one anybody can repeat; exploratory runs, longer
+#   and with seed 0, are how new inputs are found (the closing notes list them).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(job_config safetensors manifest token_header)
+((${#targets[@]})) || targets=(job_config safetensors manifest token_header hf_json)
 build="${SHARDLINE_FUZZ_BUILD:-$root/build/fuzz}"
 jobs="${SHARDLINE_FUZZ_JOBS:-1}"
+seed="${SHARDLINE_FUZZ_SEED:-1}"
 
 build_start=$SECONDS
 "$root/tests/fuzz/build.sh" "$build"
-echo "fuzz: built in $((SECONDS - build_start)) s; ${#targets[@]} targets x ${seconds} s"
+echo "fuzz: built in $((SECONDS - build_start)) s; ${#targets[@]} targets x ${seconds} s, seed $seed"
 
 # Largest input per target: a little over its largest real file.
-declare -A max_len=([job_config]=4096 [safetensors]=4096 [manifest]=8192 [token_header]=2048)
+declare -A max_len=([job_config]=4096 [safetensors]=4096 [manifest]=8192 [token_header]=2048 [hf_json]=4096)
 work="$(mktemp -d "${TMPDIR:-/tmp}/shardline-fuzz.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$build/logs"
 
 run_one() {
-  local t="$1" dict=() artifacts="$build/artifacts/$t/"
+  local t="$1"
+  local dict=() artifacts="$build/artifacts/$t/"
   mkdir -p "$work/$t" "$artifacts"
   cp -r "$root/tests/fuzz/corpus/$t/." "$work/$t/"
   [ -f "$root/tests/fuzz/$t.dict" ] && dict=(-dict="$root/tests/fuzz/$t.dict")
   local rc=0
   "$build/${t}_fuzz" "$work/$t" "${dict[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -max_len="${max_len[$t]:-4096}" -print_final_stats=1 -artifact_prefix="$artifacts" \
+    -max_len="${max_len[$t]:-4096}" -print_final_stats=1 -seed="$seed" -artifact_prefix="$artifacts" \
     >"$build/logs/$t.log" 2>&1 || rc=$?
   echo "$rc" >"$work/$t.rc"
 }
@@ -77,6 +83,12 @@ if ((failed)); then
     [ "$(cat "$work/$t.rc")" = 0 ] && continue
     echo "---- $t: the end of $build/logs/$t.log"
     tail -40 "$build/logs/$t.log"
+    # The input itself, so a CI log alone reproduces the failure.
+    crash="$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$build/logs/$t.log" | tail -1)"
+    if [ -n "$crash" ] && [ -f "$crash" ]; then
+      echo "---- $t: the input ($(stat -c %s "$crash") bytes, base64; first 4 KiB)"
+      head -c 4096 "$crash" | base64
+    fi
   done
   exit 1
 fi

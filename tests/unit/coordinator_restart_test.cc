@@ -376,7 +376,8 @@ TEST_F(RestartTest, TheHistoryKeepsTheStepsThatCountWithinItsBound) {
 
 // The history is written with the job's record (the next state change
 // persists it) and read back by a coordinator that restarted; listings still
-// leave it out.
+// leave it out, and the spec, which GetJob returns, too (a listing copies
+// every job; a spec may be 256 KiB).
 TEST_F(RestartTest, TheHistoryIsStoredWithTheJob) {
   Open(absl::ZeroDuration());
   RecordingChannel a, b, c;
@@ -394,6 +395,8 @@ TEST_F(RestartTest, TheHistoryIsStoredWithTheJob) {
   EXPECT_EQ(j.history(2).step(), 3);
   EXPECT_EQ(core_->GetJob(job)->history_size(), 0);
   EXPECT_EQ(core_->ListJobs().at(0).history_size(), 0);
+  EXPECT_EQ(j.spec_toml(), kRestartSpec);
+  EXPECT_EQ(core_->ListJobs().at(0).spec_toml(), "");
 }
 
 }  // namespace

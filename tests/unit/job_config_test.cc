@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
+
 namespace shardline {
 namespace {
 
@@ -60,7 +63,7 @@ TEST(JobConfig, MalformedTomlNamesFileAndLine) {
 // tests/fuzz/CMakeLists.txt). This build must read them as a parse error
 // naming the place, never as anything else.
 TEST(JobConfig, CodePointsThatTomlPlusPlusMisclassifiesAreAParseError) {
-  for (const char* text : {"[model]\nn_layer = 9\xd1\xbc9\n",         // U+047C after a value
+  for (const char* text : {"[model]\nn_layer = 9\xd1\xbc" "9\n",     // U+047C after a value
                            "[model]\nn_layer = 2 \xc3\xa9\n",          // U+00E9 where a comment may start
                            "[model]\nn_layer = 2\n \xe2\xb1\xbe = 3\n",  // U+2C7E where a key may start
                            "\xc2\xa1[model]\n"}) {
@@ -77,7 +80,7 @@ TEST(JobConfig, AMalformedValueIsQuotedOnOneLine) {
   const std::string e = ErrorOf("[model]\nqk_norm = tr\nn_layer = 2\n");
   EXPECT_NE(e.find("job.toml:2:"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;
-  EXPECT_NE(e.find("\\x0a"), std::string::npos) << e;
+  EXPECT_NE(e.find("saw 'tr\\n'"), std::string::npos) << e;
 }
 
 TEST(JobConfig, UnknownKeyAndSectionAreNamed) {
@@ -171,6 +174,22 @@ TEST(JobConfig, LoraTakesPeftsDefaultsAndNamesBadKeys) {
             "job.toml: [lora] base: unknown value \"gpu\" (expected sharded or replicated)");
 }
 
+// Values, keys and paths are echoed from the job file escaped and cut short:
+// a TOML multi-line string or a quoted key holding a newline once broke the
+// one-line error (tests/fuzz found it in CI).
+TEST(JobConfig, EchoedTextStaysOnOneLine) {
+  EXPECT_EQ(ErrorOf("[model]\nn_layer = 2\n[prefetch]\nbackward = \"\"\"\np\"s\n\tq\"\"\"\n"),
+            "job.toml: [prefetch] backward: unknown value \"p\\\"s\\n\\tq\" (expected pre, post or none)");
+  EXPECT_EQ(ErrorOf("[model]\n\"n_\\nlayer\" = 2\n"), "job.toml: [model] n_\\nlayer: unknown key");
+  EXPECT_EQ(ErrorOf("[\"a\\u001b[2J\"]\n"), "job.toml: [a\\x1b[2J]: unknown section");
+  const std::string error = ErrorOf(std::string(kGood) + "[lora]\nbase = \"" + std::string(10000, 'x') + "\"\n");
+  EXPECT_EQ(error, "job.toml: [lora] base: unknown value \"" + std::string(64, 'x') +
+                       "...\" (expected sharded or replicated)");
+  EXPECT_EQ(ErrorOf(std::string(kGood).replace(std::string(kGood).find("\"gpt\""), 5, "\"\\u001b[31mgpt\"")),
+            "job.toml: [job] name = \"\\x1b[31mgpt\": at most 128 bytes and no control characters");
+  EXPECT_EQ(ErrorOf("[model]\nfamily = \"gpt\\u00e9\"\n"), "job.toml: [model] family = \"gpt\\xc3\\xa9\": expected gpt2 or llama");
+}
+
 TEST(JobConfig, TheParameterCountIsBounded) {
   // Every key within its own bound, the product far beyond any machine.
   const std::string e = ErrorOf("[model]\nn_layer = 10000\nn_embd = 1048576\nn_head = 1\n");
@@ -199,6 +218,34 @@ TEST(JobConfig, AnInitFromThatIsADirectoryIsNotARegularFile) {
   c.model.init_from = dir + "/no-such-model.safetensors";
   s = CheckJobFiles(c, "", "job.toml");
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+}
+
+// config.json and adapter_config.json are read value by value with their
+// types checked: a value of another type, or a number no int holds, is an
+// error naming the file (tests/fuzz/hf_json found both crashing: nlohmann
+// threw out of ParseJobSpec, and a double was cast to int out of range).
+TEST(JobConfig, HuggingFaceJsonOfTheWrongTypeIsAnError) {
+  const std::string dir = ::testing::TempDir() + "/hf-json-types";
+  ASSERT_EQ(system(("rm -rf " + dir + " && mkdir -p " + dir + "/hf " + dir + "/adapter").c_str()), 0);
+  auto write = [](const std::string& path, const std::string& text) { std::ofstream(path, std::ios::trunc) << text; };
+  write(dir + "/hf/config.json",
+        R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "intermediate_size": 100, "vocab_size": 100,
+            "rope_scaling": {"rope_type": "llama3", "original_max_position_embeddings": 1e300}})");
+  absl::StatusOr<JobConfig> c = ParseJobSpec("[model]\nhf_dir = \"hf\"\n", "job.toml", dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            dir + "/hf/config.json: rope original_max_position_embeddings = 1e+300 is not a valid size");
+
+  write(dir + "/hf/config.json", R"({"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 64})");
+  write(dir + "/adapter/adapter_config.json", R"({"peft_type": 5, "r": 8, "lora_alpha": 16})");
+  c = ParseJobSpec("[model]\nhf_dir = \"hf\"\n[lora]\ninit_from = \"adapter\"\n", "job.toml", dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), dir + "/adapter/adapter_config.json: peft_type: 5 is not LORA (not supported)");
+  write(dir + "/adapter/adapter_config.json", R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "bias": [1, 2]})");
+  c = ParseJobSpec("[model]\nhf_dir = \"hf\"\n[lora]\ninit_from = \"adapter\"\n", "job.toml", dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), dir + "/adapter/adapter_config.json: bias: [1,2] (not supported)");
 }
 
 }  // namespace
