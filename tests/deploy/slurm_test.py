@@ -492,10 +492,7 @@ def main():
         checks.check(not left and all(p.poll() is not None for _, p in cluster.procs),
                      "munged, slurmctld, slurmd and every step stopped", str(left))
         print(f"total {time.time() - t0:.1f}s")
-        if not checks.failed:
-            shutil.rmtree(base, ignore_errors=True)
-        else:
-            print(f"kept {base} for a look")
+        checks.remove_unless_failed(base)
     checks.finish()
 
 

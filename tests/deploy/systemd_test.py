@@ -486,10 +486,7 @@ def main():
         units, envs = check_static(checks, base)
         check_live(checks, base, units, envs)
     finally:
-        if not checks.failed:
-            shutil.rmtree(base, ignore_errors=True)
-        else:
-            print(f"kept {base} for a look")
+        checks.remove_unless_failed(base)
     checks.finish()
 
 

@@ -5,6 +5,7 @@ Used by the integration tests; every process has a deadline, and a failed rank
 fails the run with its stderr."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -181,6 +182,13 @@ class Checks:
             print(f"FAIL {name} {detail}".rstrip())
         sys.stdout.flush()
         return ok
+
+    def remove_unless_failed(self, path):
+        """Removes a test's scratch directory, or keeps it for a look when a check failed."""
+        if self.failed:
+            print(f"kept {path} for a look")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
     def finish(self):
         print(f"{self.passed} passed, {len(self.failed)} failed")
