@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -37,8 +38,13 @@ const Dirs& ScratchDirs() {
     char tmpl[] = "/tmp/shardline-hf-fuzz.XXXXXX";
     FUZZ_CHECK(mkdtemp(tmpl) != nullptr, "mkdtemp");
     Dirs d{tmpl, std::string(tmpl) + "/hf", std::string(tmpl) + "/adapter"};
-    FUZZ_CHECK(system(("mkdir -p " + d.hf + " " + d.adapter + "/fixed").c_str()) == 0, "mkdir");
+    std::filesystem::create_directories(d.hf);
+    std::filesystem::create_directories(d.adapter + "/fixed");
     std::ofstream(d.adapter + "/fixed/config.json", std::ios::trunc) << kGpt2Config;
+    // libFuzzer ends the process with exit(): the directory goes with it
+    // (a copy of its name that no static destructor frees first).
+    static const std::string* const root = new std::string(d.root);
+    std::atexit([] { std::filesystem::remove_all(*root); });
     return d;
   }();
   return dirs;
