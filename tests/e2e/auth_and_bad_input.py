@@ -16,11 +16,11 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
+import cluster
 from cluster import WORKER, Checks, Cluster, job_file, wait_for
 
 
@@ -81,7 +81,7 @@ def check_roles_rotation_and_metrics(c, cl, metrics_port):
 
 def main():
     c = Checks()
-    scrape_tokens = os.path.join(tempfile.mkdtemp(prefix="shardline-scrape-"), "scrape-token")
+    scrape_tokens = os.path.join(cluster.scratch_dir("shardline-scrape-"), "scrape-token")
     with open(os.open(scrape_tokens, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write("scrape-token\n")
     cl = Cluster(token="s3cret-token", worker_token="w0rker-token",

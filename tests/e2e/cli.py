@@ -11,8 +11,8 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 
+import cluster
 from cluster import BUILD, SHARDCTL, Checks, Cluster, job_file
 
 PROGRAMS = {"shardline-coordinator": os.path.join(BUILD, "server", "shardline-coordinator"),
@@ -114,7 +114,7 @@ def main():
             err.strip()[:120])
 
     # Completion: bash.
-    d = tempfile.mkdtemp(prefix="shardline-cli-")
+    d = cluster.scratch_dir("shardline-cli-")
     scripts = {}
     for shell in ("bash", "zsh"):
         rc, out, err = run(SHARDCTL, "completion", shell)

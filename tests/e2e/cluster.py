@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 BUILD = os.environ.get("SHARDLINE_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
@@ -19,7 +18,7 @@ _procs = []
 
 # One pass/fail reporter for every test script (the closing line ctest reads).
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from harness import Checks, free_port  # noqa: E402,F401
+from harness import Checks, free_port, scratch_dir  # noqa: E402,F401
 
 
 def _cleanup():
@@ -93,7 +92,7 @@ class Cluster:
         """token: the users' (shardctl); worker_token: the workers' (without
         it, workers use the users' token)."""
         self.coordinator_args = list(coordinator_args)
-        self.dir = tempfile.mkdtemp(prefix="shardline-e2e-")
+        self.dir = scratch_dir("shardline-e2e-")
         self.state = os.path.join(self.dir, "state")
         self.token_file = self.secret_file("token", token) if token else None
         self.worker_token_file = self.secret_file("worker-token", worker_token) if worker_token else None

@@ -11,7 +11,7 @@ import cluster
 
 def main():
     c = Checks()
-    d = cluster.tempfile.mkdtemp(prefix="shardline-tls-")
+    d = cluster.scratch_dir("shardline-tls-")
     key, cert = os.path.join(d, "key.pem"), os.path.join(d, "cert.pem")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
                     "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],

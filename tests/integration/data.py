@@ -92,7 +92,7 @@ def refused(checks, label, d, cfg, expected):
 
 def main():
     checks = harness.Checks()
-    d = harness.tempfile.mkdtemp(prefix="shardline-data-")
+    d = harness.scratch_dir("shardline-data-")
     tokens, mask = make_data(d)
 
     # 1. Step 0 against cross_entropy(ignore_index=-100).

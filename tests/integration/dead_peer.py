@@ -16,7 +16,7 @@ def main():
     checks = harness.Checks()
     world = 3
     cfg = harness.config("full_shard", world, micro_batches=1, train__steps=100000)
-    out = harness.tempfile.mkdtemp(prefix="shardline-dead-")
+    out = harness.scratch_dir("shardline-dead-")
     path = os.path.join(out, "job.toml")
     harness.write_toml(cfg, path)
     port = harness.free_port()

@@ -48,7 +48,7 @@ def main():
     torch.set_num_threads(1)
     cfg = harness.config("full_shard", 2, train__steps=8, model__vocab_size=256, data__format="text",
                          data__path=CORPUS)
-    ckpt = harness.tempfile.mkdtemp(prefix="shardline-export-")
+    ckpt = harness.scratch_dir("shardline-export-")
     _, ranks = harness.run(cfg, 2, extra_args=["--ckpt-dir", ckpt, "--save-at", "5"])
     reported = ranks[0]["steps"][5]["loss"]  # step index 5 runs on the parameters after 5 steps
     step_dir = os.path.join(ckpt, "tiny", "step-00000005")

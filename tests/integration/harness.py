@@ -3,6 +3,7 @@ what they wrote (per-rank JSON, final parameters as safetensors).
 
 Used by the integration tests; every process has a deadline, and a failed rank
 fails the run with its stderr."""
+import atexit
 import json
 import os
 import shutil
@@ -108,9 +109,31 @@ class RunError(Exception):
     pass
 
 
+_scratch_dirs = []
+
+
+def _remove_scratch_dirs():
+    if os.environ.get("SHARDLINE_KEEP_SCRATCH"):
+        print("kept " + " ".join(d for d, _ in _scratch_dirs), file=sys.stderr)
+        return
+    for d, pid in _scratch_dirs:
+        if pid == os.getpid():  # not in a forked child that inherited the list
+            shutil.rmtree(d, ignore_errors=True)
+
+
+atexit.register(_remove_scratch_dirs)
+
+
+def scratch_dir(prefix):
+    """A temporary directory removed when the test's process exits (SHARDLINE_KEEP_SCRATCH=1 keeps them)."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    _scratch_dirs.append((d, os.getpid()))
+    return d
+
+
 def run(cfg, world, timeout=120, extra_args=(), threads=1):
     """Runs `world` ranks to completion; returns (out_dir, [rank json])."""
-    out = tempfile.mkdtemp(prefix="shardline-")
+    out = scratch_dir("shardline-")
     path = os.path.join(out, "job.toml")
     write_toml(cfg, path)
     port = free_port()

@@ -61,7 +61,7 @@ def prepare(*args):
 
 def main():
     checks = harness.Checks()
-    d = harness.tempfile.mkdtemp(prefix="shardline-prepare-")
+    d = harness.scratch_dir("shardline-prepare-")
     tok_dir = os.path.join(d, "model")
     tok = make_tokenizer(tok_dir)
     rng = np.random.default_rng(0)

@@ -33,7 +33,7 @@ def main():
     ref_params = harness.load_params(ref_out)
     ref_losses = [s["loss"] for s in ref[0]["steps"]]
 
-    ckpt = harness.tempfile.mkdtemp(prefix="shardline-ckpt-")
+    ckpt = harness.scratch_dir("shardline-ckpt-")
     _, first = harness.run(base, 4, extra_args=["--ckpt-dir", ckpt, "--save-at", str(SAVE),
                                                 "--stop-after", str(SAVE)])
     step_dir = os.path.join(ckpt, "tiny", "step-%08d" % SAVE)

@@ -28,7 +28,7 @@ def main():
     for ckpt in (False, True):
         tag = " +ckpt" if ckpt else ""
         cfg = harness.config("no_shard", 1, micro_batches=2, memory__activation_checkpointing=ckpt)
-        out = os.path.join(harness.tempfile.mkdtemp(prefix="shardline-oracle-"), "dump.safetensors")
+        out = os.path.join(harness.scratch_dir("shardline-oracle-"), "dump.safetensors")
         path = os.path.join(os.path.dirname(out), "job.toml")
         harness.write_toml(cfg, path)
         subprocess.run([harness.TRAIN, "--config", path, "--dump-grads", out], check=True, timeout=120)

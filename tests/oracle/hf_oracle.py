@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -145,7 +144,7 @@ def round_trip(checks, name, hf_dir, work):
 
 def bad_inputs(checks, good_dir):
     """Each bad directory is a copy of a good one (llama3's) with one fault."""
-    root = tempfile.mkdtemp(prefix="shardline-hf-bad-")
+    root = harness.scratch_dir("shardline-hf-bad-")
 
     def variant(tag, fault, **model_keys):
         d = os.path.join(root, tag, "model")
@@ -205,7 +204,7 @@ def main():
     checks = harness.Checks()
     dirs = {}
     for name in [*harness.LLAMA_MODELS, "gpt2"]:
-        work = tempfile.mkdtemp(prefix=f"shardline-hf-{name}-")
+        work = harness.scratch_dir(f"shardline-hf-{name}-")
         hf_dir = os.path.join(work, "source")
         source_model(name).to(SAVE_DTYPE[name]).save_pretrained(hf_dir, max_shard_size="20KB")
         dirs[name] = hf_dir

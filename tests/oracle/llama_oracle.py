@@ -70,7 +70,7 @@ def main():
         cfg = llama_config(name)
         m = cfg["model"]
         m.setdefault("head_dim", m["n_embd"] // m["n_head"])
-        out = os.path.join(harness.tempfile.mkdtemp(prefix="shardline-llama-"), "dump.safetensors")
+        out = os.path.join(harness.scratch_dir("shardline-llama-"), "dump.safetensors")
         job = os.path.join(os.path.dirname(out), "job.toml")
         harness.write_toml(cfg, job)
         subprocess.run([harness.TRAIN, "--config", job, "--dump-grads", out], check=True, timeout=120)

@@ -30,7 +30,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -235,7 +234,7 @@ def checkpoints_and_export(checks, name, work, hf_dir, lora, adapters, ref, dump
 
 
 def bad_inputs(checks, work, hf_dir, lora, adapters):
-    root = tempfile.mkdtemp(prefix="shardline-peft-bad-")
+    root = harness.scratch_dir("shardline-peft-bad-")
 
     def refused(label, expected, adapter_fault=None, **keys):
         d = os.path.join(root, label.replace(" ", "_"))
@@ -278,7 +277,7 @@ def bad_inputs(checks, work, hf_dir, lora, adapters):
 def main():
     checks = harness.Checks()
     for name, (lora, _) in CASES.items():
-        work = tempfile.mkdtemp(prefix=f"shardline-peft-{name}-")
+        work = harness.scratch_dir(f"shardline-peft-{name}-")
         hf_dir = os.path.join(work, "base")
         source_model(name).float().save_pretrained(hf_dir)
         adapters = os.path.join(work, "adapters")

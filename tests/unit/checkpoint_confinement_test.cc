@@ -126,6 +126,12 @@ class ConfinementTest : public ::testing::Test {
     ASSERT_TRUE(deleted.ok()) << deleted.status();
   }
   std::string StepDir(int64_t step) const { return root_ + "/" + StepDirName(step); }
+  // The victims live under dir_ too; remove_all unlinks symlinks, never their targets.
+  void TearDown() override {
+    core_.reset();
+    store_.reset();
+    fs::remove_all(dir_);
+  }
 
   std::string dir_, worker_, job_, root_;
   RecordingChannel channel_;
@@ -268,6 +274,8 @@ class ReaderTest : public ::testing::Test {
     if (s.ok()) EXPECT_EQ(x, 0.5f);
     return s;
   }
+  void TearDown() override { fs::remove_all(dir_); }
+
   std::string dir_, step_dir_;
   CheckpointManifest manifest_;
 };

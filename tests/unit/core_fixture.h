@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,12 @@ class CoreTest : public ::testing::Test {
     store_ = *StateStore::Open(dir_);
     core_ = std::make_unique<CoordinatorCore>(store_.get(),
                                              CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50)});
+  }
+  // The core before its store, the store (SQLite) before its directory.
+  void TearDown() override {
+    core_.reset();
+    store_.reset();
+    std::filesystem::remove_all(dir_);
   }
   std::string AddWorker(const std::string& host, const std::string& device, RecordingChannel* ch) {
     v1::WorkerInfo info;
