@@ -271,6 +271,11 @@ int main(int argc, char** argv) {
   app.add_option("--stop-after", f.stop_after, "stop after this many steps (the schedule keeps [train] steps)");
   app.add_option("--resume", f.resume, "a committed step directory to resume from");
   CLI11_PARSE(app, argc, argv);
+  // First, before any other ATen call (device.h says why).
+  if (absl::Status d = shardline::PrepareDevice(f.device); !d.ok()) {
+    std::cerr << "shardline-train: --device: " << d.message() << std::endl;
+    return 2;
+  }
   const absl::Status s = shardline::Run(f);
   if (!s.ok()) {
     std::cerr << "shardline-train: " << s.message() << std::endl;

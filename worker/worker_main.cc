@@ -15,6 +15,8 @@
 #include "absl/strings/strip.h"
 #include "common/build_info.h"
 #include "common/file_util.h"
+#include "common/quoted.h"
+#include "worker/engine/device.h"
 #include "worker/worker_daemon.h"
 #include "worker/worker_metrics.h"
 
@@ -45,7 +47,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e18));
   CLI11_PARSE(app, argc, argv);
   if (o.device != "cpu" && o.device.rfind("cuda:", 0) != 0) {
-    std::cerr << "shardline-worker: --device " << o.device << ": expected cpu or cuda:N" << std::endl;
+    std::cerr << "shardline-worker: --device " << shardline::Shown(o.device) << ": expected cpu or cuda:N" << std::endl;
+    return 2;
+  }
+  // First, before any other ATen call (device.h says why): a daemon that
+  // cannot use its device refuses to start, as an operator expects, rather
+  // than registering and failing every job it is given.
+  if (absl::Status s = shardline::PrepareDevice(o.device); !s.ok()) {
+    std::cerr << "shardline-worker: --device: " << s.message() << std::endl;
     return 2;
   }
   if (!token_file.empty()) {

@@ -487,30 +487,20 @@ interval = 30
             f"{time.monotonic() - t:.1f} s, exit {code}")
 
     # The GPU path where the container sees no GPU (no --gpus): the worker image's CUDA runtime
-    # answers, and a job given to a cuda:0 worker fails naming the device, not a library.
+    # answers, and a cuda:0 worker refuses to start, naming the device, not a library.
     docker("stop", "-t", "10", workers[1], timeout=60)
     gpu = f"{PREFIX}-worker-gpu"
+    t = time.monotonic()
     r = docker("run", "-d", "--name", gpu, "--network", "host", "-v", f"{shared}:/shared",
                "-v", f"{secrets['worker']}:/secrets:ro", f"shardline/worker:{version}",
                "--coordinator", addr, "--device", "cuda:0", "--metrics-port", "0",
                "--token-file", "/secrets/worker-token", timeout=60)
-    deadline = time.time() + 60
-    out = ""
-    while r.returncode == 0 and time.time() < deadline:
-        out = shardctl("workers", timeout=30).stdout
-        if any("cuda:0" in l and "IDLE" in l for l in out.splitlines()):
-            break
-        time.sleep(0.5)
-    t = time.monotonic()
-    r = shardctl("submit", "/shared/fortunes-gpt.toml", "--workers", "1", "--follow", timeout=120)
-    jobs = json.loads(shardctl("--json", "jobs").stdout or "{}").get("jobs", [])
-    st = json.loads(shardctl("status", jobs[-1]["id"], "--json").stdout or "{}") if len(jobs) > 1 else {}
-    c.check(r.returncode != 0 and st.get("state") == "FAILED" and "device cuda:0: not visible" in st.get("message", "")
-            and "cannot load" not in st.get("message", ""),
-            "worker --device cuda:0 without a GPU: the job fails naming the device",
-            f"{st.get('state')}: {st.get('message', '')[:200]} {time.monotonic() - t:.0f} s"
-            + ("" if st else " workers: " + out[-300:] + docker("logs", gpu, timeout=30).stderr[-300:]))
-
+    code = docker("wait", gpu, timeout=60).stdout.strip() if r.returncode == 0 else ""
+    logs = docker("logs", gpu, timeout=30).stderr if r.returncode == 0 else r.stderr
+    c.check(code == "2" and "device cuda:0: not visible (this process sees 0 CUDA devices)" in logs
+            and "cannot load" not in logs and "cuda:0" not in shardctl("workers", timeout=30).stdout,
+            "worker --device cuda:0 without a GPU: refuses to start, naming the device",
+            f"exit {code} in {time.monotonic() - t:.0f} s: {logs.strip()[-300:]}")
 
 if __name__ == "__main__":
     main()

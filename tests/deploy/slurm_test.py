@@ -402,10 +402,11 @@ def main():
         checks.check(ok, "a job that fails: the Slurm job is FAILED with a non-zero exit code",
                      f"{j.get('JobState')} {j.get('ExitCode')} in {time.time() - t:.1f}s"
                      + ("" if ok else "\n" + out[-3000:]))
-        checks.check(re.search(r"^shardline-slurm: job-\S+ FAILED$", out, re.M) is not None
-                     and "device cuda:" in out, "the script's output: the Shardline job FAILED, naming the device",
-                     (re.findall(r".*not visible.*", out) or [""])[0][:200])
-        bound = sorted(set(re.findall(r"\bw-\d+\s+\S+\s+(cuda:\d+)\s+IDLE", out)))
+        refused = sorted(set(re.findall(r"device (cuda:\d+): not visible \(this process sees 0 CUDA devices\)", out)))
+        checks.check("a step exited while waiting for" in out and refused == ["cuda:0", "cuda:1"],
+                     "the script's output: each worker refused to start, naming its device",
+                     str(refused) + " " + (re.findall(r".*(?:not visible|step exited).*", out) or [""])[0][:200])
+        bound = sorted(set(re.findall(r"^worker \d+ on \S+: --device (cuda:\d+)$", out, re.M)))
         checks.check(bound == ["cuda:0", "cuda:1"], "the default device: worker i on cuda:$SLURM_LOCALID", str(bound))
 
         # 3. A long job on a node without GPUs (--gpus-per-node=0, SHARDLINE_WORKERS_PER_NODE):

@@ -2,7 +2,7 @@
 <version> (<revision>)`, exit 0); shardctl's global flags after the
 subcommand as well as before it (against a real coordinator); a mistyped
 subcommand, also a nested one, named in one line with the nearest real one
-and exit 2; `shardctl completion bash`, sourced in bash, completing
+and exit 2; a worker or trainer on a device it cannot see refusing to start; `shardctl completion bash`, sourced in bash, completing
 subcommands (nested ckpt ones too), flags and flag values; `shardctl
 completion zsh` passing `zsh -n` and, with zsh's completion builtins stubbed,
 offering the same candidates (skipped with a note where zsh is missing)."""
@@ -78,6 +78,16 @@ def main():
             and len(err.strip().splitlines()) == 1, "a word far from any command lists them", err.strip())
     rc, _, err = run(SHARDCTL, "jobs", "--page-size", "0")
     c.check(rc == 2 and err.startswith("--page-size:"), "other usage errors exit 2 too", f"rc={rc}")
+
+    # A device the process cannot use: the program refuses to start, in one
+    # line naming the device and how many it sees (no coordinator needed: it
+    # never gets that far). cuda:999 is absent on every machine.
+    for name in ("shardline-worker", "shardline-train"):
+        extra = ["--coordinator", "127.0.0.1:1"] if name == "shardline-worker" else ["--config", "/nonexistent.toml"]
+        rc, out, err = run(PROGRAMS[name], *extra, "--device", "cuda:999", timeout=60)
+        c.check(rc == 2 and re.fullmatch(rf"{name}: --device: device cuda:999: not visible "
+                                         r"\(this process sees \d+ CUDA devices?\)\n", err) is not None,
+                f"{name} --device cuda:999 refuses to start, naming the device", f"rc={rc} {err.strip()[:300]}")
 
     # Global flags after the subcommand, against a real coordinator.
     cl = Cluster(token="s3cret-token", worker_token="w0rker-token")

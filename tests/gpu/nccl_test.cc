@@ -4,6 +4,12 @@
 // wait that runs out, the watchdog's op timeout). Exits 77 (ctest: skipped)
 // where no CUDA device exists.
 //
+// With --two-ranks, instead: two ranks in two threads over the non-blocking
+// communicator (the mode nccl_communicator.cc chose), whose enqueue path
+// (ncclInProgress, polled) only runs at two ranks or more. That needs two
+// GPUs, or one with NCCL 2.30+ and NCCL_MULTI_RANK_GPU_ENABLE=1 (2.28 refuses
+// two ranks on one GPU); elsewhere it exits 77 saying which.
+//
 // At one rank every collective finishes almost at once, so the tests that
 // need an op still running delay it with at::cuda::sleep (a spinning kernel)
 // on a stream it waits for.
@@ -14,11 +20,16 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <nccl.h>
 
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/device.h"
@@ -175,7 +186,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, NcclOneRank, ::testing::Values(at::kFloat, at::
 // spinning kernel on the compute stream) aborts the communicator: the wait
 // says DeadlineExceeded, status() keeps it, later calls fail with Aborted.
 // Should the op still finish first (it cannot, short of a spin shorter than
-// this host path), the abort path is not reached and the test is skipped.
+// this host path), the abort path is not reached and the test fails.
 TEST(NcclAbort, HostWaitTimeoutAbortsTheCommunicator) {
   c10::cuda::CUDAStream compute = c10::cuda::getStreamFromPool(false, 0);
   c10::cuda::CUDAStreamGuard on_compute(compute);
@@ -188,7 +199,9 @@ TEST(NcclAbort, HostWaitTimeoutAbortsTheCommunicator) {
   at::cuda::sleep(kSpinCycles);
   auto w = comm->AllReduce(big);
   const absl::Status s = w->Wait(absl::ZeroDuration());
-  if (s.ok()) GTEST_SKIP() << "the all-reduce finished before a zero host wait; abort path not reached";
+  // A 256 MiB all-reduce queued behind half a second of spinning cannot have
+  // finished; if it did, the abort path went untested, and that is a failure.
+  ASSERT_FALSE(s.ok()) << "the all-reduce finished before a zero host wait; abort path not reached";
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_EQ(s.message().rfind("[rank 0] all_reduce #1", 0), 0u) << s;
   EXPECT_TRUE(w->Done());
@@ -223,11 +236,74 @@ TEST(NcclAbort, WatchdogTimesOutAnOp) {
   auto w = comm->AllReduce(x);
   ASSERT_TRUE(w->WaitOnDevice(absl::Seconds(1)).ok());  // nothing known yet; the host does not wait
   ASSERT_TRUE(EventuallyDone(*w));
-  if (comm->status().ok()) GTEST_SKIP() << "the op finished within 50 ms despite the spinning kernel";
+  ASSERT_FALSE(comm->status().ok()) << "the op finished within 50 ms despite the spinning kernel";
   EXPECT_EQ(comm->status().code(), absl::StatusCode::kDeadlineExceeded) << comm->status();
   EXPECT_EQ(comm->status().message().rfind("[rank 0] all_reduce #1", 0), 0u) << comm->status();
   EXPECT_EQ(w->Wait(absl::Seconds(1)).code(), absl::StatusCode::kDeadlineExceeded);
   compute.synchronize();
+}
+
+// Where two ranks can run: their devices, or why not.
+int TwoRankDevice(int rank) { return shardline::CudaDeviceCount() >= 2 ? rank : 0; }
+std::string WhyTwoRanksCannotRun() {
+  if (shardline::CudaDeviceCount() >= 2) return "";
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) return "ncclGetVersion failed";
+  const char* multi = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  if (version >= 23000 && multi != nullptr && std::strcmp(multi, "1") == 0) return "";
+  return "one GPU, and NCCL " + std::to_string(version) +
+         " without NCCL_MULTI_RANK_GPU_ENABLE=1 (2.30+) refuses two ranks on it";
+}
+
+// Each rank's collectives against their definitions, several in flight at
+// once on both role streams, as the engine issues them.
+std::string RunRank(const c10::intrusive_ptr<c10d::Store>& store, int rank) {
+  const int dev = TwoRankDevice(rank);
+  c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(dev));
+  c10::cuda::CUDAStream compute = c10::cuda::getStreamFromPool(false, dev);
+  c10::cuda::CUDAStreamGuard on_compute(compute);
+  NcclOptions o;
+  o.device = dev;
+  o.compute_stream = compute.stream();
+  o.connect_timeout = o.op_timeout = absl::Seconds(60);
+  auto made = CreateNcclCommunicator(store, "two", rank, 2, o);
+  if (!made.ok()) return std::string(made.status().message());
+  Communicator& comm = **made;
+  const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(dev));
+  constexpr int64_t n = 1000;
+  // all-reduce: (iota + 1) + (iota + 2); reduce-scatter: chunk `rank` of
+  // (iota + 0) + (iota + 1); all-gather: [iota + 0, iota + 1].
+  std::vector<at::Tensor> reduced;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int i = 0; i < 8; ++i) {  // back to back: the launches must not wait for each other
+    reduced.push_back(Iota(n, rank + 1 + i).to(cuda));
+    works.push_back(comm.AllReduce(reduced.back()));
+  }
+  at::Tensor rs_in = Iota(2 * n, rank).to(cuda), rs_out = at::zeros({n}, rs_in.options());
+  works.push_back(comm.ReduceScatter(rs_out, rs_in));
+  at::Tensor ag_in = Iota(n, rank).to(cuda), ag_out = at::zeros({2 * n}, ag_in.options());
+  works.push_back(comm.AllGather(ag_out, ag_in));
+  for (auto& w : works) {
+    if (absl::Status s = w->Wait(absl::Seconds(60)); !s.ok()) return std::string(s.message());
+  }
+  for (int i = 0; i < 8; ++i) {
+    if (!Host(reduced[i]).equal(Iota(n, 0) * 2 + (3 + 2 * i))) return "all_reduce #" + std::to_string(i + 1) + " differs";
+  }
+  if (!Host(rs_out).equal(Iota(2 * n, 0).narrow(0, rank * n, n) * 2 + 1)) return "reduce_scatter differs";
+  if (!Host(ag_out).equal(at::cat({Iota(n, 0), Iota(n, 1)}))) return "all_gather differs";
+  const CommStats stats = comm.Stats();
+  if (stats.last_completed_seq != 10) return "last_completed_seq " + std::to_string(stats.last_completed_seq);
+  return "";
+}
+
+TEST(NcclTwoRanks, NonBlockingCollectivesMatchTheirDefinitions) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::string failures[2];
+  std::thread ranks[2];
+  for (int r = 0; r < 2; ++r) ranks[r] = std::thread([&, r] { failures[r] = RunRank(store, r); });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(failures[0], "") << "rank 0";
+  EXPECT_EQ(failures[1], "") << "rank 1";
 }
 
 }  // namespace
@@ -238,6 +314,15 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }
+  bool two_ranks = false;
+  for (int i = 1; i < argc; ++i) two_ranks |= std::strcmp(argv[i], "--two-ranks") == 0;
+  if (two_ranks) {
+    if (std::string why = shardline::comm::WhyTwoRanksCannotRun(); !why.empty()) {
+      std::printf("two NCCL ranks cannot run here: %s: skipped\n", why.c_str());
+      return 77;
+    }
+  }
   ::testing::InitGoogleTest(&argc, argv);
+  ::testing::GTEST_FLAG(filter) = two_ranks ? "NcclTwoRanks.*" : "-NcclTwoRanks.*";
   return RUN_ALL_TESTS();
 }

@@ -1,14 +1,18 @@
 // FlatParam's unshard life cycle and Device / backend selection on CPU:
 // transitions and their no-ops, the errors for a wait with no gather and a
-// reshard under an in-flight gather, what memory each state holds, and the
-// refusals of device specs and backends that cannot run here.
+// reshard under an in-flight gather, what memory each state holds, the order
+// in which gradient reduction issues collectives, and the refusals of device
+// specs and backends that cannot run here.
 #include "worker/engine/flat_param.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "worker/comm/groups.h"
 #include "worker/engine/device.h"
+#include "worker/engine/grad_reduction.h"
 
 namespace shardline {
 namespace {
@@ -47,6 +51,36 @@ class CountingGroup : public comm::Communicator {
   comm::CommStats Stats() const override { return {}; }
   absl::Status status() const override { return absl::OkStatus(); }
   int gathers = 0;
+};
+
+// A group of two that records, in one log shared with other groups, which
+// collective each call issued; its ops finish only when waited on, as a
+// device op whose end the watchdog has not yet seen.
+class RecordingGroup : public comm::Communicator {
+ public:
+  RecordingGroup(std::string name, bool ordered_on_device, std::vector<std::string>* log)
+      : name_(std::move(name)), ordered_(ordered_on_device), log_(log) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "test"; }
+  bool ordered_on_device() const override { return ordered_; }
+  void Abort(const absl::Status&) override {}
+  std::shared_ptr<comm::Work> AllGather(at::Tensor, at::Tensor) override { return Issue("AG"); }
+  std::shared_ptr<comm::Work> ReduceScatter(at::Tensor, at::Tensor) override { return Issue("RS"); }
+  std::shared_ptr<comm::Work> AllReduce(at::Tensor) override { return Issue("AR"); }
+  std::shared_ptr<comm::Work> Broadcast(at::Tensor, int) override { return Issue("BC"); }
+  std::shared_ptr<comm::Work> Barrier() override { return Issue("B"); }
+  comm::CommStats Stats() const override { return {}; }
+  absl::Status status() const override { return absl::OkStatus(); }
+
+ private:
+  std::shared_ptr<comm::Work> Issue(const char* op) {
+    log_->push_back(name_ + " " + op);
+    return std::make_shared<HeldWork>();
+  }
+  const std::string name_;
+  const bool ordered_;
+  std::vector<std::string>* const log_;
 };
 
 struct Fixture {
@@ -125,6 +159,45 @@ TEST(FlatParamLifeCycle, PersistentParamsStayUnsharded) {
   EXPECT_EQ(group.gathers, 0);
 }
 
+// Two units' gradients reduced under a hybrid strategy while neither
+// reduce-scatter reports Done (the watchdog has not polled yet): the order in
+// which a rank issues collectives must not depend on that timing.
+std::vector<std::string> ReductionOrder(bool ordered_on_device) {
+  std::vector<std::string> log;
+  RecordingGroup shard("shard", ordered_on_device, &log), replicate("replicate", ordered_on_device, &log);
+  auto device = *Device::Open("cpu");
+  MemoryLedger ledger;
+  CommWaiter waiter(absl::Seconds(1));
+  auto layout = MakeShardLayout("unit", {{"w", {4}, true}}, 2);
+  EXPECT_TRUE(layout.ok());
+  FlatParamOptions o;
+  o.persistent_grads = false;
+  std::vector<std::unique_ptr<FlatParam>> units;
+  for (int i = 0; i < 2; ++i) {
+    units.push_back(std::make_unique<FlatParam>(*layout, 0, o, *device, &ledger, at::zeros({4})));
+    units.back()->EnsureGrad();
+  }
+  GradReduction reduction(&shard, &replicate, &waiter, &ledger);
+  reduction.Start(units[0].get());
+  EXPECT_TRUE(reduction.Pump(/*wait_all=*/false).ok());
+  reduction.Start(units[1].get());
+  EXPECT_TRUE(reduction.Pump(/*wait_all=*/true).ok());
+  return log;
+}
+
+TEST(GradReduction, OnTheDeviceEachAllReduceFollowsItsReduceScatterAtOnce) {
+  // NCCL: both communicators share the reduce-scatter stream, so the order
+  // of issue is the order of execution; RS1 RS2 AR1 on one rank against
+  // RS1 AR1 RS2 on another is a wait cycle once four ranks form two groups.
+  EXPECT_EQ(ReductionOrder(true), (std::vector<std::string>{"shard RS", "replicate AR", "shard RS", "replicate AR"}));
+}
+
+TEST(GradReduction, OnTheHostEachAllReduceWaitsForItsReduceScatter) {
+  // Gloo: the all-reduce reads the shard, so it may start only once the
+  // reduce-scatter has written it; the replicate group's own order holds.
+  EXPECT_EQ(ReductionOrder(false), (std::vector<std::string>{"shard RS", "shard RS", "replicate AR", "replicate AR"}));
+}
+
 TEST(Device, CpuIsTheHostAndBadSpecsAreNamed) {
   auto cpu = Device::Open("cpu");
   ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -146,6 +219,22 @@ TEST(Device, CpuIsTheHostAndBadSpecsAreNamed) {
   }
   auto far = Device::Open("cuda:1000");
   EXPECT_FALSE(far.ok());
+}
+
+TEST(Device, PrepareRefusesWhatTheProgramCannotUse) {
+  EXPECT_TRUE(PrepareDevice("cpu").ok());
+  const absl::Status bad = PrepareDevice("cuda:\x1b]0;x");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_EQ(bad.message().find('\x1b'), std::string::npos) << "echoed raw: " << bad;
+  // An index past what this process sees names the device and the count.
+  const absl::Status absent = PrepareDevice("cuda:999");
+  EXPECT_EQ(absent.code(), absl::StatusCode::kFailedPrecondition) << absent;
+#ifdef SHARDLINE_WITH_CUDA
+  const int n = CudaDeviceCount();
+  EXPECT_NE(absent.message().find(absl::StrCat("device cuda:999: not visible (this process sees ", n, " CUDA device")),
+            std::string::npos)
+      << absent;
+#endif
 }
 
 #ifdef SHARDLINE_WITH_CUDA

@@ -96,6 +96,13 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
+  // True where ops complete in issue order on the device (NCCL: one stream
+  // per role, shared by every communicator of a rank; groups.cc). There an
+  // op that reads another's result is issued right after it, never after a
+  // host test of Done(): that test's answer depends on timing, so ranks
+  // would issue ops of two communicators in different orders onto one
+  // stream, and wait on each other for good.
+  virtual bool ordered_on_device() const { return false; }
 
   // out[size * n] <- concatenation of every rank's in[n], in rank order.
   virtual std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) = 0;

@@ -54,6 +54,9 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(const c10::intrusive
 #ifdef SHARDLINE_WITH_CUDA
     comm::NcclOptions o;
     o.device = device.device().index();
+    // Both groups' communicators use the device's streams: a replicate
+    // all-reduce issued after a shard reduce-scatter on the reduce-scatter
+    // stream runs after it (GradReduction relies on it).
     o.compute_stream = RawStream(device, StreamRole::kCompute);
     o.all_gather_stream = RawStream(device, StreamRole::kAllGather);
     o.reduce_scatter_stream = RawStream(device, StreamRole::kReduceScatter);

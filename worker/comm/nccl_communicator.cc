@@ -183,6 +183,7 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return state_->rank; }
   int size() const override { return state_->size; }
   std::string backend() const override { return "nccl"; }
+  bool ordered_on_device() const override { return true; }
 
   std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override {
     constexpr Op op = Op::kAllGather;
@@ -476,7 +477,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   }
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // init and every call return at once; we poll against deadlines
+  config.blocking = 0;  // every call returns at once and is polled against a deadline (the header says why)
   config.commName = group_name.c_str();
   ncclComm_t comm = nullptr;
   auto abort_comm = [&](absl::Status s) {

@@ -64,6 +64,19 @@
 // non-blocking and polled; the whole connect is bounded by connect_timeout and
 // a late or failed init is aborted, never left to hang.
 //
+// Mode: the communicator is non-blocking (config.blocking = 0), chosen over
+// blocking for what a daemon owes its other jobs: every NCCL call returns at
+// once, so init, a first op's lazy connect to a dead peer, and finalize are
+// each bounded by a deadline and can be aborted (NCCL's fault-tolerance
+// model needs this mode; a blocking call can hang a thread that no abort may
+// then touch, since ncclCommAbort must not race a call on the same handle).
+// The price, in NCCL 2.28: each launch hands its group to a new NCCL thread
+// and returns ncclInProgress, which Launch polls until the kernel is queued
+// (yield first, then 200 us sleeps): tens of microseconds per collective, a
+// few dozen collectives per step. At one rank NCCL takes a shortcut and
+// never returns ncclInProgress; `nccl_test --two-ranks` (ctest
+// nccl_two_ranks) runs the polled path.
+//
 // Only built where SHARDLINE_WITH_CUDA is defined (CUDA toolkit, NCCL and
 // LibTorch's CUDA libraries found); runs where a GPU is.
 #pragma once

@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/quoted.h"
 #include "worker/engine/tensor_memory.h"
 
 #ifdef SHARDLINE_WITH_CUDA
@@ -31,10 +32,6 @@ int CudaDeviceCount() {
   return 0;
 #endif
 }
-
-namespace {
-
-}  // namespace
 
 #ifdef SHARDLINE_WITH_CUDA
 // LibTorch's CUDA kernels (libtorch_cuda, which loads cuBLAS, cuDNN and the
@@ -76,25 +73,32 @@ absl::StatusOr<at::Device> ParseDevice(const std::string& spec) {
     const std::string prefix = "cuda:";
     if (spec.rfind(prefix, 0) != 0 || !absl::SimpleAtoi(spec.substr(prefix.size()), &index) || index < 0 ||
         index > 1023) {
-      return absl::InvalidArgumentError(absl::StrCat("device '", spec, "': expected cpu, cuda or cuda:N"));
+      return absl::InvalidArgumentError(absl::StrCat("device ", Quoted(spec), ": expected cpu, cuda or cuda:N"));
     }
   }
 #ifndef SHARDLINE_WITH_CUDA
   return absl::FailedPreconditionError(absl::StrCat("device ", spec, ": this build has no CUDA"));
 #else
+  // The count comes from c10's CUDA runtime, not from ATen's hooks, so asking
+  // it first leaves CUDA usable; libtorch_cuda is loaded before anything asks
+  // ATen (PrepareDevice's header says why), and ATen must then agree.
   const int n = CudaDeviceCount();
-  if (index >= n) {
+  auto not_visible = [&] {
     return absl::FailedPreconditionError(absl::StrCat("device ", spec, ": not visible (this process sees ", n,
                                                       " CUDA device", n == 1 ? "" : "s", ")"));
-  }
+  };
+  if (index >= n) return not_visible();
   if (absl::Status s = LoadLibTorchCuda(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("device ", spec, ": ", s.message()));
   }
+  if (!at::hasCUDA()) return not_visible();
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
 #endif
 }
 
 }  // namespace
+
+absl::Status PrepareDevice(const std::string& spec) { return ParseDevice(spec).status(); }
 
 Device::Device(at::Device device)
     : device_(device), streams_{DefaultStream(device), DefaultStream(device), DefaultStream(device)} {}
@@ -126,7 +130,12 @@ at::Tensor Device::Empty(int64_t numel, at::ScalarType dtype) const {
   return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device_));
 }
 
-at::Tensor Device::Zeros(int64_t numel, at::ScalarType dtype) const { return Empty(numel, dtype).zero_(); }
+at::Tensor Device::Zeros(int64_t numel, at::ScalarType dtype) const {
+  // One scope for both: the fill must be ordered on the compute stream too,
+  // like every other use of the buffer.
+  ComputeScope scope(*this);
+  return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device_));
+}
 
 at::Tensor Device::FromHost(const at::Tensor& host) const {
   if (!is_cuda()) return host;

@@ -45,8 +45,20 @@ struct DeviceMemory {
 int CudaDeviceCount();
 
 // Loads LibTorch's CUDA kernels (libtorch_cuda, beside libtorch_cpu) into the
-// process once; Device::Open calls it for a CUDA device. Needs no GPU.
+// process once; PrepareDevice and Device::Open call it for a CUDA device.
+// Needs no GPU.
 absl::Status LoadLibTorchCuda();
+
+// What a program that computes on `spec` calls first thing in main, before
+// any other ATen call: refuses a malformed spec, a CUDA device in a build
+// without CUDA, and a CUDA index this process does not see (naming the
+// device and how many it sees), and for CUDA loads libtorch_cuda. Order
+// matters: ATen looks up its CUDA hooks once per process, at the first
+// question about CUDA (a backward, at::hasCUDA(), is_pinned), and a lookup
+// made before libtorch_cuda is loaded leaves CUDA off for good, so the first
+// CUDA allocation fails. A device lost or busy later fails the job that
+// opens it (Device::Open), not the program.
+absl::Status PrepareDevice(const std::string& spec);
 
 class Device {
  public:

@@ -1,10 +1,11 @@
 // GradReduction: the gradient reduction of DESIGN.md's step. As soon as a
 // unit's backward is complete its gradient is reduce-scattered over the
 // shard group (cast to the reduce dtype first where that differs), and once
-// that finished the shard is all-reduced across replicate groups (hybrid
-// strategies). Units are started in backward order and finish in that order
-// on every rank, so the replicate all-reduces are issued in the same order
-// everywhere and their sequence numbers agree.
+// the shard is all-reduced across replicate groups (hybrid strategies).
+// Units are started in backward order on every rank, and the all-reduces are
+// issued in that order everywhere: on a device-ordered backend (NCCL) right
+// after the unit's reduce-scatter, on the same stream; on a host backend
+// (Gloo) once that reduce-scatter finished, oldest first.
 //
 // Memory: the cast copy lives until its reduce-scatter finished; a unit's
 // full gradient is freed then too, unless the strategy keeps it (ZeRO 0-1).
