@@ -1,6 +1,8 @@
 #include "common/job_state.h"
 #include "client/render.h"
 
+#include "common/quoted.h"
+
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -81,7 +83,7 @@ std::string WorkerJson(const v1::WorkerInfo& w) {
                       JsonString(w.device()), ",\"state\":", JsonString(WorkerStateName(w.state())), ",\"job_id\":",
                       JsonString(w.job_id()), ",\"rank\":", w.rank(), ",\"memory_bytes\":", w.memory_bytes(),
                       ",\"heartbeat_age_seconds\":", Num(w.heartbeat_age_seconds()), ",\"metrics_port\":",
-                      w.metrics_port(), "}");
+                      w.metrics_port(), ",\"collective_address\":", JsonString(w.collective_address()), "}");
 }
 
 std::string JobsTable(const std::vector<v1::Job>& jobs) {
@@ -153,12 +155,15 @@ std::string JobDetails(const v1::Job& j) {
 }
 
 std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
-  std::string out = absl::StrFormat("%-6s %-20s %-8s %-6s %-10s %-5s %s\n", "ID", "HOST", "DEVICE", "STATE", "JOB",
-                                    "RANK", "HEARTBEAT");
+  std::string out = absl::StrFormat("%-6s %-20s %-8s %-6s %-10s %-5s %-15s %s\n", "ID", "HOST", "DEVICE", "STATE",
+                                    "JOB", "RANK", "ADDRESS", "HEARTBEAT");
   for (const auto& w : workers) {
-    absl::StrAppendFormat(&out, "%-6s %-20s %-8s %-6s %-10s %-5s %.1fs ago\n", w.worker_id(), w.host(), w.device(),
-                          WorkerStateName(w.state()), w.job_id().empty() ? "-" : w.job_id(),
-                          w.job_id().empty() ? "-" : absl::StrCat(w.rank()), w.heartbeat_age_seconds());
+    absl::StrAppendFormat(&out, "%-6s %-20s %-8s %-6s %-10s %-5s %-15s %.1fs ago\n", Shown(w.worker_id()),
+                          Shown(w.host()), Shown(w.device()), WorkerStateName(w.state()),
+                          w.job_id().empty() ? "-" : Shown(w.job_id()),
+                          w.job_id().empty() ? "-" : absl::StrCat(w.rank()),
+                          w.collective_address().empty() ? "-" : Shown(w.collective_address()),
+                          w.heartbeat_age_seconds());
   }
   return out;
 }

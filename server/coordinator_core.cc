@@ -1,5 +1,6 @@
 #include "server/coordinator_core.h"
 
+#include <arpa/inet.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -11,12 +12,18 @@
 #include "common/checkpoint_manifest.h"
 #include "common/job_state.h"
 #include "common/model_shapes.h"
+#include "common/quoted.h"
 
 namespace shardline {
 
 namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+bool IsIpLiteral(const std::string& text) {
+  unsigned char buf[16];
+  return inet_pton(AF_INET, text.c_str(), buf) == 1 || inet_pton(AF_INET6, text.c_str(), buf) == 1;
+}
 
 // What a rank sees when a peer fails (RankFinished.code): a closed
 // connection, a collective or rendezvous that timed out, a stop. Any other
@@ -155,6 +162,11 @@ absl::Status CoordinatorCore::Transition(JobRecord& r, v1::JobState state, const
 absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo info, WorkerChannel* channel) {
   if (info.host().empty() || info.device().empty()) {
     return absl::InvalidArgumentError("register: a worker must name its host and device");
+  }
+  // Shown to every user and dialled by peers: an IP literal or nothing.
+  if (!info.collective_address().empty() && !IsIpLiteral(info.collective_address())) {
+    return absl::InvalidArgumentError(absl::StrCat("register: collective_address ", Quoted(info.collective_address()),
+                                                   " is not an IP address"));
   }
   absl::MutexLock lock(&mu_);
   const std::string id = absl::StrFormat("w-%d", next_worker_++);

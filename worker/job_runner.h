@@ -51,6 +51,8 @@ struct JobRun {
   int rank = 0, world = 1;
   std::string resume_from;  // a committed step directory, or empty
   absl::Duration collective_timeout = absl::Seconds(60);
+  // What this rank's collectives bind to (worker/collective_address.h).
+  std::string collective_address = "127.0.0.1";
   int64_t stop_after = 0;  // stop once this step is done (0: at [train] steps)
   int64_t save_at = 0;     // also save once this step is done (0: never)
 };

@@ -33,6 +33,7 @@
 #include "common/model_shapes.h"
 #include "worker/comm/groups.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/collective_address.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/tensor_file.h"
 #include "worker/job_runner.h"
@@ -42,6 +43,7 @@ namespace {
 
 struct Flags {
   std::string config, out, dump_grads, store_host = "127.0.0.1", ckpt_dir, resume, device = "cpu", backend = "auto";
+  std::string listen_address, interface;  // worker/collective_address.h
   int rank = 0, world = 1, store_port = 0, threads = 1, steps = 0, save_at = 0, stop_after = 0;
   double timeout_s = 60;
   std::vector<std::string> overrides;
@@ -235,8 +237,14 @@ absl::Status Run(const Flags& f) {
     absl::StrAppend(&steps_json, steps_json.empty() ? "" : ",", line);
     return absl::OkStatus();
   };
-  JobRunner runner(JobRun{config, f.rank, f.world, f.resume, timeout, f.stop_after, f.save_at}, &sink,
-                   std::move(hooks));
+  SL_ASSIGN_OR_RETURN(const CollectiveAddress address,
+                      ChooseCollectiveAddress(f.listen_address, f.interface,
+                                              absl::StrCat(f.store_host, ":", std::max(f.store_port, 1))));
+  JobRun run{config, f.rank, f.world, f.resume, timeout};
+  run.collective_address = address.address;
+  run.stop_after = f.stop_after;
+  run.save_at = f.save_at;
+  JobRunner runner(std::move(run), &sink, std::move(hooks));
   SL_RETURN_IF_ERROR(runner.Start(store, device, backend));
   if (!f.dump_grads.empty()) return DumpGradients(runner.engine(), config, f.dump_grads);
   SL_RETURN_IF_ERROR(runner.Run());
@@ -259,6 +267,9 @@ int main(int argc, char** argv) {
   app.add_option("--world", f.world, "number of ranks");
   app.add_option("--store-host", f.store_host, "host of the TCP store (rank 0 serves it)");
   app.add_option("--store-port", f.store_port, "port of the TCP store");
+  auto* listen_flag = app.add_option("--listen-address", f.listen_address,
+                                     "IP address to bind collectives to (default: the route to the store's host)");
+  app.add_option("--interface", f.interface, "bind collectives to this interface's address")->excludes(listen_flag);
   app.add_option("--threads", f.threads, "intra-op threads");
   app.add_option("--device", f.device, "cpu, cuda or cuda:N");
   app.add_option("--backend", f.backend, "auto (NCCL on CUDA, Gloo on CPU), gloo (CUDA staged through host) or nccl");

@@ -173,6 +173,7 @@ absl::Status WorkerDaemon::RunSession() {
   v1::WorkerInfo* info = reg.mutable_register_();
   info->set_host(options_.host.empty() ? Hostname() : options_.host);
   info->set_device(options_.device);
+  info->set_collective_address(options_.collective_address);
   info->set_memory_bytes(DeviceMemoryBytes(options_.device));
   info->set_pid(getpid());
   info->set_metrics_port(options_.metrics->port());
@@ -354,6 +355,7 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat("[rank ", a.rank(), "] ", device.status().message()));
 
   JobRun run{config, a.rank(), a.world_size(), a.resume_from(), options_.collective_timeout};
+  run.collective_address = options_.collective_address;
   JobHooks hooks;
   hooks.connected = [&](Communicators& comms, double bus_bandwidth) {
     comms.shard->set_observer(metrics.ObserverFor(/*shard_group=*/true));

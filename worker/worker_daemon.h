@@ -31,6 +31,7 @@ struct WorkerOptions {
   std::string device = "cpu";
   std::string token;
   std::string host;  // defaults to the machine's hostname
+  std::string collective_address = "127.0.0.1";  // worker/collective_address.h; registered
   int threads = 1;   // intra-op threads for the engine
   absl::Duration collective_timeout = absl::Seconds(30);
   double peak_flops = 0;  // one device's peak FLOP/s for MFU; 0 = DefaultPeakFlops

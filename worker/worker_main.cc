@@ -1,5 +1,5 @@
 // shardline-worker --coordinator ADDR --device cpu|cuda:N [--token-file F]
-//                  [--tls-ca F] [--host NAME] [--threads N]
+//                  [--tls-ca F] [--host NAME] [--listen-address IP | --interface NAME] [--threads N]
 //                  [--metrics-port P | --metrics-listen HOST:PORT] [--metrics-token-file F]
 // One worker daemon per device. --token-file holds a worker token (the
 // coordinator's --worker-token-file). SIGINT/SIGTERM stop it.
@@ -16,6 +16,7 @@
 #include "common/build_info.h"
 #include "common/file_util.h"
 #include "common/quoted.h"
+#include "worker/collective_address.h"
 #include "worker/engine/device.h"
 #include "worker/worker_daemon.h"
 #include "worker/worker_metrics.h"
@@ -32,7 +33,15 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu or cuda:N");
   app.add_option("--token-file", token_file, "file holding a worker token of the coordinator");
   app.add_option("--tls-ca", tls_ca, "PEM root certificate: connect with TLS");
-  app.add_option("--host", o.host, "host name to register (default: this machine's)");
+  app.add_option("--host", o.host,
+                 "host to register: where hybrid shard groups live (default: this machine's name; in Kubernetes, "
+                 "the node's)");
+  std::string listen_address, interface;
+  auto* listen_flag = app.add_option("--listen-address", listen_address,
+                                     "IP address to bind collectives to, which peers must reach (default: the local "
+                                     "address of the route to the coordinator)");
+  app.add_option("--interface", interface, "bind collectives to this interface's address (as NCCL_SOCKET_IFNAME)")
+      ->excludes(listen_flag);
   app.add_option("--threads", o.threads, "intra-op threads for training")->check(CLI::Range(1, 1024));
   app.add_option("--collective-timeout", timeout_s, "deadline of every collective and rendezvous, seconds")
       ->check(CLI::Range(0.1, 86400.0));
@@ -57,6 +66,14 @@ int main(int argc, char** argv) {
     std::cerr << "shardline-worker: --device: " << s.message() << std::endl;
     return 2;
   }
+  // Before any thread starts: ExportCollectiveInterface sets the environment.
+  auto address = shardline::ChooseCollectiveAddress(listen_address, interface, o.coordinator);
+  if (!address.ok()) {
+    std::cerr << "shardline-worker: " << address.status().message() << std::endl;
+    return 2;
+  }
+  shardline::ExportCollectiveInterface(*address);
+  o.collective_address = address->address;
   if (!token_file.empty()) {
     auto t = shardline::ReadTokenFile(token_file);
     if (!t.ok()) {

@@ -289,6 +289,14 @@ def check_workers(c, docs, coordinator_svc):
         flags = flag_values(ct)
         c.check(flags.get("--device") == "cuda:0", f"{name} runs --device cuda:0", f"{flags.get('--device')}")
         c.check(isinstance(flags.get("--token-file"), str), f"{name} passes --token-file")
+        # Several nodes: the host is the node (hybrid groups stay on it), the
+        # collectives bind the pod IP, each from the downward API.
+        env = {e.get("name"): ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+               for e in ct.get("env") or []}
+        for flag, var, field in (("--host", "NODE_NAME", "spec.nodeName"),
+                                 ("--listen-address", "POD_IP", "status.podIP")):
+            c.check(flags.get(flag) == f"$({var})" and env.get(var) == field,
+                    f"{name} passes {flag}=$({var}) from {field}", f"{flags.get(flag)} {var}={env.get(var)}")
         target = str(flags.get("--coordinator", ""))
         host, _, port = target.rpartition(":")
         ok = coordinator_svc is not None

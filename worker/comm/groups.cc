@@ -48,7 +48,7 @@ cudaStream_t RawStream(const Device& d, StreamRole role) {
 absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(const c10::intrusive_ptr<c10d::Store>& store,
                                                             const std::string& name, int rank, int size,
                                                             const Device& device, Backend backend,
-                                                            absl::Duration timeout) {
+                                                            absl::Duration timeout, const std::string& bind_address) {
   if (size == 1) return comm::CreateSelfCommunicator();
   if (backend == Backend::kNccl) {
 #ifdef SHARDLINE_WITH_CUDA
@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(const c10::intrusive
 #endif
   }
   comm::GlooOptions o;
+  o.hostname = bind_address;
   o.op_timeout = timeout;
   o.connect_timeout = timeout;
   return comm::CreateGlooCommunicator(store, name, rank, size, o);
@@ -76,12 +77,14 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(const c10::intrusive
 }  // namespace
 
 absl::StatusOr<Communicators> ConnectGroups(const c10::intrusive_ptr<c10d::Store>& store, const GroupPlan& plan,
-                                            const Device& device, Backend backend, absl::Duration timeout) {
+                                            const Device& device, Backend backend, absl::Duration timeout,
+                                            const std::string& bind_address) {
   SL_ASSIGN_OR_RETURN(const Backend b, ResolveBackend(backend, device));
   Communicators c;
-  SL_ASSIGN_OR_RETURN(c.shard, Connect(store, plan.shard_name, plan.shard_rank, plan.shard_size, device, b, timeout));
-  SL_ASSIGN_OR_RETURN(c.replicate,
-                      Connect(store, plan.replicate_name, plan.shard_index, plan.replicate_size, device, b, timeout));
+  SL_ASSIGN_OR_RETURN(c.shard, Connect(store, plan.shard_name, plan.shard_rank, plan.shard_size, device, b, timeout,
+                                       bind_address));
+  SL_ASSIGN_OR_RETURN(c.replicate, Connect(store, plan.replicate_name, plan.shard_index, plan.replicate_size, device,
+                                           b, timeout, bind_address));
   return c;
 }
 

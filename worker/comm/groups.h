@@ -51,8 +51,11 @@ absl::StatusOr<Backend> ResolveBackend(Backend requested, const Device& device);
 
 // Connects this rank's shard and replicate groups through `store` (a group
 // of one needs no store and moves nothing). `timeout` bounds the rendezvous
-// and every later collective.
+// and every later collective. Gloo binds its pairs to `bind_address` and
+// publishes it through the store, where its peers find it; NCCL's bootstrap
+// follows NCCL_SOCKET_IFNAME (worker/collective_address.h).
 absl::StatusOr<Communicators> ConnectGroups(const c10::intrusive_ptr<c10d::Store>& store, const GroupPlan& plan,
-                                            const Device& device, Backend backend, absl::Duration timeout);
+                                            const Device& device, Backend backend, absl::Duration timeout,
+                                            const std::string& bind_address);
 
 }  // namespace shardline
