@@ -70,10 +70,13 @@ absl::StatusOr<CheckpointManifest> NewManifest(const std::string& job, const Job
   return m;
 }
 
-std::string RankFileName(int rank) { return absl::StrFormat("rank-%05d.safetensors", rank); }
+std::string RankFileName(int rank, int attempt) {
+  if (attempt <= 1) return absl::StrFormat("rank-%05d.safetensors", rank);
+  return absl::StrFormat("rank-%05d.a%04d.safetensors", rank, attempt);
+}
 
-std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int rank) {
-  return absl::StrCat(checkpoint_root, "/", StepDirName(step), "/", RankFileName(rank));
+std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int rank, int attempt) {
+  return absl::StrCat(checkpoint_root, "/", StepDirName(step), "/", RankFileName(rank, attempt));
 }
 
 namespace {

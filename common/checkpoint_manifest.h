@@ -58,10 +58,16 @@ std::string LoraBaseWeights(const JobConfig& c);
 ModelConfig LoraBaseModel(const CheckpointManifest& m);
 
 std::string StepDirName(int64_t step);  // "step-00000010"
-std::string RankFileName(int rank);     // "rank-00003.safetensors"
-// The one file rank `rank` writes for step `step` under a job's checkpoint
-// root; the coordinator accepts no other in a report.
-std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int rank);
+// The file rank `rank` of attempt `attempt` writes for a step:
+// "rank-00003.safetensors" for a job's first attempt (and shardline-train,
+// attempt 0), "rank-00003.a0002.safetensors" for its second. Attempts are
+// fenced by name: a rank of an ended attempt that wakes up late (a frozen
+// process, a healed partition) writes and renames only its own attempt's
+// file, never one a later attempt committed.
+std::string RankFileName(int rank, int attempt = 0);
+// The one file rank `rank` of `attempt` writes for step `step` under a job's
+// checkpoint root; the coordinator accepts no other in a report.
+std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int rank, int attempt = 0);
 
 // The manifest of job `job` after `step` completed steps, at `world_size`
 // ranks (the ownership map is the job's trainable one at its shard group

@@ -71,7 +71,7 @@ absl::Status CoordinatorCore::CheckReport(const JobRecord& r, const v1::Checkpoi
   // The coordinator writes the manifest beside the files and later prunes
   // that directory: only the rank's own file under the job's own root is
   // accepted, so a report cannot point either anywhere else.
-  const std::string expected = RankFilePath(j.checkpoint_root(), report.step(), report.rank());
+  const std::string expected = RankFilePath(j.checkpoint_root(), report.step(), report.rank(), j.attempts_size());
   if (report.path() != expected) {
     return absl::PermissionDeniedError(
         absl::StrCat(who, ": reported file ", report.path(), " is not the rank's checkpoint file ", expected));
@@ -90,7 +90,7 @@ absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   CheckpointManifest& m = *made;
   const std::string dir = absl::StrCat(j.checkpoint_root(), "/", StepDirName(step));
   for (const auto& [rank, rep] : r.ckpt_reports[step]) {
-    m.ranks.push_back({rank, RankFileName(rank), rep.size_bytes(), rep.checksum()});
+    m.ranks.push_back({rank, RankFileName(rank, j.attempts_size()), rep.size_bytes(), rep.checksum()});
   }
   // The record names the step before its manifest appears: a crash in
   // between leaves a recorded step without a manifest, which Recover drops,
@@ -127,7 +127,14 @@ bool IsOwnStepFile(absl::string_view name) {
   absl::ConsumeSuffix(&name, ".tmp");
   if (name == "manifest.json") return true;
   if (!absl::ConsumePrefix(&name, "rank-") || !absl::ConsumeSuffix(&name, ".safetensors")) return false;
-  return name.size() >= 5 && name.find_first_not_of("0123456789") == absl::string_view::npos;
+  auto digits = [](absl::string_view s, size_t n) {
+    return s.size() >= n && s.find_first_not_of("0123456789") == absl::string_view::npos;
+  };
+  // RankFileName: "NNNNN" or "NNNNN.aNNNN" (a later attempt's).
+  if (const size_t dot = name.find(".a"); dot != absl::string_view::npos) {
+    return digits(name.substr(0, dot), 5) && digits(name.substr(dot + 2), 4);
+  }
+  return digits(name, 5);
 }
 
 // RemoveStepDir of the directory `name` inside the open directory `root_fd`

@@ -171,6 +171,8 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   absl::MutexLock lock(&mu_);
   const std::string id = absl::StrFormat("w-%d", next_worker_++);
   const std::string running = info.job_id();
+  const bool proven = !running.empty() && ClaimHolds(running, info.rank(), info.claim_credential());
+  info.clear_claim_credential();
   info.set_worker_id(id);
   info.set_state(v1::WORKER_STATE_IDLE);
   info.clear_job_id();
@@ -180,10 +182,18 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   w.channel = channel;
   w.last_heartbeat = absl::Now();
   if (!running.empty()) {
-    // It still runs a job this coordinator no longer has running (it
-    // restarted): stop it; the worker turns idle when it reports back.
+    // It still runs a job this coordinator no longer has running (its
+    // session dropped, or the coordinator restarted): stop it; the worker
+    // turns idle when it reports back. Only a claim proven with that rank's
+    // credential makes the job wait for it (a restart, a delete): anyone
+    // with a worker token could claim anyone's job.
     w.info.set_state(v1::WORKER_STATE_BUSY);
-    w.info.set_job_id(running);
+    if (proven) {
+      w.info.set_job_id(running);
+    } else {
+      w.unproven_claim = running;
+      if (options_.events.refused) options_.events.refused("claim");
+    }
     w.info.set_rank(-1);  // of an attempt this coordinator does not run
     v1::CoordinatorMessage m;
     m.mutable_cancel()->set_job_id(running);
@@ -198,6 +208,16 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   channel->Send(m);
   Schedule();
   return reg;
+}
+
+bool CoordinatorCore::ClaimHolds(const std::string& job_id, int rank, const std::string& credential) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || credential.empty()) return false;
+  for (const auto* held : {&it->second.credentials, &it->second.previous_credentials}) {
+    auto c = held->find(rank);
+    if (c != held->end() && c->second == credential) return true;
+  }
+  return false;
 }
 
 void CoordinatorCore::WorkerGone(const std::string& id, const std::string& why) {
@@ -329,11 +349,18 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
   auto w = workers_.find(id);
   auto job = jobs_.find(f.job_id());
   const bool job_ended = job == jobs_.end() || JobOf(job->second).state() != v1::JOB_STATE_RUNNING;
-  // The session is free again once its own rank ended, or its job did.
-  if (w != workers_.end() && (held || (job_ended && w->second.info.job_id() == f.job_id()))) {
+  // The session is free again once its own rank ended, or its job did, or
+  // the earlier attempt it was stopping (rank -1: it reconnected still
+  // running it), or the job it claimed without proof.
+  const bool stopped_old = w != workers_.end() && w->second.info.job_id() == f.job_id() &&
+                           (job_ended || w->second.info.rank() < 0);
+  const bool unproven = w != workers_.end() && !w->second.unproven_claim.empty() &&
+                        w->second.unproven_claim == f.job_id();
+  if (w != workers_.end() && (held || unproven || stopped_old)) {
     w->second.info.set_state(v1::WORKER_STATE_IDLE);
     w->second.info.clear_job_id();
     w->second.info.set_rank(0);
+    w->second.unproven_claim.clear();
     if (job_ended) RemoveSavesOfEndedJob(f.job_id());
   }
   if (held) {

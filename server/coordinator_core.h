@@ -119,6 +119,11 @@ class CoordinatorCore {
   absl::Status Recover();
 
   // ---- workers (from session streams) ----
+  // A worker that says it still runs a job (info.job_id) is told to stop it.
+  // The job waits for it (a restart, a delete) only if the claim is proven:
+  // info.claim_credential is the credential of rank info.rank of that job's
+  // running or previous attempt. Otherwise the claim is counted as refused
+  // and the worker is only busy until it reports that job finished.
   absl::StatusOr<v1::Registered> RegisterWorker(v1::WorkerInfo info, WorkerChannel* channel);
   // The session ended; the channel must not be used after this returns.
   void WorkerGone(const std::string& worker_id, const std::string& why);
@@ -224,6 +229,10 @@ class CoordinatorCore {
     v1::WorkerInfo info;
     WorkerChannel* channel = nullptr;
     absl::Time last_heartbeat;
+    // A job it said it still runs without proof (RegisterWorker): it is
+    // told to stop and is busy until it reports that job finished, but no
+    // job waits on it and nothing of that job's is refused for it.
+    std::string unproven_claim;
   };
   // What heartbeats and progress said about one rank of a running job.
   struct RankProgress {
@@ -248,6 +257,9 @@ class CoordinatorCore {
     // Each rank's job-scoped credential (Assignment.credential), by rank;
     // a checkpoint report is accepted only with its rank's.
     std::map<int, std::string> credentials;
+    // The attempt before: what a rank that still runs it proves itself with
+    // when its session comes back (RegisterWorker).
+    std::map<int, std::string> previous_credentials;
     absl::Time restart_by;    // while RESTARTING: when it fails instead
     absl::Time settle_until;  // while RESTARTING: until then, only all its workers will do
     std::string restart_reason;  // while RESTARTING: what Job.message leads with
@@ -322,6 +334,8 @@ class CoordinatorCore {
   // Applies keep_finished_jobs and keep_finished_for.
   void RetireEndedJobs(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseWorker(const std::string& id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ClaimHolds(const std::string& job_id, int rank, const std::string& credential) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers a wait and gives its place back to its job's count (the caller
   // then drops it from waiters_).

@@ -263,6 +263,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   if (r.config.parallelism.auto_strategy) PickStrategy(r, idle, world);
   j.clear_worker_ids();
   RevokeStoreAccess(r);
+  r.previous_credentials = std::move(r.credentials);
   r.credentials.clear();
   j.set_workers(world);
   for (int rank = 0; rank < world; ++rank) {
@@ -282,6 +283,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
     a->set_checkpoint_root(j.checkpoint_root());
     a->set_credential(NewCredential());
     a->set_strategy(j.strategy());
+    a->set_attempt(j.attempts_size() + 1);  // the Attempt added below
     r.credentials[rank] = a->credential();
     credential_jobs_[a->credential()] = j.id();
     w->channel->Send(m);

@@ -182,6 +182,10 @@ absl::Status WorkerDaemon::RunSession() {
   {
     absl::MutexLock lock(&job_mu_);
     info->set_job_id(job_id_);
+    if (!job_id_.empty()) {
+      info->set_rank(job_rank_);
+      info->set_claim_credential(job_credential_);
+    }
   }
   std::thread heartbeats;
   if (Write(reg)) {
@@ -266,6 +270,8 @@ void WorkerDaemon::HandleCommand(const v1::CoordinatorMessage& m) {
     }
     if (job_thread_.joinable()) job_thread_.join();
     job_id_ = m.start().job_id();
+    job_rank_ = m.start().rank();
+    job_credential_ = m.start().credential();
     cancel_ = false;
     save_requested_ = false;
     step_ = 0;
@@ -294,6 +300,7 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
   {
     absl::MutexLock lock(&job_mu_);
     job_id_.clear();
+    job_credential_.clear();
   }
   Write(m);
 }
@@ -309,7 +316,7 @@ class CoordinatorSink : public CheckpointSink {
       : stub_(stub), token_(std::move(token)), a_(a) {}
   absl::StatusOr<int64_t> Save(const ShardSnapshot& snap, int64_t step) override {
     const std::string dir = a_.checkpoint_root() + "/" + StepDirName(step);
-    SL_ASSIGN_OR_RETURN(ManifestRankFile f, WriteRankShards(snap, dir, step));
+    SL_ASSIGN_OR_RETURN(ManifestRankFile f, WriteRankShards(snap, dir, step, a_.attempt()));
     v1::CheckpointReport rep;
     rep.set_job_id(a_.job_id());
     rep.set_rank(a_.rank());

@@ -82,6 +82,8 @@ class WorkerDaemon {
   absl::Mutex job_mu_;
   std::thread job_thread_ ABSL_GUARDED_BY(job_mu_);
   std::string job_id_ ABSL_GUARDED_BY(job_mu_);  // the job running now, if any
+  int job_rank_ ABSL_GUARDED_BY(job_mu_) = 0;     // its rank and credential: a new
+  std::string job_credential_ ABSL_GUARDED_BY(job_mu_);  // session's proof that it runs it
   JobRunner* runner_ ABSL_GUARDED_BY(job_mu_) = nullptr;  // the running job's, once built
   std::atomic<int64_t> step_{0};
 };

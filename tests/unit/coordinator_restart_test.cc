@@ -66,7 +66,7 @@ class RestartTest : public CoreTest {
       r.set_job_id(job);
       r.set_rank(a.rank());
       r.set_step(step);
-      r.set_path(RankFilePath(root, step, a.rank()));
+      r.set_path(RankFilePath(root, step, a.rank(), a.attempt()));
       r.set_size_bytes(10);
       r.set_checksum(std::string(64, 'a'));
       ASSERT_TRUE(core_->ReportCheckpoint(r, a.credential()).ok());
@@ -82,6 +82,58 @@ class RestartTest : public CoreTest {
   int restarting_events_ = 0;
   std::vector<double> lost_;
 };
+
+// A session that says it still runs a job: with a worker token anyone can
+// say so. Only the rank's credential makes the job wait for it.
+TEST_F(RestartTest, OnlyAProvenClaimMakesTheJobWaitForTheClaimant) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c, rogue, back;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  ASSERT_EQ(State(job), "RUNNING");
+  auto claim = [&](const std::string& host, int rank, const std::string& credential, RecordingChannel* ch) {
+    v1::WorkerInfo info;
+    info.set_host(host);
+    info.set_device("cpu");
+    info.set_job_id(job);
+    info.set_rank(rank);
+    info.set_claim_credential(credential);
+    return core_->RegisterWorker(info, ch)->worker_id();
+  };
+  auto worker = [&](const std::string& id) {
+    for (const v1::WorkerInfo& w : core_->ListWorkers()) {
+      if (w.worker_id() == id) return w;
+    }
+    return v1::WorkerInfo();
+  };
+  // A claim without the credential: told to stop, busy, tied to no job.
+  const std::string wr = claim("rogue", 1, "not-the-credential", &rogue);
+  EXPECT_EQ(rogue.Cancels(), 1);
+  EXPECT_EQ(worker(wr).state(), v1::WORKER_STATE_BUSY);
+  EXPECT_EQ(worker(wr).job_id(), "");
+  EXPECT_EQ(worker(wr).claim_credential(), "");  // never kept, never listed
+  // The job loses a rank and restarts once its own ranks stopped, not
+  // waiting for the rogue.
+  core_->WorkerGone(wc, "session closed");
+  Finish(wa, job, 0, false, "cancelled", absl::StatusCode::kCancelled);
+  Finish(wb, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  core_->Tick(absl::Now());
+  v1::Job j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.message().find("rogue"), std::string::npos) << j.message();
+  // The rogue says it finished "its" job: it is idle again, and the job is untouched.
+  Finish(wr, job, 1, false, "cancelled", absl::StatusCode::kCancelled);
+  EXPECT_EQ(worker(wr).state(), v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(State(job), "RUNNING");
+  // Rank 2 of the first attempt comes back with its credential: proven, so
+  // the job knows it is still stopping.
+  const std::string wback = claim("h3", 2, c.Starts().back().credential(), &back);
+  EXPECT_EQ(back.Cancels(), 1);
+  EXPECT_EQ(worker(wback).job_id(), job);
+  Finish(wback, job, 2, false, "cancelled", absl::StatusCode::kCancelled);
+  EXPECT_EQ(worker(wback).state(), v1::WORKER_STATE_IDLE);
+}
 
 TEST_F(RestartTest, ALostRankRestartsFromTheNewestCheckpointAtTheLargestWorldThenGrowsBack) {
   Open(absl::ZeroDuration());
@@ -137,10 +189,32 @@ TEST_F(RestartTest, ALostRankRestartsFromTheNewestCheckpointAtTheLargestWorldThe
   EXPECT_EQ(core_->AuthorizeStore(a.Starts().front().credential(), {job + "/k"}).code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(core_->AuthorizeStore(a.Starts().back().credential(), {job + "/k"}).ok());
+  // Attempts are fenced by file name: the second attempt's ranks write
+  // rank-N.a0002, and a report of the first attempt's name is refused, even
+  // with the current credential (a stale writer's file never enters a manifest).
+  EXPECT_EQ(a.Starts().front().attempt(), 1);
+  EXPECT_EQ(a.Starts().back().attempt(), 2);
+  {
+    v1::CheckpointReport stale;
+    stale.set_job_id(job);
+    stale.set_rank(0);
+    stale.set_step(4);
+    stale.set_path(RankFilePath(j.checkpoint_root(), 4, 0, /*attempt=*/1));
+    stale.set_size_bytes(10);
+    stale.set_checksum(std::string(64, 'a'));
+    EXPECT_EQ(core_->ReportCheckpoint(stale, a.Starts().back().credential()).code(),
+              absl::StatusCode::kPermissionDenied);
+  }
   // A replacement registers: at the next commit the job stops and grows back to 3.
   const std::string wd = AddWorker("h4", "cpu", &d);
   EXPECT_EQ(State(job), "RUNNING");
   Commit(job, 4, {&a, &b});
+  {
+    absl::StatusOr<CheckpointManifest> m = ReadManifest(j.checkpoint_root() + "/step-00000004");
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_EQ(m->ranks.size(), 2u);
+    EXPECT_EQ(m->ranks[0].file, "rank-00000.a0002.safetensors");
+  }
   j = *core_->GetJob(job);
   EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
   EXPECT_NE(j.message().find("growing from 2 to 3 workers from the checkpoint of step 4"), std::string::npos)

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "common/checkpoint_export.h"
 #include "common/file_util.h"
@@ -63,12 +64,14 @@ ShardSnapshot SnapshotShards(const Engine& engine, bool copy) {
 void MaybeInjectFault(const char* point, int64_t step) {
   if (FaultRequested(point, step)) {
     std::fprintf(stderr, "shardline: injected fault %s at step %ld\n", point, static_cast<long>(step));
-    raise(SIGKILL);
+    // "stop-..." freezes the process (a test continues it with SIGCONT, as a
+    // host that stalled or a partition that healed); the others kill it.
+    raise(absl::string_view(point).rfind("stop-", 0) == 0 ? SIGSTOP : SIGKILL);
   }
 }
 
-absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir,
-                                                 int64_t step) {
+absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir, int64_t step,
+                                                 int attempt) {
   MaybeInjectFault("before-write", step);
   SL_RETURN_IF_ERROR(MakeDirs(step_dir));
   NamedTensors tensors;
@@ -79,14 +82,17 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
   }
   ManifestRankFile f;
   f.rank = snap.rank;
-  f.file = RankFileName(snap.rank);
+  f.file = RankFileName(snap.rank, attempt);
   const std::string path = step_dir + "/" + f.file;
   SL_RETURN_IF_ERROR(WriteSafetensors(path, tensors,
                                       {{"rank", std::to_string(snap.rank)},
                                        {"shard_rank", std::to_string(snap.shard_rank)},
                                        {"step", std::to_string(step)}},
                                       [&](size_t written) {
-                                        if (written == tensors.size() / 2) MaybeInjectFault("mid-write", step);
+                                        if (written == tensors.size() / 2) {
+                                          MaybeInjectFault("mid-write", step);
+                                          MaybeInjectFault("stop-mid-write", step);
+                                        }
                                       }));
   // Size and checksum of the file just written, not of whatever a symlink
   // put under its name would point to: both go into the manifest, which the

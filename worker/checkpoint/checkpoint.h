@@ -37,9 +37,10 @@ void MaybeInjectFault(const char* point, int64_t step);
 // world-readable); PermissionDenied naming the part that cannot be made.
 absl::Status MakeDirs(const std::string& dir);
 
-// Writes a snapshot as `step_dir`/rank-<5 digits>.safetensors (created
+// Writes a snapshot as `step_dir`/RankFileName(rank, attempt) (created
 // atomically) and returns its manifest entry (name, size, SHA-256).
-absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir, int64_t step);
+absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir, int64_t step,
+                                                 int attempt = 0);
 // WriteRankShards of the live state.
 absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std::string& step_dir, int64_t step);
 
