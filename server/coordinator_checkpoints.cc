@@ -33,6 +33,7 @@ absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& repor
                                                     ": the report lacks that rank's credential"));
   }
   absl::Status s = CheckReport(r, report);
+  if (absl::IsPermissionDenied(s) && options_.events.refused) options_.events.refused("checkpoint_report");
   if (!s.ok()) return s;
   s = store_->PutCheckpointReport(report);
   if (!s.ok()) return s;

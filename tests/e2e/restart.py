@@ -27,9 +27,11 @@ STEPS = 200
 
 
 def rank_files(manifest_dir):
+    """{rank: sha256} of a checkpoint, and its world size (the files' names
+    carry the attempt that wrote them, so compare by rank)."""
     with open(os.path.join(manifest_dir, "manifest.json")) as f:
         m = json.load(f)
-    return {r["file"]: r["sha256"] for r in m["ranks"]}, m["world_size"]
+    return {r["rank"]: r["sha256"] for r in m["ranks"]}, m["world_size"]
 
 
 def kill_rank(cl, job, rank, min_step):

@@ -29,8 +29,11 @@ stale shard or a wrong reduction moves parameters by ~lr = 6e-4 per step).
 In bf16 (unit roundoff u = 2^-8) the CPU and the GPU round activations and
 partial sums differently at every op: per-token losses differ by O(u)
 relative and their mean by less, so the loss curve is held to u; parameters
-are held to 0.2 * lr * steps as in tests/integration/bf16.py, with the key
-third of c_attn.bias (zero true gradient) held to 2 * lr * steps.
+are held to 0.2 * lr * steps as in tests/integration/bf16.py.
+In both precisions the key third of each c_attn.bias is held apart, to
+2 * lr * steps (param_diffs says why): its true gradient is zero, so what
+either run computes there is rounding noise, which Adam turns into steps of
+up to ~lr.
 """
 import os
 import subprocess
@@ -52,8 +55,45 @@ STEPS = harness.TINY["train"]["steps"]
 LR = harness.TINY["optimizer"]["lr"]
 
 
-def max_abs(a, b, keys=None):
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in (keys or b))
+# The bound on the key third of c_attn.bias (param_diffs): each of the two
+# runs moves it by at most ~lr per step, of either sign.
+KEY_BIAS_TOL = 2 * LR * STEPS
+
+
+def as_array(x):
+    return x.detach().double().cpu().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float64)
+
+
+def param_diffs(got, want):
+    """(max abs difference over every parameter but the key third of each
+    attn.c_attn.bias, max abs difference over those key thirds).
+
+    The key bias b_k adds q . b_k to every score of a query q: the same constant
+    for all keys, which the softmax cancels (softmax(s + c) = softmax(s)). Its
+    true gradient is therefore exactly zero, and what a run computes there is
+    rounding noise (sums of terms that cancel, taken in a kernel's own order).
+    Adam divides by the root of the noise's own second moment, m / (sqrt(v) +
+    eps), so that noise becomes steps of up to ~lr of either sign whatever its
+    size (once above eps = 1e-8): two correct runs can drift apart there by up to ~2 * lr per step,
+    which no 1e-4 tolerance can hold. The query and value thirds are ordinary
+    parameters and stay with the rest."""
+    rest = key = 0.0
+    for k in want:
+        d = np.abs(as_array(got[k]) - as_array(want[k]))
+        if k.endswith("attn.c_attn.bias"):
+            c = d.shape[0] // 3  # [q | k | v]
+            key = max(key, float(d[c:2 * c].max()))
+            d = np.concatenate([d[:c], d[2 * c:]])
+        rest = max(rest, float(d.max()))
+    return rest, key
+
+
+def check_params(checks, name, got, want, tol):
+    """The parameters within tol, and the key bias within KEY_BIAS_TOL."""
+    d, kd = param_diffs(got, want)
+    checks.check(d <= tol, f"{name}: params", f"max abs diff {d:.2e} (tol {tol:.1e}; key bias apart)")
+    checks.check(kd <= KEY_BIAS_TOL, f"{name}: key bias (zero true gradient)",
+                 f"max abs diff {kd:.2e} = {kd / LR:.2f} lr (tol 2 * lr * steps = {KEY_BIAS_TOL:.1e})")
 
 
 def losses_of(ranks):
@@ -70,8 +110,7 @@ def numerics(checks):
     gpu_out, gpu = harness.run(cfg, 1, extra_args=GPU)
     checks.check(gpu[0].get("device") == "cuda:0", "the run computed on cuda:0", str(gpu[0].get("device")))
     cpu_p, gpu_p = harness.load_params(cpu_out), harness.load_params(gpu_out)
-    d = max_abs(gpu_p, cpu_p)
-    checks.check(d <= 1e-4, "fp32 cuda:0 vs CPU engine: params", f"max abs diff {d:.2e} (tol 1e-4)")
+    check_params(checks, "fp32 cuda:0 vs CPU engine", gpu_p, cpu_p, 1e-4)
     r = max_rel(losses_of(gpu), losses_of(cpu))
     checks.check(r <= 1e-5, "fp32 cuda:0 vs CPU engine: losses", f"max rel diff {r:.2e} (tol 1e-5)")
 
@@ -84,8 +123,7 @@ def numerics(checks):
     subprocess.run([harness.TRAIN, "--config", job, "--dump-grads", dump_path], check=True, timeout=120)
     ref, ref_losses = train_reference(load_file(dump_path), cfg, device="cuda:0")
     got = load_file(os.path.join(gpu_out, "params.safetensors"))
-    d = max(float((got[k] - ref[k]).abs().max()) for k in got)
-    checks.check(d <= 1e-4, "fp32 cuda:0 vs PyTorch on cuda:0: params", f"max abs diff {d:.2e} (tol 1e-4)")
+    check_params(checks, "fp32 cuda:0 vs PyTorch on cuda:0", got, ref, 1e-4)
     r = max_rel(losses_of(gpu), ref_losses)
     checks.check(r <= 1e-5, "fp32 cuda:0 vs PyTorch on cuda:0: losses", f"max rel diff {r:.2e} (tol 1e-5)")
 
@@ -96,16 +134,7 @@ def numerics(checks):
     r = max_rel(losses_of(gpu), losses_of(cpu))
     checks.check(r <= 2 ** -8, "bf16 cuda:0 vs CPU engine: loss curve", f"max rel diff {r:.2e} (tol {2 ** -8:.1e})")
     cpu_p, gpu_p = harness.load_params(cpu_out), harness.load_params(gpu_out)
-    C = harness.TINY["model"]["n_embd"]
-    key_bias = [k for k in cpu_p if k.endswith("attn.c_attn.bias")]
-    d = max_abs(gpu_p, cpu_p, [k for k in cpu_p if k not in key_bias])
-    for k in key_bias:
-        for part in (slice(0, C), slice(2 * C, 3 * C)):
-            d = max(d, float(np.max(np.abs(gpu_p[k][part] - cpu_p[k][part]))))
-    kd = max(float(np.max(np.abs(gpu_p[k][C:2 * C] - cpu_p[k][C:2 * C]))) for k in key_bias)
-    checks.check(d <= 0.2 * LR * STEPS, "bf16 cuda:0 vs CPU engine: params",
-                 f"max abs diff {d:.2e} (tol {0.2 * LR * STEPS:.1e})")
-    checks.check(kd <= 2 * LR * STEPS, "bf16 cuda:0 vs CPU engine: key bias", f"max abs diff {kd:.2e}")
+    check_params(checks, "bf16 cuda:0 vs CPU engine", gpu_p, cpu_p, 0.2 * LR * STEPS)
 
 
 def shared_gpu(checks):
@@ -130,8 +159,7 @@ def shared_gpu(checks):
                 else:
                     os.environ[k] = v
         name = f"{strategy} N={world} {backend} on cuda:0"
-        d = max_abs(harness.load_params(out), ref_p)
-        checks.check(d <= 1e-4, f"{name}: params", f"max abs diff {d:.2e} (tol 1e-4)")
+        check_params(checks, name, harness.load_params(out), ref_p, 1e-4)
         r = max_rel(losses_of(ranks), losses_of(ref))
         checks.check(r <= 1e-5, f"{name}: losses", f"max rel diff {r:.2e} (tol 1e-5)")
         expected = formulas.comm_bytes(cfg, world, cfg["train"]["steps"])
