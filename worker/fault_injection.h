@@ -2,7 +2,8 @@
 // environment asks for the fault named `point` at global step `step` (1-based,
 // the step just completed). Points: before-write, mid-write, before-report
 // (worker/checkpoint: the process kills itself during that step's save),
-// stop-mid-write (it stops itself there, SIGSTOP, until a test continues it) and
+// stop-before-write and stop-mid-write (it stops itself there, SIGSTOP, until
+// a test continues it) and
 // nan-grad (worker/engine: that step's gradient norm is NaN, as after an
 // overflow). Never set outside tests.
 #pragma once

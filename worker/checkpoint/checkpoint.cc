@@ -73,6 +73,7 @@ void MaybeInjectFault(const char* point, int64_t step) {
 absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir, int64_t step,
                                                  int attempt) {
   MaybeInjectFault("before-write", step);
+  MaybeInjectFault("stop-before-write", step);
   SL_RETURN_IF_ERROR(MakeDirs(step_dir));
   NamedTensors tensors;
   for (size_t u = 0; u < snap.units.size(); ++u) {
