@@ -210,6 +210,32 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   return reg;
 }
 
+std::string CoordinatorCore::WorkerKey(const v1::WorkerInfo& w) { return absl::StrCat(w.host(), "/", w.device()); }
+
+std::string CoordinatorCore::BlameLink(JobRecord& r) {
+  if (r.link_faults.empty()) return r.reported_failure;
+  // In a ring that stalls, every rank times out waiting for its left
+  // neighbour; the ones downstream of the broken link waited on ranks that
+  // were themselves waiting, at a later step or op.
+  const v1::RankFinished::Link link =
+      *std::min_element(r.link_faults.begin(), r.link_faults.end(), [](const auto& a, const auto& b) {
+        return std::make_pair(a.seq(), a.step()) < std::make_pair(b.seq(), b.step());
+      });
+  const v1::Job& j = JobOf(r);
+  auto end = [&](int rank) {
+    auto w = workers_.find(j.worker_ids(rank));
+    return w == workers_.end() ? std::make_pair(std::string("?"), std::string())
+                               : std::make_pair(w->second.info.host(), WorkerKey(w->second.info));
+  };
+  const auto [from_host, from_key] = end(link.from_rank());
+  const auto [to_host, to_key] = end(link.to_rank());
+  // The receiving end sits the next attempts out (either end would do).
+  if (!to_key.empty()) r.excluded_workers.insert(to_key);
+  return absl::StrFormat("rank %d on host %s cannot reach rank %d on host %s (%s); %s sits out the next attempts",
+                         link.from_rank(), from_host, link.to_rank(), to_host, r.reported_failure,
+                         to_key.empty() ? "rank " + std::to_string(link.to_rank()) : to_key);
+}
+
 bool CoordinatorCore::ClaimHolds(const std::string& job_id, int rank, const std::string& credential) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || credential.empty()) return false;
@@ -375,6 +401,11 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
       }
     } else {
       const std::string failure = absl::StrFormat("rank %d on host %s failed: %s", f.rank(), host, f.message());
+      if (f.has_link() && f.link().from_rank() >= 0 && f.link().from_rank() < JobOf(r).worker_ids_size() &&
+          f.link().to_rank() >= 0 && f.link().to_rank() < JobOf(r).worker_ids_size() &&
+          f.link().from_rank() != f.link().to_rank() && r.link_faults.size() < 1024) {
+        r.link_faults.push_back(f.link());
+      }
       if (!IsPeerError(f.code())) {
         // The rank's own error is the root cause, whatever its peers said
         // first; most would recur, and fail the job without a restart.
@@ -405,7 +436,7 @@ void CoordinatorCore::Tick(absl::Time now) {
   UpdateStalls(now);
   for (auto& [id, r] : jobs_) {
     if (JobOf(r).state() == v1::JOB_STATE_RUNNING && !r.reported_failure.empty() && now >= r.fail_at) {
-      FailJob(r, r.reported_failure, "", /*retryable=*/true);
+      FailJob(r, BlameLink(r), "", /*retryable=*/true);
     } else if (JobOf(r).state() == v1::JOB_STATE_RESTARTING && now >= r.restart_by) {
       queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
       FailForGood(r, absl::StrCat("not restarted within [job] restart_timeout (",

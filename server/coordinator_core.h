@@ -253,6 +253,12 @@ class CoordinatorCore {
     absl::Time last_persist;
     std::map<int64_t, std::map<int, v1::CheckpointReport>> ckpt_reports;  // by step, then rank
     std::string reported_failure;  // first peer-caused rank failure, waiting out the grace
+    // The links this attempt's ranks saw fail (RankFinished.link); at the
+    // end of the grace the lowest (seq, step) is named as the cause.
+    std::vector<v1::RankFinished::Link> link_faults;
+    // "host/device" of workers left out of this job's later attempts: one
+    // end of each link that failed, so that the job can run without it.
+    std::set<std::string> excluded_workers;
     absl::Time fail_at;
     // Each rank's job-scoped credential (Assignment.credential), by rank;
     // a checkpoint report is accepted only with its rank's.
@@ -336,6 +342,11 @@ class CoordinatorCore {
   void LoseWorker(const std::string& id, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ClaimHolds(const std::string& job_id, int rank, const std::string& credential) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The failure of an attempt whose ranks reported peer errors: the link of
+  // the lowest (seq, step) named by both ends, whose receiving end is then
+  // excluded from the job's next attempts; else r.reported_failure.
+  std::string BlameLink(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::string WorkerKey(const v1::WorkerInfo& w);
   void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers a wait and gives its place back to its job's count (the caller
   // then drops it from waiters_).

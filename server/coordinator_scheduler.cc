@@ -71,6 +71,7 @@ void CoordinatorCore::FailJob(JobRecord& r, const std::string& cause_ref, const 
   StopRanks(r, cause, skip_worker);
   EndAttempt(r, cause);
   r.reported_failure.clear();
+  r.link_faults.clear();
   if (retryable && j.restarts() < r.config.restart.max_restarts) {
     j.set_restarts(j.restarts() + 1);
     Restart(r, absl::StrFormat("restarting (%d of at most %d) after: %s", j.restarts(),
@@ -129,7 +130,10 @@ void CoordinatorCore::GrowAtCheckpoint(JobRecord& r, int64_t step) {
   const std::string kind = DeviceKind(first->second.info);
   int idle = 0;
   for (const auto& [wid, w] : workers_) {
-    if (w.info.state() == v1::WORKER_STATE_IDLE && DeviceKind(w.info) == kind) ++idle;
+    if (w.info.state() == v1::WORKER_STATE_IDLE && DeviceKind(w.info) == kind &&
+        !r.excluded_workers.count(WorkerKey(w.info))) {
+      ++idle;
+    }
   }
   const int grown = LargestWorld(r, j.workers() + 1, std::min(want, j.workers() + idle));
   if (grown == 0) return;
@@ -191,7 +195,9 @@ CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
   for (auto& [wid, w] : workers_) {
     const std::string kind = DeviceKind(w.info);
     ++registered_by_kind[kind];
-    if (w.info.state() == v1::WORKER_STATE_IDLE) idle_by_kind[kind].push_back(&w);
+    if (w.info.state() == v1::WORKER_STATE_IDLE && !r.excluded_workers.count(WorkerKey(w.info))) {
+      idle_by_kind[kind].push_back(&w);
+    }
   }
   for (const char* kind : {"cuda", "cpu"}) {
     auto it = idle_by_kind.find(kind);
@@ -304,6 +310,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   r.finished_ranks.clear();
   r.progress.clear();
   r.reported_failure.clear();
+  r.link_faults.clear();
   std::string msg = absl::StrFormat("running on %d workers", world);
   if (world < RequestedWorkers(j)) absl::StrAppendFormat(&msg, " of %d (min_workers %d)", RequestedWorkers(j), r.config.restart.min_workers);
   if (restart) absl::StrAppendFormat(&msg, ", attempt %d from step %d", j.attempts_size(), first_step);

@@ -303,6 +303,12 @@ void WorkerDaemon::RunJob(v1::Assignment a) {
   f->set_cancelled(absl::IsCancelled(s));
   f->set_code(static_cast<int>(s.code()));
   f->set_message(std::string(s.message()));
+  if (std::optional<comm::LinkFault> link = comm::LinkFaultOf(s)) {
+    f->mutable_link()->set_from_rank(link->from);
+    f->mutable_link()->set_to_rank(link->to);
+    f->mutable_link()->set_seq(link->seq);
+    f->mutable_link()->set_step(link->step);
+  }
   Log(a, s.ok() ? absl::StrCat("finished at step ", step_.load())
                : absl::StrCat(absl::IsCancelled(s) ? "stopped: " : "failed: ", s.message()));
   {

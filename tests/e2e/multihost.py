@@ -53,10 +53,10 @@ class HostCluster:
         self.address = f"{self.coordinator_host.address}:{m.group(2)}"
         self.workers = []
 
-    def add_worker(self, host, tag, args=()):
+    def add_worker(self, host, tag, args=(), collective_timeout=20):
         log = open(os.path.join(self.dir, f"worker-{host.name}-{tag}.log"), "w")
         p = host.popen([WORKER, "--coordinator", self.address, "--device", "cpu", "--host", host.name,
-                        "--collective-timeout", "20", "--metrics-port", "0", *args],
+                        "--collective-timeout", str(collective_timeout), "--metrics-port", "0", *args],
                        stdout=log, stderr=subprocess.STDOUT)
         self.workers.append(p)
         return p

@@ -6,6 +6,10 @@ on one host:
    heals, the worker's stale rank is stopped and the worker is IDLE again.
 2. The coordinator cut off from every worker past the lease, then healed: the
    job goes on or restarts by itself and SUCCEEDS.
+2b. Two workers that cannot reach each other (both ways, then one way) but
+   both reach the coordinator: the failure names both ends ("rank 0 on host
+   host-b cannot reach rank 1 on host host-c"), the restart leaves one end
+   out, and the job SUCCEEDS.
 3. A stale rank on one host: rank 1 of 3 freezes (SIGSTOP) as it begins
    saving a step; the job restarts at 2 workers and commits that step; then
    the frozen rank continues and writes its shard into the committed step's
@@ -113,6 +117,44 @@ def worker_cut_from_coordinator(c, hs, directory):
         cl.coordinator.kill()
 
 
+def workers_cut_from_each_other(c, hs, directory, one_way):
+    """Two workers that cannot reach each other (both ways, or only one) but
+    both reach the coordinator."""
+    coord, b, cc, d = hs[0], hs[1], hs[2], hs[3]
+    how = "one way" if one_way else "both ways"
+    cl = HostCluster(hs, directory)
+    try:
+        for h in (b, cc, d):
+            cl.add_worker(h, "2", collective_timeout=5)
+        wait_for(lambda: len([w for w in cl.ctl_json("workers")["workers"] if w["state"] == "IDLE"]) >= 3, 30,
+                 "3 idle workers")
+        job = submit(cl.ctl, directory, "cut-link-" + ("one" if one_way else "both"), steps=200)
+        wait_for(lambda: state(cl, job)["step"] >= 25, 120, "the job past step 25")
+        hs.cut(b, cc)
+        if not one_way:
+            hs.cut(cc, b)
+        again = wait_for(lambda: len(state(cl, job).get("attempts", [])) > 1 and state(cl, job)["state"] == "RUNNING",
+                         120, "the job running again", fail=False)
+        j = state(cl, job)
+        why = (j.get("attempts") or [{}])[0].get("end", "")  # how the first attempt ended
+        ends = re.search(r"rank (\d+) on host (\S+) cannot reach rank (\d+) on host (\S+)", why)
+        c.check(again and ends is not None and {ends.group(2), ends.group(4)} == {b.name, cc.name},
+                f"two workers cut from each other ({how}): the failure names both ends", why[:240])
+        by_id = {w["id"]: w["host"] for w in cl.ctl_json("workers")["workers"]}
+        placed = {by_id.get(w) for w in j.get("worker_ids", [])}
+        c.check(again and j.get("workers") == 2 and not {b.name, cc.name} <= placed,
+                f"({how}) the restart leaves one end of that link out", f"{j.get('workers')} workers on {sorted(placed)}")
+        done = wait_for(lambda: state(cl, job)["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"), 300,
+                        "the job to end", fail=False)
+        j = state(cl, job)
+        c.check(done and j["state"] == "SUCCEEDED", f"({how}) the job SUCCEEDS with no one acting",
+                f"{j['state']} after {len(j.get('attempts', []))} attempts: {j.get('message', '')[:200]}")
+        verify_checkpoints(c, cl.ctl, cl.ctl_json, job, directory, f"link cut {how}")
+    finally:
+        cl.stop_workers()
+        cl.coordinator.kill()
+
+
 def coordinator_cut_from_all(c, hs, directory):
     coord, workers = hs[0], hs[1:4]
     cl = HostCluster(hs, directory)
@@ -197,7 +239,10 @@ def main():
         c.finish()
         return
     directory = scratch_dir("shardline-partitions-")
-    for name, scenario in (("a", worker_cut_from_coordinator), ("b", coordinator_cut_from_all)):
+    scenarios = (("a", worker_cut_from_coordinator), ("b", coordinator_cut_from_all),
+                 ("c", lambda c, hs, d: workers_cut_from_each_other(c, hs, d, one_way=False)),
+                 ("d", lambda c, hs, d: workers_cut_from_each_other(c, hs, d, one_way=True)))
+    for name, scenario in scenarios:
         os.makedirs(os.path.join(directory, name))
         with emulated.Hosts(4) as hs:
             scenario(c, hs, os.path.join(directory, name))

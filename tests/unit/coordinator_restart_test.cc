@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/checkpoint_manifest.h"
 #include "common/job_state.h"
 #include "server/coordinator_core.h"
@@ -82,6 +83,48 @@ class RestartTest : public CoreTest {
   int restarting_events_ = 0;
   std::vector<double> lost_;
 };
+
+// Ranks that time out in a ring report the link they waited on; the one of
+// the lowest (seq, step) is the broken one (the others waited on ranks that
+// were waiting). The failure names both ends, and the receiving end sits the
+// next attempt out, so the job runs on the other two.
+TEST_F(RestartTest, ABrokenLinkIsNamedByBothEndsAndOneEndSitsOut) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  ASSERT_EQ(State(job), "RUNNING");
+  auto fail = [&](const std::string& worker, int rank, int from, int64_t seq, int step) {
+    v1::RankFinished f;
+    f.set_job_id(job);
+    f.set_rank(rank);
+    f.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    f.set_message(absl::StrCat("[rank ", rank, "] all_gather #", seq, " step ", step, ": no data from rank ", from));
+    f.mutable_link()->set_from_rank(from);
+    f.mutable_link()->set_to_rank(rank);
+    f.mutable_link()->set_seq(seq);
+    f.mutable_link()->set_step(step);
+    core_->OnFinished(worker, f);
+  };
+  // 0 -> 1 is cut: rank 1 is stuck at step 1; 2 and 0 wait further on.
+  fail(wc, 2, 1, 40, 2);
+  fail(wb, 1, 0, 40, 1);
+  fail(wa, 0, 2, 40, 2);
+  core_->Tick(absl::Now() + absl::Milliseconds(150));  // past the failure grace (50 ms), within the lease
+  v1::Job j = *core_->GetJob(job);
+  ASSERT_GE(j.attempts_size(), 1);
+  EXPECT_NE(j.attempts(0).end().find("rank 0 on host h1 cannot reach rank 1 on host h2"), std::string::npos)
+      << j.attempts(0).end();
+  // The others stopped; the restart leaves h2 out and runs on h1 and h3.
+  core_->Tick(absl::Now() + absl::Milliseconds(150));
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 2);
+  EXPECT_EQ(b.Starts().size(), 1u);
+  EXPECT_EQ(a.Starts().size(), 2u);
+  EXPECT_EQ(c.Starts().size(), 2u);
+}
 
 // A session that says it still runs a job: with a worker token anyone can
 // say so. Only the rank's credential makes the job wait for it.

@@ -1,5 +1,13 @@
 #include "worker/comm/communicator.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
 namespace shardline::comm {
 
 const char* OpName(Op op) {
@@ -11,6 +19,27 @@ const char* OpName(Op op) {
     case Op::kBarrier: return "barrier";
   }
   return "?";
+}
+
+namespace {
+constexpr char kLinkFaultUrl[] = "type.shardline.dev/link_fault";
+}  // namespace
+
+absl::Status WithLinkFault(absl::Status s, const LinkFault& f) {
+  s.SetPayload(kLinkFaultUrl, absl::Cord(absl::StrCat(f.from, " ", f.to, " ", f.seq, " ", f.step)));
+  return s;
+}
+
+std::optional<LinkFault> LinkFaultOf(const absl::Status& s) {
+  auto p = s.GetPayload(kLinkFaultUrl);  // absl::optional
+  if (!p) return std::nullopt;
+  std::vector<std::string> parts = absl::StrSplit(std::string(*p), ' ');
+  LinkFault f;
+  if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &f.from) || !absl::SimpleAtoi(parts[1], &f.to) ||
+      !absl::SimpleAtoi(parts[2], &f.seq) || !absl::SimpleAtoi(parts[3], &f.step)) {
+    return std::nullopt;
+  }
+  return f;
 }
 
 namespace {

@@ -34,6 +34,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -136,6 +137,22 @@ class Communicator {
  private:
   std::shared_ptr<CollectiveObserver> observer_;
 };
+
+// Which link an op failed on, where the backend knows it: job rank `from`
+// sent nothing that job rank `to` received (a recv that timed out), or `to`
+// could not be reached from `from` (a send that failed), in the op of
+// sequence number `seq`, at step `step` of its ring. Carried as a payload of
+// the op's Status, so it survives being returned up the stack (not being
+// rewrapped into a new Status). In a ring that stalls every rank times out
+// waiting for its left neighbour; the broken link is the one of the lowest
+// (seq, step): the others waited on ranks that were themselves waiting.
+struct LinkFault {
+  int from = -1, to = -1;
+  int64_t seq = 0;
+  int step = 0;
+};
+absl::Status WithLinkFault(absl::Status s, const LinkFault& f);
+std::optional<LinkFault> LinkFaultOf(const absl::Status& s);
 
 // A group of one: every collective completes at once and moves nothing.
 std::unique_ptr<Communicator> CreateSelfCommunicator();

@@ -36,7 +36,9 @@ std::chrono::milliseconds Remaining(absl::Time deadline) {
 // Completion state shared by the caller (Wait) and the comm thread (Finish).
 class TaskWork : public Work {
  public:
-  explicit TaskWork(std::function<void(const absl::Status&)> on_wait_timeout, std::string what)
+  // on_wait_timeout aborts the communicator and returns the status to
+  // report (with the link the ring was waiting on, where it was).
+  explicit TaskWork(std::function<absl::Status(absl::Status)> on_wait_timeout, std::string what)
       : on_wait_timeout_(std::move(on_wait_timeout)), what_(std::move(what)) {}
 
   absl::Status Wait(absl::Duration timeout) override {
@@ -46,7 +48,7 @@ class TaskWork : public Work {
       absl::Status s = absl::DeadlineExceededError(
           absl::StrCat(what_, " did not complete within ", absl::FormatDuration(timeout)));
       mu_.Unlock();
-      on_wait_timeout_(s);  // aborts the communicator; must not hold mu_
+      s = on_wait_timeout_(std::move(s));  // aborts the communicator; must not hold mu_
       mu_.Lock();
       return s;
     }
@@ -65,7 +67,7 @@ class TaskWork : public Work {
   }
 
  private:
-  std::function<void(const absl::Status&)> on_wait_timeout_;
+  std::function<absl::Status(absl::Status)> on_wait_timeout_;
   const std::string what_;
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
@@ -234,8 +236,15 @@ class GlooCommunicator : public Communicator {
   // progress); OK unless the communicator was aborted already.
   absl::Status SetRingStep(std::vector<c10::intrusive_ptr<c10d::Work>> works) {
     absl::MutexLock lock(&mu_);
+    if (works.empty()) waiting_on_.reset();
     ring_step_ = std::move(works);
     return abort_status_;
+  }
+  // The link the ring step waits on now: what a host wait that runs out
+  // reports (TaskWork).
+  void SetWaitingOn(const LinkFault& link) {
+    absl::MutexLock lock(&mu_);
+    waiting_on_ = link;
   }
 
   std::shared_ptr<Work> Enqueue(Op op, const at::Tensor& tensor, Body body) {
@@ -247,8 +256,17 @@ class GlooCommunicator : public Communicator {
     }
     absl::MutexLock lock(&mu_);
     const int64_t seq = ++next_seq_;
-    auto work = std::make_shared<TaskWork>([this](const absl::Status& s) { Abort(s); },
-                                           OpLabel(op, seq));
+    auto work = std::make_shared<TaskWork>(
+        [this](absl::Status s) {
+          std::optional<LinkFault> link;
+          {
+            absl::MutexLock lock(&mu_);
+            link = waiting_on_;
+          }
+          Abort(s);
+          return link ? WithLinkFault(std::move(s), *link) : s;
+        },
+        OpLabel(op, seq));
     queue_.push_back(Task{op, seq, std::move(body), work, std::move(ready)});
     return work;
   }
@@ -323,6 +341,15 @@ class GlooCommunicator : public Communicator {
 
   // One ring step: send `send` to the right neighbour while receiving `recv`
   // from the left one, both within the op's deadline.
+  // The job rank of group rank `r` (GlooOptions.job_ranks).
+  int JobRank(int r) const {
+    return r >= 0 && r < static_cast<int>(options_.job_ranks.size()) ? options_.job_ranks[r] : r;
+  }
+  // `s` with the link it failed on (group ranks `from` -> `to`), in job ranks.
+  absl::Status Link(absl::Status s, int from, int to, int64_t seq, int step) const {
+    return WithLinkFault(std::move(s), LinkFault{JobRank(from), JobRank(to), seq, step});
+  }
+
   absl::Status Exchange(Op op, int64_t seq, int step, const at::Tensor& send, const at::Tensor& recv,
                         absl::Time deadline, int64_t* sent) {
     const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
@@ -332,14 +359,16 @@ class GlooCommunicator : public Communicator {
     try {
       rw = pg_->recv(r, left, tag);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": cannot receive from rank ",
-                                                 left, " (", FirstLine(e), ")"));
+      return Link(absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": cannot receive from rank ",
+                                                      JobRank(left), " (", FirstLine(e), ")")),
+                  left, rank_, seq, step);
     }
     try {
       sw = pg_->send(s, right, tag);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": cannot send to rank ",
-                                                 right, " (", FirstLine(e), ")"));
+      return Link(absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": cannot send to rank ",
+                                                      JobRank(right), " (", FirstLine(e), ")")),
+                  rank_, right, seq, step);
     }
     // An Abort from now on ends these waits; one that came before ends them here.
     if (absl::Status gone = SetRingStep({rw, sw}); !gone.ok()) {
@@ -361,23 +390,25 @@ class GlooCommunicator : public Communicator {
                                 : absl::AbortedError(absl::StrCat(OpLabel(op, seq), " step ", step, ": ", what,
                                                                   " ended: ", abort_status_.message()));
     };
+    SetWaitingOn(LinkFault{JobRank(left), JobRank(rank_), seq, step});
     try {
       if (!rw->wait(Remaining(deadline))) throw std::runtime_error("timed out");
     } catch (const std::exception& e) {
-      if (absl::Status a = aborted_by(absl::StrCat("waiting for rank ", left)); !a.ok()) return a;
+      if (absl::Status a = aborted_by(absl::StrCat("waiting for rank ", JobRank(left))); !a.ok()) return a;
       const bool late = absl::Now() >= deadline;
       const std::string msg = absl::StrCat(OpLabel(op, seq), " step ", step, ": no data from rank ",
-                                           left, late ? " before the deadline (" : " (",
+                                           JobRank(left), late ? " before the deadline (" : " (",
                                            FirstLine(e), ")");
-      return late ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);
+      return Link(late ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg), left, rank_, seq, step);
     }
+    SetWaitingOn(LinkFault{JobRank(rank_), JobRank(right), seq, step});
     try {
       if (!sw->wait(Remaining(deadline))) throw std::runtime_error("timed out");
     } catch (const std::exception& e) {
-      if (absl::Status a = aborted_by(absl::StrCat("sending to rank ", right)); !a.ok()) return a;
-      return absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step,
-                                                 ": sending to rank ", right, " failed (",
-                                                 FirstLine(e), ")"));
+      if (absl::Status a = aborted_by(absl::StrCat("sending to rank ", JobRank(right))); !a.ok()) return a;
+      return Link(absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": sending to rank ",
+                                                      JobRank(right), " failed (", FirstLine(e), ")")),
+                  rank_, right, seq, step);
     }
     return absl::OkStatus();
   }
@@ -455,6 +486,7 @@ class GlooCommunicator : public Communicator {
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
   // The receive and send of the ring step in progress, for Abort to end.
   std::vector<c10::intrusive_ptr<c10d::Work>> ring_step_ ABSL_GUARDED_BY(mu_);
+  std::optional<LinkFault> waiting_on_ ABSL_GUARDED_BY(mu_);  // see SetWaitingOn
   CommStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -31,6 +32,9 @@ struct GlooOptions {
   std::string hostname = "127.0.0.1";   // interface to bind Gloo's TCP pairs to
   absl::Duration op_timeout = absl::Seconds(60);  // deadline of one collective
   absl::Duration connect_timeout = absl::Seconds(60);
+  // The job rank of each group rank (empty: the same): what errors name,
+  // and what a LinkFault carries.
+  std::vector<int> job_ranks;
 };
 
 // Connects `size` ranks through `store` (keys are prefixed by `group_name`, so

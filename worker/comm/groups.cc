@@ -48,7 +48,8 @@ cudaStream_t RawStream(const Device& d, StreamRole role) {
 absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(const c10::intrusive_ptr<c10d::Store>& store,
                                                             const std::string& name, int rank, int size,
                                                             const Device& device, Backend backend,
-                                                            absl::Duration timeout, const std::string& bind_address) {
+                                                            absl::Duration timeout, const std::string& bind_address,
+                                                            std::vector<int> job_ranks) {
   if (size == 1) return comm::CreateSelfCommunicator();
   if (backend == Backend::kNccl) {
 #ifdef SHARDLINE_WITH_CUDA
@@ -68,6 +69,7 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(const c10::intrusive
 #endif
   }
   comm::GlooOptions o;
+  o.job_ranks = std::move(job_ranks);
   o.hostname = bind_address;
   o.op_timeout = timeout;
   o.connect_timeout = timeout;
@@ -81,10 +83,14 @@ absl::StatusOr<Communicators> ConnectGroups(const c10::intrusive_ptr<c10d::Store
                                             const std::string& bind_address) {
   SL_ASSIGN_OR_RETURN(const Backend b, ResolveBackend(backend, device));
   Communicators c;
+  // Which job rank each group rank is (errors name job ranks).
+  std::vector<int> shard_ranks, replicate_ranks;
+  for (int i = 0; i < plan.shard_size; ++i) shard_ranks.push_back(plan.shard_index * plan.shard_size + i);
+  for (int i = 0; i < plan.replicate_size; ++i) replicate_ranks.push_back(i * plan.shard_size + plan.shard_rank);
   SL_ASSIGN_OR_RETURN(c.shard, Connect(store, plan.shard_name, plan.shard_rank, plan.shard_size, device, b, timeout,
-                                       bind_address));
+                                       bind_address, std::move(shard_ranks)));
   SL_ASSIGN_OR_RETURN(c.replicate, Connect(store, plan.replicate_name, plan.shard_index, plan.replicate_size, device,
-                                           b, timeout, bind_address));
+                                           b, timeout, bind_address, std::move(replicate_ranks)));
   return c;
 }
 
