@@ -70,7 +70,7 @@ std::string JobJson(const v1::Job& j) {
                       ",\"val_step\":", j.val_step(), ",\"workers\":", j.workers(), ",\"strategy\":",
                       JsonString(j.strategy()), ",\"message\":", JsonString(j.message()), ",\"worker_ids\":[",
                       absl::StrJoin(workers, ","), "],\"created_unix_ms\":", j.created_unix_ms(), ",\"stalled\":",
-                      JsonString(j.stalled()), ",\"ranks\":[", absl::StrJoin(ranks, ","), "],\"requested_workers\":",
+                      JsonString(j.stalled()), ",\"straggler\":", JsonString(j.straggler()), ",\"ranks\":[", absl::StrJoin(ranks, ","), "],\"requested_workers\":",
                       j.requested_workers(), ",\"restarts\":", j.restarts(), ",\"strategy_reason\":", JsonString(j.strategy_reason()),
                       ",\"measured_bus_bandwidth\":", Num(j.measured_bus_bandwidth()), ",\"goodput\":",
                       Num(JobGoodput(j, absl::ToUnixMillis(absl::Now()))), ",\"attempts\":[",
@@ -140,6 +140,7 @@ std::string JobDetails(const v1::Job& j) {
   if (j.has_val_loss()) absl::StrAppendFormat(&out, "val loss  %.4f (after step %d)\n", j.val_loss(), j.val_step());
   if (!j.strategy_reason().empty()) absl::StrAppend(&out, "strategy  ", j.strategy_reason(), "\n");
   if (!j.stalled().empty()) absl::StrAppend(&out, "STALLED   ", j.stalled(), "\n");
+  if (!j.straggler().empty()) absl::StrAppend(&out, "STRAGGLER ", j.straggler(), "\n");
   if (j.attempts_size() > 1) AppendAttempts(j, &out);
   if (j.history_size() > 0) AppendHistory(j, &out);
   if (j.ranks_size() == 0) return out;

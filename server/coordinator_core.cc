@@ -150,6 +150,7 @@ absl::Status CoordinatorCore::Transition(JobRecord& r, v1::JobState state, const
   j.set_state(state);
   if (!message.empty()) j.set_message(message);
   if (IsFinalJobState(state)) j.clear_stalled();
+  if (state != v1::JOB_STATE_RUNNING) j.clear_straggler();
   Persist(r);
   Notify(r);
   if (IsFinalJobState(state) || state == v1::JOB_STATE_RESTARTING) DropStore(r);

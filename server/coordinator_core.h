@@ -259,6 +259,10 @@ class CoordinatorCore {
     // "host/device" of workers left out of this job's later attempts: one
     // end of each link that failed, so that the job can run without it.
     std::set<std::string> excluded_workers;
+    // This attempt's ranks' MeasureSendSeconds, by reporting rank; the rank
+    // named the straggler (Job.straggler) once every rank reported, or -1.
+    std::map<int, std::vector<double>> send_seconds;
+    int slow_rank = -1;
     absl::Time fail_at;
     // Each rank's job-scoped credential (Assignment.credential), by rank;
     // a checkpoint report is accepted only with its rank's.
@@ -346,6 +350,10 @@ class CoordinatorCore {
   // the lowest (seq, step) named by both ends, whose receiving end is then
   // excluded from the job's next attempts; else r.reported_failure.
   std::string BlameLink(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once every rank reported its send times: the rank whose 1 MiB took at
+  // least 3x the median rank's (and 50 ms, above loopback's noise), named
+  // with its host in Job.straggler and RankStatus.slow_link.
+  void FindSlowLink(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::string WorkerKey(const v1::WorkerInfo& w);
   void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers a wait and gives its place back to its job's count (the caller

@@ -41,10 +41,36 @@ void CoordinatorCore::OnConnected(const std::string& worker_id, const v1::RankCo
     const bool first = r.connected_ranks.size() == 1 || j.measured_bus_bandwidth() <= 0;
     j.set_measured_bus_bandwidth(first ? c.bus_bandwidth() : std::min(j.measured_bus_bandwidth(), c.bus_bandwidth()));
   }
-  if (!was_complete && static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers() &&
-      options_.events.rendezvous_done) {
-    options_.events.rendezvous_done(absl::Now() - r.started);
+  if (c.send_seconds_size() == JobOf(r).workers()) {
+    std::vector<double> s(c.send_seconds().begin(), c.send_seconds().end());
+    if (std::all_of(s.begin(), s.end(), [](double x) { return std::isfinite(x) && x >= 0; })) {
+      r.send_seconds[c.rank()] = std::move(s);
+    }
   }
+  if (!was_complete && static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers()) {
+    FindSlowLink(r);
+    if (options_.events.rendezvous_done) options_.events.rendezvous_done(absl::Now() - r.started);
+  }
+}
+
+void CoordinatorCore::FindSlowLink(JobRecord& r) {
+  v1::Job& j = JobOf(r);
+  const int n = j.workers();
+  if (n < 2 || static_cast<int>(r.send_seconds.size()) < n) return;
+  // Per sending rank, the slowest any rank saw its broadcast take.
+  std::vector<double> per_rank(n, 0);
+  for (const auto& [reporter, seconds] : r.send_seconds) {
+    for (int root = 0; root < n; ++root) per_rank[root] = std::max(per_rank[root], seconds[root]);
+  }
+  std::vector<double> sorted = per_rank;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[(n - 1) / 2];
+  const int slowest = static_cast<int>(std::max_element(per_rank.begin(), per_rank.end()) - per_rank.begin());
+  if (per_rank[slowest] < 3 * median || per_rank[slowest] < 0.05) return;
+  r.slow_rank = slowest;
+  auto w = workers_.find(j.worker_ids(slowest));
+  j.set_straggler(absl::StrFormat("rank %d on host %s sends 1 MiB in %.2f s, the median rank in %.2f s", slowest,
+                                  w == workers_.end() ? "?" : w->second.info.host(), per_rank[slowest], median));
 }
 
 void CoordinatorCore::FillRanks(const JobRecord& r, absl::Time now, v1::Job* out) const {
@@ -72,6 +98,7 @@ void CoordinatorCore::FillRanks(const JobRecord& r, absl::Time now, v1::Job* out
     s->set_lag_collectives(max_seq - progress.seq);
     s->set_seconds_since_progress(absl::ToDoubleSeconds(now - progress.last_change));
     s->set_stalled(r.stalled_ranks.count(rank) > 0);
+    s->set_slow_link(rank == r.slow_rank);
   }
 }
 

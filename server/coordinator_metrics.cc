@@ -106,6 +106,9 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::StateCollector::Collec
   auto since_progress = GaugeFamily("shardline_rank_seconds_since_progress",
                                     "Seconds since a rank last completed a step or a collective.");
   auto rank_stalled = GaugeFamily("shardline_rank_stalled", "1 if the rank is named as the cause of its job's stall.");
+  auto rank_slow_link = GaugeFamily("shardline_rank_slow_link",
+                                    "1 if the rank is named as its job's straggler: its link sends at a third of the "
+                                    "median rank's speed or less (measured at each rendezvous).");
   auto job_stalled =
       GaugeFamily("shardline_job_stalled", "1 if no rank of the running job made progress for the stall threshold.");
   std::map<std::string, int> jobs = {{"pending", 0}, {"running", 0}, {"restarting", 0}, {"succeeded", 0},
@@ -124,13 +127,14 @@ std::vector<prometheus::MetricFamily> CoordinatorMetrics::StateCollector::Collec
       AddGauge(&lag_collectives, l, static_cast<double>(r.lag_collectives()));
       AddGauge(&since_progress, l, r.seconds_since_progress());
       AddGauge(&rank_stalled, l, r.stalled() ? 1 : 0);
+      AddGauge(&rank_slow_link, l, r.slow_link() ? 1 : 0);
     }
   }
   for (const auto& [state, n] : jobs) AddGauge(&jobs_f, {{"state", state}}, n);
   AddGauge(&queue, {}, jobs["pending"]);
   std::vector<prometheus::MetricFamily> out;
   for (auto* f : {&workers_f, &heartbeat_age, &goodput, &jobs_f, &queue, &lag_steps, &lag_collectives,
-                  &since_progress, &rank_stalled, &job_stalled}) {
+                  &since_progress, &rank_stalled, &rank_slow_link, &job_stalled}) {
     out.push_back(std::move(*f));
   }
   return out;

@@ -311,6 +311,9 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   r.progress.clear();
   r.reported_failure.clear();
   r.link_faults.clear();
+  r.send_seconds.clear();
+  r.slow_rank = -1;
+  j.clear_straggler();
   std::string msg = absl::StrFormat("running on %d workers", world);
   if (world < RequestedWorkers(j)) absl::StrAppendFormat(&msg, " of %d (min_workers %d)", RequestedWorkers(j), r.config.restart.min_workers);
   if (restart) absl::StrAppendFormat(&msg, ", attempt %d from step %d", j.attempts_size(), first_step);

@@ -24,6 +24,21 @@ absl::StatusOr<double> MeasureBusBandwidth(comm::Communicator& c, const Device& 
   return rates.empty() ? 0 : rates[rates.size() / 2];
 }
 
+absl::StatusOr<std::vector<double>> MeasureSendSeconds(comm::Communicator& c, const Device& device,
+                                                       absl::Duration timeout) {
+  constexpr int64_t kBytes = 1 << 20;
+  at::Tensor t = device.Zeros(kBytes, at::kByte);
+  std::vector<double> seconds;
+  for (int root = 0; root < c.size(); ++root) {
+    // All start together, so that a root's time is its own sending.
+    SL_RETURN_IF_ERROR(c.Barrier()->Wait(timeout));
+    const absl::Time t0 = absl::Now();
+    SL_RETURN_IF_ERROR(c.Broadcast(t, root)->Wait(timeout));
+    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
+  return seconds;
+}
+
 JobRunner::JobRunner(JobRun run, CheckpointSink* sink, JobHooks hooks)
     : run_(std::move(run)), sink_(sink), hooks_(std::move(hooks)) {}
 
@@ -38,7 +53,16 @@ absl::Status JobRunner::Start(c10::intrusive_ptr<c10d::Store> store, std::shared
   if (run_.config.parallelism.auto_strategy && run_.world > 1 && comms.shard->size() == run_.world) {
     SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(*comms.shard, *device, run_.collective_timeout));
   }
-  if (hooks_.connected) hooks_.connected(comms, bus_bandwidth);
+  // Where one group spans the job (every strategy but a two-level hybrid)
+  // and its broadcast goes out from the root to each rank (host backends;
+  // NCCL pipelines it through every link, which tells hosts apart no more).
+  std::vector<double> send_seconds;
+  for (comm::Communicator* c : {comms.shard.get(), comms.replicate.get()}) {
+    if (run_.world > 1 && c->size() == run_.world && !c->ordered_on_device() && send_seconds.empty()) {
+      SL_ASSIGN_OR_RETURN(send_seconds, MeasureSendSeconds(*c, *device, run_.collective_timeout));
+    }
+  }
+  if (hooks_.connected) hooks_.connected(comms, bus_bandwidth, send_seconds);
   std::vector<comm::Communicator*> groups = {comms.shard.get(), comms.replicate.get()};
   SL_ASSIGN_OR_RETURN(engine_, Engine::Create(run_.config, run_.rank, run_.world, std::move(device), std::move(comms),
                                               run_.collective_timeout));

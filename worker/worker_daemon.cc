@@ -378,13 +378,14 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   JobRun run{config, a.rank(), a.world_size(), a.resume_from(), options_.collective_timeout};
   run.collective_address = options_.collective_address;
   JobHooks hooks;
-  hooks.connected = [&](Communicators& comms, double bus_bandwidth) {
+  hooks.connected = [&](Communicators& comms, double bus_bandwidth, const std::vector<double>& send_seconds) {
     comms.shard->set_observer(metrics.ObserverFor(/*shard_group=*/true));
     comms.replicate->set_observer(metrics.ObserverFor(/*shard_group=*/false));
     v1::WorkerMessage connected;
     connected.mutable_connected()->set_job_id(a.job_id());
     connected.mutable_connected()->set_rank(a.rank());
     connected.mutable_connected()->set_bus_bandwidth(bus_bandwidth);
+    for (double s : send_seconds) connected.mutable_connected()->add_send_seconds(s);
     Write(connected);
   };
   HistoryFile history(a.checkpoint_root() + "/history.jsonl");

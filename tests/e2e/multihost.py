@@ -38,13 +38,13 @@ class HostCluster:
     """A coordinator on hosts[0]; workers on the others; shardctl run on the
     coordinator's host (the hosts reach nothing but each other)."""
 
-    def __init__(self, hosts, directory):
+    def __init__(self, hosts, directory, metrics_port=0):
         self.hosts = hosts
         self.dir = directory
         self.coordinator_host = hosts[0]
         self.coordinator = self.coordinator_host.popen(
             [COORDINATOR, "--listen", f"{self.coordinator_host.address}:0", "--state-dir",
-             os.path.join(directory, "state"), "--heartbeat-ms", "500"],
+             os.path.join(directory, "state"), "--heartbeat-ms", "500", "--metrics-port", str(metrics_port)],
             stdout=subprocess.PIPE, stderr=open(os.path.join(directory, "coordinator.log"), "w"), text=True)
         line = self.coordinator.stdout.readline()
         m = re.match(r"listening on (\S+):(\d+)", line)

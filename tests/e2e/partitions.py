@@ -6,6 +6,9 @@ on one host:
    heals, the worker's stale rank is stopped and the worker is IDLE again.
 2. The coordinator cut off from every worker past the lease, then healed: the
    job goes on or restarts by itself and SUCCEEDS.
+2c. A slow host (its egress at a tenth of the others'): named the straggler
+   by rank and host within 60 s in shardctl status and
+   shardline_rank_slow_link, and ShardlineSlowLink fires in a real Prometheus.
 2b. Two workers that cannot reach each other (both ways, then one way) but
    both reach the coordinator: the failure names both ends ("rank 0 on host
    host-b cannot reach rank 1 on host host-c"), the restart leaves one end
@@ -24,6 +27,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -155,6 +159,89 @@ def workers_cut_from_each_other(c, hs, directory, one_way):
         cl.coordinator.kill()
 
 
+class HostPrometheus:
+    """Debian's Prometheus on the coordinator's host with the shipped config
+    and rules (observability.py's, in a namespace): 1 s scrapes and rule
+    evaluations; queried from inside that host."""
+
+    def __init__(self, host, directory, coordinator_metrics):
+        prom_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "prometheus")
+        with open(os.path.join(prom_dir, "prometheus-local.yml")) as f:
+            cfg = f.read()
+        cfg = cfg.replace("localhost:9400", coordinator_metrics)
+        cfg = re.sub(r"(scrape_interval|evaluation_interval|refresh_interval): \d+s", r"\1: 1s", cfg)
+        cfg = cfg.replace("  - alerts.yml", "  - " + os.path.join(os.path.abspath(prom_dir), "alerts.yml"))
+        config = os.path.join(directory, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write(cfg)
+        self.host = host
+        self.url = "http://127.0.0.1:9090"
+        self.proc = host.popen(["prometheus", f"--config.file={config}",
+                                f"--storage.tsdb.path={os.path.join(directory, 'tsdb')}",
+                                "--web.listen-address=127.0.0.1:9090"],
+                               stdout=open(os.path.join(directory, "prometheus.log"), "w"),
+                               stderr=subprocess.STDOUT)
+        wait_for(lambda: "Ready" in self.get("/-/ready"), 60, "Prometheus to be ready")
+
+    def get(self, path):
+        r = self.host.run(["curl", "-s", "--max-time", "5", self.url + path], timeout=15)
+        return r.stdout if r.returncode == 0 else ""
+
+    def firing(self, alert):
+        try:
+            alerts = json.loads(self.get("/api/v1/alerts"))["data"]["alerts"]
+        except (ValueError, KeyError):
+            return []
+        return [a for a in alerts if a["labels"].get("alertname") == alert and a["state"] == "firing"]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=15)
+
+
+def slow_host(c, hs, directory):
+    """One host's link at a tenth of the others' bandwidth: named as the
+    straggler (rank and host) in shardctl status and shardline_rank_slow_link
+    within 60 s, and ShardlineSlowLink fires in a real Prometheus."""
+    coord, b, cc, d = hs[0], hs[1], hs[2], hs[3]
+    for h in (b, cc, d):
+        hs.limit_egress(h, 10 if h is cc else 100)
+    cl = HostCluster(hs, directory, metrics_port=9400)
+    prom = None
+    try:
+        prom = HostPrometheus(coord, directory, f"{coord.address}:9400")
+        for h in (b, cc, d):
+            cl.add_worker(h, "3")
+        wait_for(lambda: len([w for w in cl.ctl_json("workers")["workers"] if w["state"] == "IDLE"]) >= 3, 30,
+                 "3 idle workers")
+        job = submit(cl.ctl, directory, "slow", steps=100000)
+        t0 = time.time()
+        named = wait_for(lambda: state(cl, job).get("straggler", ""), 60, "the straggler named", fail=False)
+        rank = next((w["rank"] for w in cl.ctl_json("workers")["workers"] if w["host"] == cc.name), None)
+        c.check(named and f"rank {rank} on host {cc.name}" in named,
+                "a host at a tenth of the others' bandwidth is named the straggler (rank and host) within 60 s",
+                f"{time.time() - t0:.1f} s: {named}")
+        rc, text, _ = cl.ctl("status", job)
+        c.check(rc == 0 and f"STRAGGLER rank {rank} on host {cc.name}" in text, "shardctl status names it",
+                next((l for l in text.splitlines() if l.startswith("STRAGGLER")), ""))
+        metrics = cl.coordinator_host.run(["curl", "-s", f"http://{coord.address}:9400/metrics"]).stdout
+        c.check(re.search(rf'shardline_rank_slow_link\{{[^}}]*rank="{rank}"[^}}]*\}} 1', metrics) is not None,
+                "shardline_rank_slow_link is 1 for it",
+                " ".join(l for l in metrics.splitlines() if l.startswith("shardline_rank_slow_link")))
+        fired = wait_for(lambda: prom.firing("ShardlineSlowLink"), 60, "ShardlineSlowLink firing", fail=False)
+        c.check(fired and fired[0]["labels"].get("rank") == str(rank),
+                "ShardlineSlowLink fires in Prometheus for that rank",
+                str([a["labels"] for a in fired]) if fired else "not firing")
+        cl.ctl("cancel", job)
+    finally:
+        if prom:
+            prom.stop()
+        cl.stop_workers()
+        cl.coordinator.kill()
+        for h in (b, cc, d):
+            hs.unlimit(h)
+
+
 def coordinator_cut_from_all(c, hs, directory):
     coord, workers = hs[0], hs[1:4]
     cl = HostCluster(hs, directory)
@@ -241,7 +328,8 @@ def main():
     directory = scratch_dir("shardline-partitions-")
     scenarios = (("a", worker_cut_from_coordinator), ("b", coordinator_cut_from_all),
                  ("c", lambda c, hs, d: workers_cut_from_each_other(c, hs, d, one_way=False)),
-                 ("d", lambda c, hs, d: workers_cut_from_each_other(c, hs, d, one_way=True)))
+                 ("d", lambda c, hs, d: workers_cut_from_each_other(c, hs, d, one_way=True)),
+                 ("e", slow_host))
     for name, scenario in scenarios:
         os.makedirs(os.path.join(directory, name))
         with emulated.Hosts(4) as hs:

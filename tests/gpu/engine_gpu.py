@@ -39,7 +39,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 
@@ -55,42 +54,14 @@ STEPS = harness.TINY["train"]["steps"]
 LR = harness.TINY["optimizer"]["lr"]
 
 
-# The bound on the key third of c_attn.bias (param_diffs): each of the two
+# The bound on the key third of c_attn.bias (harness.param_diffs): each of the two
 # runs moves it by at most ~lr per step, of either sign.
 KEY_BIAS_TOL = 2 * LR * STEPS
 
 
-def as_array(x):
-    return x.detach().double().cpu().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float64)
-
-
-def param_diffs(got, want):
-    """(max abs difference over every parameter but the key third of each
-    attn.c_attn.bias, max abs difference over those key thirds).
-
-    The key bias b_k adds q . b_k to every score of a query q: the same constant
-    for all keys, which the softmax cancels (softmax(s + c) = softmax(s)). Its
-    true gradient is therefore exactly zero, and what a run computes there is
-    rounding noise (sums of terms that cancel, taken in a kernel's own order).
-    Adam divides by the root of the noise's own second moment, m / (sqrt(v) +
-    eps), so that noise becomes steps of up to ~lr of either sign whatever its
-    size (once above eps = 1e-8): two correct runs can drift apart there by up to ~2 * lr per step,
-    which no 1e-4 tolerance can hold. The query and value thirds are ordinary
-    parameters and stay with the rest."""
-    rest = key = 0.0
-    for k in want:
-        d = np.abs(as_array(got[k]) - as_array(want[k]))
-        if k.endswith("attn.c_attn.bias"):
-            c = d.shape[0] // 3  # [q | k | v]
-            key = max(key, float(d[c:2 * c].max()))
-            d = np.concatenate([d[:c], d[2 * c:]])
-        rest = max(rest, float(d.max()))
-    return rest, key
-
-
 def check_params(checks, name, got, want, tol):
     """The parameters within tol, and the key bias within KEY_BIAS_TOL."""
-    d, kd = param_diffs(got, want)
+    d, kd = harness.param_diffs(got, want)
     checks.check(d <= tol, f"{name}: params", f"max abs diff {d:.2e} (tol {tol:.1e}; key bias apart)")
     checks.check(kd <= KEY_BIAS_TOL, f"{name}: key bias (zero true gradient)",
                  f"max abs diff {kd:.2e} = {kd / LR:.2f} lr (tol 2 * lr * steps = {KEY_BIAS_TOL:.1e})")

@@ -126,9 +126,16 @@ def main():
     checks.check(lrel < 1e-5, "masked: losses vs torch", f"max rel diff {lrel:.2e}")
     for key in (("full_shard", 3), ("hybrid_shard", 4)):
         p, s = runs[key]
-        diff = max(float((p[k] - params[k]).abs().max()) for k in params)
+        # The key third of c_attn.bias apart (harness.param_diffs: its true
+        # gradient is zero, and Adam turns rounding noise there into steps of
+        # up to ~lr): held to 2 * lr * steps. The rest differs by the order of
+        # the gradient sums only.
+        diff, key_diff = harness.param_diffs(p, params)
+        lr, n = cfg["optimizer"]["lr"], cfg["train"]["steps"]
         checks.check(diff < 1e-6, f"masked: {key[0]} N={key[1]} (globbed paths) equals one process",
-                     f"max abs diff {diff:.2e}")
+                     f"max abs diff {diff:.2e} (key bias apart)")
+        checks.check(key_diff <= 2 * lr * n, f"masked: {key[0]} N={key[1]} key bias (zero true gradient)",
+                     f"max abs diff {key_diff:.2e} (tol {2 * lr * n:.1e})")
 
     # 3. Validation losses.
     evaluated = [s["step"] + 1 for s in steps if s["val_loss"] is not None]
