@@ -195,6 +195,18 @@ def authority(c, cl, ab, own, port):
     j = cl.job(victim)
     c.check(j["state"] == "RUNNING" and step_before <= j["step"] < 999999,
             "the victim stays RUNNING at its own step", f"{j['state']} step {j['step']}: {j['message']}")
+
+    # A session that says it still runs the victim's rank 1, without that
+    # rank's credential: told to stop, counted, and tied to no job (the
+    # victim's delete below is not held up by it).
+    before = refused(port).get("claim", 0)
+    answer = ab.ask(f"claim {victim} 1")
+    rose = wait_for(lambda: refused(port).get("claim", 0) > before, 10, "refused{claim}", fail=False)
+    rogue = wait_for(lambda: [w for w in cl.ctl_json("workers")["workers"] if w["host"] == "hostile-claim"], 10,
+                     "the claimant registered", fail=False)
+    c.check(answer == "sent" and rose and rogue and rogue[0]["state"] == "BUSY" and rogue[0]["job_id"] == "",
+            "a session claiming the victim's rank without its credential: counted as claim, tied to no job",
+            str(rogue[0] if rogue else answer))
     return victim
 
 

@@ -92,7 +92,7 @@ def worker_cut_from_coordinator(c, hs, directory):
             cl.add_worker(h, "0")
         wait_for(lambda: len([w for w in cl.ctl_json("workers")["workers"] if w["state"] == "IDLE"]) >= 3, 30,
                  "3 idle workers")
-        job = submit(cl.ctl, directory, "cut-worker", steps=400)
+        job = submit(cl.ctl, directory, "cut-worker", steps=200)
         wait_for(lambda: state(cl, job)["step"] >= 25, 120, "the job past step 25")
         hs.cut(d, coord)
         hs.cut(coord, d)
@@ -132,7 +132,7 @@ def workers_cut_from_each_other(c, hs, directory, one_way):
             cl.add_worker(h, "2", collective_timeout=5)
         wait_for(lambda: len([w for w in cl.ctl_json("workers")["workers"] if w["state"] == "IDLE"]) >= 3, 30,
                  "3 idle workers")
-        job = submit(cl.ctl, directory, "cut-link-" + ("one" if one_way else "both"), steps=200)
+        job = submit(cl.ctl, directory, "cut-link-" + ("one" if one_way else "both"), steps=120)
         wait_for(lambda: state(cl, job)["step"] >= 25, 120, "the job past step 25")
         hs.cut(b, cc)
         if not one_way:
@@ -250,7 +250,7 @@ def coordinator_cut_from_all(c, hs, directory):
             cl.add_worker(h, "1")
         wait_for(lambda: len([w for w in cl.ctl_json("workers")["workers"] if w["state"] == "IDLE"]) >= 3, 30,
                  "3 idle workers")
-        job = submit(cl.ctl, directory, "cut-coordinator", steps=300)
+        job = submit(cl.ctl, directory, "cut-coordinator", steps=200)
         wait_for(lambda: state(cl, job)["step"] >= 25, 120, "the job past step 25")
         for h in workers:
             hs.cut(coord, h)
@@ -281,7 +281,7 @@ def stale_rank(c):
         frozen = cl.add_worker("host-b", env={"SHARDLINE_FAULT": "stop-before-write@20"})
         cl.add_worker("host-c")
         cl.wait_workers(3)
-        job = submit(cl.ctl, cl.dir, "stale", steps=200)
+        job = submit(cl.ctl, cl.dir, "stale", steps=100)
         stopped = wait_for(lambda: open(f"/proc/{frozen.pid}/stat").read().split()[2] == "T", 120,
                            "rank 1 frozen", fail=False)
         c.check(stopped, "rank 1 froze as it began saving step 20 (SIGSTOP)")

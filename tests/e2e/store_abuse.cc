@@ -22,6 +22,9 @@
 //   finished JOB RANK       session (registered as host "hostile-2" at its
 //                           first use): "sent" (the coordinator answers no
 //                           session message)
+//   claim JOB RANK          registers a session (host "hostile-claim") that
+//                           says it still runs that rank of JOB, with a
+//                           made-up credential: "sent"
 //   job JOB                 GetJob with the user token: "job STATE OWNER ROOT"
 //                           (the state as a number; OWNER "-" if none)
 //   quit
@@ -74,12 +77,20 @@ std::string Answer(const grpc::Status& s) {
 // A registered worker session that heartbeats every 200 ms until destroyed.
 class Session {
  public:
-  Session(v1::Coordinator::Stub* stub, const std::string& token, const std::string& host) {
+  // With `claim_job`: registers saying it still runs rank `claim_rank` of
+  // that job, with a credential it made up.
+  Session(v1::Coordinator::Stub* stub, const std::string& token, const std::string& host,
+          const std::string& claim_job = "", int claim_rank = 0) {
     ctx_.AddMetadata("authorization", "Bearer " + token);
     stream_ = stub->WorkerSession(&ctx_);
     v1::WorkerMessage reg;
     reg.mutable_register_()->set_host(host);
     reg.mutable_register_()->set_device("cpu");
+    if (!claim_job.empty()) {
+      reg.mutable_register_()->set_job_id(claim_job);
+      reg.mutable_register_()->set_rank(claim_rank);
+      reg.mutable_register_()->set_claim_credential("made-up");
+    }
     ok_ = stream_->Write(reg);
     heartbeats_ = std::thread([this] {
       while (!done_) {
@@ -197,6 +208,13 @@ class Abuser {
       v1::StoreSetResponse resp;
       return Answer(stub_->StoreSet(&ctx, req, &resp));
     }
+    if (cmd == "claim") {
+      std::string job;
+      int rank = 0;
+      in >> job >> rank;
+      claimant_ = std::make_unique<Session>(stub_.get(), worker_token_, "hostile-claim", job, rank);
+      return claimant_->ok() ? "sent" : "cannot open the claiming session: " + claimant_->Finish();
+    }
     if (cmd == "progress" || cmd == "finished") {
       if (!second_) {
         second_ = std::make_unique<Session>(stub_.get(), worker_token_, "hostile-2");
@@ -300,6 +318,7 @@ class Abuser {
   const v1::Assignment a_;
   int filled_ = 0;
   std::unique_ptr<Session> second_;
+  std::unique_ptr<Session> claimant_;  // "claim"
 };
 
 }  // namespace
