@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 
 namespace shardline {
 
@@ -64,42 +65,53 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   if (name.empty() || name == "." || name == "..") {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a file name to write"));
   }
-  UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() < 0) {
-    return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot open folder to write ", name, ": ",
-                                                    std::strerror(errno)));
-  }
+  SL_ASSIGN_OR_RETURN(UniqueFd dir_fd, OpenDirectoryNoFollow(AT_FDCWD, dir, dir));
   return WriteFileAtomicallyAt(dir_fd.get(), dir, name, text);
 }
 
-absl::Status WriteFileAtomicallyAt(int dir_fd, const std::string& dir, const std::string& name,
-                                   const std::string& text) {
-  const std::string path = absl::StrCat(dir, "/", name);
+absl::StatusOr<std::unique_ptr<AtomicFileAt>> AtomicFileAt::Create(int dir_fd, const std::string& dir,
+                                                                    const std::string& name) {
+  std::unique_ptr<AtomicFileAt> f(new AtomicFileAt(dir_fd, dir, name));
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a plain file name"));
+    return absl::InvalidArgumentError(absl::StrCat(f->path_, ": not a plain file name"));
   }
-  const std::string tmp_name = name + ".tmp", tmp = path + ".tmp";
+  const std::string tmp_name = name + ".tmp", tmp = f->path_ + ".tmp";
   // unlinkat removes a symlink itself, never its target.
   if (::unlinkat(dir_fd, tmp_name.c_str(), 0) != 0 && errno != ENOENT) {
     return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot remove the old temp file: ", std::strerror(errno)));
   }
-  const int fd = ::openat(dir_fd, tmp_name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                          0640);  // not world-readable
-  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot write: ", std::strerror(errno)));
-  absl::Status s = WriteFully(fd, text.data(), text.size(), tmp);
-  if (s.ok() && ::fsync(fd) != 0) s = absl::DataLossError(absl::StrCat(tmp, ": fsync failed: ", std::strerror(errno)));
-  if (::close(fd) != 0 && s.ok()) s = absl::DataLossError(absl::StrCat(tmp, ": close failed: ", std::strerror(errno)));
-  if (s.ok() && ::renameat(dir_fd, tmp_name.c_str(), dir_fd, name.c_str()) != 0) {
-    s = absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(errno)));
+  f->fd_ = UniqueFd(::openat(dir_fd, tmp_name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                             0640));  // not world-readable
+  if (f->fd_.get() < 0) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot write: ", std::strerror(errno)));
+  return f;
+}
+
+AtomicFileAt::~AtomicFileAt() {
+  if (committed_) return;
+  fd_ = UniqueFd();
+  // Best effort: a leftover temp file is removed by the next write of the name.
+  (void)::unlinkat(dir_fd_, (name_ + ".tmp").c_str(), 0);
+}
+
+absl::Status AtomicFileAt::Commit() {
+  const std::string tmp_name = name_ + ".tmp", tmp = path_ + ".tmp";
+  if (::fsync(fd_.get()) != 0) return absl::DataLossError(absl::StrCat(tmp, ": fsync failed: ", std::strerror(errno)));
+  if (::close(fd_.release()) != 0) {
+    return absl::DataLossError(absl::StrCat(tmp, ": close failed: ", std::strerror(errno)));
   }
-  if (!s.ok()) {
-    // Best effort: the error already says what failed, and a leftover temp
-    // file is removed by the next write of the same name.
-    (void)::unlinkat(dir_fd, tmp_name.c_str(), 0);
-    return s;
+  if (::renameat(dir_fd_, tmp_name.c_str(), dir_fd_, name_.c_str()) != 0) {
+    return absl::DataLossError(absl::StrCat(path_, ": rename failed: ", std::strerror(errno)));
   }
-  if (::fsync(dir_fd) != 0) return absl::DataLossError(absl::StrCat(dir, ": fsync failed: ", std::strerror(errno)));
+  committed_ = true;
+  if (::fsync(dir_fd_) != 0) return absl::DataLossError(absl::StrCat(dir_, ": fsync failed: ", std::strerror(errno)));
   return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomicallyAt(int dir_fd, const std::string& dir, const std::string& name,
+                                   const std::string& text) {
+  SL_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileAt> f, AtomicFileAt::Create(dir_fd, dir, name));
+  SL_RETURN_IF_ERROR(WriteFully(f->fd(), text.data(), text.size(), f->path() + ".tmp"));
+  return f->Commit();
 }
 
 absl::StatusOr<UniqueFd> OpenDirectoryNoFollow(int at, const std::string& name, const std::string& path) {

@@ -1,6 +1,7 @@
 // Small file helpers shared by the programs.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,10 @@ class UniqueFd {
 
 // Writes `text` to "<path>.tmp", fsyncs it, renames it over `path` and fsyncs
 // the folder: readers see the old file or the whole new one, never a part.
-// The folder may be reached through symlinks; the temp file is created
-// afresh inside it as WriteFileAtomicallyAt does.
+// The folder's parents may be symlinks, the folder itself may not (refused,
+// not followed: a link planted where a program writes must not lead it into
+// someone else's folder); the temp file is created afresh inside it as
+// WriteFileAtomicallyAt does.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
 
 // WriteFileAtomically of `name` (a plain file name) inside the open directory
@@ -42,6 +45,34 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
 // the rename replaces whatever entry `name` was, never what it points to.
 absl::Status WriteFileAtomicallyAt(int dir_fd, const std::string& dir, const std::string& name,
                                    const std::string& text);
+
+// A file written through "<name>.tmp" inside an open directory and renamed
+// over `name` once whole, for writers that stream (WriteFileAtomicallyAt
+// writes a string this way). Create unlinks a stale temp file (a symlink
+// itself, never its target) and creates it O_EXCL | O_NOFOLLOW, 0640; Commit
+// fsyncs it, renames it over `name` (replacing whatever entry was there, a
+// symlink included, never writing through it) and fsyncs the directory. An
+// uncommitted one removes its temp file when destroyed. `dir_fd` must stay
+// open while it lives; errors name dir/name.
+class AtomicFileAt {
+ public:
+  static absl::StatusOr<std::unique_ptr<AtomicFileAt>> Create(int dir_fd, const std::string& dir,
+                                                              const std::string& name);
+  ~AtomicFileAt();
+  AtomicFileAt(const AtomicFileAt&) = delete;
+  AtomicFileAt& operator=(const AtomicFileAt&) = delete;
+  int fd() const { return fd_.get(); }
+  const std::string& path() const { return path_; }
+  absl::Status Commit();
+
+ private:
+  AtomicFileAt(int dir_fd, std::string dir, std::string name)
+      : dir_fd_(dir_fd), dir_(std::move(dir)), name_(std::move(name)), path_(dir_ + "/" + name_) {}
+  const int dir_fd_;
+  const std::string dir_, name_, path_;
+  UniqueFd fd_;
+  bool committed_ = false;
+};
 
 // Opens the directory `name` (one path component) inside the open directory
 // `at` (AT_FDCWD: `name` is a path, and only its last component is checked)

@@ -250,7 +250,6 @@ absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter
     const std::string& path, const std::vector<Decl>& tensors, StoredDType dtype) {
   std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter());
   w->path_ = path;
-  w->tmp_ = path + ".tmp";
   w->dtype_ = dtype;
   const int size = dtype == StoredDType::kF32 ? 4 : 2;
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -267,19 +266,24 @@ absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter
   w->expected_bytes_ = offset;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);  // not world-readable
-  if (w->fd_ < 0) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  absl::StatusOr<UniqueFd> dir_fd = OpenDirectoryNoFollow(AT_FDCWD, dir, dir);
+  if (!dir_fd.ok()) {
+    return absl::Status(dir_fd.status().code(), absl::StrCat(path, ": cannot create: ", dir_fd.status().message()));
+  }
+  w->dir_fd_ = std::move(*dir_fd);
+  absl::StatusOr<std::unique_ptr<AtomicFileAt>> file = AtomicFileAt::Create(w->dir_fd_.get(), dir, path.substr(slash + 1));
+  if (!file.ok()) return file.status();
+  w->file_ = std::move(*file);
   const uint64_t len = text.size();
-  absl::Status s = WriteFully(w->fd_, &len, 8, path);
-  if (s.ok()) s = WriteFully(w->fd_, text.data(), text.size(), path);
+  absl::Status s = WriteFully(w->file_->fd(), &len, 8, path);
+  if (s.ok()) s = WriteFully(w->file_->fd(), text.data(), text.size(), path);
   if (!s.ok()) return s;
   return w;
 }
 
-SafetensorsStreamWriter::~SafetensorsStreamWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!finished_) ::unlink(tmp_.c_str());
-}
+SafetensorsStreamWriter::~SafetensorsStreamWriter() = default;  // file_ removes an unfinished temp file
 
 absl::Status SafetensorsStreamWriter::Append(const float* data, int64_t count) {
   const int64_t bytes = count * (dtype_ == StoredDType::kF32 ? 4 : 2);
@@ -288,13 +292,13 @@ absl::Status SafetensorsStreamWriter::Append(const float* data, int64_t count) {
   }
   absl::Status s;
   if (dtype_ == StoredDType::kF32) {
-    s = WriteFully(fd_, data, static_cast<size_t>(bytes), path_);
+    s = WriteFully(file_->fd(), data, static_cast<size_t>(bytes), path_);
   } else {
     std::vector<uint16_t> half(static_cast<size_t>(std::min<int64_t>(count, 1 << 20)));
     for (int64_t done = 0; done < count && s.ok(); done += static_cast<int64_t>(half.size())) {
       const int64_t n = std::min<int64_t>(count - done, static_cast<int64_t>(half.size()));
       for (int64_t i = 0; i < n; ++i) half[i] = FloatToBf16Bits(data[done + i]);
-      s = WriteFully(fd_, half.data(), static_cast<size_t>(n * 2), path_);
+      s = WriteFully(file_->fd(), half.data(), static_cast<size_t>(n * 2), path_);
     }
   }
   if (s.ok()) written_bytes_ += bytes;
@@ -305,14 +309,7 @@ absl::Status SafetensorsStreamWriter::Finish() {
   if (written_bytes_ != expected_bytes_) {
     return absl::InternalError(absl::StrCat(path_, ": wrote ", written_bytes_, " of ", expected_bytes_, " bytes"));
   }
-  if (::fsync(fd_) != 0) return absl::DataLossError(absl::StrCat(path_, ": fsync failed"));
-  ::close(fd_);
-  fd_ = -1;
-  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
-    return absl::DataLossError(absl::StrCat(path_, ": rename failed: ", std::strerror(errno)));
-  }
-  finished_ = true;
-  return absl::OkStatus();
+  return file_->Commit();
 }
 
 }  // namespace shardline

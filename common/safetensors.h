@@ -84,7 +84,9 @@ class SafetensorsReader {
 // Writes tensors of one dtype (F32 or BF16), declared up front and then
 // appended in declaration order, to "<path>.tmp"; Finish() fsyncs and renames
 // it to `path`. Until then no file exists at `path`; a writer destroyed
-// unfinished removes its temp file. The header's metadata says
+// unfinished removes its temp file. Neither the folder (its last component)
+// nor either name is followed if it is a symlink (file_util.h AtomicFileAt):
+// a link planted there is refused or replaced, never written through. The header's metadata says
 // {"format": "pt"}, which transformers requires.
 enum class StoredDType { kF32, kBF16 };
 class SafetensorsStreamWriter {
@@ -104,11 +106,11 @@ class SafetensorsStreamWriter {
 
  private:
   SafetensorsStreamWriter() = default;
-  std::string path_, tmp_;
-  int fd_ = -1;
+  std::string path_;
+  UniqueFd dir_fd_;  // outlives file_
+  std::unique_ptr<AtomicFileAt> file_;
   StoredDType dtype_ = StoredDType::kF32;
   int64_t expected_bytes_ = 0, written_bytes_ = 0;
-  bool finished_ = false;
 };
 
 // The size in bytes of one element of a safetensors dtype ("F32" -> 4), or 0

@@ -9,7 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <sstream>
+
+#include "common/safetensors.h"
 
 namespace shardline {
 namespace {
@@ -47,6 +51,51 @@ TEST(TokenFileTest, LooseFilesAndInvisibleCharactersAreRefusedWithoutEchoingTheT
   absl::Status bad = ReadAcceptedTokens(WriteFile("t7", "good\nsecret b\n")).status();
   EXPECT_NE(bad.message().find("t7:2: the token holds a character"), std::string::npos) << bad;
   EXPECT_EQ(bad.message().find("secret"), std::string::npos) << bad;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A folder of its own under the test's temp dir, emptied first.
+std::string FreshDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Links planted where a program writes (issue 24): under the temp file's
+// name, under the final name, and as the folder itself. None is written
+// through; the victim's file keeps its bytes.
+TEST(AtomicWrites, PlantedSymlinksAreNeverWrittenThrough) {
+  const std::string victim_dir = FreshDir("victim"), mine = FreshDir("mine");
+  const std::string victim = victim_dir + "/committed";
+  std::ofstream(victim) << "the victim's bytes";
+  // A link at "<name>.tmp" and one at the name itself.
+  std::filesystem::create_symlink(victim, mine + "/config.json.tmp");
+  std::filesystem::create_symlink(victim, mine + "/model.safetensors");
+  ASSERT_TRUE(WriteFileAtomically(mine + "/config.json", "{}\n").ok());
+  EXPECT_EQ(Slurp(mine + "/config.json"), "{}\n");
+  auto w = SafetensorsStreamWriter::Create(mine + "/model.safetensors", {{"w", {2}}});
+  ASSERT_TRUE(w.ok()) << w.status();
+  const float data[2] = {1, 2};
+  ASSERT_TRUE((*w)->Append(data, 2).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  EXPECT_FALSE(std::filesystem::is_symlink(mine + "/model.safetensors"));  // replaced, not followed
+  EXPECT_EQ(Slurp(victim), "the victim's bytes");
+  // The folder itself a link to the victim's: refused, naming it.
+  std::filesystem::create_symlink(victim_dir, mine + "/out");
+  absl::Status s = WriteFileAtomically(mine + "/out/config.json", "{}\n");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find(mine + "/out: is a symlink"), std::string::npos) << s;
+  EXPECT_FALSE(SafetensorsStreamWriter::Create(mine + "/out/model.safetensors", {{"w", {2}}}).ok());
+  EXPECT_FALSE(std::filesystem::exists(victim_dir + "/config.json"));
+  EXPECT_FALSE(std::filesystem::exists(victim_dir + "/model.safetensors.tmp"));
+  EXPECT_EQ(Slurp(victim), "the victim's bytes");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "worker/fault_injection.h"
 #include "worker/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -30,8 +31,14 @@ absl::Status MakeDirs(const std::string& dir) {
   std::string partial;
   for (size_t i = 0; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
-      if (!partial.empty() && mkdir(partial.c_str(), 0750) != 0 && errno != EEXIST) {  // not world-readable
-        return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot create directory: ", std::strerror(errno)));
+      if (!partial.empty() && mkdir(partial.c_str(), 0750) != 0) {  // not world-readable
+        int err = errno;
+        struct stat st;
+        // What exists must be a directory (a parent may be reached through a link).
+        if (err == EEXIST && (stat(partial.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) err = ENOTDIR;
+        if (err != EEXIST) {
+          return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot create directory: ", std::strerror(err)));
+        }
       }
     }
     if (i < dir.size()) partial += dir[i];
@@ -74,7 +81,18 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
                                                  int attempt) {
   MaybeInjectFault("before-write", step);
   MaybeInjectFault("stop-before-write", step);
-  SL_RETURN_IF_ERROR(MakeDirs(step_dir));
+  // Neither the job's checkpoint root nor the step directory may be a
+  // symlink: one planted there (to another job's step, say) is refused, not
+  // written through, as the coordinator refuses it for its manifest.
+  const auto slash = step_dir.rfind('/');
+  const std::string root = slash == std::string::npos ? "." : step_dir.substr(0, slash);
+  const std::string step_name = step_dir.substr(slash + 1);
+  SL_RETURN_IF_ERROR(MakeDirs(root));
+  SL_ASSIGN_OR_RETURN(UniqueFd root_fd, OpenDirectoryNoFollow(AT_FDCWD, root, root));
+  if (::mkdirat(root_fd.get(), step_name.c_str(), 0750) != 0 && errno != EEXIST) {
+    return absl::PermissionDeniedError(absl::StrCat(step_dir, ": cannot create: ", std::strerror(errno)));
+  }
+  SL_ASSIGN_OR_RETURN(UniqueFd step_fd, OpenDirectoryNoFollow(root_fd.get(), step_name, step_dir));
   NamedTensors tensors;
   for (size_t u = 0; u < snap.units.size(); ++u) {
     tensors.emplace_back(snap.units[u] + ".param", snap.shards[u].master);
@@ -85,16 +103,16 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
   f.rank = snap.rank;
   f.file = RankFileName(snap.rank, attempt);
   const std::string path = step_dir + "/" + f.file;
-  SL_RETURN_IF_ERROR(WriteSafetensors(path, tensors,
-                                      {{"rank", std::to_string(snap.rank)},
-                                       {"shard_rank", std::to_string(snap.shard_rank)},
-                                       {"step", std::to_string(step)}},
-                                      [&](size_t written) {
-                                        if (written == tensors.size() / 2) {
-                                          MaybeInjectFault("mid-write", step);
-                                          MaybeInjectFault("stop-mid-write", step);
-                                        }
-                                      }));
+  SL_RETURN_IF_ERROR(WriteSafetensorsAt(step_fd.get(), step_dir, f.file, tensors,
+                                        {{"rank", std::to_string(snap.rank)},
+                                         {"shard_rank", std::to_string(snap.shard_rank)},
+                                         {"step", std::to_string(step)}},
+                                        [&](size_t written) {
+                                          if (written == tensors.size() / 2) {
+                                            MaybeInjectFault("mid-write", step);
+                                            MaybeInjectFault("stop-mid-write", step);
+                                          }
+                                        }));
   // Size and checksum of the file just written, not of whatever a symlink
   // put under its name would point to: both go into the manifest, which the
   // job's owner can read.

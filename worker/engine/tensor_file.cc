@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
+#include "common/status_macros.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
@@ -40,8 +41,17 @@ std::string JsonString(const std::string& s) {
 }  // namespace
 
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
-                              const std::map<std::string, std::string>& metadata,
-                              const std::function<void(size_t)>& after_tensor) {
+                              const std::map<std::string, std::string>& metadata) {
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  SL_ASSIGN_OR_RETURN(UniqueFd dir_fd, OpenDirectoryNoFollow(AT_FDCWD, dir, dir));
+  return WriteSafetensorsAt(dir_fd.get(), dir, path.substr(slash + 1), tensors, metadata);
+}
+
+absl::Status WriteSafetensorsAt(int dir_fd, const std::string& dir, const std::string& name,
+                                const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+                                const std::function<void(size_t)>& after_tensor) {
+  const std::string path = dir + "/" + name;
   std::vector<std::string> entries;
   std::vector<at::Tensor> data;
   int64_t offset = 0;
@@ -63,23 +73,15 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   }
   std::string header = "{" + absl::StrJoin(entries, ",") + "}";
   header.append((8 - header.size() % 8) % 8, ' ');
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);  // not world-readable
-  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
+  SL_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileAt> f, AtomicFileAt::Create(dir_fd, dir, name));
   uint64_t len = header.size();  // little-endian on every platform we build for
-  absl::Status s = WriteFully(fd, &len, sizeof(len), path);
-  if (s.ok()) s = WriteFully(fd, header.data(), header.size(), path);
+  SL_RETURN_IF_ERROR(WriteFully(f->fd(), &len, sizeof(len), path));
+  SL_RETURN_IF_ERROR(WriteFully(f->fd(), header.data(), header.size(), path));
   for (size_t i = 0; i < data.size(); ++i) {
-    if (s.ok()) s = WriteFully(fd, data[i].data_ptr(), data[i].nbytes(), path);
-    if (s.ok() && after_tensor) after_tensor(i + 1);
+    SL_RETURN_IF_ERROR(WriteFully(f->fd(), data[i].data_ptr(), data[i].nbytes(), path));
+    if (after_tensor) after_tensor(i + 1);
   }
-  if (s.ok() && ::fsync(fd) != 0) s = absl::DataLossError(absl::StrCat(path, ": fsync failed"));
-  ::close(fd);
-  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = absl::DataLossError(absl::StrCat(path, ": rename failed: ", std::strerror(errno)));
-  }
-  if (!s.ok()) std::remove(tmp.c_str());
-  return s;
+  return f->Commit();
 }
 
 }  // namespace shardline

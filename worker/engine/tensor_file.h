@@ -18,9 +18,15 @@ namespace shardline {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-// `after_tensor(n)` (if given) runs after the n-th tensor's bytes are written.
+// Writes `name` inside the open directory `dir_fd` (`dir` names it in
+// errors) through a temp file (common/file_util.h AtomicFileAt: a symlink
+// planted under either name is never written through). `after_tensor(n)`
+// (if given) runs after the n-th tensor's bytes are written.
+absl::Status WriteSafetensorsAt(int dir_fd, const std::string& dir, const std::string& name,
+                                const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {},
+                                const std::function<void(size_t)>& after_tensor = nullptr);
+// The same at `path`, whose folder must exist and not be a symlink.
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
-                              const std::map<std::string, std::string>& metadata = {},
-                              const std::function<void(size_t)>& after_tensor = nullptr);
+                              const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace shardline
