@@ -252,12 +252,32 @@ absl::StatusOr<std::vector<std::string>> ReadAcceptedTokens(const std::string& p
   return tokens;
 }
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read ", what));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what,
+                                             int64_t max_bytes) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot read ", what, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " is not a regular file"));
+  }
+  if (st.st_size > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", what, " holds ", st.st_size, " bytes, more than the ", max_bytes, " allowed"));
+  }
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot read ", what, ": ", std::strerror(errno)));
+    if (n == 0) return text;
+    if (static_cast<int64_t>(text.size()) + n > max_bytes) {  // it grew while read
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " grew past the ", max_bytes, " bytes allowed"));
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
 }
 
 }  // namespace shardline

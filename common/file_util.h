@@ -111,7 +111,14 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 constexpr int kMaxAcceptedTokens = 16;
 absl::StatusOr<std::vector<std::string>> ReadAcceptedTokens(const std::string& path);
 
-// The whole file; NotFound naming the file and `what` it was meant to be.
-absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what);
+// The whole file, which must be a regular file of at most `max_bytes`: a
+// FIFO, a device (/dev/zero) or a directory is refused at once, never read
+// or waited on (it is opened O_NONBLOCK), so that no caller (the
+// coordinator reading a user's config.json, say) blocks or runs out of
+// memory on what a user named. NotFound for a missing file, InvalidArgument
+// for the others; each one line naming the file and `what` it was meant to be.
+constexpr int64_t kMaxReadFileBytes = 16 << 20;
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what,
+                                             int64_t max_bytes = kMaxReadFileBytes);
 
 }  // namespace shardline

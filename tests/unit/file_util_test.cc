@@ -98,5 +98,23 @@ TEST(AtomicWrites, PlantedSymlinksAreNeverWrittenThrough) {
   EXPECT_EQ(Slurp(victim), "the victim's bytes");
 }
 
+// What a user names as a file the coordinator reads (config.json, an index)
+// may be a FIFO or a device: refused at once, never waited on or read whole.
+TEST(ReadFile, OnlyBoundedRegularFilesAreRead) {
+  const std::string dir = FreshDir("read-file");
+  const std::string fifo = dir + "/config.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  absl::StatusOr<std::string> r = ReadFileToString(fifo, "[model] hf_dir config");  // returns: no writer waited for
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("is not a regular file"), std::string::npos) << r.status();
+  EXPECT_EQ(ReadFileToString("/dev/zero", "config").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadFileToString(dir, "config").status().code(), absl::StatusCode::kInvalidArgument);
+  std::ofstream(dir + "/big") << std::string(100, 'x');
+  absl::Status big = ReadFileToString(dir + "/big", "index", 64).status();
+  EXPECT_NE(big.message().find("holds 100 bytes, more than the 64 allowed"), std::string::npos) << big;
+  EXPECT_EQ(*ReadFileToString(dir + "/big", "index", 100), std::string(100, 'x'));
+  EXPECT_EQ(ReadFileToString(dir + "/absent", "index").status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace shardline
