@@ -14,17 +14,26 @@
 namespace shardline::ctl {
 
 std::string JsonString(const std::string& s) {
+  // Exact for a program, inert on a terminal: everything Printable would
+  // escape is written as \uXXXX (a byte that starts no UTF-8 character as
+  // U+FFFD), so `jq` gets the text back and a raw view shows no control.
   std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) out += absl::StrFormat("\\u%04x", c);
-        else out += static_cast<char>(c);
+  for (size_t at = 0; at < s.size();) {
+    uint32_t cp = 0;
+    size_t n = quoted_internal::DecodeUtf8(absl::string_view(s).substr(at), &cp);
+    if (n == 0) cp = 0xfffd, n = 1;
+    if (cp == '"' || cp == '\\') {
+      out += {'\\', static_cast<char>(cp)};
+    } else if (cp == '\n') {
+      out += "\\n";
+    } else if (cp == '\t') {
+      out += "\\t";
+    } else if (!quoted_internal::ShownAsItself(cp) || cp == 0xfffd) {
+      absl::StrAppendFormat(&out, "\\u%04x", cp);
+    } else {
+      out.append(s, at, n);
     }
+    at += n;
   }
   return out + "\"";
 }
@@ -90,9 +99,9 @@ std::string JobsTable(const std::vector<v1::Job>& jobs) {
   std::string out = absl::StrFormat("%-10s %-16s %-10s %-13s %-9s %-7s %s\n", "ID", "NAME", "STATE", "STEP",
                                     "LOSS", "WORKERS", "MESSAGE");
   for (const auto& j : jobs) {
-    absl::StrAppendFormat(&out, "%-10s %-16s %-10s %-13s %-9s %-7d %s\n", j.id(), j.name(), JobStateName(j.state()),
-                          absl::StrCat(j.step(), "/", j.steps()), j.step() ? absl::StrFormat("%.4f", j.loss()) : "-",
-                          j.workers(), j.message());
+    absl::StrAppendFormat(&out, "%-10s %-16s %-10s %-13s %-9s %-7d %s\n", Printable(j.id()), Printable(j.name()),
+                          JobStateName(j.state()), absl::StrCat(j.step(), "/", j.steps()),
+                          j.step() ? absl::StrFormat("%.4f", j.loss()) : "-", j.workers(), Printable(j.message()));
   }
   return out;
 }
@@ -109,12 +118,12 @@ void AppendAttempts(const v1::Job& j, std::string* out) {
                         "LOST", "END");
   for (int i = 0; i < j.attempts_size(); ++i) {
     const v1::Attempt& a = j.attempts(i);
-    absl::StrAppendFormat(out, "  %-3d %-7d %-14s %-15s %-19s %-8s %s\n", i + 1, a.world_size(), a.strategy(),
+    absl::StrAppendFormat(out, "  %-3d %-7d %-14s %-15s %-19s %-8s %s\n", i + 1, a.world_size(), Printable(a.strategy()),
                           absl::StrCat(a.first_step(), "-", a.ended_unix_ms() ? absl::StrCat(a.last_step()) : ""),
                           absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(a.started_unix_ms()),
                                            absl::LocalTimeZone()),
                           a.lost_seconds() > 0 ? absl::StrFormat("%.1fs", a.lost_seconds()) : "-",
-                          a.ended_unix_ms() ? a.end() : "running");
+                          a.ended_unix_ms() ? Printable(a.end()) : "running");
   }
 }
 
@@ -135,19 +144,20 @@ std::string JobDetails(const v1::Job& j) {
   std::string out = absl::StrFormat(
       "job       %s (%s)\nstate     %s\nstep      %d/%d\nloss      %.4f\ntokens/s  %.0f\nlr        %.3g\n"
       "grad norm %.4f\nworkers   %d (%s) %s\nmessage   %s\n",
-      j.id(), j.name(), JobStateName(j.state()), j.step(), j.steps(), j.loss(), j.tokens_per_second(), j.lr(), j.grad_norm(),
-      j.workers(), j.strategy(), absl::StrJoin(j.worker_ids(), ","), j.message());
+      Printable(j.id()), Printable(j.name()), JobStateName(j.state()), j.step(), j.steps(), j.loss(),
+      j.tokens_per_second(), j.lr(), j.grad_norm(), j.workers(), Printable(j.strategy()),
+      Printable(absl::StrJoin(j.worker_ids(), ",")), Printable(j.message()));
   if (j.has_val_loss()) absl::StrAppendFormat(&out, "val loss  %.4f (after step %d)\n", j.val_loss(), j.val_step());
-  if (!j.strategy_reason().empty()) absl::StrAppend(&out, "strategy  ", j.strategy_reason(), "\n");
-  if (!j.stalled().empty()) absl::StrAppend(&out, "STALLED   ", j.stalled(), "\n");
-  if (!j.straggler().empty()) absl::StrAppend(&out, "STRAGGLER ", j.straggler(), "\n");
+  if (!j.strategy_reason().empty()) absl::StrAppend(&out, "strategy  ", Printable(j.strategy_reason()), "\n");
+  if (!j.stalled().empty()) absl::StrAppend(&out, "STALLED   ", Printable(j.stalled()), "\n");
+  if (!j.straggler().empty()) absl::StrAppend(&out, "STRAGGLER ", Printable(j.straggler()), "\n");
   if (j.attempts_size() > 1) AppendAttempts(j, &out);
   if (j.history_size() > 0) AppendHistory(j, &out);
   if (j.ranks_size() == 0) return out;
   absl::StrAppendFormat(&out, "\n%-5s %-16s %-7s %-10s %-9s %-9s %-10s %-13s %s\n", "RANK", "HOST", "STEP",
                         "COLL_SEQ", "LAG_STEP", "LAG_COLL", "HEARTBEAT", "NO_PROGRESS", "");
   for (const auto& r : j.ranks()) {
-    absl::StrAppendFormat(&out, "%-5d %-16s %-7d %-10d %-9d %-9d %-10s %-13s %s\n", r.rank(), r.host(), r.step(),
+    absl::StrAppendFormat(&out, "%-5d %-16s %-7d %-10d %-9d %-9d %-10s %-13s %s\n", r.rank(), Printable(r.host()), r.step(),
                           r.last_collective_seq(), r.lag_steps(), r.lag_collectives(),
                           absl::StrFormat("%.1fs", r.heartbeat_age_seconds()),
                           absl::StrFormat("%.1fs", r.seconds_since_progress()), r.stalled() ? "STALLED" : "");
@@ -159,11 +169,11 @@ std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers) {
   std::string out = absl::StrFormat("%-6s %-20s %-8s %-6s %-10s %-5s %-15s %s\n", "ID", "HOST", "DEVICE", "STATE",
                                     "JOB", "RANK", "ADDRESS", "HEARTBEAT");
   for (const auto& w : workers) {
-    absl::StrAppendFormat(&out, "%-6s %-20s %-8s %-6s %-10s %-5s %-15s %.1fs ago\n", Shown(w.worker_id()),
-                          Shown(w.host()), Shown(w.device()), WorkerStateName(w.state()),
-                          w.job_id().empty() ? "-" : Shown(w.job_id()),
+    absl::StrAppendFormat(&out, "%-6s %-20s %-8s %-6s %-10s %-5s %-15s %.1fs ago\n", Printable(w.worker_id()),
+                          Printable(w.host()), Printable(w.device()), WorkerStateName(w.state()),
+                          w.job_id().empty() ? "-" : Printable(w.job_id()),
                           w.job_id().empty() ? "-" : absl::StrCat(w.rank()),
-                          w.collective_address().empty() ? "-" : Shown(w.collective_address()),
+                          w.collective_address().empty() ? "-" : Printable(w.collective_address()),
                           w.heartbeat_age_seconds());
   }
   return out;

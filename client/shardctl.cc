@@ -211,7 +211,7 @@ absl::Status Watch(const Client& c, const std::string& id) {
   }
   SL_RETURN_IF_ERROR(c.Check(reader->Finish()));
   if (tty) std::cout << std::endl;
-  if (!c.json()) std::cout << j.id() << " " << JobStateName(j.state()) << ": " << j.message() << std::endl;
+  if (!c.json()) std::cout << Printable(j.id()) << " " << JobStateName(j.state()) << ": " << Printable(j.message()) << std::endl;
   if (j.state() != v1::JOB_STATE_SUCCEEDED) {
     return absl::AbortedError(absl::StrCat(j.id(), " ended ", JobStateName(j.state()), ": ", j.message()));
   }
@@ -238,7 +238,7 @@ absl::Status Logs(const Client& c, const std::string& id, int rank, bool follow)
                   << ",\"text\":" << JsonString(l.text()) << "}\n";
       } else {
         std::cout << absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::FromUnixMillis(l.unix_ms()), absl::LocalTimeZone())
-                  << " [rank " << l.rank() << "] " << l.text() << "\n";
+                  << " [rank " << l.rank() << "] " << Printable(l.text()) << "\n";
       }
     }
     std::cout << std::flush;
@@ -482,7 +482,7 @@ int main(int argc, char** argv) {
       if (o.json) {
         std::cout << absl::StrCat("{\"step\":", saved.step(), ",\"path\":", JsonString(saved.path()), "}") << std::endl;
       } else {
-        std::cout << absl::StrFormat("committed step %d: %s\n", saved.step(), saved.path());
+        std::cout << absl::StrFormat("committed step %d: %s\n", saved.step(), Printable(saved.path()));
       }
       return absl::OkStatus();
     }
@@ -511,7 +511,7 @@ int main(int argc, char** argv) {
       std::vector<std::string> js;
       for (const auto& k : resp.checkpoints()) {
         js.push_back(absl::StrCat("{\"step\":", k.step(), ",\"path\":", JsonString(k.path()), "}"));
-        if (!o.json) std::cout << absl::StrFormat("step %8d  %s\n", k.step(), k.path());
+        if (!o.json) std::cout << absl::StrFormat("step %8d  %s\n", k.step(), Printable(k.path()));
       }
       if (o.json) std::cout << "{\"checkpoints\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
       return absl::OkStatus();
@@ -539,7 +539,7 @@ int main(int argc, char** argv) {
   };
   const absl::Status s = run();
   if (!s.ok()) {
-    std::cerr << "shardctl: " << s.message() << std::endl;
+    std::cerr << "shardctl: " << Printable(s.message()) << std::endl;
     return 1;
   }
   return 0;

@@ -475,10 +475,24 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world, const std::string&
   };
   // The name is shown to every user in listings and dashboards: a control
   // character (an escape sequence) there would reach their terminals.
-  if (c.name.size() > kMaxJobNameBytes ||
-      std::any_of(c.name.begin(), c.name.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; })) {
+  if (c.name.size() > kMaxJobNameBytes || !IsPrintable(c.name)) {
     return bad("job", absl::StrCat("name = ", Quoted(c.name), ": at most ", kMaxJobNameBytes,
                                    " bytes and no control characters"));
+  }
+  // So are its paths (`status`, `ckpt list`, the messages that name them).
+  const std::pair<const char*, const std::string*> paths[] = {
+      {"[model] init_from", &c.model.init_from}, {"[model] hf_dir", &c.model.hf_dir},
+      {"[lora] init_from", &c.lora.init_from},   {"[checkpoint] dir", &c.checkpoint.dir}};
+  std::vector<std::pair<std::string, const std::string*>> all(std::begin(paths), std::end(paths));
+  for (const std::string& p : c.data.train.paths) all.emplace_back("[data] path", &p);
+  for (const std::string& p : c.data.train.mask_paths) all.emplace_back("[data] mask_path", &p);
+  for (const std::string& p : c.data.val.paths) all.emplace_back("[data] val_path", &p);
+  for (const std::string& p : c.data.val.mask_paths) all.emplace_back("[data] val_mask_path", &p);
+  for (const auto& [key, path] : all) {
+    if (!IsPrintable(*path)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(src, ": ", key, " = ", Quoted(*path), ": control characters are not allowed in a path"));
+    }
   }
   const ModelConfig& m = c.model;
   if (m.family != "gpt2" && m.family != "llama") {

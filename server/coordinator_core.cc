@@ -164,6 +164,19 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   if (info.host().empty() || info.device().empty()) {
     return absl::InvalidArgumentError("register: a worker must name its host and device");
   }
+  // Every string of a worker is listed to every user (`shardctl workers`,
+  // `status`, job messages): bounded and printable where it enters, so no
+  // worker can write to a user's terminal or grow a listing past a message.
+  absl::Status text = CheckWorkerText("host", info.host(), kMaxHostBytes);
+  if (text.ok()) text = CheckWorkerText("device", info.device(), kMaxDeviceBytes);
+  if (text.ok()) text = CheckWorkerText("job_id", info.job_id(), kMaxDeviceBytes);
+  if (text.ok() && info.capabilities_size() > kMaxCapabilities) {
+    text = absl::InvalidArgumentError(absl::StrCat("register: more than ", kMaxCapabilities, " capabilities"));
+  }
+  for (const std::string& c : info.capabilities()) {
+    if (text.ok()) text = CheckWorkerText("capability", c, kMaxDeviceBytes);
+  }
+  if (!text.ok()) return text;
   // Shown to every user and dialled by peers: an IP literal or nothing.
   if (!info.collective_address().empty() && !IsIpLiteral(info.collective_address())) {
     return absl::InvalidArgumentError(absl::StrCat("register: collective_address ", Quoted(info.collective_address()),
@@ -209,6 +222,12 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   channel->Send(m);
   Schedule();
   return reg;
+}
+
+absl::Status CoordinatorCore::CheckWorkerText(const char* field, const std::string& text, size_t max_bytes) {
+  if (text.size() <= max_bytes && IsPrintable(text)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("register: ", field, " ", Quoted(text), ": at most ", max_bytes,
+                                                 " bytes of printable text"));
 }
 
 std::string CoordinatorCore::WorkerKey(const v1::WorkerInfo& w) { return absl::StrCat(w.host(), "/", w.device()); }
@@ -401,7 +420,10 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
             .IgnoreError();  // held: RUNNING
       }
     } else {
-      const std::string failure = absl::StrFormat("rank %d on host %s failed: %s", f.rank(), host, f.message());
+      // The rank's own words: bounded and made printable, since they become
+      // the job's message, shown to every user.
+      const std::string failure =
+          absl::StrFormat("rank %d on host %s failed: %s", f.rank(), host, Printable(f.message(), kMaxRankMessageBytes));
       if (f.has_link() && f.link().from_rank() >= 0 && f.link().from_rank() < JobOf(r).worker_ids_size() &&
           f.link().to_rank() >= 0 && f.link().to_rank() < JobOf(r).worker_ids_size() &&
           f.link().from_rank() != f.link().to_rank() && r.link_faults.size() < 1024) {
@@ -489,6 +511,11 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
                                      {"base_dir", &req.base_dir()}, {"resume_from", &req.resume_from()}}) {
     if (value->size() > kMaxPathBytes) {
       return absl::InvalidArgumentError(absl::StrCat(field, " is longer than ", kMaxPathBytes, " bytes"));
+    }
+    // Shown to every user by `jobs`, `status` and `ckpt list`.
+    if (!IsPrintable(*value)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " ", Quoted(*value),
+                                                     ": control characters are not allowed in a path"));
     }
   }
   if (req.spec_toml().size() > kMaxSpecBytes) {

@@ -141,6 +141,8 @@ class CoordinatorCore {
   // first). In memory only: a restarted coordinator starts without them.
   void OnLog(const std::string& worker_id, const v1::LogLine& line);
   static constexpr size_t kMaxLogLineBytes = 1024, kLogLinesPerRank = 500, kMaxLogBytes = 64 << 20;
+  // Of a rank's own error text (RankFinished.message) kept in the job's message.
+  static constexpr size_t kMaxRankMessageBytes = 1024;
 
   // Counts a call refused before it reached the core (`what`: "role").
   void CountRefused(const char* what) const {
@@ -355,6 +357,11 @@ class CoordinatorCore {
   // with its host in Job.straggler and RankStatus.slow_link.
   void FindSlowLink(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::string WorkerKey(const v1::WorkerInfo& w);
+  // A registering worker's `field` is at most `max_bytes` and IsPrintable.
+  static absl::Status CheckWorkerText(const char* field, const std::string& text, size_t max_bytes);
+  // A host name is at most 253 bytes in DNS; a device, job id or capability is short.
+  static constexpr size_t kMaxHostBytes = 255, kMaxDeviceBytes = 64;
+  static constexpr int kMaxCapabilities = 16;
   void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers a wait and gives its place back to its job's count (the caller
   // then drops it from waiters_).

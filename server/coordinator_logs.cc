@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_state.h"
+#include "common/quoted.h"
 #include "server/coordinator_core.h"
 
 namespace shardline {
@@ -16,9 +17,9 @@ void CoordinatorCore::OnLog(const std::string& worker_id, const v1::LogLine& in)
   line.set_job_id(in.job_id());
   line.set_rank(in.rank());
   line.set_unix_ms(in.unix_ms());
-  std::string text = in.text().substr(0, kMaxLogLineBytes);
-  std::replace_if(text.begin(), text.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
-  line.set_text(std::move(text));
+  // Shown to users as it is: one printable line (a newline, an escape
+  // sequence or a bidi override is escaped, never passed on).
+  line.set_text(Printable(in.text(), kMaxLogLineBytes));
   line.set_seq(r->next_log_seq++);
   const size_t bytes = line.ByteSizeLong();
   std::deque<v1::LogLine>& tail = r->logs[line.rank()];

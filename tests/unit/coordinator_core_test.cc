@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_manifest.h"
 #include "common/job_state.h"
+#include "common/quoted.h"
 
 namespace shardline {
 namespace {
@@ -635,13 +636,13 @@ TEST_F(CoreTest, LogLinesAreTheRanksOwnInABoundedTail) {
   v1::GetLogsResponse all = *core_->GetLogs(job, -1, 0);
   ASSERT_EQ(all.lines_size(), 2);
   EXPECT_EQ(all.lines(0).text(), "running as rank 0");
-  EXPECT_EQ(all.lines(1).text(), "running as rank 1 second line");
+  EXPECT_EQ(all.lines(1).text(), "running as rank 1\\x0asecond line");
   EXPECT_EQ(all.lines(1).seq(), 2);
   EXPECT_FALSE(all.ended());
   EXPECT_EQ(core_->GetLogs(job, 1, 0)->lines_size(), 1);
   EXPECT_EQ(core_->GetLogs(job, -1, 1)->lines_size(), 1);  // after seq 1
   log(wa, 0, std::string(5000, 'x'));
-  EXPECT_EQ(core_->GetLogs(job, 0, 2)->lines(0).text().size(), CoordinatorCore::kMaxLogLineBytes);
+  EXPECT_EQ(core_->GetLogs(job, 0, 2)->lines(0).text(), std::string(CoordinatorCore::kMaxLogLineBytes, 'x') + "...");
   for (size_t i = 0; i < CoordinatorCore::kLogLinesPerRank + 10; ++i) log(wa, 0, absl::StrCat("step ", i));
   v1::GetLogsResponse zero = *core_->GetLogs(job, 0, 0);
   EXPECT_EQ(zero.lines_size(), static_cast<int>(CoordinatorCore::kLogLinesPerRank));
@@ -650,6 +651,53 @@ TEST_F(CoreTest, LogLinesAreTheRanksOwnInABoundedTail) {
   EXPECT_TRUE(core_->GetLogs(job, -1, 0)->ended());
   EXPECT_EQ(core_->GetLogs(job, 1, 0)->lines_size(), 1);
   EXPECT_EQ(core_->GetLogs("job-99", -1, 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Every string a worker sends is shown to every user: bounded and printable
+// where it enters. Two 3 MB host names once made `shardctl workers` fail for
+// everyone (a reply past the 4 MB limit); an escape in a host, a log line or a
+// rank's error reached users' terminals.
+TEST_F(CoreTest, AWorkersTextIsBoundedAndPrintableWhereItEnters) {
+  RecordingChannel a;
+  auto reg = [&](const std::string& host, const std::string& device) {
+    v1::WorkerInfo info;
+    info.set_host(host);
+    info.set_device(device);
+    return core_->RegisterWorker(info, &a).status();
+  };
+  absl::Status big = reg(std::string(3 << 20, 'h'), "cpu");
+  EXPECT_EQ(big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(big.message(), absl::StrCat("register: host \"", std::string(64, 'h'),
+                                        "...\": at most 255 bytes of printable text"));
+  EXPECT_EQ(reg("h\x1b]0;pwned\x07", "cpu").message(),
+            "register: host \"h\\x1b]0;pwned\\x07\": at most 255 bytes of printable text");
+  EXPECT_EQ(reg("h", "cpu\n0").message(), "register: device \"cpu\\n0\": at most 64 bytes of printable text");
+  EXPECT_TRUE(core_->ListWorkers().empty());
+  EXPECT_TRUE(reg("gpu-node-07.example", "cpu").ok());
+
+  RecordingChannel b;
+  AddWorker("h2", "cpu", &b);
+  const std::string job = Submit(2);
+  Finish(core_->GetJob(job)->worker_ids(1), job, 1, false, "boom\x1b[2J\nforged row", absl::StatusCode::kInternal);
+  const std::string message = core_->GetJob(job)->message();
+  EXPECT_NE(message.find("failed: boom\\x1b[2J\\x0aforged row"), std::string::npos) << message;
+  EXPECT_TRUE(IsPrintable(message)) << message;
+}
+
+// A path of a submit (its source, base_dir, resume_from) is refused when it
+// would act on a terminal, naming the field.
+TEST_F(CoreTest, ASubmittedPathMustBePrintable) {
+  v1::SubmitJobRequest r;
+  r.set_spec_toml(kSpec);
+  r.set_workers(1);
+  r.set_resume_from("/ckpt/job-1/step-10\x1b[2J");
+  absl::StatusOr<std::string> id = core_->Submit(r);
+  EXPECT_EQ(id.status().message(),
+            "resume_from \"/ckpt/job-1/step-10\\x1b[2J\": control characters are not allowed in a path");
+  r.set_resume_from("");
+  r.set_base_dir("/home/u/\xe2\x80\xaeevil");
+  EXPECT_EQ(core_->Submit(r).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(core_->ListJobs().empty());
 }
 
 }  // namespace

@@ -190,6 +190,19 @@ TEST(JobConfig, EchoedTextStaysOnOneLine) {
   EXPECT_EQ(ErrorOf("[model]\nfamily = \"gpt\\u00e9\"\n"), "job.toml: [model] family = \"gpt\\xc3\\xa9\": expected gpt2 or llama");
 }
 
+// Paths are shown to every user (status, ckpt list, messages): one that
+// would act on a terminal is refused where it enters, naming its key; a path
+// in any script is a path.
+TEST(JobConfig, APathThatWouldActOnATerminalIsRefused) {
+  EXPECT_EQ(ErrorOf(std::string(kGood) + "[checkpoint]\ndir = \"ck\\u001b]0;pwned\\u0007\"\n"),
+            "job.toml: [checkpoint] dir = \"ck\\x1b]0;pwned\\x07\": control characters are not allowed in a path");
+  EXPECT_EQ(ErrorOf(std::string(kGood) + "[checkpoint]\ndir = \"\"\"\nck\nx\"\"\"\n"),
+            "job.toml: [checkpoint] dir = \"ck\\nx\": control characters are not allowed in a path");
+  EXPECT_EQ(ErrorOf(std::string(kGood) + "[checkpoint]\ndir = \"ck\\u202e\"\n"),
+            "job.toml: [checkpoint] dir = \"ck\\xe2\\x80\\xae\": control characters are not allowed in a path");
+  EXPECT_EQ(ErrorOf(std::string(kGood) + "[checkpoint]\ndir = \"/data/数据/ckpt\"\n"), "");
+}
+
 TEST(JobConfig, TheParameterCountIsBounded) {
   // Every key within its own bound, the product far beyond any machine.
   const std::string e = ErrorOf("[model]\nn_layer = 10000\nn_embd = 1048576\nn_head = 1\n");
