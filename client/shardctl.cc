@@ -359,6 +359,9 @@ int main(int argc, char** argv) {
   ckpt_export->add_option("--dtype", export_dtype, "hf, peft: fp32 or bf16 (default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   ckpt_export->add_flag("--merge", merge, "hf, of a LoRA checkpoint: the base with the adapters merged in");
+  bool overwrite = false;
+  ckpt_export->add_flag("--overwrite", overwrite,
+                        "hf, peft: export into a folder that has files, removing the weights and configs there first");
   ckpt_export->add_option("--max-shard-size", max_shard_size,
                           "hf: the largest weight file, as transformers writes it: 5GB, 500MB, 20KB (default 5GB)");
   for (auto* sc : {ckpt_save, ckpt_list}) sc->add_option("JOB", job)->required();
@@ -405,10 +408,11 @@ int main(int argc, char** argv) {
         HfExportOptions options;
         options.dtype = dtype;
         options.merge = merge;
+        options.overwrite = overwrite;
         SL_ASSIGN_OR_RETURN(options.max_shard_bytes, ParseByteSize(max_shard_size, "--max-shard-size"));
         SL_RETURN_IF_ERROR(ExportHf(step_dir, out_file, options));
       } else if (export_format == "peft") {
-        SL_RETURN_IF_ERROR(ExportPeft(step_dir, out_file, dtype));
+        SL_RETURN_IF_ERROR(ExportPeft(step_dir, out_file, dtype, overwrite));
       } else {
         if (export_dtype != "fp32") return absl::InvalidArgumentError("--dtype bf16 needs --format hf or peft");
         SL_RETURN_IF_ERROR(ExportModel(step_dir, out_file));

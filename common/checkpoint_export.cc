@@ -1,14 +1,19 @@
 #include "common/checkpoint_export.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
@@ -16,6 +21,7 @@
 #include "common/lora_adapter.h"
 #include "common/weight_source.h"
 #include "common/model_shapes.h"
+#include "common/quoted.h"
 #include "common/status_macros.h"
 
 namespace shardline {
@@ -185,13 +191,46 @@ std::vector<HfFile> PlanHfFiles(const ModelConfig& m, int element_bytes, int64_t
 
 namespace {
 
-absl::Status MakeOutputDir(const std::string& out_dir) {
-  if (::mkdir(out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::PermissionDeniedError(absl::StrCat(out_dir, ": cannot create: ", std::strerror(errno)));
+// A file that transformers' or PEFT's from_pretrained would read from a
+// model directory: weights in any of their formats, their indexes, and the
+// configs that decide what is loaded (an adapter_config.json makes
+// from_pretrained load an adapter over the base it names).
+bool ReadByLoaders(absl::string_view name) {
+  for (absl::string_view suffix : {".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt",
+                                   ".pth", ".ckpt", ".h5", ".msgpack", ".gguf"}) {
+    if (absl::EndsWith(name, suffix)) return true;
   }
-  struct stat st;
-  if (stat(out_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(out_dir, ": not a directory"));
+  return name == "config.json" || name == "adapter_config.json" || name == "generation_config.json";
+}
+
+// The export's folder, created if missing, never through a symlink. Weights
+// left there by an earlier export would be loaded in place of these (one
+// model.safetensors beside a new sharded index is read by from_pretrained
+// first), so a folder with files is refused unless `overwrite`, which first
+// removes the files loaders read and keeps the rest (a README, a tokenizer).
+absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite) {
+  SL_RETURN_IF_ERROR(MakeDirs(out_dir));
+  SL_ASSIGN_OR_RETURN(UniqueFd dir, OpenDirectoryNoFollow(AT_FDCWD, out_dir, out_dir));
+  DIR* listing = ::fdopendir(::dup(dir.get()));
+  if (!listing) return absl::InternalError(absl::StrCat(out_dir, ": cannot list: ", std::strerror(errno)));
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(listing)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(listing);
+  if (names.empty()) return absl::OkStatus();
+  std::sort(names.begin(), names.end());
+  if (!overwrite) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        out_dir, ": not empty (", Quoted(names[0]), names.size() > 1 ? absl::StrCat(" and ", names.size() - 1, " more") : "",
+        "): an export goes to a new or empty folder, or --overwrite replaces the weights and configs there"));
+  }
+  for (const std::string& name : names) {
+    if (ReadByLoaders(name) && ::unlinkat(dir.get(), name.c_str(), 0) != 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(out_dir, "/", Shown(name), ": cannot remove the earlier export's file: ", std::strerror(errno)));
+    }
   }
   return absl::OkStatus();
 }
@@ -202,7 +241,7 @@ absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, c
   SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
   const ModelConfig& m = ckpt->manifest().model;
   SL_ASSIGN_OR_RETURN(UnitValues values, UnitValues::Open(ckpt.get(), options.merge, step_dir));
-  SL_RETURN_IF_ERROR(MakeOutputDir(out_dir));
+  SL_RETURN_IF_ERROR(PrepareExportDir(out_dir, options.overwrite));
   const int element_bytes = options.dtype == StoredDType::kF32 ? 4 : 2;
   const std::vector<HfFile> files = PlanHfFiles(m, element_bytes, std::max<int64_t>(options.max_shard_bytes, 1));
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
@@ -277,13 +316,13 @@ absl::Status ExportModel(const std::string& step_dir, const std::string& out_pat
   return out->Finish();
 }
 
-absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype) {
+absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype, bool overwrite) {
   SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
   const CheckpointManifest& man = ckpt->manifest();
   if (!man.lora.enabled) {
     return absl::InvalidArgumentError(absl::StrCat(step_dir, ": --format peft: not a LoRA checkpoint (no adapters)"));
   }
-  SL_RETURN_IF_ERROR(MakeOutputDir(out_dir));
+  SL_RETURN_IF_ERROR(PrepareExportDir(out_dir, overwrite));
   const std::vector<int> trained = model::TrainableUnits(man.model, man.lora);
   std::vector<SafetensorsStreamWriter::Decl> decls;
   for (int u : trained) {

@@ -20,6 +20,13 @@
 // ExportHf with `merge` writes the base (read from the [model] hf_dir or
 // init_from the manifest records) with the adapters merged in; the other
 // exports refuse it.
+//
+// An hf or peft export leaves its own files only: its folder is created if
+// missing (parents too, never through a symlink) and must be empty, since
+// weights an earlier export left there would be loaded in place of its own.
+// With `overwrite` the files a loader reads (weights, indexes, config.json,
+// adapter_config.json, generation_config.json) are removed first and any
+// other file is kept. ExportModel replaces its one file atomically.
 #pragma once
 
 #include <map>
@@ -53,9 +60,11 @@ struct HfExportOptions {
   StoredDType dtype = StoredDType::kF32;
   int64_t max_shard_bytes = int64_t{5} << 30;  // transformers' default, 5 GB
   bool merge = false;                           // LoRA: base + adapters
+  bool overwrite = false;                       // see below
 };
 absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, const HfExportOptions& options);
 
-absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype);
+absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype,
+                        bool overwrite = false);
 
 }  // namespace shardline

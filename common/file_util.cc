@@ -280,4 +280,23 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std:
   }
 }
 
+absl::Status MakeDirs(const std::string& dir) {
+  std::string partial;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!partial.empty() && mkdir(partial.c_str(), 0750) != 0) {  // not world-readable
+        int err = errno;
+        struct stat st;
+        // What exists must be a directory (a parent may be reached through a link).
+        if (err == EEXIST && (stat(partial.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) err = ENOTDIR;
+        if (err != EEXIST) {
+          return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot create directory: ", std::strerror(err)));
+        }
+      }
+    }
+    if (i < dir.size()) partial += dir[i];
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace shardline

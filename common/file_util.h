@@ -74,6 +74,11 @@ class AtomicFileAt {
   bool committed_ = false;
 };
 
+// Creates `dir` and its missing parents, 0750 (checkpoints and exports are
+// not world-readable); PermissionDenied naming the part that cannot be made
+// or that exists and is not a directory.
+absl::Status MakeDirs(const std::string& dir);
+
 // Opens the directory `name` (one path component) inside the open directory
 // `at` (AT_FDCWD: `name` is a path, and only its last component is checked)
 // without following a symlink there: a symlink is PermissionDenied naming

@@ -55,6 +55,13 @@ int main(int argc, char** argv) {
   app.add_option("--peak-flops", o.peak_flops, "one device's peak FLOP/s for MFU (default: per device kind)")
       ->check(CLI::Range(0.0, 1e18));
   CLI11_PARSE(app, argc, argv);
+  // The coordinator refuses a registration whose host is not this (it is
+  // listed to every user): say so here, once, rather than retry forever.
+  if (o.host.size() > 255 || !shardline::IsPrintable(o.host)) {
+    std::cerr << "shardline-worker: --host " << shardline::Quoted(o.host) << ": at most 255 bytes of printable text"
+              << std::endl;
+    return 2;
+  }
   if (o.device != "cpu" && o.device.rfind("cuda:", 0) != 0) {
     std::cerr << "shardline-worker: --device " << shardline::Shown(o.device) << ": expected cpu or cuda:N" << std::endl;
     return 2;

@@ -4,7 +4,9 @@ checkpoint with `shardctl ckpt export` (no coordinator). The file loads in
 Python with safetensors, has both tied names, and a nanoGPT-style model built
 from it gives the loss the engine reported for step 5 on the same batch. A job
 started from the file ([model] init_from, either tied name) reports that model's
-loss at its first step. Exporting to an unwritable path fails cleanly."""
+loss at its first step. An hf export creates missing parents, refuses a folder
+with files unless --overwrite, and then leaves only its own weights beside the
+user's other files. Exporting to an unwritable path fails cleanly."""
 import os
 import subprocess
 import sys
@@ -82,6 +84,36 @@ def main():
     except harness.RunError as e:
         checks.check("has shape [256,32], the model needs [64,32]" in str(e), "init_from of another model refused",
                      str(e)[-110:])
+
+    # An export into a folder an earlier export filled: refused, or with
+    # --overwrite it leaves only its own weights (a stale model.safetensors
+    # beside a new sharded index is what from_pretrained would load).
+    hf = os.path.join(ckpt, "exports", "nested", "hf")  # parents are created
+    export = lambda *a: subprocess.run([SHARDCTL, "ckpt", "export", step_dir, "--format", "hf", "--out", hf, *a],
+                                       capture_output=True, text=True)
+    r = export()
+    checks.check(r.returncode == 0 and sorted(os.listdir(hf)) == ["config.json", "model.safetensors"],
+                 "hf export into a folder whose parents are missing", r.stderr.strip())
+    one_file = load_file(os.path.join(hf, "model.safetensors"))
+    with open(os.path.join(hf, "NOTES.md"), "w") as f:
+        f.write("the user's own file\n")
+    before = sorted(os.listdir(hf))
+    r = export("--max-shard-size", "20KB")
+    checks.check(r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and f"{hf}: not empty" in r.stderr
+                 and "--overwrite" in r.stderr, "an export into a folder with files is refused", r.stderr.strip())
+    checks.check(sorted(os.listdir(hf)) == before, "the refused export changed nothing")
+    r = export("--max-shard-size", "20KB", "--overwrite")
+    files = sorted(os.listdir(hf))
+    shards = [f for f in files if f.startswith("model-")]
+    checks.check(r.returncode == 0 and "model.safetensors" not in files and "NOTES.md" in files and
+                 "model.safetensors.index.json" in files and len(shards) > 1 and
+                 len(files) == len(shards) + 3, "--overwrite leaves the new export's files and the user's only",
+                 f"rc {r.returncode} {files} {r.stderr.strip()}")
+    sharded = {}
+    for f in shards:
+        sharded.update(load_file(os.path.join(hf, f)))
+    checks.check(sharded.keys() == one_file.keys() and all(torch.equal(sharded[k], one_file[k]) for k in sharded),
+                 "the sharded export holds the same weights as the one-file export")
 
     before = sorted(os.listdir(step_dir))
     r = subprocess.run([SHARDCTL, "ckpt", "export", step_dir, "--out", "/proc/forbidden/model.safetensors"],

@@ -27,25 +27,6 @@ constexpr const char* kKinds[] = {"param", "exp_avg", "exp_avg_sq"};
 
 }  // namespace
 
-absl::Status MakeDirs(const std::string& dir) {
-  std::string partial;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!partial.empty() && mkdir(partial.c_str(), 0750) != 0) {  // not world-readable
-        int err = errno;
-        struct stat st;
-        // What exists must be a directory (a parent may be reached through a link).
-        if (err == EEXIST && (stat(partial.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) err = ENOTDIR;
-        if (err != EEXIST) {
-          return absl::PermissionDeniedError(absl::StrCat(partial, ": cannot create directory: ", std::strerror(err)));
-        }
-      }
-    }
-    if (i < dir.size()) partial += dir[i];
-  }
-  return absl::OkStatus();
-}
-
 int64_t ShardSnapshot::bytes() const {
   int64_t n = 0;
   for (const auto& s : shards) n += s.master.nbytes() + s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();

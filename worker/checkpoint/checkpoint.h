@@ -33,10 +33,6 @@ ShardSnapshot SnapshotShards(const Engine& engine, bool copy);
 // itself (SIGKILL) at `point` of the save of `step` if asked to.
 void MaybeInjectFault(const char* point, int64_t step);
 
-// Creates `dir` and its missing parents, 0750 (checkpoints are not
-// world-readable); PermissionDenied naming the part that cannot be made.
-absl::Status MakeDirs(const std::string& dir);
-
 // Writes a snapshot as `step_dir`/RankFileName(rank, attempt) (created
 // atomically) and returns its manifest entry (name, size, SHA-256).
 absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir, int64_t step,
