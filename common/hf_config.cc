@@ -186,7 +186,7 @@ absl::Status ApplyHfConfig(JobConfig& c, const std::string& base_dir, const std:
   m.hf_dir = ResolveJobPath(base_dir, m.hf_dir);
   const std::string file = m.hf_dir + "/config.json";
   absl::StatusOr<std::string> text = ReadFileToString(file, "[model] hf_dir config");
-  if (!text.ok()) return absl::NotFoundError(absl::StrCat(source, ": [model] hf_dir: ", file, ": no such file"));
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat(source, ": ", text.status().message()));
   absl::StatusOr<json> parsed = ParseJsonObject(*text, file);
   if (!parsed.ok()) return parsed.status();
   const json& j = *parsed;

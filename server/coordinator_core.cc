@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <random>
 
@@ -13,6 +14,7 @@
 #include "common/job_state.h"
 #include "common/model_shapes.h"
 #include "common/quoted.h"
+#include "common/status_macros.h"
 
 namespace shardline {
 
@@ -557,6 +559,30 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   queue_.push_back(id);
   Schedule();
   return id;
+}
+
+absl::StatusOr<std::string> CoordinatorCore::OwnerOfJob(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  return it->second.stored.job.owner();
+}
+
+absl::StatusOr<std::string> CoordinatorCore::JobOfCheckpoint(const std::string& step_dir) const {
+  SL_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(step_dir));  // outside the lock: file I/O
+  std::string root;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(m.job);
+    if (it == jobs_.end()) return std::string();
+    root = it->second.stored.job.checkpoint_root();
+  }
+  std::error_code e1, e2;
+  const std::filesystem::path dir = std::filesystem::canonical(step_dir, e1);
+  const std::filesystem::path job_root = std::filesystem::canonical(root, e2);
+  if (e1 || e2) return std::string();
+  auto [r, d] = std::mismatch(job_root.begin(), job_root.end(), dir.begin(), dir.end());
+  return r == job_root.end() ? m.job : std::string();
 }
 
 absl::StatusOr<v1::Job> CoordinatorCore::GetJob(const std::string& id, bool history) const {

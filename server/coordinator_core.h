@@ -160,6 +160,12 @@ class CoordinatorCore {
   // Without their spec or history: a listing copies every job, and a spec may
   // be kMaxSpecBytes.
   std::vector<v1::Job> ListJobs() const;
+  // Job.owner of job `id` (empty: none); NotFound if there is no such job.
+  absl::StatusOr<std::string> OwnerOfJob(const std::string& id) const;
+  // The job whose checkpoint `step_dir` is: the job its manifest names, when
+  // `step_dir` resolved (symlinks followed) lies under that job's resolved
+  // checkpoint root; empty for any other directory (a copy, shardline-train's).
+  absl::StatusOr<std::string> JobOfCheckpoint(const std::string& step_dir) const;
   // Job.history's bound: past it the older half is thinned to every other step.
   static constexpr int kMaxHistory = 4096;
   absl::StatusOr<v1::Job> Cancel(const std::string& id);

@@ -238,6 +238,12 @@ absl::Time WaitDeadline(grpc::CallbackServerContext* ctx, int64_t timeout_ms) {
 void CoordinatorService::SetTokens(AcceptedTokens tokens) {
   absl::MutexLock lock(&tokens_mu_);
   tokens_ = std::move(tokens);
+  HashOwners();
+}
+
+void CoordinatorService::HashOwners() {
+  owner_hashes_.clear();
+  for (const std::string& t : tokens_.user) owner_hashes_.push_back(OwnerHash(t));
 }
 
 absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx, Role role, const char* method) const {
@@ -265,25 +271,23 @@ std::string CoordinatorService::OwnerOf(const grpc::CallbackServerContext* ctx) 
   return OwnerHash(BearerOf(ctx));
 }
 
+bool CoordinatorService::OwnedByAnother(const grpc::CallbackServerContext* ctx, const std::string& owner) const {
+  if (owner.empty()) return false;  // submitted without authentication
+  const std::string caller = OwnerOf(ctx);
+  if (caller.empty() || caller == owner) return false;
+  // A job whose token was rotated out would otherwise belong to nobody.
+  absl::MutexLock lock(&tokens_mu_);
+  return std::find(owner_hashes_.begin(), owner_hashes_.end(), owner) != owner_hashes_.end();
+}
+
 absl::Status CoordinatorService::CheckOwner(const grpc::CallbackServerContext* ctx, const std::string& job_id,
                                             const char* verb) const {
-  absl::StatusOr<v1::Job> j = core_->GetJob(job_id);
-  if (!j.ok()) return j.status();
-  if (j->owner().empty()) return absl::OkStatus();  // submitted without authentication
-  std::vector<std::string> users;
-  {
-    absl::MutexLock lock(&tokens_mu_);
-    if (tokens_.user.empty() && tokens_.worker.empty()) return absl::OkStatus();
-    users = tokens_.user;
-  }
-  if (OwnerHash(BearerOf(ctx)) == j->owner()) return absl::OkStatus();
-  // A job whose token was rotated out would otherwise belong to nobody.
-  bool owner_accepted = false;
-  for (const std::string& t : users) owner_accepted |= OwnerHash(t) == j->owner();
-  if (!owner_accepted) return absl::OkStatus();
+  absl::StatusOr<std::string> owner = core_->OwnerOfJob(job_id);
+  if (!owner.ok()) return owner.status();
+  if (!OwnedByAnother(ctx, *owner)) return absl::OkStatus();
   core_->CountRefused("owner");
   return absl::PermissionDeniedError(absl::StrCat("job ", job_id, " belongs to another user: only the token that "
-                                                  "submitted it may ", verb, " it"));
+                                                  "submitted it may ", verb));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
@@ -299,7 +303,9 @@ grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* CoordinatorS
 
 grpc::ServerWriteReactor<v1::Job>* CoordinatorService::WatchJob(grpc::CallbackServerContext* ctx,
                                                                 const v1::WatchJobRequest* req) {
-  return new WatchReactor(core_, req->job_id(), Authorize(ctx, Role::kUser, "WatchJob"));
+  absl::Status allowed = Authorize(ctx, Role::kUser, "WatchJob");
+  if (allowed.ok()) allowed = CheckOwner(ctx, req->job_id(), "watch it");
+  return new WatchReactor(core_, req->job_id(), allowed);
 }
 
 #define SL_AUTHORIZE(ctx, role)                                     \
@@ -329,6 +335,17 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
                                                         const v1::SubmitJobRequest* req,
                                                         v1::SubmitJobResponse* resp) {
   SL_AUTHORIZE(ctx, kUser);
+  // A resume reads the weights of the job whose checkpoint it names and
+  // writes beside them: that job's owner's call. (A step directory that is
+  // no job's, a copy, is read with the workers' permissions.)
+  if (!req->resume_from().empty()) {
+    absl::StatusOr<std::string> from = core_->JobOfCheckpoint(req->resume_from());
+    if (from.ok() && !from->empty()) {
+      if (absl::Status mine = CheckOwner(ctx, *from, "resume from its checkpoints"); !mine.ok()) {
+        return Done(ctx, mine);
+      }
+    }
+  }
   auto id = core_->Submit(*req, OwnerOf(ctx));
   if (id.ok()) resp->set_job_id(*id);
   return Done(ctx, id.status());
@@ -337,6 +354,9 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                                      v1::Job* resp) {
   SL_AUTHORIZE(ctx, kUser);
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "read its spec and status"); !mine.ok()) {
+    return Done(ctx, mine);
+  }
   auto j = core_->GetJob(req->job_id(), req->history());
   if (j.ok()) *resp = *j;
   return Done(ctx, j.status());
@@ -357,6 +377,14 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
   for (size_t k = first; k < jobs.size() && k < first + size; ++k) {
     v1::Job* j = resp->add_jobs();
     *j = std::move(jobs[k]);
+    // Everyone sees the queue (as squeue shows every job); another user's
+    // job without where its files are.
+    if (OwnedByAnother(ctx, j->owner())) {
+      j->clear_base_dir();
+      j->clear_resume_from();
+      j->clear_checkpoint_root();
+      j->clear_checkpoints();
+    }
   }
   if (first + size < jobs.size()) resp->set_next_page_token(std::to_string(first + size));
   return Done(ctx, absl::OkStatus());
@@ -365,7 +393,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* ctx,
                                                         const v1::CancelJobRequest* req, v1::Job* resp) {
   SL_AUTHORIZE(ctx, kUser);
-  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "cancel"); !mine.ok()) return Done(ctx, mine);
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "cancel it"); !mine.ok()) return Done(ctx, mine);
   auto j = core_->Cancel(req->job_id());
   if (j.ok()) *resp = *j;
   return Done(ctx, j.status());
@@ -374,7 +402,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::DeleteJob(grpc::CallbackServerContext* ctx,
                                                         const v1::DeleteJobRequest* req, v1::DeleteJobResponse* resp) {
   SL_AUTHORIZE(ctx, kUser);
-  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "delete"); !mine.ok()) return Done(ctx, mine);
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "delete it"); !mine.ok()) return Done(ctx, mine);
   absl::StatusOr<int> removed = core_->Delete(req->job_id(), req->checkpoints());
   if (removed.ok()) resp->set_removed_checkpoints(*removed);
   return Done(ctx, removed.status());
@@ -391,6 +419,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CoordinatorService::GetOwnership(grpc::CallbackServerContext* ctx,
                                                            const v1::GetOwnershipRequest* req, v1::Ownership* resp) {
   SL_AUTHORIZE(ctx, kUser);
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "read its shards"); !mine.ok()) return Done(ctx, mine);
   auto o = core_->GetOwnership(req->job_id());
   if (o.ok()) *resp = *o;
   return Done(ctx, o.status());
@@ -463,7 +492,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CheckpointNow(grpc::CallbackServer
                                                             v1::CheckpointNowResponse*) {
   SL_AUTHORIZE(ctx, kUser);
   // A save costs the owner's job time and disk: the owner's call, as cancel is.
-  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "checkpoint"); !mine.ok()) return Done(ctx, mine);
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "checkpoint it"); !mine.ok()) return Done(ctx, mine);
   return Done(ctx, core_->CheckpointNow(req->job_id()));
 }
 
@@ -471,6 +500,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServ
                                                               const v1::ListCheckpointsRequest* req,
                                                               v1::ListCheckpointsResponse* resp) {
   SL_AUTHORIZE(ctx, kUser);
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "list its checkpoints"); !mine.ok()) return Done(ctx, mine);
   auto list = core_->ListCheckpoints(req->job_id());
   if (list.ok()) {
     for (auto& c : *list) *resp->add_checkpoints() = std::move(c);
@@ -481,6 +511,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(grpc::CallbackServ
 grpc::ServerUnaryReactor* CoordinatorService::GetLogs(grpc::CallbackServerContext* ctx, const v1::GetLogsRequest* req,
                                                       v1::GetLogsResponse* resp) {
   SL_AUTHORIZE(ctx, kUser);
+  if (absl::Status mine = CheckOwner(ctx, req->job_id(), "read its logs"); !mine.ok()) return Done(ctx, mine);
   auto logs = core_->GetLogs(req->job_id(), req->rank(), req->after_seq());
   if (logs.ok()) *resp = *std::move(logs);
   return Done(ctx, logs.status());

@@ -37,7 +37,10 @@ struct AcceptedTokens {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  CoordinatorService(CoordinatorCore* core, AcceptedTokens tokens) : core_(core), tokens_(std::move(tokens)) {}
+  CoordinatorService(CoordinatorCore* core, AcceptedTokens tokens) : core_(core), tokens_(std::move(tokens)) {
+    absl::MutexLock lock(&tokens_mu_);
+    HashOwners();
+  }
   // The tokens accepted from now on (a rotation); calls already authorized
   // and open worker sessions are not affected.
   void SetTokens(AcceptedTokens tokens) ABSL_LOCKS_EXCLUDED(tokens_mu_);
@@ -88,16 +91,27 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
       ABSL_LOCKS_EXCLUDED(tokens_mu_);
   // The Job.owner of a submit by this call: empty without authentication.
   std::string OwnerOf(const grpc::CallbackServerContext* ctx) const ABSL_LOCKS_EXCLUDED(tokens_mu_);
-  // OK if this call may `verb` (cancel, delete) job `job_id` (see Ownership);
-  // NotFound if there is no such job.
+  // Ownership: a job submitted with a user token belongs to that token. Only
+  // it may cancel, delete, checkpoint, read (spec, status, logs, checkpoint
+  // list, shards), watch or resume the job; every user token lists every
+  // job, another user's without its paths. A job submitted without
+  // authentication, or whose owner's token was rotated out, is anyone's.
+  // Whether `owner` (a Job.owner) is another user than this call's.
+  bool OwnedByAnother(const grpc::CallbackServerContext* ctx, const std::string& owner) const
+      ABSL_LOCKS_EXCLUDED(tokens_mu_);
+  // OK if this call may `verb` job `job_id`; PermissionDenied (counted as
+  // "owner") if it is another user's; NotFound if there is no such job.
   absl::Status CheckOwner(const grpc::CallbackServerContext* ctx, const std::string& job_id, const char* verb) const
       ABSL_LOCKS_EXCLUDED(tokens_mu_);
+  void HashOwners() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tokens_mu_);
   // Finishes a unary call with `s` (after authorization was checked).
   static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s);
 
   CoordinatorCore* const core_;
   mutable absl::Mutex tokens_mu_;
   AcceptedTokens tokens_ ABSL_GUARDED_BY(tokens_mu_);
+  // OwnerHash of each accepted user token: the owners a job can have now.
+  std::vector<std::string> owner_hashes_ ABSL_GUARDED_BY(tokens_mu_);
 };
 
 }  // namespace shardline

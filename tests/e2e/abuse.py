@@ -25,7 +25,12 @@ Ownership and roles: a job records the SHA-256 of the token that submitted it
 (never the token); another user's token cannot cancel or delete it
 (PERMISSION_DENIED naming the job, counted as "owner"), nor can a worker
 token; once the owner's token is rotated out any user may. A job submitted
-without authentication has no owner. --token-file without
+without authentication has no owner. Another user's token cannot read its
+status, logs, checkpoints or shards, nor resume from its checkpoint (by path or
+through a symlink), but sees it in `jobs`. As a second user: a step directory
+planted as a symlink to the victim's committed step is refused by the workers
+and the victim's files are unchanged; a config.json that is a FIFO or
+/dev/zero is refused at once naming it. --token-file without
 --worker-token-file (or --shared-token) stops the coordinator at start."""
 import hashlib
 import json
@@ -222,6 +227,30 @@ def ownership(c, cl, ab, victim, port):
     c.check(rc == 1 and f"job {victim} belongs to another user" in err and len(err.strip().splitlines()) == 1
             and refused(port).get("owner", 0) > before, "another user's token cannot cancel it (counted as owner)",
             err.strip())
+    # Reading and resuming are the owner's too: another user sees the job in
+    # the queue and nothing of its files.
+    as_other = lambda *a: cl.ctl("--token-file", other, *a, token=False)
+    for args, verb in ((("status", victim), "read its spec and status"), (("logs", victim), "read its logs"),
+                       (("ckpt", "list", victim), "list its checkpoints"), (("shards", victim), "read its shards"),
+                       (("resume", victim), "read its spec and status")):
+        rc, _, err = as_other(*args)
+        c.check(rc == 1 and f"job {victim} belongs to another user: only the token that submitted it may {verb}"
+                in err and len(err.strip().splitlines()) == 1, f"another user's token cannot {' '.join(args[:-1])}",
+                err.strip())
+    rc, out, err = as_other("--json", "jobs")
+    c.check(rc == 0 and victim in [j["id"] for j in json.loads(out)["jobs"]], "... but lists it in the queue",
+            err.strip())
+    vstep = f"{ab.ask(f'job {victim}').split()[3]}/step-00000005"
+    rc, out, err = as_other("--json", "submit", job_file(cl.dir, "others", workers=6))  # waits: 2 workers
+    mine = json.loads(out)["job_id"] if rc == 0 else None
+    link = os.path.join(cl.dir, "link-to-victim")
+    os.symlink(vstep, link)
+    for path in (vstep, link):
+        rc, _, err = as_other("resume", mine, "--from", path)
+        c.check(rc == 1 and f"job {victim} belongs to another user: only the token that submitted it may resume "
+                "from its checkpoints" in err, f"another user cannot resume from the victim's checkpoint ({path})",
+                err.strip())
+    as_other("cancel", mine)
     rc, _, err = cl.ctl("--token-file", cl.worker_token_file, "cancel", victim, token=False)
     c.check(rc == 1 and "a worker token may not call CancelJob" in err, "a worker token cannot cancel it", err.strip())
     c.check(cl.job(victim)["state"] == "RUNNING", "the victim still RUNNING")
@@ -229,6 +258,8 @@ def ownership(c, cl, ab, victim, port):
     ok = wait_for(lambda: cl.job(victim)["state"] == "CANCELLED", 10, "the victim's cancel", fail=False)
     c.check(rc == 0 and ok, "its owner cancels it", err.strip())
     wait_for(lambda: {w["host"] for w in cl.idle_workers()} >= {"host-a", "host-b"}, 20, "the victim's ranks idle")
+    planted_symlink(c, cl, other, victim, vstep)
+    special_files(c, cl, other)
     rc, _, err = cl.ctl("--token-file", other, "delete", victim, token=False)
     c.check(rc == 1 and f"job {victim} belongs to another user" in err, "another user's token cannot delete it",
             err.strip())
@@ -277,6 +308,56 @@ def ownership(c, cl, ab, victim, port):
     p.terminate()
     p.wait(timeout=10)
     c.check(line.startswith("listening on"), "with --shared-token it starts (one token file, no roles)", line.strip())
+
+
+def sha256_of(directory):
+    return {f: hashlib.sha256(open(os.path.join(directory, f), "rb").read()).hexdigest()
+            for f in sorted(os.listdir(directory))}
+
+
+def planted_symlink(c, cl, other, victim, vstep):
+    """The second user plants, in their own checkpoint directory, their next
+    job's step directory as a symlink to the victim's committed step: their
+    workers refuse to write through it and the victim's files are intact."""
+    before = sha256_of(vstep)
+    ids = [int(j["id"].split("-")[1]) for j in cl.ctl_json("jobs")["jobs"]]
+    nxt = f"job-{max(ids) + 1}"
+    os.makedirs(os.path.join(cl.dir, "bckpt", nxt))
+    os.symlink(vstep, os.path.join(cl.dir, "bckpt", nxt, "step-00000005"))
+    ckpt = '\n[checkpoint]\ndir = "bckpt"\ninterval = 5\nkeep_latest = 0\n'
+    rc, out, err = cl.ctl("--json", "--token-file", other, "submit",
+                          job_file(cl.dir, "planted", workers=2, steps=20, extra=ckpt, restarts=0), token=False)
+    job = json.loads(out)["job_id"] if rc == 0 else None
+    c.check(job == nxt, "the second user's job has the id the link was planted for", f"{job} {err.strip()}")
+    status = lambda: json.loads(cl.ctl("--json", "--token-file", other, "status", nxt, token=False)[1])
+    ended = wait_for(lambda: status()["state"] in ("FAILED", "SUCCEEDED"), 60, "the planted job's end", fail=False)
+    j = status()
+    c.check(ended and j["state"] == "FAILED" and "symlink" in j["message"],
+            "a step directory planted as a symlink is refused, not written through", f"{j['state']}: {j['message']}")
+    c.check(sha256_of(vstep) == before, "the victim's committed step is unchanged")
+    wait_for(lambda: {w["host"] for w in cl.idle_workers()} >= {"host-a", "host-b"}, 20, "the planted job's ranks idle")
+
+
+def special_files(c, cl, other):
+    """A second user's config.json that is a FIFO or /dev/zero: each submit
+    is refused at once naming the file, and the coordinator keeps serving."""
+    for kind in ("fifo", "zero"):
+        hf = os.path.join(cl.dir, f"hf-{kind}")
+        os.makedirs(hf)
+        if kind == "fifo":
+            os.mkfifo(os.path.join(hf, "config.json"))
+        else:
+            os.symlink("/dev/zero", os.path.join(hf, "config.json"))
+        spec = job_file(cl.dir, f"special-{kind}", workers=1).replace(".toml", "")
+        text = open(spec + ".toml").read().replace("[model]\n", f'[model]\nhf_dir = "{hf}"\n', 1)
+        open(spec + ".toml", "w").write(text)
+        t0 = time.time()
+        for _ in range(4):  # once the coordinator blocked on the 3rd
+            rc, _, err = cl.ctl("--token-file", other, "submit", "--skip-local-check", spec + ".toml", token=False,
+                                timeout=20)
+        c.check(rc == 1 and f"{hf}/config.json" in err and len(err.strip().splitlines()) == 1 and
+                time.time() - t0 < 15, f"a config.json that is {kind}: refused at once, naming it", err.strip())
+    c.check(cl.ctl("jobs")[0] == 0 and cl.coordinator.poll() is None, "the coordinator still serves every user")
 
 
 def main():

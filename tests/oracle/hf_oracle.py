@@ -163,7 +163,7 @@ def bad_inputs(checks, good_dir):
         return json.load(open(os.path.join(d, "model.safetensors.index.json")))
 
     d, job = variant("noconfig", lambda d: os.remove(os.path.join(d, "config.json")))
-    harness.refused_at_submit(checks, "no config.json", job, f"[model] hf_dir: {d}/config.json: no such file")
+    harness.refused_at_submit(checks, "no config.json", job, f"{d}/config.json: cannot read [model] hf_dir config: No such file")
     _, job = variant("mixtral", lambda d: edit_config(d, model_type="mixtral", architectures=["MixtralForCausalLM"]))
     harness.refused_at_submit(checks, "unsupported architecture", job, 'model_type = "mixtral" is not supported')
     _, job = variant("window", lambda d: edit_config(d, model_type="mistral", sliding_window=8))
