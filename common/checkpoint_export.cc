@@ -110,6 +110,7 @@ class UnitValues {
     }
     SL_ASSIGN_OR_RETURN(v.base_, WeightSource::Open(base));
     SL_RETURN_IF_ERROR(v.base_->Check());
+    SL_RETURN_IF_ERROR(CheckBaseDigest(man, base, step_dir));
     const std::vector<int> trained = model::TrainableUnits(man.model, man.lora);
     for (size_t i = 0; i < trained.size(); ++i) v.adapter_index_[trained[i]] = static_cast<int>(i);
     return v;

@@ -23,6 +23,7 @@
 #include "common/file_util.h"
 #include "common/model_shapes.h"
 #include "common/quoted.h"
+#include "common/weight_source.h"
 
 namespace shardline {
 
@@ -112,6 +113,7 @@ std::string ManifestText(const CheckpointManifest& m) {
   if (m.lora.enabled) {
     j["lora"] = {{"rank", m.lora.rank}, {"alpha", m.lora.alpha}, {"target_modules", m.lora.target_modules},
                  {"base", LoraBaseName(m.lora.base)}, {"base_weights", m.base_weights}};
+    if (!m.lora.base_digest.empty()) j["lora"]["base_digest"] = m.lora.base_digest;
   }
   j["strategy"] = m.strategy;
   j["world_size"] = m.world_size;
@@ -291,6 +293,12 @@ absl::StatusOr<CheckpointManifest> ParseManifest(const std::string& text, const 
       if (base != "sharded" && base != "replicated") throw std::runtime_error("lora.base must be sharded or replicated");
       m.lora.base = base == "sharded" ? LoraBase::kSharded : LoraBase::kReplicated;
       m.base_weights = l.at("base_weights").get<std::string>();
+      if (l.contains("base_digest")) {  // manifests before it have none
+        m.lora.base_digest = l.at("base_digest").get<std::string>();
+        if (m.lora.base_digest.size() != 64 || m.lora.base_digest.find_first_not_of("0123456789abcdef") != std::string::npos) {
+          throw std::runtime_error("lora.base_digest must be 64 hex digits");
+        }
+      }
     }
     m.strategy = j.at("strategy").get<std::string>();
     m.world_size = static_cast<int>(IntIn(j, "world_size", 1, 1 << 20));
@@ -366,7 +374,17 @@ absl::Status CheckSameTraining(const CheckpointManifest& m, const JobConfig& c, 
     return bad(absl::StrCat("adapters trained on the base ", Quoted(m.base_weights), ", the job's base is ",
                             Quoted(LoraBaseWeights(c))));
   }
-  return absl::OkStatus();
+  return CheckBaseDigest(m, c.model, dir);
+}
+
+absl::Status CheckBaseDigest(const CheckpointManifest& m, const ModelConfig& base, const std::string& dir) {
+  if (m.lora.base_digest.empty()) return absl::OkStatus();  // written before digests were recorded
+  absl::StatusOr<std::string> now = BaseWeightsDigest(base);
+  if (!now.ok()) return absl::Status(now.status().code(), absl::StrCat(dir, ": its LoRA base: ", now.status().message()));
+  if (*now == m.lora.base_digest) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      dir, ": the LoRA base at ", Quoted(m.base_weights, 256), " is not the one these adapters were trained on (",
+      "its weights differ: base digest ", m.lora.base_digest.substr(0, 12), " recorded, ", now->substr(0, 12), " now)"));
 }
 
 }  // namespace shardline

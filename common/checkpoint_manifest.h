@@ -99,7 +99,13 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
 absl::StatusOr<CheckpointManifest> ParseManifest(const std::string& text, const std::string& path);
 // An error naming the first field where the checkpoint and the job disagree:
 // the model, and whether and how it trains adapters (rank, alpha, targets)
-// on which base.
+// on which base, and (CheckBaseDigest) whether that base still holds the
+// weights the adapters were trained on.
 absl::Status CheckSameTraining(const CheckpointManifest& m, const JobConfig& c, const std::string& dir);
+// OK when `m` records no base digest (written before they were) or when the
+// base weights `base` names have that digest now; FailedPrecondition naming
+// `dir` and the base otherwise. Reads the base's headers and samples
+// (WeightSource::Digest).
+absl::Status CheckBaseDigest(const CheckpointManifest& m, const ModelConfig& base, const std::string& dir);
 
 }  // namespace shardline

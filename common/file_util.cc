@@ -186,6 +186,15 @@ absl::StatusOr<std::string> Sha256OfOpenFile(int fd, const std::string& path) {
   return hex;
 }
 
+std::string Sha256Hex(absl::string_view bytes) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr) != 1) return "";
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", md[i]);
+  return hex;
+}
+
 absl::StatusOr<std::string> Sha256OfFileNoFollow(const std::string& path) {
   absl::StatusOr<UniqueFd> fd = OpenRegularFileNoFollow(path);
   if (!fd.ok()) return fd.status();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardline {
 
@@ -99,6 +100,9 @@ absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path
 // Hex SHA-256 of the whole of the open file `fd` (read from offset 0 with
 // pread, in 4 MiB pieces); errors name `path`.
 absl::StatusOr<std::string> Sha256OfOpenFile(int fd, const std::string& path);
+
+// Hex SHA-256 of `bytes`.
+std::string Sha256Hex(absl::string_view bytes);
 
 // Sha256OfOpenFile of OpenRegularFileNoFollow(path).
 absl::StatusOr<std::string> Sha256OfFileNoFollow(const std::string& path);

@@ -143,6 +143,10 @@ struct LoraConfig {
   // replicated (every rank holds it whole; no communication for it).
   LoraBase base = LoraBase::kSharded;
   std::set<std::string> explicit_keys;
+  // Not a job-file key: BaseWeightsDigest of the frozen base, filled by
+  // whoever first opens it (the coordinator at submit, shardline-train at
+  // start) and recorded in every checkpoint's manifest; empty: not known.
+  std::string base_digest;
   double scaling() const { return alpha / rank; }
 };
 const char* LoraBaseName(LoraBase b);

@@ -1,5 +1,7 @@
 #include "common/safetensors.h"
 
+#include "common/status_macros.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -207,7 +209,29 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::FromOpenFi
   absl::StatusOr<SafetensorsHeader> h = ParseSafetensorsHeader(head, st.st_size, path);
   if (!h.ok()) return h.status();
   r->header_ = *std::move(h);
+  r->file_bytes_ = st.st_size;
   return r;
+}
+
+absl::StatusOr<std::string> SafetensorsReader::Fingerprint(int blocks) const {
+  constexpr int64_t kBlock = 4096;
+  std::string out = absl::StrCat(file_bytes_, "\n");
+  auto read = [&](int64_t at, int64_t n) -> absl::Status {
+    const size_t old = out.size();
+    out.resize(old + n);
+    if (::pread(fd_.get(), out.data() + old, n, at) != n) {
+      return absl::DataLossError(absl::StrCat(path_, ": cannot read ", n, " bytes at ", at));
+    }
+    return absl::OkStatus();
+  };
+  SL_RETURN_IF_ERROR(read(0, header_.data_start));
+  const int64_t data = file_bytes_ - header_.data_start;
+  const int64_t block = std::min(kBlock, data);
+  for (int k = 0; k < blocks && block > 0; ++k) {
+    const int64_t at = blocks > 1 ? (data - block) * k / (blocks - 1) : 0;
+    SL_RETURN_IF_ERROR(read(header_.data_start + at, block));
+  }
+  return Sha256Hex(out);
 }
 
 absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t first, int64_t count, float* dst) const {

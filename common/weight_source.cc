@@ -91,6 +91,22 @@ absl::StatusOr<std::unique_ptr<WeightSource>> WeightSource::OpenAdapters(const M
   return w;
 }
 
+absl::StatusOr<std::string> WeightSource::Digest() const {
+  std::string all;
+  for (const auto& f : files_) {
+    SL_ASSIGN_OR_RETURN(std::string print, f->Fingerprint());
+    const std::string& path = f->path();
+    absl::StrAppend(&all, path.substr(path.rfind('/') + 1), " ", print, "\n");
+  }
+  return Sha256Hex(all);
+}
+
+absl::StatusOr<std::string> BaseWeightsDigest(const ModelConfig& m) {
+  SL_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> w, WeightSource::Open(m));
+  if (!w) return std::string();
+  return w->Digest();
+}
+
 absl::Status WeightSource::AddFile(const std::string& path) {
   absl::StatusOr<std::unique_ptr<SafetensorsReader>> f = SafetensorsReader::Open(path);
   if (!f.ok()) return absl::Status(f.status().code(), absl::StrCat(key_, ": ", f.status().message()));

@@ -42,6 +42,13 @@ class WeightSource {
   // The adapters of [lora] init_from (path resolved), or nullptr without it.
   static absl::StatusOr<std::unique_ptr<WeightSource>> OpenAdapters(const ModelConfig& m, const LoraConfig& l);
 
+  // The hex SHA-256 of each file's name and SafetensorsReader::Fingerprint:
+  // what a LoRA checkpoint records of its frozen base (LoraConfig::
+  // base_digest), so that a different base later found at the same path is
+  // refused rather than merged or resumed onto. Reads the headers and 64
+  // blocks of 4 KiB per file, never the weights whole.
+  absl::StatusOr<std::string> Digest() const;
+
   // Every parameter of the model (of the adapters, for OpenAdapters) is
   // present with its shape and a float dtype.
   absl::Status Check() const;
@@ -68,6 +75,10 @@ class WeightSource {
   std::vector<std::unique_ptr<SafetensorsReader>> files_;
   std::map<std::string, const SafetensorsReader*> tensors_;  // name -> the file holding it
 };
+
+// WeightSource::Open(m)->Digest(), or "" when `m` names no weight files
+// (the base is the engine's seeded initialisation).
+absl::StatusOr<std::string> BaseWeightsDigest(const ModelConfig& m);
 
 // Fills the flat fp32 buffer `flat` (layout.padded_numel elements) of a unit
 // from `w`: the whole unit, or only `shard_rank`'s shard of it when

@@ -15,6 +15,7 @@
 #include "common/model_shapes.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
+#include "common/weight_source.h"
 
 namespace shardline {
 
@@ -70,6 +71,7 @@ absl::Status CoordinatorCore::Recover() {
     r.history.Swap(r.stored.job.mutable_history());
     auto cfg = ParseJobSpec(r.stored.spec_toml, r.stored.job.name(), r.stored.base_dir);
     if (cfg.ok()) r.config = *cfg;
+    r.config.lora.base_digest = r.stored.job.base_digest();  // what it was submitted on
     const std::string id = r.stored.job.id();
     int n = 0;
     if (sscanf(id.c_str(), "job-%d", &n) == 1) next_job_ = std::max(next_job_, n + 1);
@@ -503,6 +505,11 @@ absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobR
   }
   s = CheckJobFiles(*cfg, req.base_dir(), source);
   if (!s.ok()) return s;
+  if (cfg->lora.enabled) {
+    absl::StatusOr<std::string> digest = BaseWeightsDigest(cfg->model);
+    if (!digest.ok()) return absl::Status(digest.status().code(), absl::StrCat(source, ": ", digest.status().message()));
+    cfg->lora.base_digest = *digest;
+  }
   return cfg;
 }
 
@@ -550,6 +557,7 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   j.set_base_dir(req.base_dir());
   j.set_resume_from(req.resume_from());
   j.set_owner(owner);
+  j.set_base_digest(cfg->lora.base_digest);
   const std::string id = j.id();
   std::string root = ResolveJobPath(req.base_dir(), cfg->checkpoint.dir.empty() ? "ckpt" : cfg->checkpoint.dir);
   while (root.size() > 1 && root.back() == '/') root.pop_back();

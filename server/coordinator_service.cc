@@ -1,7 +1,8 @@
 #include "common/job_state.h"
 #include "server/coordinator_service.h"
 
-#include <openssl/evp.h>
+#include "common/file_util.h"
+
 
 #include <deque>
 
@@ -214,18 +215,7 @@ absl::string_view BearerOf(const grpc::CallbackServerContext* ctx) {
 }
 
 // Job.owner of a token: its SHA-256 in hex (the record never holds a token).
-std::string OwnerHash(absl::string_view token) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (EVP_Digest(token.data(), token.size(), md, &len, EVP_sha256(), nullptr) != 1) return "";
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) {
-    hex.push_back(kHex[md[i] >> 4]);
-    hex.push_back(kHex[md[i] & 15]);
-  }
-  return hex;
-}
+std::string OwnerHash(absl::string_view token) { return Sha256Hex(token); }
 
 absl::Time WaitDeadline(grpc::CallbackServerContext* ctx, int64_t timeout_ms) {
   absl::Time d = absl::Now() + absl::Milliseconds(timeout_ms > 0 ? timeout_ms : 0);

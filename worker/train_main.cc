@@ -31,6 +31,7 @@
 #include "common/checkpoint_manifest.h"
 #include "common/file_util.h"
 #include "common/model_shapes.h"
+#include "common/weight_source.h"
 #include "worker/comm/groups.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/collective_address.h"
@@ -207,6 +208,9 @@ absl::Status Run(const Flags& f) {
   SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(text, f.config, ""));
   if (f.steps > 0) config.train.steps = f.steps;
   SL_RETURN_IF_ERROR(ValidateJobConfig(config, f.world, f.config));
+  if (config.lora.enabled) {  // recorded in its checkpoints: what the adapters are trained on
+    SL_ASSIGN_OR_RETURN(config.lora.base_digest, BaseWeightsDigest(config.model));
+  }
   at::set_num_threads(f.threads);
   const absl::Duration timeout = absl::Seconds(f.timeout_s);
   c10::intrusive_ptr<c10d::Store> store;

@@ -232,6 +232,29 @@ def checkpoints_and_export(checks, name, work, hf_dir, lora, adapters, ref, dump
     checks.check(r.returncode == 1 and "--format hf --merge" in r.stderr, f"{name}: a plain hf export is refused",
                  r.stderr.strip())
 
+    # Another base of the same shapes at the same path (a fine-tune, another
+    # revision): its weights differ from those the adapters were trained on,
+    # so merging onto it and resuming on it are refused, naming the base.
+    weights = os.path.join(hf_dir, "model.safetensors")
+    original = open(weights, "rb").read()
+    other = {k: v + 0.01 for k, v in load_file(weights).items()}
+    save_file(other, weights, metadata={"format": "pt"})
+    try:
+        r = subprocess.run([SHARDCTL, "ckpt", "export", final, "--format", "hf", "--merge", "--out", merged + "3"],
+                           capture_output=True, text=True)
+        checks.check(r.returncode == 1 and "is not the one these adapters were trained on" in r.stderr,
+                     f"{name}: --merge onto another base at the same path is refused", r.stderr.strip())
+        cfg, _ = job(work, hf_dir, lora, "full_shard", 1)
+        try:
+            harness.run(cfg, 1, extra_args=["--resume", final])
+            err = ""
+        except harness.RunError as e:
+            err = str(e)
+        checks.check("is not the one these adapters were trained on" in err,
+                     f"{name}: resume on another base at the same path is refused", err[-200:])
+    finally:
+        open(weights, "wb").write(original)
+
 
 def bad_inputs(checks, work, hf_dir, lora, adapters):
     root = harness.scratch_dir("shardline-peft-bad-")

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "common/model_shapes.h"
+#include "common/safetensors.h"
+#include "common/weight_source.h"
 
 namespace shardline {
 namespace {
@@ -86,6 +88,76 @@ TEST_F(ManifestTest, AMissingOrRepeatedRankIsRefused) {
   EXPECT_NE(ErrorWith("\"rank\": 1", "\"rank\": 0").find("rank 0 is out of range or listed twice"),
             std::string::npos);
   EXPECT_NE(ErrorWith("\"rank\": 1", "\"rank\": 7").find("rank 7 is out of range"), std::string::npos);
+}
+
+// A LoRA checkpoint records a digest of its base's weights: a different
+// base of the same shapes later found at the same path is refused for resume
+// and merge; the same weights rewritten give the same digest.
+TEST_F(ManifestTest, ALoraBaseIsKnownByItsWeightsNotItsPath) {
+  JobConfig c;
+  c.model.n_layer = 1;
+  c.model.n_head = 2;
+  c.model.n_embd = 8;
+  c.model.vocab_size = 16;
+  c.model.block_size = 4;
+  c.model.init_from = dir_ + "/base.safetensors";
+  c.lora.enabled = true;
+  std::vector<SafetensorsStreamWriter::Decl> decls;
+  int64_t numel = 0;
+  for (int u = 0; u < model::NumUnits(c.model); ++u) {
+    for (const ParamSpec& p : model::UnitParams(c.model, u)) {
+      decls.push_back({p.name, p.shape});
+      numel += p.numel();
+    }
+  }
+  auto write_base = [&](float delta_at_end) {
+    std::vector<float> values(numel);
+    for (int64_t i = 0; i < numel; ++i) values[i] = 0.01f * static_cast<float>(i % 97);
+    values[numel - 1] += delta_at_end;  // a fine-tune differs everywhere; one weight at the end is enough here
+    auto w = SafetensorsStreamWriter::Create(c.model.init_from, decls);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Append(values.data(), numel).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  };
+  write_base(0);
+  absl::StatusOr<std::string> first = BaseWeightsDigest(c.model);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->size(), 64u);
+  c.lora.base_digest = *first;
+  absl::StatusOr<CheckpointManifest> m = NewManifest("job-1", c, 1, 2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  m->ranks = {{0, "rank-00000.safetensors", 10, "ab"}};
+  ASSERT_TRUE(WriteManifest(dir_, *m).ok());
+  absl::StatusOr<CheckpointManifest> read = ReadManifest(dir_);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->lora.base_digest, *first);
+  EXPECT_TRUE(CheckSameTraining(*read, c, dir_).ok());
+
+  write_base(0);  // the same weights, written again: the same base
+  EXPECT_EQ(*BaseWeightsDigest(c.model), *first);
+  EXPECT_TRUE(CheckSameTraining(*read, c, dir_).ok());
+
+  write_base(0.5f);  // another base of the same shapes at the same path
+  absl::Status s = CheckSameTraining(*read, c, dir_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("is not the one these adapters were trained on (its weights differ: base digest " +
+                             first->substr(0, 12) + " recorded"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(CheckBaseDigest(*read, c.model, dir_).code(), absl::StatusCode::kFailedPrecondition);
+  read->lora.base_digest.clear();  // a manifest from before digests: not checked
+  EXPECT_TRUE(CheckSameTraining(*read, c, dir_).ok());
+  // A digest that is not 64 hex digits is a damaged manifest.
+  std::string text;
+  {
+    std::ifstream in(dir_ + "/manifest.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  text.replace(text.find(*first), 64, "zz");
+  std::ofstream(dir_ + "/manifest.json", std::ios::trunc) << text;
+  EXPECT_NE(ReadManifest(dir_).status().message().find("base_digest"), std::string::npos);
 }
 
 }  // namespace
