@@ -1,6 +1,7 @@
 // control_plane_bench: one coordinator on loopback under a simulated fleet.
 //
 //   control_plane_bench [--workers 1000] [--jobs 100] [--job-workers 20] [--rendezvous-ranks 256]
+//   control_plane_bench --queue 1000,10000
 //
 // Starts build/server/shardline-coordinator (heartbeats every 1 s), then:
 //  1. connects --workers simulated workers (real WorkerSession streams over the
@@ -13,6 +14,13 @@
 //  3. runs one job of --rendezvous-ranks ranks and times its rendezvous.
 // Prints the coordinator's CPU use per phase (from /proc) and the p50/p99 of
 // every RPC as the clients saw it. Checks itself: every job must SUCCEED.
+//
+// With --queue, instead: no workers at all, and jobs of 4 ranks submitted by 4
+// client threads until each given number waits in the queue (a queue that
+// cannot start, which every scheduling event looks at). For each size it
+// prints the submit rate of the last 1,000 submits, the idle coordinator's
+// CPU over 10 s, and the time to list every job a page of 1,000 at a time.
+// Checks itself: every submit is accepted and the listing holds every job.
 #include <signal.h>
 #include <unistd.h>
 
@@ -140,7 +148,7 @@ class Fleet {
     }
     cv_.notify_all();
     for (auto& t : pool_) t.join();
-    ticker_.join();
+    if (ticker_.joinable()) ticker_.join();  // not started without Connect
     for (auto& w : workers_) w->Stop();
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
@@ -333,13 +341,73 @@ bool WaitJobs(sl::Coordinator::Stub* stub, const std::vector<std::string>& ids, 
 
 }  // namespace
 
+// Every job, through ListJobs pages of 1,000; -1 if a page fails.
+int64_t ListAllJobs(sl::Coordinator::Stub* stub) {
+  int64_t n = 0;
+  std::string token;
+  do {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    sl::ListJobsRequest r;
+    r.set_page_size(1000);
+    r.set_page_token(token);
+    sl::ListJobsResponse resp;
+    if (!Timed("ListJobs", [&] { return stub->ListJobs(&ctx, r, &resp); }).ok()) return -1;
+    n += resp.jobs_size();
+    token = resp.next_page_token();
+  } while (!token.empty());
+  return n;
+}
+
+// The --queue table (see the top of the file).
+bool QueueScaling(sl::Coordinator::Stub* stub, pid_t pid, const std::vector<int>& sizes) {
+  std::printf("%-8s %12s %14s %12s\n", "queued", "submits/s", "idle_cpu_%", "list_all_s");
+  int queued = 0;
+  for (int size : sizes) {
+    const int timed_from = std::max(queued, size - 1000);
+    auto submit_until = [&](int n) {
+      std::atomic<int> next{queued};
+      std::vector<std::thread> clients;
+      for (int t = 0; t < 4; ++t) {
+        clients.emplace_back([&] {
+          while (next.fetch_add(1) < n) (void)SubmitJob(stub, 4);
+        });
+      }
+      for (auto& c : clients) c.join();
+      queued = n;
+    };
+    submit_until(timed_from);
+    const auto t0 = Clock::now();
+    submit_until(size);
+    const double rate = (size - timed_from) / Since(t0);
+    const double c0 = CpuSeconds(pid);
+    const auto t1 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    const double idle = 100 * (CpuSeconds(pid) - c0) / Since(t1);
+    const auto t2 = Clock::now();
+    const int64_t listed = ListAllJobs(stub);
+    const double list_s = Since(t2);
+    std::printf("%-8d %12.0f %13.1f%% %12.3f\n", size, rate, idle, list_s);
+    std::fflush(stdout);
+    if (listed != size) {
+      std::cerr << "control_plane_bench: listed " << listed << " jobs of " << size << std::endl;
+      return false;
+    }
+  }
+  return true;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"control_plane_bench"};
   int n_workers = 1000, n_jobs = 100, job_workers = 20, rdzv_ranks = 256;
+  std::vector<int> queue_sizes;
   app.add_option("--workers", n_workers);
   app.add_option("--jobs", n_jobs);
   app.add_option("--job-workers", job_workers);
   app.add_option("--rendezvous-ranks", rdzv_ranks);
+  app.add_option("--queue", queue_sizes, "queue sizes to measure, ascending, at most 10000 (the default limit)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 10000));
   CLI11_PARSE(app, argc, argv);
 
   char self[4096] = {0};
@@ -373,6 +441,13 @@ int main(int argc, char** argv) {
   auto* stub = fleet.stub();
   std::printf("# one coordinator (pid %d) on loopback, %u cores here; the simulated fleet runs in this process\n",
               pid, std::thread::hardware_concurrency());
+  if (!queue_sizes.empty()) {
+    const bool ok = QueueScaling(stub, pid, queue_sizes);
+    fleet.Shutdown();
+    kill(pid, SIGTERM);
+    if (!ok) std::cerr << "control_plane_bench: FAILED (coordinator log in " << dir << ")" << std::endl;
+    return ok ? 0 : 1;
+  }
   std::printf("%-44s %10s %10s %9s\n", "phase", "wall_s", "coord_cpu_s", "cpu_%");
   auto phase = [&](const char* name, const std::function<bool()>& fn) {
     const double c0 = CpuSeconds(pid);
