@@ -100,13 +100,14 @@ absl::Status CoordinatorCore::Recover() {
       Persist(it->second);
     }
     if (ckpts->size() != listed && j.state() != v1::JOB_STATE_RUNNING) Persist(it->second);
+    if (j.state() == v1::JOB_STATE_RUNNING || j.state() == v1::JOB_STATE_RESTARTING) active_.insert(id);
     if (j.state() == v1::JOB_STATE_RUNNING) {
       // Its ranks are told to stop as they reconnect; it starts again once they are back.
       FailJob(it->second, "the coordinator restarted while the job was running", "", /*retryable=*/true);
     } else if (j.state() == v1::JOB_STATE_RESTARTING) {
       Restart(it->second, j.message());  // a repeat: restarts its clocks and queues it
     } else if (j.state() == v1::JOB_STATE_PENDING) {
-      queue_.push_back(id);
+      queue_.push_back({id});
     }
     if (j.state() == v1::JOB_STATE_RESTARTING) {
       // Its workers reconnect within their backoff: until then only all of
@@ -152,6 +153,11 @@ absl::Status CoordinatorCore::Transition(JobRecord& r, v1::JobState state, const
   if (!changes.ok()) return absl::Status(changes.status().code(), absl::StrCat("job ", j.id(), ": ", changes.status().message()));
   if (!*changes) return absl::OkStatus();  // a repeat changes nothing
   j.set_state(state);
+  if (state == v1::JOB_STATE_RUNNING || state == v1::JOB_STATE_RESTARTING) {
+    active_.insert(j.id());
+  } else {
+    active_.erase(j.id());
+  }
   if (!message.empty()) j.set_message(message);
   if (IsFinalJobState(state)) j.clear_stalled();
   if (state != v1::JOB_STATE_RUNNING) j.clear_straggler();
@@ -195,6 +201,7 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   info.set_state(v1::WORKER_STATE_IDLE);
   info.clear_job_id();
   info.set_rank(0);
+  ++registry_version_;
   WorkerRecord& w = workers_[id];
   w.info = info;
   w.channel = channel;
@@ -280,6 +287,7 @@ void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) 
   if (it == workers_.end()) return;
   const v1::WorkerInfo info = it->second.info;
   workers_.erase(it);
+  ++registry_version_;
   if (options_.events.worker_lost) options_.events.worker_lost();
   if (info.state() != v1::WORKER_STATE_BUSY) return;
   RemoveSavesOfEndedJob(info.job_id());
@@ -461,17 +469,22 @@ void CoordinatorCore::Tick(absl::Time now) {
     ch->Close(absl::UnavailableError("heartbeats stopped"));
   }
   UpdateStalls(now);
-  for (auto& [id, r] : jobs_) {
+  // A copy: failing a job changes active_.
+  for (const std::string& id : std::vector<std::string>(active_.begin(), active_.end())) {
+    JobRecord& r = jobs_.at(id);
     if (JobOf(r).state() == v1::JOB_STATE_RUNNING && !r.reported_failure.empty() && now >= r.fail_at) {
       FailJob(r, BlameLink(r), "", /*retryable=*/true);
     } else if (JobOf(r).state() == v1::JOB_STATE_RESTARTING && now >= r.restart_by) {
-      queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+      Dequeue(id);
       FailForGood(r, absl::StrCat("not restarted within [job] restart_timeout (",
                                   absl::FormatDuration(absl::Seconds(r.config.restart.restart_timeout)),
                                   "): ", JobOf(r).message()));
     }
   }
-  RetireEndedJobs(now);
+  if (now - last_retire_ >= absl::Seconds(1)) {
+    RetireEndedJobs(now);
+    last_retire_ = now;
+  }
   std::vector<Waiter> keep;
   for (Waiter& w : waiters_) {
     if (now >= w.deadline) {
@@ -564,7 +577,7 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   j.set_checkpoint_root(root + "/" + id);
   auto [it, _] = jobs_.emplace(id, std::move(r));
   Persist(it->second);
-  queue_.push_back(id);
+  queue_.push_back({id});
   Schedule();
   return id;
 }
@@ -605,16 +618,27 @@ absl::StatusOr<v1::Job> CoordinatorCore::GetJob(const std::string& id, bool hist
 }
 
 std::vector<v1::Job> CoordinatorCore::ListJobs() const {
+  size_t total = 0;
+  return ListJobs(0, SIZE_MAX, &total);
+}
+
+std::vector<v1::Job> CoordinatorCore::ListJobs(uint64_t first, size_t max, size_t* total) const {
   absl::MutexLock lock(&mu_);
+  // Ordered by reference; only the page is copied.
+  std::vector<const JobRecord*> order;
+  order.reserve(jobs_.size());
+  for (const auto& [id, r] : jobs_) order.push_back(&r);
+  std::sort(order.begin(), order.end(), [](const JobRecord* a, const JobRecord* b) {
+    const v1::Job &x = a->stored.job, &y = b->stored.job;
+    return x.created_unix_ms() != y.created_unix_ms() ? x.created_unix_ms() < y.created_unix_ms() : x.id() < y.id();
+  });
+  *total = order.size();
   std::vector<v1::Job> out;
   const absl::Time now = absl::Now();
-  for (const auto& [id, r] : jobs_) {
-    out.push_back(r.stored.job);
-    FillRanks(r, now, &out.back());
+  for (uint64_t k = first; k < order.size() && out.size() < max; ++k) {
+    out.push_back(order[k]->stored.job);
+    FillRanks(*order[k], now, &out.back());
   }
-  std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {
-    return a.created_unix_ms() != b.created_unix_ms() ? a.created_unix_ms() < b.created_unix_ms() : a.id() < b.id();
-  });
   return out;
 }
 
@@ -629,7 +653,7 @@ absl::StatusOr<v1::Job> CoordinatorCore::Cancel(const std::string& id) {
   }
   if (absl::Status s = Transition(r, v1::JOB_STATE_CANCELLED, "cancelled by the user"); !s.ok()) return s;
   if (state == v1::JOB_STATE_PENDING || state == v1::JOB_STATE_RESTARTING) {
-    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+    Dequeue(id);
   }
   if (state != v1::JOB_STATE_PENDING) EndAttempt(r, "cancelled by the user");
   if (state == v1::JOB_STATE_RUNNING) StopRanks(r, "cancelled", "");
@@ -675,6 +699,7 @@ absl::StatusOr<int> CoordinatorCore::Forget(JobRecord& r, bool checkpoints) {
     w = w->second.first == id ? watchers_.erase(w) : std::next(w);
   }
   log_bytes_ -= r.log_bytes;
+  active_.erase(id);
   jobs_.erase(id);
   return removed;
 }

@@ -160,6 +160,15 @@ class CoordinatorCore {
   // Without their spec or history: a listing copies every job, and a spec may
   // be kMaxSpecBytes.
   std::vector<v1::Job> ListJobs() const;
+  // How many times a queued job was looked at to be started (TryStart):
+  // what scheduling costs, for tests.
+  int64_t start_attempts() const {
+    absl::MutexLock lock(&mu_);
+    return start_attempts_;
+  }
+  // Jobs [first, first + max) of that oldest-first list (none past its end),
+  // copying only those; *total: how many there are.
+  std::vector<v1::Job> ListJobs(uint64_t first, size_t max, size_t* total) const;
   // Job.owner of job `id` (empty: none); NotFound if there is no such job.
   absl::StatusOr<std::string> OwnerOfJob(const std::string& id) const;
   // The job whose checkpoint `step_dir` is: the job its manifest names, when
@@ -395,7 +404,23 @@ class CoordinatorCore {
   mutable absl::Mutex mu_;
   std::map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> queue_ ABSL_GUARDED_BY(mu_);  // PENDING job ids, FIFO
+  // A job waiting to start (PENDING or RESTARTING), in the order they start.
+  // `too_few_at`: registry_version_ when TryStart last found fewer workers
+  // registered than the job needs; until a worker registers or leaves it
+  // cannot start, and Schedule passes it without a look (0: not known), so
+  // an event costs a comparison per such job, not a TryStart.
+  struct QueuedJob {
+    std::string id;
+    uint64_t too_few_at = 0;
+  };
+  std::vector<QueuedJob> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t registry_version_ ABSL_GUARDED_BY(mu_) = 1;  // bumped as workers register and leave
+  int64_t start_attempts_ ABSL_GUARDED_BY(mu_) = 0;
+  // The RUNNING and RESTARTING jobs, kept by Transition: all that Tick's
+  // health and deadline checks look at, however many jobs wait or ended.
+  std::set<std::string> active_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_retire_ ABSL_GUARDED_BY(mu_);  // RetireEndedJobs, once a second
+  void Dequeue(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<int, std::pair<std::string, JobCallback>> watchers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   // The rank credentials of running attempts -> their job id (store access).

@@ -103,7 +103,8 @@ void CoordinatorCore::FillRanks(const JobRecord& r, absl::Time now, v1::Job* out
 }
 
 void CoordinatorCore::UpdateStalls(absl::Time now) {
-  for (auto& [id, r] : jobs_) {
+  for (const std::string& id : active_) {
+    JobRecord& r = jobs_.at(id);
     v1::Job& j = JobOf(r);
     if (j.state() != v1::JOB_STATE_RUNNING) continue;
     absl::Time last_any = r.started;

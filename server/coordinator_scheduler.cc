@@ -89,8 +89,8 @@ void CoordinatorCore::Restart(JobRecord& r, const std::string& message) {
   r.restart_reason = message;
   Transition(r, v1::JOB_STATE_RESTARTING, message).IgnoreError();  // from RUNNING
   const std::string& id = JobOf(r).id();
-  queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
-  queue_.insert(queue_.begin(), id);  // ahead of jobs that never ran
+  Dequeue(id);
+  queue_.insert(queue_.begin(), {id});  // ahead of jobs that never ran
 }
 
 void CoordinatorCore::FailForGood(JobRecord& r, const std::string& cause) {
@@ -154,12 +154,16 @@ void CoordinatorCore::GrowAtCheckpoint(JobRecord& r, int64_t step) {
 // ahead of later jobs once enough workers registered and are idle.
 void CoordinatorCore::Schedule() {
   for (size_t i = 0; i < queue_.size();) {
-    switch (TryStart(queue_[i])) {
+    if (queue_[i].too_few_at == registry_version_) {
+      ++i;  // as it was: too few registered
+      continue;
+    }
+    switch (TryStart(queue_[i].id)) {
       case StartOutcome::kStarted:
         queue_.erase(queue_.begin() + i);
         break;
       case StartOutcome::kTooFewRegistered:
-        ++i;  // the jobs behind it may start
+        queue_[i++].too_few_at = registry_version_;  // the jobs behind it may start
         break;
       case StartOutcome::kWaitsForIdle:
         return;  // nobody overtakes it
@@ -167,7 +171,13 @@ void CoordinatorCore::Schedule() {
   }
 }
 
+void CoordinatorCore::Dequeue(const std::string& id) {
+  queue_.erase(std::remove_if(queue_.begin(), queue_.end(), [&](const QueuedJob& q) { return q.id == id; }),
+               queue_.end());
+}
+
 CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
+  ++start_attempts_;
   JobRecord& r = jobs_.at(id);
   v1::Job& j = JobOf(r);
   const bool restarting = j.state() == v1::JOB_STATE_RESTARTING;

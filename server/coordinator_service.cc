@@ -359,14 +359,15 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
   // the index of the page's first job in the oldest-first list.
   const int size = req->page_size() == 0 ? 100 : req->page_size();
   if (size < 1 || size > 1000) return Done(ctx, absl::InvalidArgumentError("page_size must be in [1, 1000]"));
-  size_t first = 0;
+  uint64_t first = 0;
   if (!req->page_token().empty() && !absl::SimpleAtoi(req->page_token(), &first)) {
     return Done(ctx, absl::InvalidArgumentError("page_token: not a token this coordinator gave"));
   }
-  std::vector<v1::Job> jobs = core_->ListJobs();
-  for (size_t k = first; k < jobs.size() && k < first + size; ++k) {
+  size_t total = 0;
+  std::vector<v1::Job> jobs = core_->ListJobs(first, static_cast<size_t>(size), &total);
+  for (v1::Job& job : jobs) {
     v1::Job* j = resp->add_jobs();
-    *j = std::move(jobs[k]);
+    *j = std::move(job);
     // Everyone sees the queue (as squeue shows every job); another user's
     // job without where its files are.
     if (OwnedByAnother(ctx, j->owner())) {
@@ -376,7 +377,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
       j->clear_checkpoints();
     }
   }
-  if (first + size < jobs.size()) resp->set_next_page_token(std::to_string(first + size));
+  // No sum that can wrap: a token near 2^64 is past the end, an empty page.
+  if (first < total && static_cast<uint64_t>(size) < total - first) {
+    resp->set_next_page_token(std::to_string(first + size));
+  }
   return Done(ctx, absl::OkStatus());
 }
 

@@ -260,6 +260,12 @@ def ownership(c, cl, ab, victim, port):
     wait_for(lambda: {w["host"] for w in cl.idle_workers()} >= {"host-a", "host-b"}, 20, "the victim's ranks idle")
     planted_symlink(c, cl, other, victim, vstep)
     special_files(c, cl, other)
+    # A page token near 2^64 is past the end of the list, not a wrap to its start.
+    first = ab.ask("list -").split()
+    c.check(first[0] == "list" and int(first[1]) > 0 and first[2] == "-", "ListJobs: one page of every job",
+            " ".join(first))
+    for token in ("18446744073709551615", "18446744073709550617"):  # 2^64 - 999: + 1000 wrapped to 1
+        c.check(ab.ask(f"list {token}") == "list 0 -", f"ListJobs from page_token {token}: an empty last page")
     rc, _, err = cl.ctl("--token-file", other, "delete", victim, token=False)
     c.check(rc == 1 and f"job {victim} belongs to another user" in err, "another user's token cannot delete it",
             err.strip())

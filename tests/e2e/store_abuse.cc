@@ -27,6 +27,9 @@
 //                           made-up credential: "sent"
 //   job JOB                 GetJob with the user token: "job STATE OWNER ROOT"
 //                           (the state as a number; OWNER "-" if none)
+//   list TOKEN              ListJobs of 1000 a page from page_token TOKEN
+//                           ("-": the first page): "list N NEXT" (NEXT "-"
+//                           if none)
 //   quit
 // CRED is "own" (its rank's credential) or "-" (none); TOKEN is "worker",
 // "user" or "-" (no bearer token). Calls answer "status CODE MESSAGE" (the
@@ -189,6 +192,20 @@ class Abuser {
       if (!s.ok()) return Answer(s);
       return "job " + std::to_string(j.state()) + " " + (j.owner().empty() ? "-" : j.owner()) + " " +
              j.checkpoint_root();
+    }
+    if (cmd == "list") {
+      std::string token;
+      in >> token;
+      grpc::ClientContext ctx;
+      Authorize(&ctx, user_token_, "", 10000);
+      v1::ListJobsRequest req;
+      req.set_page_size(1000);
+      req.set_page_token(token == "-" ? "" : token);
+      v1::ListJobsResponse resp;
+      grpc::Status s = stub_->ListJobs(&ctx, req, &resp);
+      if (!s.ok()) return Answer(s);
+      return "list " + std::to_string(resp.jobs_size()) + " " +
+             (resp.next_page_token().empty() ? "-" : resp.next_page_token());
     }
     if (cmd == "store") {
       std::string op, key, cred, token;

@@ -700,5 +700,28 @@ TEST_F(CoreTest, ASubmittedPathMustBePrintable) {
   EXPECT_TRUE(core_->ListJobs().empty());
 }
 
+// A queue of jobs that cannot start (more workers asked for than are
+// registered) is not walked at every event: a submit looks at the new job
+// only, and the others are looked at again once a worker registers. (Every
+// event once looked at all of them: 10,000 queued jobs cut submits from
+// ~1,450/s to ~140/s.) Listing pages copy only the page, and a page token
+// near 2^64 is past the end rather than wrapping to the start.
+TEST_F(CoreTest, JobsThatCannotStartAreNotLookedAtAgainUntilTheRegistryChanges) {
+  for (int i = 0; i < 200; ++i) Submit(4);
+  const int64_t before = core_->start_attempts();
+  Submit(4);
+  EXPECT_EQ(core_->start_attempts() - before, 1);
+  core_->Tick(absl::Now());
+  EXPECT_EQ(core_->start_attempts() - before, 1);
+  RecordingChannel a;
+  AddWorker("h1", "cpu", &a);  // still too few: each is looked at once more
+  EXPECT_EQ(core_->start_attempts() - before, 1 + 201);
+  size_t total = 0;
+  EXPECT_EQ(core_->ListJobs(199, 100, &total).size(), 2u);
+  EXPECT_EQ(total, 201u);
+  EXPECT_TRUE(core_->ListJobs(UINT64_MAX - 5, 100, &total).empty());
+  EXPECT_EQ(core_->ListJobs(0, 100, &total).front().id(), "job-1");
+}
+
 }  // namespace
 }  // namespace shardline
