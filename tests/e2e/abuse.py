@@ -30,7 +30,9 @@ status, logs, checkpoints or shards, nor resume from its checkpoint (by path or
 through a symlink), but sees it in `jobs`. As a second user: a step directory
 planted as a symlink to the victim's committed step is refused by the workers
 and the victim's files are unchanged; a config.json that is a FIFO or
-/dev/zero is refused at once naming it. --token-file without
+/dev/zero is refused at once naming it. A worker whose host holds terminal
+escapes or is 3 MiB long is refused at registration, and `workers` still
+serves. A ListJobs page token near 2^64 is past the end. --token-file without
 --worker-token-file (or --shared-token) stops the coordinator at start."""
 import hashlib
 import json
@@ -260,6 +262,16 @@ def ownership(c, cl, ab, victim, port):
     wait_for(lambda: {w["host"] for w in cl.idle_workers()} >= {"host-a", "host-b"}, 20, "the victim's ranks idle")
     planted_symlink(c, cl, other, victim, vstep)
     special_files(c, cl, other)
+    # A worker's host is listed to every user: one that would act on a
+    # terminal, or of 3 MiB (two once broke `workers` for everyone), is
+    # refused at registration.
+    for kind in ("escape", "huge"):
+        code, msg = ab.call(f"register {kind}")
+        c.check(code == 3 and msg.startswith("register: host ") and "at most 255 bytes of printable text" in msg,
+                f"a worker registering a host name that is {kind}: INVALID_ARGUMENT", f"code {code}: {msg[:120]}")
+    rc, out, err = cl.ctl("workers")
+    c.check(rc == 0 and "\x1b" not in out and len(out) < 10000, "`shardctl workers` serves every user, no escape in it",
+            err.strip())
     # A page token near 2^64 is past the end of the list, not a wrap to its start.
     first = ab.ask("list -").split()
     c.check(first[0] == "list" and int(first[1]) > 0 and first[2] == "-", "ListJobs: one page of every job",

@@ -27,6 +27,8 @@
 //                           made-up credential: "sent"
 //   job JOB                 GetJob with the user token: "job STATE OWNER ROOT"
 //                           (the state as a number; OWNER "-" if none)
+//   register escape|huge    a session registering with a host name holding
+//                           terminal escapes, or of 3 MiB: "status CODE MSG"
 //   list TOKEN              ListJobs of 1000 a page from page_token TOKEN
 //                           ("-": the first page): "list N NEXT" (NEXT "-"
 //                           if none)
@@ -224,6 +226,22 @@ class Abuser {
       req.set_value("planted by a hostile client");
       v1::StoreSetResponse resp;
       return Answer(stub_->StoreSet(&ctx, req, &resp));
+    }
+    if (cmd == "register") {
+      std::string kind;
+      in >> kind;
+      grpc::ClientContext ctx;
+      Authorize(&ctx, worker_token_, "", 10000);
+      auto stream = stub_->WorkerSession(&ctx);
+      v1::WorkerMessage reg;
+      reg.mutable_register_()->set_host(kind == "huge" ? std::string(3 << 20, 'h') : "h\x1b]0;pwned\x07\x1b[2J");
+      reg.mutable_register_()->set_device("cpu");
+      stream->Write(reg);
+      stream->WritesDone();
+      v1::CoordinatorMessage m;
+      while (stream->Read(&m)) {
+      }
+      return Answer(stream->Finish());
     }
     if (cmd == "claim") {
       std::string job;
