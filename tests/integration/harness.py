@@ -129,6 +129,26 @@ def _as_array(x):
     return x.detach().double().cpu().numpy() if hasattr(x, "detach") else np.asarray(x, dtype=np.float64)
 
 
+# The relative error a gradient component may carry when only the order of
+# its sums changes (per-rank partial sums reduced in a ring, micro-batches
+# accumulated in another order): about K * u * kappa for K summands, u = 6e-8
+# (fp32) and kappa = sum|g_i| / |sum g_i|, the cancellation in that component.
+# A component whose terms cancel by ~1e4 (common in small weights and biases)
+# carries ~3e-3 with K ~ 8.
+REORDER_GRAD_REL = 3e-3
+
+
+def reorder_param_tol(lr, steps):
+    """How far two correct fp32 runs that differ only in summation order may
+    end apart, in any ordinary parameter, after `steps` AdamW steps at peak
+    learning rate `lr`: Adam's step lr * m / (sqrt(v) + eps) is scale-free in
+    the gradient, so a relative error d in it moves the step by at most
+    ~lr * d, and the steps add up: steps * lr * REORDER_GRAD_REL (2e-5 at lr
+    6e-4 over 10 steps, the README's bound). Components whose true gradient is
+    zero are apart (param_diffs)."""
+    return steps * lr * REORDER_GRAD_REL
+
+
 def param_diffs(got, want):
     """(max abs difference over every parameter but the key third of each
     attn.c_attn.bias, max abs difference over those key thirds).
