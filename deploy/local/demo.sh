@@ -39,13 +39,18 @@ for f in /usr/share/games/fortunes/*; do
 done > "$work/corpus.txt"
 echo "corpus: $(wc -c < "$work/corpus.txt") bytes of English text from Debian's fortunes package"
 
-metrics_port="${SHARDLINE_METRICS_PORT:-9400}"
-build/server/shardline-coordinator --listen 127.0.0.1:0 --state-dir "$work/state" --metrics-port "$metrics_port" \
+# Metrics on 9400 when it is free (what deploy/prometheus/prometheus-local.yml
+# scrapes), else on any free port, as the coordinator prints; never a failure.
+metrics_flag=()
+[ -n "${SHARDLINE_METRICS_PORT:-}" ] && metrics_flag=(--metrics-port "$SHARDLINE_METRICS_PORT")
+build/server/shardline-coordinator --listen 127.0.0.1:0 --state-dir "$work/state" "${metrics_flag[@]}" \
   > "$work/coordinator.out" 2> "$work/coordinator.log" &
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on" "$work/coordinator.out" 2>/dev/null && break; sleep 0.1; done
 addr="$(sed -n 's/^listening on //p' "$work/coordinator.out")"
 [ -n "$addr" ] || { echo "the coordinator did not start: $(cat "$work/coordinator.log")"; exit 1; }
+for _ in $(seq 20); do grep -q "metrics on port" "$work/coordinator.out" && break; sleep 0.1; done
+metrics_port="$(sed -n 's/^metrics on port //p' "$work/coordinator.out")"
 echo "coordinator on $addr; metrics on http://127.0.0.1:$metrics_port/metrics" \
   "(watch with: prometheus --config.file=deploy/prometheus/prometheus-local.yml, see the README)"
 export SHARDLINE_COORDINATOR="$addr"
