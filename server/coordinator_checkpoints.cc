@@ -40,9 +40,9 @@ absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& repor
   auto& step = r.ckpt_reports[report.step()];
   step[report.rank()] = report;
   if (static_cast<int>(step.size()) < JobOf(r).workers()) return absl::OkStatus();
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = Now();
   s = CommitCheckpoint(r, report.step());
-  if (options_.events.checkpoint_committed) options_.events.checkpoint_committed(absl::Now() - t0, s.ok());
+  if (options_.events.checkpoint_committed) options_.events.checkpoint_committed(Now() - t0, s.ok());
   r.ckpt_reports.erase(report.step());
   if (!s.ok()) {
     // The coordinator's own failure (a full disk, a read-only directory) is

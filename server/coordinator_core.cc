@@ -21,7 +21,6 @@ namespace shardline {
 
 namespace {
 
-int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 bool IsIpLiteral(const std::string& text) {
   unsigned char buf[16];
@@ -112,7 +111,7 @@ absl::Status CoordinatorCore::Recover() {
     if (j.state() == v1::JOB_STATE_RESTARTING) {
       // Its workers reconnect within their backoff: until then only all of
       // them will do, rather than a smaller world that must grow back.
-      it->second.settle_until = std::max(it->second.settle_until, absl::Now() + kWorkersReconnectWithin);
+      it->second.settle_until = std::max(it->second.settle_until, Now() + kWorkersReconnectWithin);
     }
   }
   return absl::OkStatus();
@@ -129,7 +128,7 @@ void CoordinatorCore::Persist(JobRecord& r) {
 
 absl::Status CoordinatorCore::PersistOrError(JobRecord& r) {
   JobOf(r).set_updated_unix_ms(NowMs());
-  r.last_persist = absl::Now();
+  r.last_persist = Now();
   // The history is stored in the job's row: swapped in for the write, not copied.
   r.stored.job.mutable_history()->Swap(&r.history);
   absl::Status put = store_->PutJob(r.stored);
@@ -205,7 +204,7 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   WorkerRecord& w = workers_[id];
   w.info = info;
   w.channel = channel;
-  w.last_heartbeat = absl::Now();
+  w.last_heartbeat = Now();
   if (!running.empty()) {
     // It still runs a job this coordinator no longer has running (its
     // session dropped, or the coordinator restarted): stop it; the worker
@@ -303,7 +302,7 @@ void CoordinatorCore::OnHeartbeat(const std::string& id, const v1::Heartbeat& hb
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);
   if (it == workers_.end()) return;
-  it->second.last_heartbeat = absl::Now();
+  it->second.last_heartbeat = Now();
   const v1::WorkerInfo& w = it->second.info;
   if (w.state() != v1::WORKER_STATE_BUSY) return;
   auto j = jobs_.find(w.job_id());
@@ -357,7 +356,7 @@ CoordinatorCore::JobRecord* CoordinatorCore::RankOfSession(const std::string& wo
 void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
   absl::MutexLock lock(&mu_);
   auto w = workers_.find(id);
-  if (w != workers_.end()) w->second.last_heartbeat = absl::Now();
+  if (w != workers_.end()) w->second.last_heartbeat = Now();
   JobRecord* r = RankOfSession(id, p.job_id(), p.rank(), "progress");
   if (!r) return;
   // Progress carries the step only; the collective seq stays what heartbeats said.
@@ -375,12 +374,12 @@ void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
   }
   AppendHistory(r->history, p);
   // Progress is persisted at most once a second; states always at once.
-  if (absl::Now() - r->last_persist > absl::Seconds(1)) Persist(*r);
+  if (Now() - r->last_persist > absl::Seconds(1)) Persist(*r);
   Notify(*r);
 }
 
 void CoordinatorCore::AppendHistory(google::protobuf::RepeatedPtrField<v1::StepRecord>& history,
-                                    const v1::Progress& p) {
+                                    const v1::Progress& p) const {
   auto* h = &history;
   if (!h->empty() && h->Get(h->size() - 1).step() >= p.step()) return;  // said already
   v1::StepRecord* s = h->Add();
@@ -449,7 +448,7 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
         // Held for failure_grace (see CoordinatorOptions): the rank or
         // worker at fault may still speak up. Tick fails the job.
         r.reported_failure = failure;
-        r.fail_at = absl::Now() + options_.failure_grace;
+        r.fail_at = Now() + options_.failure_grace;
       }
     }
   }
@@ -613,7 +612,7 @@ absl::StatusOr<v1::Job> CoordinatorCore::GetJob(const std::string& id, bool hist
   v1::Job j = it->second.stored.job;
   j.set_spec_toml(it->second.stored.spec_toml);
   if (history) *j.mutable_history() = it->second.history;
-  FillRanks(it->second, absl::Now(), &j);
+  FillRanks(it->second, Now(), &j);
   return j;
 }
 
@@ -634,7 +633,7 @@ std::vector<v1::Job> CoordinatorCore::ListJobs(uint64_t first, size_t max, size_
   });
   *total = order.size();
   std::vector<v1::Job> out;
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   for (uint64_t k = first; k < order.size() && out.size() < max; ++k) {
     out.push_back(order[k]->stored.job);
     FillRanks(*order[k], now, &out.back());
@@ -725,7 +724,7 @@ void CoordinatorCore::RetireEndedJobs(absl::Time now) {
 std::vector<v1::WorkerInfo> CoordinatorCore::ListWorkers() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::WorkerInfo> out;
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   for (const auto& [id, w] : workers_) {
     out.push_back(w.info);
     out.back().set_heartbeat_age_seconds(absl::ToDoubleSeconds(now - w.last_heartbeat));

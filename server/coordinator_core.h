@@ -83,19 +83,21 @@ struct CoordinatorOptions {
   // this long is stalled: GetJob names the rank(s) at fault (Job.stalled)
   // and the metrics flag them. Informational: the job keeps running.
   absl::Duration stall_after = absl::Seconds(10);
-  // Ended jobs are forgotten (their records; never their checkpoints) past
-  // this many, oldest first, and once they ended this long ago (zero: kept
-  // at any age).
   // A restarting job waits this long for as many workers as its last
   // attempt had (a coordinator that restarted, a worker that reconnects)
   // before it settles for fewer, down to [job] min_workers.
   absl::Duration restart_settle = absl::Seconds(3);
+  // Ended jobs are forgotten (their records; never their checkpoints) past
+  // this many, oldest first, and once they ended this long ago (zero: kept
+  // at any age).
   int keep_finished_jobs = 1000;
+  absl::Duration keep_finished_for = absl::ZeroDuration();
   // Jobs waiting to start at most (PENDING or RESTARTING): a caller cannot
   // make the coordinator hold unbounded specs (Submit: ResourceExhausted).
   size_t max_queued_jobs = 10000;
-  absl::Duration keep_finished_for = absl::ZeroDuration();
   CoreEvents events;
+  // The time every record and deadline is taken from (tests drive a fake).
+  std::function<absl::Time()> clock = [] { return absl::Now(); };
 };
 
 class CoordinatorCore {
@@ -311,7 +313,7 @@ class CoordinatorCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank 0's progress into Job.history, within kMaxHistory.
-  static void AppendHistory(google::protobuf::RepeatedPtrField<v1::StepRecord>& history, const v1::Progress& p);
+  void AppendHistory(google::protobuf::RepeatedPtrField<v1::StepRecord>& history, const v1::Progress& p) const;
   // Persist that reports a failed write to the caller (a commit must not
   // write its manifest before the record names it).
   absl::Status PersistOrError(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -398,6 +400,9 @@ class CoordinatorCore {
   // Sets or clears Job.stalled of every running job; tells watchers of changes.
   void UpdateStalls(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobConfig> ParseAndValidate(const v1::SubmitJobRequest& req, int* workers) const;
+
+  absl::Time Now() const { return options_.clock(); }
+  int64_t NowMs() const { return absl::ToUnixMillis(Now()); }
 
   StateStore* const store_;
   const CoordinatorOptions options_;

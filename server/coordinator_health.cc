@@ -23,7 +23,7 @@ void CoordinatorCore::RecordProgress(JobRecord& r, int rank, int64_t step, int64
   if (step != p.step || seq != p.seq || p.last_change == absl::Time()) {
     p.step = step;
     p.seq = seq;
-    p.last_change = absl::Now();
+    p.last_change = Now();
   }
 }
 
@@ -49,7 +49,7 @@ void CoordinatorCore::OnConnected(const std::string& worker_id, const v1::RankCo
   }
   if (!was_complete && static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers()) {
     FindSlowLink(r);
-    if (options_.events.rendezvous_done) options_.events.rendezvous_done(absl::Now() - r.started);
+    if (options_.events.rendezvous_done) options_.events.rendezvous_done(Now() - r.started);
   }
 }
 

@@ -58,7 +58,7 @@ void CoordinatorCore::EndAttempt(JobRecord& r, const std::string& end) {
   v1::Attempt* a = j.mutable_attempts(j.attempts_size() - 1);
   if (a->ended_unix_ms() != 0) return;  // ended already
   a->set_end(end.substr(0, kMaxEndBytes));
-  a->set_ended_unix_ms(absl::ToUnixMillis(absl::Now()));
+  a->set_ended_unix_ms(absl::ToUnixMillis(Now()));
   // Rank 0's progress may lag the ranks' newest commit.
   const int64_t committed = j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : 0;
   a->set_last_step(std::max({a->first_step(), j.step(), committed}));
@@ -83,7 +83,7 @@ void CoordinatorCore::FailJob(JobRecord& r, const std::string& cause_ref, const 
 }
 
 void CoordinatorCore::Restart(JobRecord& r, const std::string& message) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   r.restart_by = now + absl::Seconds(r.config.restart.restart_timeout);
   r.settle_until = now + options_.restart_settle;
   r.restart_reason = message;
@@ -142,7 +142,7 @@ void CoordinatorCore::GrowAtCheckpoint(JobRecord& r, int64_t step) {
   StopRanks(r, why, "");
   EndAttempt(r, why);
   Restart(r, absl::StrFormat("growing from %d to %d workers from the checkpoint of step %d", j.workers(), grown, step));
-  r.settle_until = absl::Now();  // the workers it grows onto are idle now
+  r.settle_until = Now();  // the workers it grows onto are idle now
 }
 
 // ---- scheduling --------------------------------------------------------------
@@ -185,7 +185,7 @@ CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
   // A first start takes every worker asked for; a restart settles for
   // min_workers once the settling time is over.
   const int min_workers = restarting && r.config.restart.min_workers > 0 ? r.config.restart.min_workers : want;
-  const int least = restarting && absl::Now() >= r.settle_until ? min_workers : want;
+  const int least = restarting && Now() >= r.settle_until ? min_workers : want;
   // A restarting job's message keeps why it restarts.
   const std::string doing = restarting ? absl::StrCat(r.restart_reason, "; waiting") : "waiting";
   if (restarting) {
@@ -273,7 +273,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
       last.set_lost_seconds(seconds * static_cast<double>(last.last_step() - std::max(first_step, last.first_step())) /
                             static_cast<double>(ran));
     }
-    const double down = (absl::ToUnixMillis(absl::Now()) - last.ended_unix_ms()) / 1e3;
+    const double down = (absl::ToUnixMillis(Now()) - last.ended_unix_ms()) / 1e3;
     if (options_.events.job_restarted) options_.events.job_restarted(last.lost_seconds() + std::max(0.0, down));
   }
   if (r.config.parallelism.auto_strategy) PickStrategy(r, idle, world);
@@ -309,13 +309,13 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   a->set_strategy(j.strategy());
   a->set_first_step(first_step);
   a->set_last_step(first_step);
-  a->set_started_unix_ms(absl::ToUnixMillis(absl::Now()));
+  a->set_started_unix_ms(absl::ToUnixMillis(Now()));
   j.set_step(first_step);
   // The history keeps the run that counts: steps past the checkpoint are
   // computed again by this attempt.
   auto* h = &r.history;
   while (!h->empty() && h->Get(h->size() - 1).step() > first_step) h->RemoveLast();
-  r.started = absl::Now();
+  r.started = Now();
   r.connected_ranks.clear();
   r.finished_ranks.clear();
   r.progress.clear();

@@ -42,9 +42,11 @@ micro_batch_size = 1
 
 class RestartTest : public CoreTest {
  protected:
-  void Open(absl::Duration settle) {
+  // With `fake_clock`, the core's time is now_, which only the test moves.
+  void Open(absl::Duration settle, bool fake_clock = false) {
     CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
     o.restart_settle = settle;
+    if (fake_clock) o.clock = [this] { return now_; };
     o.events.job_restarting = [this](const std::string&) { ++restarting_events_; };
     o.events.job_restarted = [this](double lost) { lost_.push_back(lost); };
     core_ = std::make_unique<CoordinatorCore>(store_.get(), o);
@@ -82,6 +84,7 @@ class RestartTest : public CoreTest {
   }
   int restarting_events_ = 0;
   std::vector<double> lost_;
+  absl::Time now_ = absl::FromUnixSeconds(1800000000);
 };
 
 // Ranks that time out in a ring report the link they waited on; the one of
@@ -179,7 +182,7 @@ TEST_F(RestartTest, OnlyAProvenClaimMakesTheJobWaitForTheClaimant) {
 }
 
 TEST_F(RestartTest, ALostRankRestartsFromTheNewestCheckpointAtTheLargestWorldThenGrowsBack) {
-  Open(absl::ZeroDuration());
+  Open(absl::ZeroDuration(), /*fake_clock=*/true);
   RecordingChannel a, b, c, d;
   const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
   const std::string wc = AddWorker("h3", "cpu", &c);
@@ -187,6 +190,8 @@ TEST_F(RestartTest, ALostRankRestartsFromTheNewestCheckpointAtTheLargestWorldThe
   ASSERT_EQ(State(job), "RUNNING");
   Commit(job, 2, {&a, &b, &c});
   Progress(wa, job, 3);
+  now_ += absl::Seconds(30);  // the attempt ran steps 0-3 in 30 s, its workers heartbeating
+  for (const std::string& w : {wa, wb, wc}) core_->OnHeartbeat(w, v1::Heartbeat());
   core_->WorkerGone(wc, "session closed");
   v1::Job j = *core_->GetJob(job);
   EXPECT_EQ(j.state(), v1::JOB_STATE_RESTARTING);
@@ -200,7 +205,7 @@ TEST_F(RestartTest, ALostRankRestartsFromTheNewestCheckpointAtTheLargestWorldThe
   EXPECT_EQ(j.attempts(0).last_step(), 3);
   EXPECT_NE(j.attempts(0).end().find("worker lost"), std::string::npos);
   // Not before its survivors stopped: they still run the old attempt.
-  core_->Tick(absl::Now());
+  core_->Tick(now_);
   EXPECT_EQ(State(job), "RESTARTING");
   EXPECT_NE(core_->GetJob(job)->message().find("rank 2 on host h3 (w-3, session closed); waiting for rank 0 on h1 to "
                                                "stop its last attempt"),
@@ -219,8 +224,11 @@ TEST_F(RestartTest, ALostRankRestartsFromTheNewestCheckpointAtTheLargestWorldThe
   ASSERT_EQ(j.attempts_size(), 2);
   EXPECT_EQ(j.attempts(1).world_size(), 2);
   EXPECT_EQ(j.attempts(1).first_step(), 2);
-  EXPECT_GE(j.attempts(0).lost_seconds(), 0);
+  // Step 3 was not saved (the newest checkpoint is step 2): a third of the
+  // attempt's 30 s is lost; it restarted at once (down 0 s).
+  EXPECT_DOUBLE_EQ(j.attempts(0).lost_seconds(), 10.0);
   ASSERT_EQ(lost_.size(), 1u);
+  EXPECT_DOUBLE_EQ(lost_[0], 10.0);
   ASSERT_EQ(a.Starts().size(), 2u);
   ASSERT_EQ(b.Starts().size(), 2u);
   for (const RecordingChannel* ch : {&a, &b}) {
