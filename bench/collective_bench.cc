@@ -3,7 +3,9 @@
 // same bytes, with algbw and busbw as nccl-tests defines them:
 //   algbw = S / t   (S: the full buffer, i.e. all-gather output / reduce-scatter input)
 //   busbw = algbw * (n-1)/n  (all-gather, reduce-scatter),  * 2(n-1)/n  (all-reduce)
-// Every result is checked against the known answer (nccl-tests' -c 1).
+// Every call's status is checked, and after each op's timing one more call of
+// ours is checked whole against the known answer (nccl-tests' -c 1): every
+// all-gather chunk in its place, every reduced element at its position.
 //
 //   collective_bench --world N [--min-bytes B] [--max-bytes B] [--threads T] [--rounds R]
 // Rank 0 spawns the other ranks as processes (this same binary) and prints.
@@ -63,6 +65,22 @@ void Check(bool ok, const char* what, int64_t bytes) {
     std::cerr << "collective_bench: wrong result for " << what << " at " << bytes << " bytes" << std::endl;
     std::exit(2);
   }
+}
+
+// Every timed call's own status: a collective that failed is no timing.
+void Must(const absl::Status& s, const char* what, int64_t bytes) {
+  if (!s.ok()) {
+    std::cerr << "collective_bench: " << what << " at " << bytes << " bytes failed: " << s << std::endl;
+    std::exit(2);
+  }
+}
+
+// Rank r's input for the reduce checks: element i is (i mod 1024) + r, so
+// every element of a sum over n ranks, n * (i mod 1024) + n(n-1)/2, is exact
+// in fp32 and tells each position from the others.
+at::Tensor ReduceInput(int64_t elems, int r) { return at::arange(elems).remainder(1024).to(at::kFloat) + r; }
+at::Tensor ReduceSum(int64_t first, int64_t count, int n) {
+  return at::arange(first, first + count).remainder(1024).to(at::kFloat) * n + n * (n - 1) / 2.0f;
 }
 
 int Run(const Flags& f) {
@@ -133,26 +151,34 @@ int Run(const Flags& f) {
       }
       return std::make_pair(t, rt);
     };
-    // all-gather
-    std::vector<std::vector<at::Tensor>> ag_out{full.chunk(n)};
+    // all-gather (the raw call writes its own buffer; ours is checked after
+    // a last call of its own, every rank's chunk in its place)
+    const int64_t c = elems / n;
+    at::Tensor raw_ag = at::empty({elems});
+    std::vector<std::vector<at::Tensor>> ag_out{raw_ag.chunk(n)};
     std::vector<at::Tensor> ag_in{chunk};
-    auto [t, rt] = best_of([&] { (void)(*comm)->AllGather(full, chunk)->Wait(absl::Seconds(60)); },
+    auto [t, rt] = best_of([&] { Must((*comm)->AllGather(full, chunk)->Wait(absl::Seconds(60)), "all_gather", S); },
                            [&] { raw.allgather(ag_out, ag_in)->wait(); });
-    Check(full.narrow(0, (n - 1) * (elems / n), elems / n).eq(float(n)).all().item<bool>(), "all_gather", S);
+    full.fill_(-1.0f);
+    Must((*comm)->AllGather(full, chunk)->Wait(absl::Seconds(60)), "all_gather", S);
+    Check(full.view({n, c}).eq(at::arange(1, n + 1).to(at::kFloat).unsqueeze(1)).all().item<bool>(), "all_gather", S);
     row("all_gather", t, ring, rt);
     // reduce-scatter (input is scratch, so it is refilled each call; the raw
     // c10d Gloo call is an all-reduce of the whole input followed by a slice)
-    at::Tensor rs_out = at::empty({elems / n}), raw_rs_out = at::empty({elems / n});
+    at::Tensor rs_out = at::empty({c}), raw_rs_out = at::empty({c});
     std::tie(t, rt) = best_of(
         [&] {
           full.fill_(1.0f);
-          (void)(*comm)->ReduceScatter(rs_out, full)->Wait(absl::Seconds(60));
+          Must((*comm)->ReduceScatter(rs_out, full)->Wait(absl::Seconds(60)), "reduce_scatter", S);
         },
         [&] {
           full.fill_(1.0f);
           raw._reduce_scatter_base(raw_rs_out, full)->wait();
         });
-    Check(rs_out.eq(float(n)).all().item<bool>(), "reduce_scatter", S);
+    full.copy_(ReduceInput(elems, r));
+    rs_out.fill_(-1.0f);
+    Must((*comm)->ReduceScatter(rs_out, full)->Wait(absl::Seconds(60)), "reduce_scatter", S);
+    Check(rs_out.equal(ReduceSum(r * c, c, n)), "reduce_scatter", S);
     row("reduce_scatter", t, ring, rt);
     // all-reduce
     at::Tensor raw_full = at::empty({elems});
@@ -160,13 +186,15 @@ int Run(const Flags& f) {
     std::tie(t, rt) = best_of(
         [&] {
           full.fill_(1.0f);
-          (void)(*comm)->AllReduce(full)->Wait(absl::Seconds(60));
+          Must((*comm)->AllReduce(full)->Wait(absl::Seconds(60)), "all_reduce", S);
         },
         [&] {
           raw_full.fill_(1.0f);
           raw.allreduce(ar)->wait();
         });
-    Check(full.eq(float(n)).all().item<bool>(), "all_reduce", S);
+    full.copy_(ReduceInput(elems, r));
+    Must((*comm)->AllReduce(full)->Wait(absl::Seconds(60)), "all_reduce", S);
+    Check(full.equal(ReduceSum(0, elems, n)), "all_reduce", S);
     row("all_reduce", t, 2 * ring, rt);
   }
   for (pid_t pid : children) {
