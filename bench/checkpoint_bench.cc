@@ -6,6 +6,8 @@
 //   checkpoint_bench [--dir DIR] [--threads T]
 // Page cache: every file is fsynced after writing and evicted
 // (POSIX_FADV_DONTNEED) before it is read, so reads come from the disk.
+// Checks itself: every load must give back, bitwise, the parameters and
+// Adam moments that were saved (after a step that changed them).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -87,6 +89,10 @@ int main(int argc, char** argv) {
   CheckpointManifest& m = *made;
   m.ranks.push_back(f);
   if (auto s = WriteManifest(step_dir, m); !s.ok()) return Fail(s);
+  // What was saved, to check every load against; then a step moves the
+  // live state away from it, so that a load that read nothing would show.
+  const ShardSnapshot saved = SnapshotShards(e, /*copy=*/true);
+  if (auto r = e.Step(1); !r.ok()) return Fail(r.status());
   double load = 1e9;
   for (int i = 0; i < 3; ++i) {
     Evict(step_dir + "/" + f.file);
@@ -94,6 +100,14 @@ int main(int argc, char** argv) {
     auto l = LoadCheckpoint(e, c, step_dir);
     if (!l.ok()) return Fail(l.status());
     load = std::min(load, Since(t));
+    const ShardSnapshot loaded = SnapshotShards(e, /*copy=*/false);
+    for (size_t u = 0; u < saved.shards.size(); ++u) {
+      const Engine::ShardState &a = saved.shards[u], &b = loaded.shards[u];
+      if (!a.master.equal(b.master) || !a.exp_avg.equal(b.exp_avg) || !a.exp_avg_sq.equal(b.exp_avg_sq)) {
+        return Fail(absl::DataLossError(absl::StrCat("load ", i + 1, ": unit ", saved.units[u],
+                                                     " is not what was saved")));
+      }
+    }
   }
   // dd of the same number of bytes, on the same disk.
   const std::string dd = dir + "/dd.bin";
