@@ -48,8 +48,6 @@ absl::StatusOr<Strategy> ParseStrategy(const std::string& s) {
 
 const char* LoraBaseName(LoraBase b) { return b == LoraBase::kSharded ? "sharded" : "replicated"; }
 
-const char* DTypeName(DType d) { return d == DType::kFloat32 ? "fp32" : "bf16"; }
-int DTypeBytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 bool ShardsParams(Strategy s) { return s == Strategy::kFullShard || s == Strategy::kHybridShard; }
 bool ShardsGrads(Strategy s) {
   return s == Strategy::kShardGradOp || s == Strategy::kHybridShardZero2 || ShardsParams(s);

@@ -24,8 +24,6 @@ enum class DataFormat { kLlmc, kText, kSynthetic };
 
 const char* StrategyName(Strategy s);
 absl::StatusOr<Strategy> ParseStrategy(const std::string& s);
-const char* DTypeName(DType d);
-int DTypeBytes(DType d);
 
 // Parameters stay sharded between steps (ZeRO-3 family).
 bool ShardsParams(Strategy s);

@@ -47,7 +47,6 @@ struct Flags {
   std::string listen_address, interface;  // worker/collective_address.h
   int rank = 0, world = 1, store_port = 0, threads = 1, steps = 0, save_at = 0, stop_after = 0;
   double timeout_s = 60;
-  std::vector<std::string> overrides;
 };
 
 std::string StatsJson(const comm::CommStats& s) {

@@ -37,7 +37,6 @@ class CountingGroup : public comm::Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::string backend() const override { return "test"; }
   void Abort(const absl::Status&) override {}
   std::shared_ptr<comm::Work> AllGather(at::Tensor out, at::Tensor in) override {
     ++gathers;
@@ -62,7 +61,6 @@ class RecordingGroup : public comm::Communicator {
       : name_(std::move(name)), ordered_(ordered_on_device), log_(log) {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
-  std::string backend() const override { return "test"; }
   bool ordered_on_device() const override { return ordered_; }
   void Abort(const absl::Status&) override {}
   std::shared_ptr<comm::Work> AllGather(at::Tensor, at::Tensor) override { return Issue("AG"); }

@@ -55,7 +55,6 @@ class SelfCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::string backend() const override { return "self"; }
   std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override { return Copy(out, in, Op::kAllGather); }
   std::shared_ptr<Work> ReduceScatter(at::Tensor out, at::Tensor in) override {
     return Copy(out, in, Op::kReduceScatter);

@@ -96,7 +96,6 @@ class Communicator {
   void set_observer(std::shared_ptr<CollectiveObserver> observer) { observer_ = std::move(observer); }
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;
   // True where ops complete in issue order on the device (NCCL: one stream
   // per role, shared by every communicator of a rank; groups.cc). There an
   // op that reads another's result is issued right after it, never after a

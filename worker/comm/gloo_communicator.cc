@@ -123,7 +123,6 @@ class GlooCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string backend() const override { return "gloo"; }
 
   std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override {
     return Enqueue(Op::kAllGather, in, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {

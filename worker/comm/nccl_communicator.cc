@@ -182,7 +182,6 @@ class NcclCommunicator : public Communicator {
 
   int rank() const override { return state_->rank; }
   int size() const override { return state_->size; }
-  std::string backend() const override { return "nccl"; }
   bool ordered_on_device() const override { return true; }
 
   std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override {
