@@ -273,23 +273,14 @@ absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t firs
 absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::Create(
     const std::string& path, const std::vector<Decl>& tensors, StoredDType dtype) {
   std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter());
-  w->path_ = path;
   w->dtype_ = dtype;
   const int size = dtype == StoredDType::kF32 ? 4 : 2;
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  int64_t offset = 0;
+  std::vector<RawDecl> raw;
   for (const Decl& d : tensors) {
     int64_t n = 1;
     for (int64_t x : d.shape) n *= x;
-    header[d.name] = {{"dtype", dtype == StoredDType::kF32 ? "F32" : "BF16"},
-                      {"shape", d.shape},
-                      {"data_offsets", {offset, offset + size * n}}};
-    offset += size * n;
+    raw.push_back({d.name, dtype == StoredDType::kF32 ? "F32" : "BF16", d.shape, size * n});
   }
-  w->expected_bytes_ = offset;
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
   const auto slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
   absl::StatusOr<UniqueFd> dir_fd = OpenDirectoryNoFollow(AT_FDCWD, dir, dir);
@@ -297,36 +288,61 @@ absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter
     return absl::Status(dir_fd.status().code(), absl::StrCat(path, ": cannot create: ", dir_fd.status().message()));
   }
   w->dir_fd_ = std::move(*dir_fd);
-  absl::StatusOr<std::unique_ptr<AtomicFileAt>> file = AtomicFileAt::Create(w->dir_fd_.get(), dir, path.substr(slash + 1));
-  if (!file.ok()) return file.status();
-  w->file_ = std::move(*file);
-  const uint64_t len = text.size();
-  absl::Status s = WriteFully(w->file_->fd(), &len, 8, path);
-  if (s.ok()) s = WriteFully(w->file_->fd(), text.data(), text.size(), path);
-  if (!s.ok()) return s;
+  SL_RETURN_IF_ERROR(w->Start(w->dir_fd_.get(), dir, path.substr(slash + 1), raw, {{"format", "pt"}}));
   return w;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::CreateAt(
+    int dir_fd, const std::string& dir, const std::string& name, const std::vector<RawDecl>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter());
+  SL_RETURN_IF_ERROR(w->Start(dir_fd, dir, name, tensors, metadata));
+  return w;
+}
+
+absl::Status SafetensorsStreamWriter::Start(int dir_fd, const std::string& dir, const std::string& name,
+                                            const std::vector<RawDecl>& tensors,
+                                            const std::map<std::string, std::string>& metadata) {
+  path_ = dir + "/" + name;
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  int64_t offset = 0;
+  for (const RawDecl& d : tensors) {
+    if (header.contains(d.name)) return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor ", Shown(d.name), " twice"));
+    header[d.name] = {{"dtype", d.dtype}, {"shape", d.shape}, {"data_offsets", {offset, offset + d.bytes}}};
+    offset += d.bytes;
+  }
+  expected_bytes_ = offset;
+  // A name that is not UTF-8 is written with U+FFFD rather than thrown on.
+  std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  text.append((8 - text.size() % 8) % 8, ' ');
+  SL_ASSIGN_OR_RETURN(file_, AtomicFileAt::Create(dir_fd, dir, name));
+  const uint64_t len = text.size();  // little-endian on every platform we build for
+  SL_RETURN_IF_ERROR(WriteFully(file_->fd(), &len, 8, path_));
+  return WriteFully(file_->fd(), text.data(), text.size(), path_);
 }
 
 SafetensorsStreamWriter::~SafetensorsStreamWriter() = default;  // file_ removes an unfinished temp file
 
-absl::Status SafetensorsStreamWriter::Append(const float* data, int64_t count) {
-  const int64_t bytes = count * (dtype_ == StoredDType::kF32 ? 4 : 2);
-  if (written_bytes_ + bytes > expected_bytes_) {
+absl::Status SafetensorsStreamWriter::AppendBytes(const void* data, int64_t bytes) {
+  if (bytes < 0 || written_bytes_ + bytes > expected_bytes_) {
     return absl::InternalError(absl::StrCat(path_, ": more data than the header declares"));
   }
-  absl::Status s;
-  if (dtype_ == StoredDType::kF32) {
-    s = WriteFully(file_->fd(), data, static_cast<size_t>(bytes), path_);
-  } else {
-    std::vector<uint16_t> half(static_cast<size_t>(std::min<int64_t>(count, 1 << 20)));
-    for (int64_t done = 0; done < count && s.ok(); done += static_cast<int64_t>(half.size())) {
-      const int64_t n = std::min<int64_t>(count - done, static_cast<int64_t>(half.size()));
-      for (int64_t i = 0; i < n; ++i) half[i] = FloatToBf16Bits(data[done + i]);
-      s = WriteFully(file_->fd(), half.data(), static_cast<size_t>(n * 2), path_);
-    }
+  SL_RETURN_IF_ERROR(WriteFully(file_->fd(), data, static_cast<size_t>(bytes), path_));
+  written_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsStreamWriter::Append(const float* data, int64_t count) {
+  if (dtype_ == StoredDType::kF32) return AppendBytes(data, count * 4);
+  std::vector<uint16_t> half(static_cast<size_t>(std::min<int64_t>(count, 1 << 20)));
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min<int64_t>(count - done, static_cast<int64_t>(half.size()));
+    for (int64_t i = 0; i < n; ++i) half[i] = FloatToBf16Bits(data[done + i]);
+    SL_RETURN_IF_ERROR(AppendBytes(half.data(), n * 2));
+    done += n;
   }
-  if (s.ok()) written_bytes_ += bytes;
-  return s;
+  return absl::OkStatus();
 }
 
 absl::Status SafetensorsStreamWriter::Finish() {

@@ -89,13 +89,17 @@ class SafetensorsReader {
   SafetensorsHeader header_;
 };
 
-// Writes tensors of one dtype (F32 or BF16), declared up front and then
-// appended in declaration order, to "<path>.tmp"; Finish() fsyncs and renames
-// it to `path`. Until then no file exists at `path`; a writer destroyed
-// unfinished removes its temp file. Neither the folder (its last component)
-// nor either name is followed if it is a symlink (file_util.h AtomicFileAt):
-// a link planted there is refused or replaced, never written through. The header's metadata says
-// {"format": "pt"}, which transformers requires.
+// The one safetensors writer. Tensors are declared up front and their bytes
+// appended in declaration order to "<name>.tmp"; Finish() fsyncs and renames
+// it to the name. Until then no file exists under the name; a writer
+// destroyed unfinished removes its temp file. Neither the folder (its last
+// component) nor either name is followed if it is a symlink (file_util.h
+// AtomicFileAt): a link planted there is refused or replaced, never written
+// through. The header is written by nlohmann::json, every name escaped.
+//   Create: tensors of one dtype (F32 or BF16) from fp32 values (Append), with
+//           the metadata {"format": "pt"} transformers requires;
+//   CreateAt: tensors of any dtype as raw bytes (AppendBytes) inside an open
+//           folder, with the caller's metadata (the engine's checkpoints).
 enum class StoredDType { kF32, kBF16 };
 class SafetensorsStreamWriter {
  public:
@@ -103,19 +107,33 @@ class SafetensorsStreamWriter {
     std::string name;
     std::vector<int64_t> shape;
   };
+  struct RawDecl {
+    std::string name;
+    std::string dtype;  // "F32", "BF16", "I64", ...
+    std::vector<int64_t> shape;
+    int64_t bytes = 0;
+  };
   static absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> Create(const std::string& path,
                                                                          const std::vector<Decl>& tensors,
                                                                          StoredDType dtype = StoredDType::kF32);
+  // `dir_fd` (the open folder `dir` names in errors) must outlive the writer.
+  static absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> CreateAt(
+      int dir_fd, const std::string& dir, const std::string& name, const std::vector<RawDecl>& tensors,
+      const std::map<std::string, std::string>& metadata);
   ~SafetensorsStreamWriter();
   // Appends (part of) the next tensor's data, converted to the file's dtype;
-  // a tensor may come in pieces.
+  // a tensor may come in pieces. Only for a writer made by Create.
   absl::Status Append(const float* data, int64_t count);
+  // Appends raw bytes of the next tensor(s); never more than declared.
+  absl::Status AppendBytes(const void* data, int64_t bytes);
   absl::Status Finish();
 
  private:
   SafetensorsStreamWriter() = default;
+  absl::Status Start(int dir_fd, const std::string& dir, const std::string& name, const std::vector<RawDecl>& tensors,
+                     const std::map<std::string, std::string>& metadata);
   std::string path_;
-  UniqueFd dir_fd_;  // outlives file_
+  UniqueFd dir_fd_;  // Create's own folder; outlives file_
   std::unique_ptr<AtomicFileAt> file_;
   StoredDType dtype_ = StoredDType::kF32;
   int64_t expected_bytes_ = 0, written_bytes_ = 0;

@@ -1,7 +1,7 @@
-// Writes tensors as a safetensors file (8-byte little-endian header length, a
-// JSON header of name -> {dtype, shape, data_offsets}, then the raw bytes), so
-// that Python's safetensors/torch can load what the engine produced. The file
-// is written to "<path>.tmp", fsynced and renamed: a reader never sees half.
+// Writes ATen tensors of any dtype as a safetensors file, so that Python's
+// safetensors/torch can load what the engine produced: an adapter over the
+// one safetensors writer (common/safetensors.h SafetensorsStreamWriter), which
+// writes "<name>.tmp", fsyncs and renames it: a reader never sees half.
 #pragma once
 
 #include <functional>
