@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   if (!made.ok()) return Fail(made.status());
   CheckpointManifest& m = *made;
   m.ranks.push_back(f);
-  if (auto s = WriteManifest(step_dir, m); !s.ok()) return Fail(s);
+  if (auto s = WriteManifestConfined(dir, m); !s.ok()) return Fail(s);
   // What was saved, to check every load against; then a step moves the
   // live state away from it, so that a load that read nothing would show.
   const ShardSnapshot saved = SnapshotShards(e, /*copy=*/true);

@@ -75,9 +75,11 @@ std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int r
 absl::StatusOr<CheckpointManifest> NewManifest(const std::string& job, const JobConfig& config, int world_size,
                                                int64_t step);
 
-// Writes "<dir>/manifest.json" atomically (WriteFileAtomically).
+// Writes "<dir>/manifest.json" atomically (WriteFileAtomically), with no
+// confinement: for tests that build a manifest where they like. Every
+// program commits through WriteManifestConfined.
 absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m);
-// The coordinator's commit of step m.step of the job whose checkpoint root is
+// The commit (the coordinator's, shardline-train's rank 0) of step m.step of the job whose checkpoint root is
 // `checkpoint_root`: writes the manifest into "<checkpoint_root>/step-N" only
 // if that is the job's own directory once `..` and symlinks are resolved.
 // Neither the root nor the step directory may be a symlink, and the step

@@ -145,7 +145,8 @@ class StoreSink : public CheckpointSink {
       return absl::DeadlineExceededError(absl::StrCat("[rank ", f_.rank, "] checkpoint ", dir,
                                                       ": a rank did not report its file: ", ex.what()));
     }
-    SL_RETURN_IF_ERROR(WriteManifest(dir, m));
+    // The coordinator's commit path: only into this job's own step directory.
+    SL_RETURN_IF_ERROR(WriteManifestConfined(absl::StrCat(f_.ckpt_dir, "/", c_.name), m));
     return mine.size;
   }
 
