@@ -1,6 +1,7 @@
 #include "common/job_state.h"
 #include "client/render.h"
 
+#include "common/json_object.h"
 #include "common/quoted.h"
 
 #include <cmath>
@@ -38,23 +39,20 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
-namespace {
-std::string Num(double v) { return std::isfinite(v) ? absl::StrFormat("%.10g", v) : "null"; }
-}  // namespace
 
 std::string RankJson(const v1::RankStatus& r) {
   return absl::StrCat("{\"rank\":", r.rank(), ",\"worker_id\":", JsonString(r.worker_id()), ",\"host\":",
                       JsonString(r.host()), ",\"step\":", r.step(), ",\"last_collective_seq\":",
                       r.last_collective_seq(), ",\"lag_steps\":", r.lag_steps(), ",\"lag_collectives\":",
-                      r.lag_collectives(), ",\"heartbeat_age_seconds\":", Num(r.heartbeat_age_seconds()),
-                      ",\"seconds_since_progress\":", Num(r.seconds_since_progress()), ",\"stalled\":",
+                      r.lag_collectives(), ",\"heartbeat_age_seconds\":", JsonNumber(r.heartbeat_age_seconds()),
+                      ",\"seconds_since_progress\":", JsonNumber(r.seconds_since_progress()), ",\"stalled\":",
                       r.stalled() ? "true" : "false", "}");
 }
 
 std::string StepRecordJson(const v1::StepRecord& s) {
-  return absl::StrCat("{\"step\":", s.step(), ",\"loss\":", Num(s.loss()), ",\"lr\":", Num(s.lr()),
-                      ",\"grad_norm\":", Num(s.grad_norm()), ",\"tokens_per_second\":", Num(s.tokens_per_second()),
-                      ",\"val_loss\":", s.has_val_loss() ? Num(s.val_loss()) : "null", ",\"unix_ms\":", s.unix_ms(),
+  return absl::StrCat("{\"step\":", s.step(), ",\"loss\":", JsonNumber(s.loss()), ",\"lr\":", JsonNumber(s.lr()),
+                      ",\"grad_norm\":", JsonNumber(s.grad_norm()), ",\"tokens_per_second\":", JsonNumber(s.tokens_per_second()),
+                      ",\"val_loss\":", s.has_val_loss() ? JsonNumber(s.val_loss()) : "null", ",\"unix_ms\":", s.unix_ms(),
                       "}");
 }
 
@@ -62,7 +60,7 @@ std::string AttemptJson(const v1::Attempt& a) {
   return absl::StrCat("{\"world_size\":", a.world_size(), ",\"strategy\":", JsonString(a.strategy()),
                       ",\"first_step\":", a.first_step(), ",\"last_step\":", a.last_step(), ",\"end\":",
                       JsonString(a.end()), ",\"started_unix_ms\":", a.started_unix_ms(), ",\"ended_unix_ms\":",
-                      a.ended_unix_ms(), ",\"lost_seconds\":", Num(a.lost_seconds()), "}");
+                      a.ended_unix_ms(), ",\"lost_seconds\":", JsonNumber(a.lost_seconds()), "}");
 }
 
 std::string JobJson(const v1::Job& j) {
@@ -74,15 +72,15 @@ std::string JobJson(const v1::Job& j) {
   for (const auto& s : j.history()) history.push_back(StepRecordJson(s));
   return absl::StrCat("{\"id\":", JsonString(j.id()), ",\"name\":", JsonString(j.name()), ",\"state\":",
                       JsonString(JobStateName(j.state())), ",\"step\":", j.step(), ",\"steps\":", j.steps(), ",\"loss\":",
-                      Num(j.loss()), ",\"tokens_per_second\":", Num(j.tokens_per_second()), ",\"lr\":", Num(j.lr()),
-                      ",\"grad_norm\":", Num(j.grad_norm()), ",\"val_loss\":", j.has_val_loss() ? Num(j.val_loss()) : "null",
+                      JsonNumber(j.loss()), ",\"tokens_per_second\":", JsonNumber(j.tokens_per_second()), ",\"lr\":", JsonNumber(j.lr()),
+                      ",\"grad_norm\":", JsonNumber(j.grad_norm()), ",\"val_loss\":", j.has_val_loss() ? JsonNumber(j.val_loss()) : "null",
                       ",\"val_step\":", j.val_step(), ",\"workers\":", j.workers(), ",\"strategy\":",
                       JsonString(j.strategy()), ",\"message\":", JsonString(j.message()), ",\"worker_ids\":[",
                       absl::StrJoin(workers, ","), "],\"created_unix_ms\":", j.created_unix_ms(), ",\"stalled\":",
                       JsonString(j.stalled()), ",\"straggler\":", JsonString(j.straggler()), ",\"ranks\":[", absl::StrJoin(ranks, ","), "],\"requested_workers\":",
                       j.requested_workers(), ",\"restarts\":", j.restarts(), ",\"strategy_reason\":", JsonString(j.strategy_reason()),
-                      ",\"measured_bus_bandwidth\":", Num(j.measured_bus_bandwidth()), ",\"goodput\":",
-                      Num(JobGoodput(j, absl::ToUnixMillis(absl::Now()))), ",\"attempts\":[",
+                      ",\"measured_bus_bandwidth\":", JsonNumber(j.measured_bus_bandwidth()), ",\"goodput\":",
+                      JsonNumber(JobGoodput(j, absl::ToUnixMillis(absl::Now()))), ",\"attempts\":[",
                       absl::StrJoin(attempts, ","), "]",
                       j.history_size() ? absl::StrCat(",\"history\":[", absl::StrJoin(history, ","), "]") : "", "}");
 }
@@ -91,7 +89,7 @@ std::string WorkerJson(const v1::WorkerInfo& w) {
   return absl::StrCat("{\"id\":", JsonString(w.worker_id()), ",\"host\":", JsonString(w.host()), ",\"device\":",
                       JsonString(w.device()), ",\"state\":", JsonString(WorkerStateName(w.state())), ",\"job_id\":",
                       JsonString(w.job_id()), ",\"rank\":", w.rank(), ",\"memory_bytes\":", w.memory_bytes(),
-                      ",\"heartbeat_age_seconds\":", Num(w.heartbeat_age_seconds()), ",\"metrics_port\":",
+                      ",\"heartbeat_age_seconds\":", JsonNumber(w.heartbeat_age_seconds()), ",\"metrics_port\":",
                       w.metrics_port(), ",\"collective_address\":", JsonString(w.collective_address()), "}");
 }
 

@@ -1,14 +1,20 @@
-// One JSON object parsed from a file's text, for the readers of
-// transformers' and PEFT's JSON files (config.json, adapter_config.json).
-// Errors name the file: malformed JSON, or JSON that is not an object.
+// JSON helpers.
+//   ParseJsonObject: one JSON object parsed from a file's text, for the
+//     readers of transformers' and PEFT's JSON files (config.json,
+//     adapter_config.json). Errors name the file: malformed JSON, or JSON
+//     that is not an object.
+//   JsonNumber: a double as a JSON number that reads back exactly; JSON has
+//     no NaN or infinity, so a value that is not finite is null.
 #pragma once
 
+#include <cmath>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/quoted.h"
 
 namespace shardline {
@@ -23,5 +29,7 @@ inline absl::StatusOr<nlohmann::json> ParseJsonObject(const std::string& text, c
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(file, ": not a JSON object"));
   return j;
 }
+
+inline std::string JsonNumber(double v) { return std::isfinite(v) ? absl::StrFormat("%.17g", v) : "null"; }
 
 }  // namespace shardline

@@ -30,6 +30,7 @@
 #include "common/status_macros.h"
 #include "common/checkpoint_manifest.h"
 #include "common/file_util.h"
+#include "common/json_object.h"
 #include "common/model_shapes.h"
 #include "common/weight_source.h"
 #include "worker/comm/groups.h"
@@ -156,15 +157,13 @@ class StoreSink : public CheckpointSink {
   c10d::Store* const store_;
 };
 
-// JSON has no NaN: a value that is not finite is null.
-std::string Number(double v) { return std::isfinite(v) ? absl::StrFormat("%.17g", v) : std::string("null"); }
 
 std::string StepJson(const StepResult& r) {
   return absl::StrFormat(
       "{\"step\":%d,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.10g,\"seconds\":%.6f,"
       "\"exposed_comm_seconds\":%.6f,\"tokens_per_s\":%.2f,\"val_loss\":%s,\"skipped\":%s}",
-      r.step, Number(r.loss), Number(r.grad_norm), r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds,
-      Number(r.val_loss), r.skipped ? "true" : "false");
+      r.step, JsonNumber(r.loss), JsonNumber(r.grad_norm), r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds,
+      JsonNumber(r.val_loss), r.skipped ? "true" : "false");
 }
 
 // DIR/rank-<r>.json: per-step results, memory by kind, units and bytes and

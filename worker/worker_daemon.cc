@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
+#include "common/json_object.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/checkpoint_manifest.h"
@@ -71,12 +72,11 @@ class HistoryFile {
       out_ = UniqueFd(::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640));
       if (out_.get() < 0) return Fail(absl::StrCat("cannot open it: ", std::strerror(errno)));
     }
-    auto number = [](double v) { return std::isfinite(v) ? absl::StrFormat("%.9g", v) : std::string("null"); };
     const std::string line = absl::StrFormat(
-        "{\"step\":%d,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"tokens_per_second\":%.1f,"
+        "{\"step\":%d,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens_per_second\":%s,"
         "\"val_loss\":%s,\"world_size\":%d,\"unix_ms\":%d}\n",
-        r.step + 1, number(r.loss), r.lr, number(r.grad_norm), r.tokens / r.seconds, number(r.val_loss), world,
-        absl::ToUnixMillis(absl::Now()));
+        r.step + 1, JsonNumber(r.loss), JsonNumber(r.lr), JsonNumber(r.grad_norm), JsonNumber(r.tokens / r.seconds),
+        JsonNumber(r.val_loss), world, absl::ToUnixMillis(absl::Now()));
     // One write(2) of a whole line to an O_APPEND file: a reader never sees half of one.
     absl::Status wrote = WriteFully(out_.get(), line.data(), line.size(), path_);
     if (!wrote.ok()) Fail(std::string(wrote.message()));
