@@ -133,7 +133,8 @@ int main(int argc, char** argv) {
     daemon.Stop();
   });
   waiter.detach();
-  daemon.Run();
+  const absl::Status stopped = daemon.Run();
+  if (!stopped.ok()) std::cerr << "shardline-worker: stopped: " << stopped.message() << std::endl;
   // A job blocked in a collective with a peer that is gone would otherwise
   // hold the process until the collective's deadline: stopping is bounded.
   if (!daemon.WaitForJob(absl::Seconds(5))) {
