@@ -280,6 +280,288 @@ absl::StatusOr<v1::CheckpointInfo> SaveNow(const Client& c, const std::string& j
   }
 }
 
+// Every flag of every command, as the parse fills them.
+struct Args {
+  Options o;
+  std::string file, job, from, strategy, step_dir, out_file, shell;
+  int workers = 0, page_size = 100, log_rank = -1;
+  bool follow = false, skip_local_check = false, history = false, delete_checkpoints = false, follow_logs = false;
+  double save_timeout_s = 600;
+  std::string export_format = "nanogpt", export_dtype = "fp32", max_shard_size = "5GB";
+  bool merge = false, overwrite = false;
+  PlanFlags plan;
+};
+
+// The flags every command takes, before or after its name.
+void AddGlobalFlags(CLI::App& app, Args& a) {
+  app.require_subcommand(1);
+  app.set_version_flag("--version", absl::StrCat("shardctl ", kVersion, " (", kRevision, ")"));
+  // Taken after the subcommand too: every subcommand (added after this)
+  // hands what it does not know to its parent.
+  app.fallthrough();
+  const char* env = std::getenv("SHARDLINE_COORDINATOR");
+  a.o.coordinator = env ? env : "127.0.0.1:50051";
+  app.add_option("--coordinator", a.o.coordinator, "coordinator address (env SHARDLINE_COORDINATOR)");
+  app.add_option("--token-file", a.o.token_file, "file holding the coordinator's token");
+  app.add_option("--tls-ca", a.o.tls_ca, "PEM root certificate: connect with TLS");
+  app.add_flag("--json", a.o.json, "machine-readable output");
+}
+
+void AddJobCommands(CLI::App& app, Args& a) {
+  auto* submit = app.add_subcommand("submit", "submit a job file");
+  submit->add_option("JOB.toml", a.file)->required();
+  // Bounded as [job] workers is: 0 (the default) means "the job's", so a
+  // given value outside [1, 2^20] is refused rather than silently dropped.
+  submit->add_option("--workers", a.workers, "number of workers (default: [job] workers)")
+      ->check(CLI::Range(1, 1 << 20));
+  submit->add_flag("--follow", a.follow, "watch the job until it ends");
+  submit->add_flag("--skip-local-check", a.skip_local_check,
+                   "send without validating here (tests the coordinator's checks)");
+  app.add_subcommand("jobs", "list jobs")
+      ->add_option("--page-size", a.page_size, "jobs fetched per call (1..1000, default 100)")
+      ->check(CLI::Range(1, 1000));  // the coordinator's bound, refused before any call
+  auto* status = app.add_subcommand("status", "show one job");
+  status->add_flag("--history", a.history, "also its per-step history (loss, lr, grad norm, tokens/s, val loss)");
+  auto* watch = app.add_subcommand("watch", "follow a job with a progress bar until it ends");
+  auto* cancel = app.add_subcommand("cancel", "cancel a job");
+  auto* del = app.add_subcommand("delete", "forget a job that has ended");
+  del->add_flag("--checkpoints", a.delete_checkpoints, "also remove its checkpoints");
+  auto* shards = app.add_subcommand("shards", "the job's ownership map");
+  for (auto* s : {status, watch, cancel, del, shards}) s->add_option("JOB", a.job)->required();
+  app.add_subcommand("workers", "list workers");
+  auto* logs = app.add_subcommand("logs", "a job's log lines as its ranks sent them (a tail per rank)");
+  logs->add_option("JOB", a.job)->required();
+  logs->add_option("--rank", a.log_rank, "only this rank's lines")->check(CLI::Range(0, 1 << 20));
+  logs->add_flag("--follow", a.follow_logs, "keep printing new lines until the job ends");
+  auto* resume = app.add_subcommand("resume", "start a new job from a job's latest (or a given) checkpoint");
+  resume->add_option("JOB", a.job)->required();
+  resume->add_option("--from", a.from, "a committed step directory (default: the job's latest)");
+  resume->add_option("--workers", a.workers, "number of workers (default: the job's)")->check(CLI::Range(1, 1 << 20));
+  resume->add_option("--strategy", a.strategy, "another strategy for the new job");
+  resume->add_flag("--follow", a.follow, "watch the new job until it ends");
+}
+
+// `ckpt save|list|export`; returns `ckpt`, whose one subcommand names what runs.
+CLI::App* AddCheckpointCommands(CLI::App& app, Args& a) {
+  auto* ckpt = app.add_subcommand("ckpt", "checkpoints");
+  ckpt->require_subcommand(1);
+  auto* save = ckpt->add_subcommand("save", "save a running job's state after its current step and wait "
+                                            "until the checkpoint is committed");
+  save->add_option("--timeout", a.save_timeout_s, "seconds to wait for the commit (default 600)")
+      ->check(CLI::Range(1.0, 86400.0));
+  auto* list = ckpt->add_subcommand("list", "a job's committed checkpoints");
+  for (auto* sc : {save, list}) sc->add_option("JOB", a.job)->required();
+  auto* exp = ckpt->add_subcommand("export", "write a checkpoint's model for other tools (no coordinator needed)");
+  exp->add_option("STEP_DIR", a.step_dir)->required();
+  exp->add_option("--out", a.out_file, "nanogpt: the .safetensors file to write; hf, peft: the directory")->required();
+  exp->add_option("--format", a.export_format, "nanogpt (one file, the engine's names), hf (a transformers "
+                                               "directory) or peft (a LoRA checkpoint's adapters)")
+      ->check(CLI::IsMember({"nanogpt", "hf", "peft"}));
+  exp->add_option("--dtype", a.export_dtype, "hf, peft: fp32 or bf16 (default fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  exp->add_flag("--merge", a.merge, "hf, of a LoRA checkpoint: the base with the adapters merged in");
+  exp->add_flag("--overwrite", a.overwrite,
+                "hf, peft: export into a folder that has files, removing the weights and configs there first");
+  exp->add_option("--max-shard-size", a.max_shard_size,
+                  "hf: the largest weight file, as transformers writes it: 5GB, 500MB, 20KB (default 5GB)");
+  return ckpt;
+}
+
+// `ckpt export`: local, reads the shard files one unit at a time.
+absl::Status Export(const Args& a) {
+  const StoredDType dtype = a.export_dtype == "bf16" ? StoredDType::kBF16 : StoredDType::kF32;
+  if (a.merge && a.export_format != "hf") return absl::InvalidArgumentError("--merge needs --format hf");
+  if (a.export_format == "hf") {
+    HfExportOptions options;
+    options.dtype = dtype;
+    options.merge = a.merge;
+    options.overwrite = a.overwrite;
+    SL_ASSIGN_OR_RETURN(options.max_shard_bytes, ParseByteSize(a.max_shard_size, "--max-shard-size"));
+    SL_RETURN_IF_ERROR(ExportHf(a.step_dir, a.out_file, options));
+  } else if (a.export_format == "peft") {
+    SL_RETURN_IF_ERROR(ExportPeft(a.step_dir, a.out_file, dtype, a.overwrite));
+  } else {
+    if (a.export_dtype != "fp32") return absl::InvalidArgumentError("--dtype bf16 needs --format hf or peft");
+    SL_RETURN_IF_ERROR(ExportModel(a.step_dir, a.out_file));
+  }
+  std::cout << (a.o.json ? absl::StrCat("{\"path\":", JsonString(a.out_file), "}") : "wrote " + a.out_file)
+            << std::endl;
+  return absl::OkStatus();
+}
+
+// A new job: its id (as JSON with --json), then, with --follow, its progress.
+absl::Status Start(const Client& c, const Args& a, const v1::SubmitJobRequest& r) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::SubmitJobResponse resp;
+  SL_RETURN_IF_ERROR(c.Check(c.stub()->SubmitJob(&ctx, r, &resp)));
+  std::cout << (a.o.json ? absl::StrCat("{\"job_id\":", JsonString(resp.job_id()), "}") : resp.job_id())
+            << std::endl;
+  return a.follow ? Watch(c, resp.job_id()) : absl::OkStatus();
+}
+
+// `jobs`: every page, each its own call with its own deadline.
+absl::Status ListJobs(const Client& c, const Args& a) {
+  std::vector<v1::Job> jobs;
+  v1::ListJobsRequest page;
+  page.set_page_size(a.page_size);
+  for (;;) {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    v1::ListJobsResponse resp;
+    SL_RETURN_IF_ERROR(c.Check(c.stub()->ListJobs(&ctx, page, &resp)));
+    jobs.insert(jobs.end(), resp.jobs().begin(), resp.jobs().end());
+    if (resp.next_page_token().empty() || jobs.size() > 1000000) break;
+    page.set_page_token(resp.next_page_token());
+  }
+  if (a.o.json) {
+    std::vector<std::string> js;
+    for (const auto& j : jobs) js.push_back(JobJson(j));
+    std::cout << "{\"jobs\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
+  } else {
+    std::cout << JobsTable(jobs);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Delete(const Client& c, const Args& a) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::DeleteJobRequest r;
+  r.set_job_id(a.job);
+  r.set_checkpoints(a.delete_checkpoints);
+  v1::DeleteJobResponse resp;
+  SL_RETURN_IF_ERROR(c.Check(c.stub()->DeleteJob(&ctx, r, &resp)));
+  if (a.o.json) {
+    std::cout << absl::StrCat("{\"deleted\":", JsonString(a.job), ",\"removed_checkpoints\":",
+                              resp.removed_checkpoints(), "}")
+              << std::endl;
+  } else {
+    std::cout << "deleted " << a.job
+              << (a.delete_checkpoints ? absl::StrCat(" and ", resp.removed_checkpoints(), " checkpoints") : "")
+              << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+// `status` and `cancel` print the job they got back.
+absl::Status StatusOrCancel(const Client& c, const Args& a, bool cancel) {
+  v1::Job j;
+  if (!cancel) {
+    SL_ASSIGN_OR_RETURN(j, FetchJob(c, a.job, a.history));
+  } else {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    v1::CancelJobRequest r;
+    r.set_job_id(a.job);
+    SL_RETURN_IF_ERROR(c.Check(c.stub()->CancelJob(&ctx, r, &j)));
+  }
+  std::cout << (a.o.json ? JobJson(j) + "\n" : JobDetails(j));
+  return absl::OkStatus();
+}
+
+absl::Status SaveCheckpoint(const Client& c, const Args& a) {
+  SL_ASSIGN_OR_RETURN(v1::CheckpointInfo saved, SaveNow(c, a.job, absl::Seconds(a.save_timeout_s)));
+  if (a.o.json) {
+    std::cout << absl::StrCat("{\"step\":", saved.step(), ",\"path\":", JsonString(saved.path()), "}") << std::endl;
+  } else {
+    std::cout << absl::StrFormat("committed step %d: %s\n", saved.step(), Printable(saved.path()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ListCheckpoints(const Client& c, const Args& a) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::ListCheckpointsRequest r;
+  r.set_job_id(a.job);
+  v1::ListCheckpointsResponse resp;
+  SL_RETURN_IF_ERROR(c.Check(c.stub()->ListCheckpoints(&ctx, r, &resp)));
+  std::vector<std::string> js;
+  for (const auto& k : resp.checkpoints()) {
+    js.push_back(absl::StrCat("{\"step\":", k.step(), ",\"path\":", JsonString(k.path()), "}"));
+    if (!a.o.json) std::cout << absl::StrFormat("step %8d  %s\n", k.step(), Printable(k.path()));
+  }
+  if (a.o.json) std::cout << "{\"checkpoints\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
+  return absl::OkStatus();
+}
+
+absl::Status ListWorkers(const Client& c, const Args& a) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::ListWorkersResponse resp;
+  SL_RETURN_IF_ERROR(c.Check(c.stub()->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp)));
+  std::vector<v1::WorkerInfo> ws(resp.workers().begin(), resp.workers().end());
+  if (a.o.json) {
+    std::vector<std::string> js;
+    for (const auto& w : ws) js.push_back(WorkerJson(w));
+    std::cout << "{\"workers\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
+  } else {
+    std::cout << WorkersTable(ws);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shards(const Client& c, const Args& a) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  v1::GetOwnershipRequest r;
+  r.set_job_id(a.job);
+  v1::Ownership own;
+  SL_RETURN_IF_ERROR(c.Check(c.stub()->GetOwnership(&ctx, r, &own)));
+  std::cout << (a.o.json ? ShardsJson(own) + "\n" : ShardsTable(own));
+  return absl::OkStatus();
+}
+
+// The commands that talk to the coordinator. A job file is validated before
+// connecting.
+absl::Status RunRemote(const std::string& cmd, const Args& a) {
+  std::optional<v1::SubmitJobRequest> req;
+  if (cmd == "submit") {
+    SL_ASSIGN_OR_RETURN(req, PrepareSubmit(a.file, a.workers, !a.skip_local_check));
+  }
+  SL_ASSIGN_OR_RETURN(Client c, Client::Connect(a.o));
+  if (cmd == "submit") return Start(c, a, *req);
+  if (cmd == "resume") {
+    SL_ASSIGN_OR_RETURN(v1::SubmitJobRequest r, PrepareResume(c, a.job, a.from, a.workers, a.strategy));
+    return Start(c, a, r);
+  }
+  if (cmd == "jobs") return ListJobs(c, a);
+  if (cmd == "status" || cmd == "cancel") return StatusOrCancel(c, a, cmd == "cancel");
+  if (cmd == "watch") return Watch(c, a.job);
+  if (cmd == "delete") return Delete(c, a);
+  if (cmd == "ckpt save") return SaveCheckpoint(c, a);
+  if (cmd == "ckpt list") return ListCheckpoints(c, a);
+  if (cmd == "logs") return Logs(c, a.job, a.log_rank, a.follow_logs);
+  if (cmd == "workers") return ListWorkers(c, a);
+  return Shards(c, a);
+}
+
+// Parses argv into `a`; a usage error or help exits with what CLI11 says
+// (usage errors 2), reported through *exit_code.
+bool Parse(CLI::App& app, int argc, char** argv, int* exit_code) {
+  try {
+    app.parse(argc, argv);
+    return true;
+  } catch (const CLI::CallForHelp& e) {
+    *exit_code = app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    *exit_code = app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    *exit_code = app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // A word where a command belongs is named with the nearest real one
+    // rather than as an unexpected argument.
+    if (auto typo = MistypedSubcommand(app, std::vector<std::string>(argv + 1, argv + argc))) {
+      std::cerr << "shardctl: " << *typo << std::endl;
+    } else {
+      app.exit(e);
+    }
+    *exit_code = 2;
+  }
+  return false;
+}
+
 }  // namespace
 }  // namespace shardline::ctl
 
@@ -287,261 +569,31 @@ int main(int argc, char** argv) {
   using namespace shardline;
   using namespace shardline::ctl;
   CLI::App app{"shardctl: submit, watch and manage Shardline jobs", "shardctl"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", absl::StrCat("shardctl ", kVersion, " (", kRevision, ")"));
-  // The global flags below are taken after the subcommand too: every
-  // subcommand (added after this) hands what it does not know to its parent.
-  app.fallthrough();
-  Options o;
-  const char* env = std::getenv("SHARDLINE_COORDINATOR");
-  o.coordinator = env ? env : "127.0.0.1:50051";
-  app.add_option("--coordinator", o.coordinator, "coordinator address (env SHARDLINE_COORDINATOR)");
-  app.add_option("--token-file", o.token_file, "file holding the coordinator's token");
-  app.add_option("--tls-ca", o.tls_ca, "PEM root certificate: connect with TLS");
-  app.add_flag("--json", o.json, "machine-readable output");
-  std::string file, job;
-  int workers = 0;
-  bool follow = false, skip_local_check = false;
-  auto* submit = app.add_subcommand("submit", "submit a job file");
-  submit->add_option("JOB.toml", file)->required();
-  // Bounded as [job] workers is: 0 (the default) means "the job's", so a
-  // given value outside [1, 2^20] is refused rather than silently dropped.
-  submit->add_option("--workers", workers, "number of workers (default: [job] workers)")
-      ->check(CLI::Range(1, 1 << 20));
-  submit->add_flag("--follow", follow, "watch the job until it ends");
-  submit->add_flag("--skip-local-check", skip_local_check, "send without validating here (tests the coordinator's checks)");
-  int page_size = 100;
-  app.add_subcommand("jobs", "list jobs")
-      ->add_option("--page-size", page_size, "jobs fetched per call (1..1000, default 100)")
-      ->check(CLI::Range(1, 1000));  // the coordinator's bound, refused before any call
-  auto* status = app.add_subcommand("status", "show one job");
-  bool history = false;
-  status->add_flag("--history", history, "also its per-step history (loss, lr, grad norm, tokens/s, val loss)");
-  auto* watch = app.add_subcommand("watch", "follow a job with a progress bar until it ends");
-  auto* cancel = app.add_subcommand("cancel", "cancel a job");
-  auto* del = app.add_subcommand("delete", "forget a job that has ended");
-  bool delete_checkpoints = false;
-  del->add_flag("--checkpoints", delete_checkpoints, "also remove its checkpoints");
-  auto* shards = app.add_subcommand("shards", "the job's ownership map");
-  for (auto* s : {status, watch, cancel, del, shards}) s->add_option("JOB", job)->required();
-  app.add_subcommand("workers", "list workers");
-  auto* logs = app.add_subcommand("logs", "a job's log lines as its ranks sent them (a tail per rank)");
-  logs->add_option("JOB", job)->required();
-  int log_rank = -1;
-  bool follow_logs = false;
-  logs->add_option("--rank", log_rank, "only this rank's lines")->check(CLI::Range(0, 1 << 20));
-  logs->add_flag("--follow", follow_logs, "keep printing new lines until the job ends");
-  std::string from, strategy, step_dir, out_file;
-  auto* resume = app.add_subcommand("resume", "start a new job from a job's latest (or a given) checkpoint");
-  resume->add_option("JOB", job)->required();
-  resume->add_option("--from", from, "a committed step directory (default: the job's latest)");
-  resume->add_option("--workers", workers, "number of workers (default: the job's)")->check(CLI::Range(1, 1 << 20));
-  resume->add_option("--strategy", strategy, "another strategy for the new job");
-  resume->add_flag("--follow", follow, "watch the new job until it ends");
-  auto* ckpt = app.add_subcommand("ckpt", "checkpoints");
-  ckpt->require_subcommand(1);
-  auto* ckpt_save = ckpt->add_subcommand("save", "save a running job's state after its current step and wait "
-                                                 "until the checkpoint is committed");
-  double save_timeout_s = 600;
-  ckpt_save->add_option("--timeout", save_timeout_s, "seconds to wait for the commit (default 600)")
-      ->check(CLI::Range(1.0, 86400.0));
-  auto* ckpt_list = ckpt->add_subcommand("list", "a job's committed checkpoints");
-  auto* ckpt_export = ckpt->add_subcommand("export", "write a checkpoint's model for other tools (no coordinator needed)");
-  ckpt_export->add_option("STEP_DIR", step_dir)->required();
-  ckpt_export->add_option("--out", out_file, "nanogpt: the .safetensors file to write; hf, peft: the directory")
-      ->required();
-  std::string export_format = "nanogpt", export_dtype = "fp32";
-  std::string max_shard_size = "5GB";
-  bool merge = false;
-  ckpt_export->add_option("--format", export_format, "nanogpt (one file, the engine's names), hf (a transformers "
-                                                     "directory) or peft (a LoRA checkpoint's adapters)")
-      ->check(CLI::IsMember({"nanogpt", "hf", "peft"}));
-  ckpt_export->add_option("--dtype", export_dtype, "hf, peft: fp32 or bf16 (default fp32)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
-  ckpt_export->add_flag("--merge", merge, "hf, of a LoRA checkpoint: the base with the adapters merged in");
-  bool overwrite = false;
-  ckpt_export->add_flag("--overwrite", overwrite,
-                        "hf, peft: export into a folder that has files, removing the weights and configs there first");
-  ckpt_export->add_option("--max-shard-size", max_shard_size,
-                          "hf: the largest weight file, as transformers writes it: 5GB, 500MB, 20KB (default 5GB)");
-  for (auto* sc : {ckpt_save, ckpt_list}) sc->add_option("JOB", job)->required();
-  PlanFlags plan_flags;
+  Args a;
+  AddGlobalFlags(app, a);
+  AddJobCommands(app, a);
+  CLI::App* ckpt = AddCheckpointCommands(app, a);
   AddPlanOptions(app.add_subcommand("plan", "predict memory, communication and step time of every strategy "
                                             "(no coordinator needed)"),
-                 &plan_flags);
-  std::string shell;
+                 &a.plan);
   app.add_subcommand("completion", "print a completion script: source <(shardctl completion bash)")
-      ->add_option("SHELL", shell, "bash or zsh")
+      ->add_option("SHELL", a.shell, "bash or zsh")
       ->required()
       ->check(CLI::IsMember({"bash", "zsh"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    // Usage errors exit 2; a word where a command belongs is named with the
-    // nearest real one rather than as an unexpected argument.
-    if (auto typo = MistypedSubcommand(app, std::vector<std::string>(argv + 1, argv + argc))) {
-      std::cerr << "shardctl: " << *typo << std::endl;
-    } else {
-      app.exit(e);
-    }
-    return 2;
+  int exit_code = 0;
+  if (!Parse(app, argc, argv, &exit_code)) return exit_code;
+  std::string cmd = app.get_subcommands()[0]->get_name();
+  if (cmd == "ckpt") cmd += " " + ckpt->get_subcommands()[0]->get_name();
+  absl::Status s;
+  if (cmd == "completion") {  // generated from `app` itself, so it follows every flag added above
+    std::cout << (a.shell == "bash" ? BashCompletion(app) : ZshCompletion(app));
+  } else if (cmd == "plan") {
+    s = RunPlan(a.plan, a.o.json);  // local arithmetic
+  } else if (cmd == "ckpt export") {
+    s = Export(a);
+  } else {
+    s = RunRemote(cmd, a);
   }
-
-  auto run = [&]() -> absl::Status {
-    std::string cmd = app.get_subcommands()[0]->get_name();
-    if (cmd == "ckpt") cmd += " " + ckpt->get_subcommands()[0]->get_name();
-    if (cmd == "completion") {  // generated from `app` itself, so it follows every flag added above
-      std::cout << (shell == "bash" ? BashCompletion(app) : ZshCompletion(app));
-      return absl::OkStatus();
-    }
-    if (cmd == "plan") return RunPlan(plan_flags, o.json);  // local arithmetic
-    if (cmd == "ckpt export") {  // local: reads the shard files, one unit at a time
-      const StoredDType dtype = export_dtype == "bf16" ? StoredDType::kBF16 : StoredDType::kF32;
-      if (merge && export_format != "hf") return absl::InvalidArgumentError("--merge needs --format hf");
-      if (export_format == "hf") {
-        HfExportOptions options;
-        options.dtype = dtype;
-        options.merge = merge;
-        options.overwrite = overwrite;
-        SL_ASSIGN_OR_RETURN(options.max_shard_bytes, ParseByteSize(max_shard_size, "--max-shard-size"));
-        SL_RETURN_IF_ERROR(ExportHf(step_dir, out_file, options));
-      } else if (export_format == "peft") {
-        SL_RETURN_IF_ERROR(ExportPeft(step_dir, out_file, dtype, overwrite));
-      } else {
-        if (export_dtype != "fp32") return absl::InvalidArgumentError("--dtype bf16 needs --format hf or peft");
-        SL_RETURN_IF_ERROR(ExportModel(step_dir, out_file));
-      }
-      if (o.json) {
-        std::cout << "{\"path\":" << JsonString(out_file) << "}" << std::endl;
-      } else {
-        std::cout << "wrote " << out_file << std::endl;
-      }
-      return absl::OkStatus();
-    }
-    std::optional<v1::SubmitJobRequest> req;
-    if (cmd == "submit") {  // validate before connecting
-      SL_ASSIGN_OR_RETURN(req, PrepareSubmit(file, workers, !skip_local_check));
-    }
-    SL_ASSIGN_OR_RETURN(Client c, Client::Connect(o));
-    grpc::ClientContext ctx;
-    c.Prepare(&ctx);
-    // A new job: its id (as JSON with --json), then optionally its progress.
-    auto start = [&](const v1::SubmitJobRequest& r) -> absl::Status {
-      grpc::ClientContext sctx;
-      c.Prepare(&sctx);
-      v1::SubmitJobResponse resp;
-      SL_RETURN_IF_ERROR(c.Check(c.stub()->SubmitJob(&sctx, r, &resp)));
-      std::cout << (o.json ? absl::StrCat("{\"job_id\":", JsonString(resp.job_id()), "}") : resp.job_id())
-                << std::endl;
-      return follow ? Watch(c, resp.job_id()) : absl::OkStatus();
-    };
-    if (cmd == "submit") return start(*req);
-    if (cmd == "jobs") {
-      std::vector<v1::Job> jobs;
-      v1::ListJobsRequest page;
-      page.set_page_size(page_size);
-      for (;;) {  // every page, each its own call with its own deadline
-        grpc::ClientContext pctx;
-        c.Prepare(&pctx);
-        v1::ListJobsResponse resp;
-        SL_RETURN_IF_ERROR(c.Check(c.stub()->ListJobs(&pctx, page, &resp)));
-        jobs.insert(jobs.end(), resp.jobs().begin(), resp.jobs().end());
-        if (resp.next_page_token().empty() || jobs.size() > 1000000) break;
-        page.set_page_token(resp.next_page_token());
-      }
-      if (o.json) {
-        std::vector<std::string> js;
-        for (const auto& j : jobs) js.push_back(JobJson(j));
-        std::cout << "{\"jobs\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
-      } else {
-        std::cout << JobsTable(jobs);
-      }
-      return absl::OkStatus();
-    }
-    if (cmd == "status" || cmd == "cancel") {
-      v1::Job j;
-      if (cmd == "status") {
-        SL_ASSIGN_OR_RETURN(j, FetchJob(c, job, history));
-      } else {
-        v1::CancelJobRequest r;
-        r.set_job_id(job);
-        SL_RETURN_IF_ERROR(c.Check(c.stub()->CancelJob(&ctx, r, &j)));
-      }
-      std::cout << (o.json ? JobJson(j) + "\n" : JobDetails(j));
-      return absl::OkStatus();
-    }
-    if (cmd == "watch") return Watch(c, job);
-    if (cmd == "resume") {
-      SL_ASSIGN_OR_RETURN(v1::SubmitJobRequest r, PrepareResume(c, job, from, workers, strategy));
-      return start(r);
-    }
-    if (cmd == "ckpt save") {
-      SL_ASSIGN_OR_RETURN(v1::CheckpointInfo saved, SaveNow(c, job, absl::Seconds(save_timeout_s)));
-      if (o.json) {
-        std::cout << absl::StrCat("{\"step\":", saved.step(), ",\"path\":", JsonString(saved.path()), "}") << std::endl;
-      } else {
-        std::cout << absl::StrFormat("committed step %d: %s\n", saved.step(), Printable(saved.path()));
-      }
-      return absl::OkStatus();
-    }
-    if (cmd == "delete") {
-      v1::DeleteJobRequest r;
-      r.set_job_id(job);
-      r.set_checkpoints(delete_checkpoints);
-      v1::DeleteJobResponse resp;
-      SL_RETURN_IF_ERROR(c.Check(c.stub()->DeleteJob(&ctx, r, &resp)));
-      if (o.json) {
-        std::cout << absl::StrCat("{\"deleted\":", JsonString(job), ",\"removed_checkpoints\":",
-                                  resp.removed_checkpoints(), "}")
-                  << std::endl;
-      } else {
-        std::cout << "deleted " << job
-                  << (delete_checkpoints ? absl::StrCat(" and ", resp.removed_checkpoints(), " checkpoints") : "")
-                  << std::endl;
-      }
-      return absl::OkStatus();
-    }
-    if (cmd == "ckpt list") {
-      v1::ListCheckpointsRequest r;
-      r.set_job_id(job);
-      v1::ListCheckpointsResponse resp;
-      SL_RETURN_IF_ERROR(c.Check(c.stub()->ListCheckpoints(&ctx, r, &resp)));
-      std::vector<std::string> js;
-      for (const auto& k : resp.checkpoints()) {
-        js.push_back(absl::StrCat("{\"step\":", k.step(), ",\"path\":", JsonString(k.path()), "}"));
-        if (!o.json) std::cout << absl::StrFormat("step %8d  %s\n", k.step(), Printable(k.path()));
-      }
-      if (o.json) std::cout << "{\"checkpoints\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
-      return absl::OkStatus();
-    }
-    if (cmd == "logs") return Logs(c, job, log_rank, follow_logs);
-    if (cmd == "workers") {
-      v1::ListWorkersResponse resp;
-      SL_RETURN_IF_ERROR(c.Check(c.stub()->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp)));
-      std::vector<v1::WorkerInfo> ws(resp.workers().begin(), resp.workers().end());
-      if (o.json) {
-        std::vector<std::string> js;
-        for (const auto& w : ws) js.push_back(WorkerJson(w));
-        std::cout << "{\"workers\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
-      } else {
-        std::cout << WorkersTable(ws);
-      }
-      return absl::OkStatus();
-    }
-    v1::GetOwnershipRequest r;  // shards
-    r.set_job_id(job);
-    v1::Ownership own;
-    SL_RETURN_IF_ERROR(c.Check(c.stub()->GetOwnership(&ctx, r, &own)));
-    std::cout << (o.json ? ShardsJson(own) + "\n" : ShardsTable(own));
-    return absl::OkStatus();
-  };
-  const absl::Status s = run();
   if (!s.ok()) {
     std::cerr << "shardctl: " << Printable(s.message()) << std::endl;
     return 1;
