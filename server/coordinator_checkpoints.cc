@@ -36,7 +36,16 @@ absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& repor
   if (absl::IsPermissionDenied(s) && options_.events.refused) options_.events.refused("checkpoint_report");
   if (!s.ok()) return s;
   s = store_->PutCheckpointReport(report);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    // The coordinator's own failure (a full disk under --state-dir), not the
+    // rank's: had it gone back to the rank as an error, the rank would fail
+    // with it and the job restart from its last commit, blaming that rank,
+    // until restarts ran out. It would recur: the job fails at once.
+    const std::string cause = absl::StrCat("checkpoint of step ", report.step(),
+                                           " not committed: the coordinator could not save its state: ", s.message());
+    FailJob(r, cause, "", /*retryable=*/false);
+    return absl::Status(s.code(), cause);
+  }
   auto& step = r.ckpt_reports[report.step()];
   step[report.rank()] = report;
   if (static_cast<int>(step.size()) < JobOf(r).workers()) return absl::OkStatus();
@@ -102,7 +111,7 @@ absl::Status CoordinatorCore::CommitCheckpoint(JobRecord& r, int64_t step) {
   info->set_path(dir);
   if (absl::Status saved = PersistOrError(r); !saved.ok()) {
     j.mutable_checkpoints()->RemoveLast();
-    return absl::Status(saved.code(), absl::StrCat("the job record could not be saved: ", saved.message()));
+    return absl::Status(saved.code(), absl::StrCat("the coordinator could not save its state: ", saved.message()));
   }
   // Only into the job's own step directory, never through a symlink: the
   // coordinator may run as root.

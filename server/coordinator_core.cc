@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -57,23 +59,64 @@ bool IsRetryableOwnError(int code) {
 CoordinatorCore::CoordinatorCore(StateStore* store, CoordinatorOptions options)
     : store_(store), options_(options) {}
 
-absl::Status CoordinatorCore::Recover() {
-  auto jobs = store_->LoadJobs();
-  if (!jobs.ok()) return jobs.status();
+absl::Status CoordinatorCore::Recover(std::vector<std::string>* problems) {
+  auto rows = store_->LoadJobs();
+  if (!rows.ok()) return rows.status();
   absl::StatusOr<int64_t> next = store_->NextJobNumber();
   if (!next.ok()) return next.status();
   absl::MutexLock lock(&mu_);
   next_job_ = static_cast<int>(std::max<int64_t>(next_job_, *next));
-  for (StoredJob& s : *jobs) {
-    JobRecord r;
-    r.stored = std::move(s);
-    r.history.Swap(r.stored.job.mutable_history());
-    auto cfg = ParseJobSpec(r.stored.spec_toml, r.stored.job.name(), r.stored.base_dir);
-    if (cfg.ok()) r.config = *cfg;
-    r.config.lora.base_digest = r.stored.job.base_digest();  // what it was submitted on
-    const std::string id = r.stored.job.id();
+  auto tell = [&](std::string line) {
+    if (problems != nullptr) problems->push_back(std::move(line));
+  };
+  for (JobRow& row : *rows) {
+    // Whatever else the row holds, its job number is never given again.
     int n = 0;
-    if (sscanf(id.c_str(), "job-%d", &n) == 1) next_job_ = std::max(next_job_, n + 1);
+    if (sscanf(row.id.c_str(), "job-%d", &n) == 1) next_job_ = std::max(next_job_, n + 1);
+    JobRecord r;
+    r.stored = std::move(row.stored);
+    std::string problem = row.problem;
+    if (row.job_read && !v1::JobState_IsValid(r.stored.job.state())) {
+      problem = absl::StrCat(store_->path(), ": the row of ", Quoted(row.id), " (seq ", row.seq, "): its state ",
+                             static_cast<int>(r.stored.job.state()), " is not a job state");
+    }
+    if (problem.empty()) {
+      auto cfg = ParseJobSpec(r.stored.spec_toml, r.stored.job.name(), r.stored.base_dir);
+      if (cfg.ok()) {
+        r.config = *cfg;
+        r.config.lora.base_digest = r.stored.job.base_digest();  // what it was submitted on
+      } else {
+        problem = absl::StrCat(store_->path(), ": the row of ", Quoted(row.id), " (seq ", row.seq,
+                               "): its spec does not parse: ", cfg.status().message());
+      }
+    }
+    // An ended job needs its spec no more (it never runs again): with a
+    // record that reads, it loads as it ended, said in the start log.
+    const bool ended = row.job_read && IsFinalJobState(r.stored.job.state());
+    if (!problem.empty() && ended) {
+      tell(absl::StrCat(problem, "; loaded as it ended (", JobStateName(r.stored.job.state()), ")"));
+    } else if (!problem.empty()) {
+      // Kept for the operator: shown FAILED, never written (Persist), retired
+      // or deleted, so the row stays as it is; the other jobs serve.
+      const std::string id = !row.id.empty() && jobs_.count(row.id) == 0 && row.id.size() <= kMaxPathBytes
+                                 ? row.id
+                                 : absl::StrCat("unreadable-row-", row.seq);
+      if (!row.job_read) r.stored.job.Clear();
+      v1::Job& j = r.stored.job;
+      j.set_id(id);
+      j.set_state(v1::JOB_STATE_FAILED);
+      j.clear_stalled();
+      j.clear_straggler();
+      j.set_message(absl::StrCat("the coordinator cannot read this job's record: ", problem,
+                                 "; the row is kept unchanged for the operator"));
+      r.unreadable = true;
+      r.history.Swap(j.mutable_history());
+      tell(absl::StrCat(problem, "; kept unchanged, listed as ", id, " (FAILED)"));
+      jobs_.emplace(id, std::move(r));
+      continue;
+    }
+    r.history.Swap(r.stored.job.mutable_history());
+    const std::string id = r.stored.job.id();
     auto [it, _] = jobs_.emplace(id, std::move(r));
     v1::Job& j = JobOf(it->second);
     // A record written by an older coordinator that crashed while pruning
@@ -119,14 +162,44 @@ absl::Status CoordinatorCore::Recover() {
 
 // ---- persistence and notification ------------------------------------------
 
+namespace {
+
+constexpr char kUnsavedNote[] = " [state not saved: ";
+constexpr size_t kUnsavedNoteSize = sizeof(kUnsavedNote) - 1;
+
+// Removes every note of a failed write (Persist) from a job's message; a
+// message built from an earlier one (a restart's, a failure's) may carry
+// one inside it. A note's cause holds no ']' (Persist), so the first one
+// after its start ends it.
+void DropUnsavedNotes(std::string* message) {
+  for (size_t at; (at = message->find(kUnsavedNote)) != std::string::npos;) {
+    const size_t end = message->find(']', at + kUnsavedNoteSize);
+    message->erase(at, end == std::string::npos ? std::string::npos : end + 1 - at);
+  }
+}
+
+}  // namespace
+
 void CoordinatorCore::Persist(JobRecord& r) {
-  // A failed write is kept in the job's message rather than lost silently;
-  // the in-memory state stays authoritative for this process.
-  absl::Status s = PersistOrError(r);
-  if (!s.ok()) JobOf(r).set_message(absl::StrCat(JobOf(r).message(), " [state not saved: ", s.message(), "]"));
+  if (r.unreadable) return;  // its row stays as the operator will find it
+  // A failed write is said in the job's message rather than lost silently:
+  // one note, of the latest failure, however many writes fail (each would
+  // otherwise add its own, every second while a job runs on a full disk);
+  // a write that succeeds drops it. The in-memory state stays authoritative
+  // for this process.
+  absl::Status s = PersistOrError(r);  // drops an earlier note
+  if (s.ok()) return;
+  std::string cause(s.message().substr(0, kMaxUnsavedNoteBytes - kUnsavedNoteSize - 1));
+  std::replace(cause.begin(), cause.end(), ']', ')');
+  absl::StrAppend(JobOf(r).mutable_message(), kUnsavedNote, cause, "]");
 }
 
 absl::Status CoordinatorCore::PersistOrError(JobRecord& r) {
+  if (r.unreadable) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", JobOf(r).id(), ": its row in ", store_->path(), " is unreadable and is not written"));
+  }
+  DropUnsavedNotes(JobOf(r).mutable_message());  // it says what this write is about to change
   JobOf(r).set_updated_unix_ms(NowMs());
   r.last_persist = Now();
   // The history is stored in the job's row: swapped in for the write, not copied.
@@ -373,8 +446,8 @@ void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
     j.set_val_step(p.step());
   }
   AppendHistory(r->history, p);
-  // Progress is persisted at most once a second; states always at once.
-  if (Now() - r->last_persist > absl::Seconds(1)) Persist(*r);
+  // Progress is persisted at most once a second (by default); states always at once.
+  if (Now() - r->last_persist > options_.persist_progress_every) Persist(*r);
   Notify(*r);
 }
 
@@ -552,12 +625,38 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
     return absl::ResourceExhaustedError(absl::StrCat("the queue already holds ", queue_.size(),
                                                      " jobs waiting to start, the limit; try again later"));
   }
+  std::string root = ResolveJobPath(req.base_dir(), cfg->checkpoint.dir.empty() ? "ckpt" : cfg->checkpoint.dir);
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  // Never an id whose checkpoint directory exists: it holds the files of a
+  // job this state does not know (a state database lost, emptied or
+  // restored from an older backup, another coordinator's jobs under the
+  // same root), which the new job's ranks would write into and its
+  // keep_latest would prune. Such an id is passed over rather than the job
+  // refused: the user gets a job, and the old files stay untouched for
+  // whoever owns them. Bounded, so that a root filled with job-N
+  // directories cannot hold the lock for long.
+  std::string id;
+  for (int tries = 0; id.empty(); ++tries) {
+    if (tries == 1000) {
+      return absl::ResourceExhaustedError(absl::StrCat(root, ": job-", next_job_ - 1000, " to job-", next_job_ - 1,
+                                                       " all exist there already; no id for a new job"));
+    }
+    const std::string candidate = absl::StrFormat("job-%d", next_job_++);
+    const std::string dir = root + "/" + candidate;
+    struct stat st;
+    if (::lstat(dir.c_str(), &st) == 0) continue;  // taken
+    if (errno != ENOENT && errno != ENOTDIR) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir, ": cannot tell whether the checkpoint directory exists: ", std::strerror(errno)));
+    }
+    id = candidate;
+  }
   JobRecord r;
   r.config = *cfg;
   r.stored.spec_toml = req.spec_toml();
   r.stored.base_dir = req.base_dir();
   v1::Job& j = r.stored.job;
-  j.set_id(absl::StrFormat("job-%d", next_job_++));
+  j.set_id(id);
   j.set_name(cfg->name);
   j.set_state(v1::JOB_STATE_PENDING);
   j.set_workers(workers);
@@ -570,12 +669,14 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   j.set_resume_from(req.resume_from());
   j.set_owner(owner);
   j.set_base_digest(cfg->lora.base_digest);
-  const std::string id = j.id();
-  std::string root = ResolveJobPath(req.base_dir(), cfg->checkpoint.dir.empty() ? "ckpt" : cfg->checkpoint.dir);
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
   j.set_checkpoint_root(root + "/" + id);
-  auto [it, _] = jobs_.emplace(id, std::move(r));
-  Persist(it->second);
+  // A job the coordinator cannot record is not taken: it would be gone at
+  // the next start, and its checkpoints could never be committed.
+  if (absl::Status saved = PersistOrError(r); !saved.ok()) {
+    return absl::Status(saved.code(), absl::StrCat("job not accepted: the coordinator could not save its state: ",
+                                                   saved.message()));
+  }
+  jobs_.emplace(id, std::move(r));
   queue_.push_back({id});
   Schedule();
   return id;
@@ -680,6 +781,11 @@ absl::StatusOr<int> CoordinatorCore::Delete(const std::string& id, bool checkpoi
 
 absl::StatusOr<int> CoordinatorCore::Forget(JobRecord& r, bool checkpoints) {
   const std::string id = JobOf(r).id();
+  if (r.unreadable) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, ": its row in ", store_->path(),
+        " is unreadable and is kept for the operator; stop the coordinator to mend or remove it with sqlite3"));
+  }
   // The record goes first: a crash after it leaves files without a record,
   // never a record of files that are gone.
   if (absl::Status s = store_->DeleteJob(id, next_job_); !s.ok()) return s;
@@ -706,7 +812,8 @@ absl::StatusOr<int> CoordinatorCore::Forget(JobRecord& r, bool checkpoints) {
 void CoordinatorCore::RetireEndedJobs(absl::Time now) {
   std::vector<std::pair<int64_t, std::string>> ended;  // (updated ms, id)
   for (const auto& [id, r] : jobs_) {
-    if (IsFinalJobState(r.stored.job.state())) ended.emplace_back(r.stored.job.updated_unix_ms(), id);
+    // An unreadable row is the operator's to mend (Forget refuses it).
+    if (IsFinalJobState(r.stored.job.state()) && !r.unreadable) ended.emplace_back(r.stored.job.updated_unix_ms(), id);
   }
   std::sort(ended.begin(), ended.end());
   const int64_t oldest_kept_ms = options_.keep_finished_for > absl::ZeroDuration()

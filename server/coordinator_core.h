@@ -95,6 +95,9 @@ struct CoordinatorOptions {
   // Jobs waiting to start at most (PENDING or RESTARTING): a caller cannot
   // make the coordinator hold unbounded specs (Submit: ResourceExhausted).
   size_t max_queued_jobs = 10000;
+  // A running job's progress is written to the state at most this often
+  // (changes of state at once).
+  absl::Duration persist_progress_every = absl::Seconds(1);
   CoreEvents events;
   // The time every record and deadline is taken from (tests drive a fake).
   std::function<absl::Time()> clock = [] { return absl::Now(); };
@@ -118,7 +121,18 @@ class CoordinatorCore {
   // told to stop when they reconnect, then the job starts again from its
   // newest committed checkpoint); PENDING jobs are queued again in
   // submission order.
-  absl::Status Recover();
+  //
+  // A row that does not read (its record does not parse or is NULL, its id
+  // is not its record's, its state is no state, or a job that has not ended
+  // has a spec that is NULL or does not parse) stops nothing: the other jobs
+  // load and serve. It is listed as a FAILED job (under its id, or
+  // "unreadable-row-<seq>" without one) whose message names the database,
+  // the row and the problem, and is never written, retired or deleted by
+  // the coordinator: the row stays as it is for the operator. Its job number
+  // is never given again. One line per such row (and per ended job whose
+  // spec does not parse, loaded as it ended) goes to `problems` if given,
+  // for the start log. An error only if the store cannot be read at all.
+  absl::Status Recover(std::vector<std::string>* problems = nullptr);
 
   // ---- workers (from session streams) ----
   // A worker that says it still runs a job (info.job_id) is told to stop it.
@@ -156,6 +170,10 @@ class CoordinatorCore {
   static constexpr size_t kMaxSpecBytes = 256 << 10, kMaxPathBytes = 4096;
   // `owner` (Job.owner): the hex SHA-256 of the submitting user token, or
   // empty without authentication; the service checks it on cancel and delete.
+  // A job's id is never one whose checkpoint directory (<checkpoint
+  // root>/job-N) already exists: that id is passed over (its files, of a
+  // job the state no longer knows, stay untouched). Refused if the job's
+  // record cannot be saved (naming the database and the cause).
   absl::StatusOr<std::string> Submit(const v1::SubmitJobRequest& req, const std::string& owner = "");
   // With Job.spec_toml; without Job.history unless `history`.
   absl::StatusOr<v1::Job> GetJob(const std::string& id, bool history = false) const;
@@ -179,10 +197,15 @@ class CoordinatorCore {
   absl::StatusOr<std::string> JobOfCheckpoint(const std::string& step_dir) const;
   // Job.history's bound: past it the older half is thinned to every other step.
   static constexpr int kMaxHistory = 4096;
+  // A job whose record the state database failed to save says so at the end
+  // of Job.message, in one note of at most this many bytes (" [state not
+  // saved: <cause>]", the latest failure's), gone once a write succeeds.
+  static constexpr size_t kMaxUnsavedNoteBytes = 512;
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   // Forgets a job that has ended: its record, and with `checkpoints` its
   // committed and interrupted step directories (the count removed). A
-  // PENDING or RUNNING job is refused (FailedPrecondition: cancel it first).
+  // PENDING or RUNNING job is refused (FailedPrecondition: cancel it first),
+  // and so is one whose row did not read (Recover): the operator's to mend.
   absl::StatusOr<int> Delete(const std::string& id, bool checkpoints);
   std::vector<v1::WorkerInfo> ListWorkers() const;
   absl::StatusOr<v1::Ownership> GetOwnership(const std::string& id) const;
@@ -190,7 +213,9 @@ class CoordinatorCore {
   // reported a step, the manifest is written (last) and the checkpoint is
   // committed, then [checkpoint] keep_latest is applied and interrupted saves
   // are removed. A manifest that cannot be written fails the job, naming
-  // why. Refused
+  // why; so does a report or a record the state database cannot save (at
+  // once, without a restart: it is the coordinator's fault, named with the
+  // database file and the cause, never a rank's). Refused
   // (PermissionDenied, counted) without that rank's credential of the
   // running attempt (Assignment.credential); then unless the job is RUNNING
   // and the report names that rank's own file of that step under the job's
@@ -260,6 +285,9 @@ class CoordinatorCore {
   };
   struct JobRecord {
     StoredJob stored;  // its Job.history is empty but while it is written (PersistOrError)
+    // Its row did not read (Recover): shown FAILED, never written, retired
+    // or deleted, so the row stays as the operator will find it.
+    bool unreadable = false;
     // Job.history, kept apart so that listings and watchers copy the job
     // without the whole curve; stored with the job.
     google::protobuf::RepeatedPtrField<v1::StepRecord> history;
@@ -311,11 +339,16 @@ class CoordinatorCore {
   void RevokeStoreAccess(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   JobRecord* RankOfSession(const std::string& worker_id, const std::string& job_id, int rank, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes r's record. A failed write is said at the end of Job.message
+  // (" [state not saved: <cause>]", at most kMaxUnsavedNoteBytes), replacing
+  // the note of an earlier failure, and dropped by the next write that
+  // succeeds; the in-memory state stays authoritative for this process.
   void Persist(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rank 0's progress into Job.history, within kMaxHistory.
   void AppendHistory(google::protobuf::RepeatedPtrField<v1::StepRecord>& history, const v1::Progress& p) const;
   // Persist that reports a failed write to the caller (a commit must not
-  // write its manifest before the record names it).
+  // write its manifest before the record names it). Writes nothing for an
+  // unreadable record (FailedPrecondition).
   absl::Status PersistOrError(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves r to `state` by the one transition table (common/job_state.h),

@@ -20,6 +20,10 @@
 // Serves the Coordinator service, grpc.health.v1 and server reflection.
 // Prints "listening on HOST:PORT" once it accepts connections (with port 0 the
 // chosen port). SIGINT/SIGTERM stop it cleanly; state survives kill -9.
+// One coordinator per --state-dir: a second one exits 1 at once naming the
+// lock file and the pid that holds it (StateStore); so does one whose
+// coordinator.db exists but holds no state (emptied), rather than starting
+// as new.
 #include <malloc.h>
 #include <signal.h>
 
@@ -190,7 +194,11 @@ int main(int argc, char** argv) {
     if (!m.ok()) return Fail(m.status());
     metrics_server = std::move(*m);
   }
-  if (absl::Status s = core.Recover(); !s.ok()) return Fail(s);
+  // Rows of the state database that do not read are named here and kept;
+  // the other jobs serve (CoordinatorCore::Recover).
+  std::vector<std::string> unreadable;
+  if (absl::Status s = core.Recover(&unreadable); !s.ok()) return Fail(s);
+  for (const std::string& line : unreadable) std::cerr << "shardline-coordinator: " << line << std::endl;
   shardline::CoordinatorService service(&core, *std::move(tokens));
 
   grpc::EnableDefaultHealthCheckService(true);

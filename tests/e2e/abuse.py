@@ -259,8 +259,11 @@ def ownership(c, cl, ab, victim, port):
     rc, _, err = cl.ctl("cancel", victim)
     ok = wait_for(lambda: cl.job(victim)["state"] == "CANCELLED", 10, "the victim's cancel", fail=False)
     c.check(rc == 0 and ok, "its owner cancels it", err.strip())
+    # Both real workers idle, so that the planted job runs on them (not on
+    # the hostile client's idle session).
     wait_for(lambda: {w["host"] for w in cl.idle_workers()} >= {"host-a", "host-b"}, 20, "the victim's ranks idle")
-    planted_symlink(c, cl, other, victim, vstep)
+    planted, before = plant_symlink(c, cl, other, vstep)
+    planted_refused(c, cl, other, planted, vstep, before)
     special_files(c, cl, other)
     # A worker's host is listed to every user: one that would act on a
     # terminal, or of 3 MiB (two once broke `workers` for everyone), is
@@ -333,21 +336,28 @@ def sha256_of(directory):
             for f in sorted(os.listdir(directory))}
 
 
-def planted_symlink(c, cl, other, victim, vstep):
-    """The second user plants, in their own checkpoint directory, their next
-    job's step directory as a symlink to the victim's committed step: their
-    workers refuse to write through it and the victim's files are intact."""
+def plant_symlink(c, cl, other, vstep):
+    """The second user submits a job and at once plants its first step
+    directory (step 5: well after its rendezvous and first steps), in their
+    own checkpoint directory, as a symlink to the victim's committed step.
+    (Planted before the submit, the coordinator would not give the job that
+    id: it never gives one whose checkpoint directory exists.) Returns the
+    job and the victim's step's checksums."""
     before = sha256_of(vstep)
-    ids = [int(j["id"].split("-")[1]) for j in cl.ctl_json("jobs")["jobs"]]
-    nxt = f"job-{max(ids) + 1}"
-    os.makedirs(os.path.join(cl.dir, "bckpt", nxt))
-    os.symlink(vstep, os.path.join(cl.dir, "bckpt", nxt, "step-00000005"))
     ckpt = '\n[checkpoint]\ndir = "bckpt"\ninterval = 5\nkeep_latest = 0\n'
     rc, out, err = cl.ctl("--json", "--token-file", other, "submit",
                           job_file(cl.dir, "planted", workers=2, steps=20, extra=ckpt, restarts=0), token=False)
     job = json.loads(out)["job_id"] if rc == 0 else None
-    c.check(job == nxt, "the second user's job has the id the link was planted for", f"{job} {err.strip()}")
-    status = lambda: json.loads(cl.ctl("--json", "--token-file", other, "status", nxt, token=False)[1])
+    c.check(job is not None, "the second user's job is queued", err.strip())
+    os.makedirs(os.path.join(cl.dir, "bckpt", job))
+    os.symlink(vstep, os.path.join(cl.dir, "bckpt", job, "step-00000005"))
+    return job, before
+
+
+def planted_refused(c, cl, other, job, vstep, before):
+    """Once it runs, its workers refuse to write through the planted link,
+    and the victim's files are intact."""
+    status = lambda: json.loads(cl.ctl("--json", "--token-file", other, "status", job, token=False)[1])
     ended = wait_for(lambda: status()["state"] in ("FAILED", "SUCCEEDED"), 60, "the planted job's end", fail=False)
     j = status()
     c.check(ended and j["state"] == "FAILED" and "symlink" in j["message"],
