@@ -36,7 +36,10 @@ absl::Status CoordinatorCore::Recover(std::vector<std::string>* problems) {
     JobRecord r;
     r.stored = std::move(row.stored);
     std::string problem = row.problem;
-    if (row.job_read && !v1::JobState_IsValid(r.stored.job.state())) {
+    // A record without a state (written before JobState, or damaged) is no
+    // job this coordinator can run or end: kept, like any unreadable row.
+    if (row.job_read && (!v1::JobState_IsValid(r.stored.job.state()) ||
+                         r.stored.job.state() == v1::JOB_STATE_UNSPECIFIED)) {
       problem = absl::StrCat(store_->path(), ": the row of ", Quoted(row.id), " (seq ", row.seq, "): its state ",
                              static_cast<int>(r.stored.job.state()), " is not a job state");
     }
@@ -92,14 +95,6 @@ absl::Status CoordinatorCore::Recover(std::vector<std::string>* problems) {
           lstat((path + "/manifest.json").c_str(), &manifest) != 0 || !S_ISREG(manifest.st_mode)) {
         ckpts->DeleteSubrange(i, 1);
       }
-    }
-    // A record written before JobState holds the state's name.
-    if (j.state() == v1::JOB_STATE_UNSPECIFIED) {
-      absl::StatusOr<v1::JobState> legacy = ParseJobState(j.legacy_state());
-      j.set_state(legacy.ok() ? *legacy : v1::JOB_STATE_FAILED);
-      if (!legacy.ok()) j.set_message(absl::StrCat("the state record is unreadable: ", legacy.status().message()));
-      j.clear_legacy_state();
-      Persist(it->second);
     }
     if (ckpts->size() != listed && j.state() != v1::JOB_STATE_RUNNING) Persist(it->second);
     if (j.state() == v1::JOB_STATE_RUNNING || j.state() == v1::JOB_STATE_RESTARTING) active_.insert(id);

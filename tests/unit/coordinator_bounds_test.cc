@@ -161,7 +161,7 @@ TEST_F(CoreTest, ASubmittedPathMustBePrintable) {
   EXPECT_EQ(id.status().message(),
             "resume_from \"/ckpt/job-1/step-10\\x1b[2J\": control characters are not allowed in a path");
   r.set_resume_from("");
-  r.set_base_dir("/home/u/\xe2\x80\xaeevil");
+  r.set_base_dir("/home/u/\xe2\x80\xae" "evil");
   EXPECT_EQ(core_->Submit(r).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(core_->ListJobs().empty());
 }

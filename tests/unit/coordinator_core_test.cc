@@ -530,23 +530,27 @@ TEST(JobStateTest, TheTransitionTableAllowsExactlyTheLifecycle) {
   EXPECT_FALSE(ParseJobState("").ok());
 }
 
-TEST_F(CoreTest, ARecordWithTheLegacyStateStringIsReadAsItsEnum) {
-  StoredJob old;
-  old.job.set_id("job-7");
-  old.job.set_legacy_state("SUCCEEDED");
-  old.spec_toml = kSpec;
-  ASSERT_TRUE(store_->PutJob(old).ok());
-  StoredJob garbled = old;
-  garbled.job.set_id("job-8");
-  garbled.job.set_legacy_state("DONE?");
-  ASSERT_TRUE(store_->PutJob(garbled).ok());
+// A record without a state (written before JobState, or damaged) is named
+// and kept as FAILED for the operator, never guessed; the rest serve.
+TEST_F(CoreTest, ARecordWithoutAStateIsKeptAsFailedAndNamed) {
+  StoredJob good, stateless;
+  good.job.set_id("job-7");
+  good.job.set_state(v1::JOB_STATE_SUCCEEDED);
+  good.spec_toml = kSpec;
+  ASSERT_TRUE(store_->PutJob(good).ok());
+  stateless = good;
+  stateless.job.set_id("job-8");
+  stateless.job.clear_state();
+  ASSERT_TRUE(store_->PutJob(stateless).ok());
   core_.reset();
   CoordinatorCore restarted(store_.get(), CoordinatorOptions{});
-  ASSERT_TRUE(restarted.Recover().ok());
+  std::vector<std::string> problems;
+  ASSERT_TRUE(restarted.Recover(&problems).ok());
   EXPECT_EQ(restarted.GetJob("job-7")->state(), v1::JOB_STATE_SUCCEEDED);
-  EXPECT_TRUE(restarted.GetJob("job-7")->legacy_state().empty());
   EXPECT_EQ(restarted.GetJob("job-8")->state(), v1::JOB_STATE_FAILED);
-  EXPECT_NE(restarted.GetJob("job-8")->message().find("not a job state"), std::string::npos);
+  EXPECT_NE(restarted.GetJob("job-8")->message().find("is not a job state"), std::string::npos)
+      << restarted.GetJob("job-8")->message();
+  ASSERT_EQ(problems.size(), 1u);
 }
 
 }  // namespace
