@@ -17,7 +17,7 @@
 #include "common/file_util.h"
 #include "common/model_shapes.h"
 #include "server/coordinator_core.h"
-#include "server/fault_injection.h"
+#include "common/fault_injection.h"
 
 namespace shardline {
 
@@ -209,7 +209,7 @@ void CoordinatorCore::PruneCheckpoints(JobRecord& r) {
     j.mutable_checkpoints()->DeleteSubrange(0, drop);
   }
   Persist(r);
-  if (!dropped.empty()) DieIfFaultRequested("mid-prune", j.checkpoints(j.checkpoints_size() - 1).step());
+  if (!dropped.empty()) InjectProcessFault("shardline-coordinator", "mid-prune", j.checkpoints(j.checkpoints_size() - 1).step());
   for (const std::string& dir : dropped) RemoveStepDir(dir);
   // Interrupted saves older than the newest commit.
   RemoveInterruptedSaves(r, j.checkpoints_size() ? j.checkpoints(j.checkpoints_size() - 1).step() : -1);

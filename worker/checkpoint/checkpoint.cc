@@ -1,5 +1,6 @@
-#include "worker/fault_injection.h"
 #include "worker/checkpoint/checkpoint.h"
+
+#include "common/fault_injection.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -49,19 +50,10 @@ ShardSnapshot SnapshotShards(const Engine& engine, bool copy) {
   return snap;
 }
 
-void MaybeInjectFault(const char* point, int64_t step) {
-  if (FaultRequested(point, step)) {
-    std::fprintf(stderr, "shardline: injected fault %s at step %ld\n", point, static_cast<long>(step));
-    // "stop-..." freezes the process (a test continues it with SIGCONT, as a
-    // host that stalled or a partition that healed); the others kill it.
-    raise(absl::string_view(point).rfind("stop-", 0) == 0 ? SIGSTOP : SIGKILL);
-  }
-}
-
 absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir, int64_t step,
                                                  int attempt) {
-  MaybeInjectFault("before-write", step);
-  MaybeInjectFault("stop-before-write", step);
+  InjectProcessFault("shardline", "before-write", step);
+  InjectProcessFault("shardline", "stop-before-write", step);
   // Neither the job's checkpoint root nor the step directory may be a
   // symlink: one planted there (to another job's step, say) is refused, not
   // written through, as the coordinator refuses it for its manifest.
@@ -90,8 +82,8 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
                                          {"step", std::to_string(step)}},
                                         [&](size_t written) {
                                           if (written == tensors.size() / 2) {
-                                            MaybeInjectFault("mid-write", step);
-                                            MaybeInjectFault("stop-mid-write", step);
+                                            InjectProcessFault("shardline", "mid-write", step);
+                                            InjectProcessFault("shardline", "stop-mid-write", step);
                                           }
                                         }));
   // Size and checksum of the file just written, not of whatever a symlink
@@ -104,7 +96,7 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
   }
   f.size = st.st_size;
   SL_ASSIGN_OR_RETURN(f.sha256, Sha256OfOpenFile(fd.get(), path));
-  MaybeInjectFault("before-report", step);
+  InjectProcessFault("shardline", "before-report", step);
   return f;
 }
 

@@ -29,9 +29,6 @@ struct ShardSnapshot {
 };
 ShardSnapshot SnapshotShards(const Engine& engine, bool copy);
 
-// Fault injection for tests (worker/fault_injection.h): the process kills
-// itself (SIGKILL) at `point` of the save of `step` if asked to.
-void MaybeInjectFault(const char* point, int64_t step);
 
 // Writes a snapshot as `step_dir`/RankFileName(rank, attempt) (created
 // atomically) and returns its manifest entry (name, size, SHA-256).

@@ -1,5 +1,6 @@
-#include "worker/fault_injection.h"
 #include "worker/engine/engine.h"
+
+#include "common/fault_injection.h"
 
 #include <cmath>
 #include <functional>
