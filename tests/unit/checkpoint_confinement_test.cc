@@ -31,22 +31,7 @@ using testing_core::RecordingChannel;
 
 // One rank, no restarts (a refused commit fails the job for good), and
 // keep_latest = 1 so that the second commit prunes the first.
-constexpr char kSpec[] = R"(
-[job]
-max_restarts = 0
-[model]
-n_layer = 1
-n_head = 2
-n_embd = 8
-vocab_size = 16
-block_size = 4
-[train]
-steps = 5
-batch_size = 12
-micro_batch_size = 1
-[checkpoint]
-keep_latest = 1
-)";
+const std::string kSpec = testing_core::TinySpec("max_restarts = 0", 5, "[checkpoint]\nkeep_latest = 1\n");
 
 std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

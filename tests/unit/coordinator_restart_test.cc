@@ -22,23 +22,8 @@ namespace {
 using namespace testing_core;  // NOLINT: the fixture's names
 
 // Restarts (issue 13): a job of 3 workers that may run on 2.
-constexpr char kRestartSpec[] = R"(
-[job]
-workers = 3
-min_workers = 2
-max_restarts = 2
-restart_timeout = 60
-[model]
-n_layer = 1
-n_head = 2
-n_embd = 8
-vocab_size = 16
-block_size = 4
-[train]
-steps = 50
-batch_size = 12
-micro_batch_size = 1
-)";
+const std::string kRestartSpec =
+    TinySpec("workers = 3\nmin_workers = 2\nmax_restarts = 2\nrestart_timeout = 60", 50);
 
 class RestartTest : public CoreTest {
  protected:

@@ -34,22 +34,16 @@ class RecordingChannel : public WorkerChannel {
   absl::Status closed;
 };
 
-// Without restarts, so that a failure is final (the restart tests below
-// use kRestartSpec).
-constexpr char kSpec[] = R"(
-[job]
-max_restarts = 0
-[model]
-n_layer = 1
-n_head = 2
-n_embd = 8
-vocab_size = 16
-block_size = 4
-[train]
-steps = 5
-batch_size = 12
-micro_batch_size = 1
-)";
+// A job file of the tests' tiny model (batch 12, micro-batch 1): `job` is
+// the [job] table's lines, `extra` more tables after [train].
+inline std::string TinySpec(const std::string& job, int steps, const std::string& extra = "") {
+  return "[job]\n" + job + "\n[model]\nn_layer = 1\nn_head = 2\nn_embd = 8\nvocab_size = 16\nblock_size = 4\n" +
+         "[train]\nsteps = " + std::to_string(steps) + "\nbatch_size = 12\nmicro_batch_size = 1\n" + extra;
+}
+
+// Without restarts, so that a failure is final (the restart tests use
+// kRestartSpec).
+inline const std::string kSpec = TinySpec("max_restarts = 0", 5);
 
 class CoreTest : public ::testing::Test {
  protected:

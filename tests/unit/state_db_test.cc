@@ -56,22 +56,7 @@ std::string SqlText(const std::string& db_path, const std::string& sql) {
 }
 
 // Two workers, two restarts: a failure blamed on a rank would restart it.
-constexpr char kTwoRankSpec[] = R"(
-[job]
-workers = 2
-max_restarts = 2
-restart_timeout = 60
-[model]
-n_layer = 1
-n_head = 2
-n_embd = 8
-vocab_size = 16
-block_size = 4
-[train]
-steps = 50
-batch_size = 12
-micro_batch_size = 1
-)";
+const std::string kTwoRankSpec = TinySpec("workers = 2\nmax_restarts = 2\nrestart_timeout = 60", 50);
 
 class StateDbTest : public CoreTest {
  protected:
