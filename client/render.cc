@@ -1,7 +1,6 @@
 #include "common/job_state.h"
 #include "client/render.h"
 
-#include "common/json_object.h"
 #include "common/quoted.h"
 
 #include <cmath>
@@ -14,83 +13,96 @@
 
 namespace shardline::ctl {
 
-std::string JsonString(const std::string& s) {
-  // Exact for a program, inert on a terminal: everything Printable would
-  // escape is written as \uXXXX (a byte that starts no UTF-8 character as
-  // U+FFFD), so `jq` gets the text back and a raw view shows no control.
-  std::string out = "\"";
-  for (size_t at = 0; at < s.size();) {
-    uint32_t cp = 0;
-    size_t n = quoted_internal::DecodeUtf8(absl::string_view(s).substr(at), &cp);
-    if (n == 0) cp = 0xfffd, n = 1;
-    if (cp == '"' || cp == '\\') {
-      out += {'\\', static_cast<char>(cp)};
-    } else if (cp == '\n') {
-      out += "\\n";
-    } else if (cp == '\t') {
-      out += "\\t";
-    } else if (!quoted_internal::ShownAsItself(cp) || cp == 0xfffd) {
-      absl::StrAppendFormat(&out, "\\u%04x", cp);
-    } else {
-      out.append(s, at, n);
-    }
-    at += n;
+std::string Dump(const Json& j) {
+  // ensure_ascii: every character past ASCII and every control as \uXXXX,
+  // so the text is exact for a program and inert on a terminal; bytes that
+  // are not UTF-8 are replaced rather than thrown on.
+  return j.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
+
+// JSON has no NaN: a value that is not finite is null.
+Json Number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
+
+Json RankObject(const v1::RankStatus& r) {
+  return {{"rank", r.rank()},
+          {"worker_id", r.worker_id()},
+          {"host", r.host()},
+          {"step", r.step()},
+          {"last_collective_seq", r.last_collective_seq()},
+          {"lag_steps", r.lag_steps()},
+          {"lag_collectives", r.lag_collectives()},
+          {"heartbeat_age_seconds", Number(r.heartbeat_age_seconds())},
+          {"seconds_since_progress", Number(r.seconds_since_progress())},
+          {"stalled", r.stalled()}};
+}
+
+Json StepRecordObject(const v1::StepRecord& s) {
+  return {{"step", s.step()},
+          {"loss", Number(s.loss())},
+          {"lr", Number(s.lr())},
+          {"grad_norm", Number(s.grad_norm())},
+          {"tokens_per_second", Number(s.tokens_per_second())},
+          {"val_loss", s.has_val_loss() ? Number(s.val_loss()) : Json(nullptr)},
+          {"unix_ms", s.unix_ms()}};
+}
+
+Json AttemptObject(const v1::Attempt& a) {
+  return {{"world_size", a.world_size()},     {"strategy", a.strategy()},
+          {"first_step", a.first_step()},     {"last_step", a.last_step()},
+          {"end", a.end()},                   {"started_unix_ms", a.started_unix_ms()},
+          {"ended_unix_ms", a.ended_unix_ms()}, {"lost_seconds", Number(a.lost_seconds())}};
+}
+
+}  // namespace
+
+Json JobObject(const v1::Job& j) {
+  Json out = {{"id", j.id()},
+              {"name", j.name()},
+              {"state", JobStateName(j.state())},
+              {"step", j.step()},
+              {"steps", j.steps()},
+              {"loss", Number(j.loss())},
+              {"tokens_per_second", Number(j.tokens_per_second())},
+              {"lr", Number(j.lr())},
+              {"grad_norm", Number(j.grad_norm())},
+              {"val_loss", j.has_val_loss() ? Number(j.val_loss()) : Json(nullptr)},
+              {"val_step", j.val_step()},
+              {"workers", j.workers()},
+              {"strategy", j.strategy()},
+              {"message", j.message()},
+              {"worker_ids", std::vector<std::string>(j.worker_ids().begin(), j.worker_ids().end())},
+              {"created_unix_ms", j.created_unix_ms()},
+              {"stalled", j.stalled()},
+              {"straggler", j.straggler()},
+              {"ranks", Json::array()},
+              {"requested_workers", j.requested_workers()},
+              {"restarts", j.restarts()},
+              {"strategy_reason", j.strategy_reason()},
+              {"measured_bus_bandwidth", Number(j.measured_bus_bandwidth())},
+              {"goodput", Number(JobGoodput(j, absl::ToUnixMillis(absl::Now())))},
+              {"attempts", Json::array()}};
+  for (const auto& r : j.ranks()) out["ranks"].push_back(RankObject(r));
+  for (const auto& a : j.attempts()) out["attempts"].push_back(AttemptObject(a));
+  if (j.history_size()) {
+    out["history"] = Json::array();
+    for (const auto& s : j.history()) out["history"].push_back(StepRecordObject(s));
   }
-  return out + "\"";
+  return out;
 }
 
-
-std::string RankJson(const v1::RankStatus& r) {
-  return absl::StrCat("{\"rank\":", r.rank(), ",\"worker_id\":", JsonString(r.worker_id()), ",\"host\":",
-                      JsonString(r.host()), ",\"step\":", r.step(), ",\"last_collective_seq\":",
-                      r.last_collective_seq(), ",\"lag_steps\":", r.lag_steps(), ",\"lag_collectives\":",
-                      r.lag_collectives(), ",\"heartbeat_age_seconds\":", JsonNumber(r.heartbeat_age_seconds()),
-                      ",\"seconds_since_progress\":", JsonNumber(r.seconds_since_progress()), ",\"stalled\":",
-                      r.stalled() ? "true" : "false", "}");
-}
-
-std::string StepRecordJson(const v1::StepRecord& s) {
-  return absl::StrCat("{\"step\":", s.step(), ",\"loss\":", JsonNumber(s.loss()), ",\"lr\":", JsonNumber(s.lr()),
-                      ",\"grad_norm\":", JsonNumber(s.grad_norm()), ",\"tokens_per_second\":", JsonNumber(s.tokens_per_second()),
-                      ",\"val_loss\":", s.has_val_loss() ? JsonNumber(s.val_loss()) : "null", ",\"unix_ms\":", s.unix_ms(),
-                      "}");
-}
-
-std::string AttemptJson(const v1::Attempt& a) {
-  return absl::StrCat("{\"world_size\":", a.world_size(), ",\"strategy\":", JsonString(a.strategy()),
-                      ",\"first_step\":", a.first_step(), ",\"last_step\":", a.last_step(), ",\"end\":",
-                      JsonString(a.end()), ",\"started_unix_ms\":", a.started_unix_ms(), ",\"ended_unix_ms\":",
-                      a.ended_unix_ms(), ",\"lost_seconds\":", JsonNumber(a.lost_seconds()), "}");
-}
-
-std::string JobJson(const v1::Job& j) {
-  std::vector<std::string> workers, ranks, attempts;
-  for (const auto& w : j.worker_ids()) workers.push_back(JsonString(w));
-  for (const auto& r : j.ranks()) ranks.push_back(RankJson(r));
-  for (const auto& a : j.attempts()) attempts.push_back(AttemptJson(a));
-  std::vector<std::string> history;
-  for (const auto& s : j.history()) history.push_back(StepRecordJson(s));
-  return absl::StrCat("{\"id\":", JsonString(j.id()), ",\"name\":", JsonString(j.name()), ",\"state\":",
-                      JsonString(JobStateName(j.state())), ",\"step\":", j.step(), ",\"steps\":", j.steps(), ",\"loss\":",
-                      JsonNumber(j.loss()), ",\"tokens_per_second\":", JsonNumber(j.tokens_per_second()), ",\"lr\":", JsonNumber(j.lr()),
-                      ",\"grad_norm\":", JsonNumber(j.grad_norm()), ",\"val_loss\":", j.has_val_loss() ? JsonNumber(j.val_loss()) : "null",
-                      ",\"val_step\":", j.val_step(), ",\"workers\":", j.workers(), ",\"strategy\":",
-                      JsonString(j.strategy()), ",\"message\":", JsonString(j.message()), ",\"worker_ids\":[",
-                      absl::StrJoin(workers, ","), "],\"created_unix_ms\":", j.created_unix_ms(), ",\"stalled\":",
-                      JsonString(j.stalled()), ",\"straggler\":", JsonString(j.straggler()), ",\"ranks\":[", absl::StrJoin(ranks, ","), "],\"requested_workers\":",
-                      j.requested_workers(), ",\"restarts\":", j.restarts(), ",\"strategy_reason\":", JsonString(j.strategy_reason()),
-                      ",\"measured_bus_bandwidth\":", JsonNumber(j.measured_bus_bandwidth()), ",\"goodput\":",
-                      JsonNumber(JobGoodput(j, absl::ToUnixMillis(absl::Now()))), ",\"attempts\":[",
-                      absl::StrJoin(attempts, ","), "]",
-                      j.history_size() ? absl::StrCat(",\"history\":[", absl::StrJoin(history, ","), "]") : "", "}");
-}
-
-std::string WorkerJson(const v1::WorkerInfo& w) {
-  return absl::StrCat("{\"id\":", JsonString(w.worker_id()), ",\"host\":", JsonString(w.host()), ",\"device\":",
-                      JsonString(w.device()), ",\"state\":", JsonString(WorkerStateName(w.state())), ",\"job_id\":",
-                      JsonString(w.job_id()), ",\"rank\":", w.rank(), ",\"memory_bytes\":", w.memory_bytes(),
-                      ",\"heartbeat_age_seconds\":", JsonNumber(w.heartbeat_age_seconds()), ",\"metrics_port\":",
-                      w.metrics_port(), ",\"collective_address\":", JsonString(w.collective_address()), "}");
+Json WorkerObject(const v1::WorkerInfo& w) {
+  return {{"id", w.worker_id()},
+          {"host", w.host()},
+          {"device", w.device()},
+          {"state", WorkerStateName(w.state())},
+          {"job_id", w.job_id()},
+          {"rank", w.rank()},
+          {"memory_bytes", w.memory_bytes()},
+          {"heartbeat_age_seconds", Number(w.heartbeat_age_seconds())},
+          {"metrics_port", w.metrics_port()},
+          {"collective_address", w.collective_address()}};
 }
 
 std::string JobsTable(const std::vector<v1::Job>& jobs) {
@@ -196,15 +208,20 @@ std::string ShardsTable(const v1::Ownership& o) {
   return out;
 }
 
-std::string ShardsJson(const v1::Ownership& o) {
-  std::vector<std::string> units;
+Json ShardsObject(const v1::Ownership& o) {
+  Json units = Json::array();
   for (const auto& u : o.units()) {
-    units.push_back(absl::StrCat("{\"unit\":", JsonString(u.unit()), ",\"numel\":", u.numel(), ",\"padded\":",
-                                 u.padded(), ",\"shard\":", u.shard(), ",\"group_size\":", u.group_size(), "}"));
+    units.push_back({{"unit", u.unit()},
+                     {"numel", u.numel()},
+                     {"padded", u.padded()},
+                     {"shard", u.shard()},
+                     {"group_size", u.group_size()}});
   }
-  return absl::StrCat("{\"job_id\":", JsonString(o.job_id()), ",\"strategy\":", JsonString(o.strategy()),
-                      ",\"world_size\":", o.world_size(), ",\"shard_group_size\":", o.shard_group_size(),
-                      ",\"units\":[", absl::StrJoin(units, ","), "]}");
+  return {{"job_id", o.job_id()},
+          {"strategy", o.strategy()},
+          {"world_size", o.world_size()},
+          {"shard_group_size", o.shard_group_size()},
+          {"units", units}};
 }
 
 std::string ProgressLine(const v1::Job& j, double eta) {

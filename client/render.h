@@ -5,20 +5,24 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "shardline/v1/shardline.pb.h"
 
 namespace shardline::ctl {
 
-std::string JsonString(const std::string& s);
-std::string JobJson(const v1::Job& j);
-std::string WorkerJson(const v1::WorkerInfo& w);
+// JSON for programs, written by nlohmann (ordered: keys as listed).
+using Json = nlohmann::ordered_json;
+std::string Dump(const Json& j);  // one line, ASCII only (\uXXXX)
+Json JobObject(const v1::Job& j);
+Json WorkerObject(const v1::WorkerInfo& w);
+Json ShardsObject(const v1::Ownership& o);
 
 std::string JobsTable(const std::vector<v1::Job>& jobs);
 std::string JobDetails(const v1::Job& j);
 std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers);
 // unit, numel, padded, and each rank's [offset, offset + shard) of the unit.
 std::string ShardsTable(const v1::Ownership& o);
-std::string ShardsJson(const v1::Ownership& o);
 
 // One line: a bar, step/steps, loss, tokens/s, ETA (from the observed step
 // rate; "?" until two steps were seen) and the state.

@@ -201,7 +201,7 @@ absl::Status Watch(const Client& c, const std::string& id) {
       eta = (j.steps() - j.step()) / rate;
     }
     if (c.json()) {
-      std::cout << JobJson(j) << std::endl;
+      std::cout << Dump(JobObject(j)) << std::endl;
     } else if (tty) {
       std::cout << "\r" << ProgressLine(j, eta) << "\033[K" << std::flush;
     } else if (j.step() != last_step || IsFinalJobState(j.state())) {
@@ -234,8 +234,8 @@ absl::Status Logs(const Client& c, const std::string& id, int rank, bool follow)
     for (const v1::LogLine& l : resp.lines()) {
       after = std::max(after, l.seq());
       if (c.json()) {
-        std::cout << "{\"seq\":" << l.seq() << ",\"rank\":" << l.rank() << ",\"unix_ms\":" << l.unix_ms()
-                  << ",\"text\":" << JsonString(l.text()) << "}\n";
+        std::cout << Dump({{"seq", l.seq()}, {"rank", l.rank()}, {"unix_ms", l.unix_ms()}, {"text", l.text()}})
+                  << "\n";
       } else {
         std::cout << absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::FromUnixMillis(l.unix_ms()), absl::LocalTimeZone())
                   << " [rank " << l.rank() << "] " << Printable(l.text()) << "\n";
@@ -384,7 +384,7 @@ absl::Status Export(const Args& a) {
     if (a.export_dtype != "fp32") return absl::InvalidArgumentError("--dtype bf16 needs --format hf or peft");
     SL_RETURN_IF_ERROR(ExportModel(a.step_dir, a.out_file));
   }
-  std::cout << (a.o.json ? absl::StrCat("{\"path\":", JsonString(a.out_file), "}") : "wrote " + a.out_file)
+  std::cout << (a.o.json ? Dump({{"path", a.out_file}}) : "wrote " + a.out_file)
             << std::endl;
   return absl::OkStatus();
 }
@@ -395,7 +395,7 @@ absl::Status Start(const Client& c, const Args& a, const v1::SubmitJobRequest& r
   c.Prepare(&ctx);
   v1::SubmitJobResponse resp;
   SL_RETURN_IF_ERROR(c.Check(c.stub()->SubmitJob(&ctx, r, &resp)));
-  std::cout << (a.o.json ? absl::StrCat("{\"job_id\":", JsonString(resp.job_id()), "}") : resp.job_id())
+  std::cout << (a.o.json ? Dump({{"job_id", resp.job_id()}}) : resp.job_id())
             << std::endl;
   return a.follow ? Watch(c, resp.job_id()) : absl::OkStatus();
 }
@@ -415,9 +415,9 @@ absl::Status ListJobs(const Client& c, const Args& a) {
     page.set_page_token(resp.next_page_token());
   }
   if (a.o.json) {
-    std::vector<std::string> js;
-    for (const auto& j : jobs) js.push_back(JobJson(j));
-    std::cout << "{\"jobs\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
+    Json js = Json::array();
+    for (const auto& j : jobs) js.push_back(JobObject(j));
+    std::cout << Dump({{"jobs", js}}) << std::endl;
   } else {
     std::cout << JobsTable(jobs);
   }
@@ -433,9 +433,7 @@ absl::Status Delete(const Client& c, const Args& a) {
   v1::DeleteJobResponse resp;
   SL_RETURN_IF_ERROR(c.Check(c.stub()->DeleteJob(&ctx, r, &resp)));
   if (a.o.json) {
-    std::cout << absl::StrCat("{\"deleted\":", JsonString(a.job), ",\"removed_checkpoints\":",
-                              resp.removed_checkpoints(), "}")
-              << std::endl;
+    std::cout << Dump({{"deleted", a.job}, {"removed_checkpoints", resp.removed_checkpoints()}}) << std::endl;
   } else {
     std::cout << "deleted " << a.job
               << (a.delete_checkpoints ? absl::StrCat(" and ", resp.removed_checkpoints(), " checkpoints") : "")
@@ -456,14 +454,14 @@ absl::Status StatusOrCancel(const Client& c, const Args& a, bool cancel) {
     r.set_job_id(a.job);
     SL_RETURN_IF_ERROR(c.Check(c.stub()->CancelJob(&ctx, r, &j)));
   }
-  std::cout << (a.o.json ? JobJson(j) + "\n" : JobDetails(j));
+  std::cout << (a.o.json ? Dump(JobObject(j)) + "\n" : JobDetails(j));
   return absl::OkStatus();
 }
 
 absl::Status SaveCheckpoint(const Client& c, const Args& a) {
   SL_ASSIGN_OR_RETURN(v1::CheckpointInfo saved, SaveNow(c, a.job, absl::Seconds(a.save_timeout_s)));
   if (a.o.json) {
-    std::cout << absl::StrCat("{\"step\":", saved.step(), ",\"path\":", JsonString(saved.path()), "}") << std::endl;
+    std::cout << Dump({{"step", saved.step()}, {"path", saved.path()}}) << std::endl;
   } else {
     std::cout << absl::StrFormat("committed step %d: %s\n", saved.step(), Printable(saved.path()));
   }
@@ -477,12 +475,12 @@ absl::Status ListCheckpoints(const Client& c, const Args& a) {
   r.set_job_id(a.job);
   v1::ListCheckpointsResponse resp;
   SL_RETURN_IF_ERROR(c.Check(c.stub()->ListCheckpoints(&ctx, r, &resp)));
-  std::vector<std::string> js;
+  Json js = Json::array();
   for (const auto& k : resp.checkpoints()) {
-    js.push_back(absl::StrCat("{\"step\":", k.step(), ",\"path\":", JsonString(k.path()), "}"));
+    js.push_back({{"step", k.step()}, {"path", k.path()}});
     if (!a.o.json) std::cout << absl::StrFormat("step %8d  %s\n", k.step(), Printable(k.path()));
   }
-  if (a.o.json) std::cout << "{\"checkpoints\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
+  if (a.o.json) std::cout << Dump({{"checkpoints", js}}) << std::endl;
   return absl::OkStatus();
 }
 
@@ -493,9 +491,9 @@ absl::Status ListWorkers(const Client& c, const Args& a) {
   SL_RETURN_IF_ERROR(c.Check(c.stub()->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp)));
   std::vector<v1::WorkerInfo> ws(resp.workers().begin(), resp.workers().end());
   if (a.o.json) {
-    std::vector<std::string> js;
-    for (const auto& w : ws) js.push_back(WorkerJson(w));
-    std::cout << "{\"workers\":[" << absl::StrJoin(js, ",") << "]}" << std::endl;
+    Json js = Json::array();
+    for (const auto& w : ws) js.push_back(WorkerObject(w));
+    std::cout << Dump({{"workers", js}}) << std::endl;
   } else {
     std::cout << WorkersTable(ws);
   }
@@ -509,7 +507,7 @@ absl::Status Shards(const Client& c, const Args& a) {
   r.set_job_id(a.job);
   v1::Ownership own;
   SL_RETURN_IF_ERROR(c.Check(c.stub()->GetOwnership(&ctx, r, &own)));
-  std::cout << (a.o.json ? ShardsJson(own) + "\n" : ShardsTable(own));
+  std::cout << (a.o.json ? Dump(ShardsObject(own)) + "\n" : ShardsTable(own));
   return absl::OkStatus();
 }
 
