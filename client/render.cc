@@ -1,6 +1,7 @@
-#include "common/job_state.h"
 #include "client/render.h"
 
+#include "common/job_state.h"
+#include "common/json_object.h"
 #include "common/quoted.h"
 
 #include <cmath>
@@ -22,8 +23,6 @@ std::string Dump(const Json& j) {
 
 namespace {
 
-// JSON has no NaN: a value that is not finite is null.
-Json Number(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
 Json RankObject(const v1::RankStatus& r) {
   return {{"rank", r.rank()},
@@ -33,18 +32,18 @@ Json RankObject(const v1::RankStatus& r) {
           {"last_collective_seq", r.last_collective_seq()},
           {"lag_steps", r.lag_steps()},
           {"lag_collectives", r.lag_collectives()},
-          {"heartbeat_age_seconds", Number(r.heartbeat_age_seconds())},
-          {"seconds_since_progress", Number(r.seconds_since_progress())},
+          {"heartbeat_age_seconds", FiniteOrNull(r.heartbeat_age_seconds())},
+          {"seconds_since_progress", FiniteOrNull(r.seconds_since_progress())},
           {"stalled", r.stalled()}};
 }
 
 Json StepRecordObject(const v1::StepRecord& s) {
   return {{"step", s.step()},
-          {"loss", Number(s.loss())},
-          {"lr", Number(s.lr())},
-          {"grad_norm", Number(s.grad_norm())},
-          {"tokens_per_second", Number(s.tokens_per_second())},
-          {"val_loss", s.has_val_loss() ? Number(s.val_loss()) : Json(nullptr)},
+          {"loss", FiniteOrNull(s.loss())},
+          {"lr", FiniteOrNull(s.lr())},
+          {"grad_norm", FiniteOrNull(s.grad_norm())},
+          {"tokens_per_second", FiniteOrNull(s.tokens_per_second())},
+          {"val_loss", s.has_val_loss() ? FiniteOrNull(s.val_loss()) : Json(nullptr)},
           {"unix_ms", s.unix_ms()}};
 }
 
@@ -52,7 +51,7 @@ Json AttemptObject(const v1::Attempt& a) {
   return {{"world_size", a.world_size()},     {"strategy", a.strategy()},
           {"first_step", a.first_step()},     {"last_step", a.last_step()},
           {"end", a.end()},                   {"started_unix_ms", a.started_unix_ms()},
-          {"ended_unix_ms", a.ended_unix_ms()}, {"lost_seconds", Number(a.lost_seconds())}};
+          {"ended_unix_ms", a.ended_unix_ms()}, {"lost_seconds", FiniteOrNull(a.lost_seconds())}};
 }
 
 }  // namespace
@@ -63,11 +62,11 @@ Json JobObject(const v1::Job& j) {
               {"state", JobStateName(j.state())},
               {"step", j.step()},
               {"steps", j.steps()},
-              {"loss", Number(j.loss())},
-              {"tokens_per_second", Number(j.tokens_per_second())},
-              {"lr", Number(j.lr())},
-              {"grad_norm", Number(j.grad_norm())},
-              {"val_loss", j.has_val_loss() ? Number(j.val_loss()) : Json(nullptr)},
+              {"loss", FiniteOrNull(j.loss())},
+              {"tokens_per_second", FiniteOrNull(j.tokens_per_second())},
+              {"lr", FiniteOrNull(j.lr())},
+              {"grad_norm", FiniteOrNull(j.grad_norm())},
+              {"val_loss", j.has_val_loss() ? FiniteOrNull(j.val_loss()) : Json(nullptr)},
               {"val_step", j.val_step()},
               {"workers", j.workers()},
               {"strategy", j.strategy()},
@@ -80,8 +79,8 @@ Json JobObject(const v1::Job& j) {
               {"requested_workers", j.requested_workers()},
               {"restarts", j.restarts()},
               {"strategy_reason", j.strategy_reason()},
-              {"measured_bus_bandwidth", Number(j.measured_bus_bandwidth())},
-              {"goodput", Number(JobGoodput(j, absl::ToUnixMillis(absl::Now())))},
+              {"measured_bus_bandwidth", FiniteOrNull(j.measured_bus_bandwidth())},
+              {"goodput", FiniteOrNull(JobGoodput(j, absl::ToUnixMillis(absl::Now())))},
               {"attempts", Json::array()}};
   for (const auto& r : j.ranks()) out["ranks"].push_back(RankObject(r));
   for (const auto& a : j.attempts()) out["attempts"].push_back(AttemptObject(a));
@@ -100,7 +99,7 @@ Json WorkerObject(const v1::WorkerInfo& w) {
           {"job_id", w.job_id()},
           {"rank", w.rank()},
           {"memory_bytes", w.memory_bytes()},
-          {"heartbeat_age_seconds", Number(w.heartbeat_age_seconds())},
+          {"heartbeat_age_seconds", FiniteOrNull(w.heartbeat_age_seconds())},
           {"metrics_port", w.metrics_port()},
           {"collective_address", w.collective_address()}};
 }

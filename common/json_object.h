@@ -3,8 +3,8 @@
 //     readers of transformers' and PEFT's JSON files (config.json,
 //     adapter_config.json). Errors name the file: malformed JSON, or JSON
 //     that is not an object.
-//   JsonNumber: a double as a JSON number that reads back exactly; JSON has
-//     no NaN or infinity, so a value that is not finite is null.
+//   FiniteOrNull, JsonNumber: a double as a JSON value (text) that reads
+//     back exactly; JSON has no NaN or infinity, so one not finite is null.
 #pragma once
 
 #include <cmath>
@@ -14,7 +14,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/quoted.h"
 
 namespace shardline {
@@ -30,6 +29,9 @@ inline absl::StatusOr<nlohmann::json> ParseJsonObject(const std::string& text, c
   return j;
 }
 
-inline std::string JsonNumber(double v) { return std::isfinite(v) ? absl::StrFormat("%.17g", v) : "null"; }
+inline nlohmann::ordered_json FiniteOrNull(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+}
+inline std::string JsonNumber(double v) { return FiniteOrNull(v).dump(); }
 
 }  // namespace shardline

@@ -22,6 +22,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -50,14 +51,16 @@ struct Flags {
   double timeout_s = 60;
 };
 
-std::string StatsJson(const comm::CommStats& s) {
-  std::string out = "{";
+using Json = nlohmann::ordered_json;
+
+
+Json StatsObject(const comm::CommStats& s) {
+  Json out = Json::object();
   for (int i = 0; i < comm::kNumOps; ++i) {
     const comm::OpStats& o = s.ops[i];
-    absl::StrAppendFormat(&out, "%s\"%s\":{\"calls\":%d,\"bytes\":%d,\"seconds\":%.6f}", i ? "," : "",
-                          comm::OpName(static_cast<comm::Op>(i)), o.calls, o.bytes_sent, o.seconds);
+    out[comm::OpName(static_cast<comm::Op>(i))] = {{"calls", o.calls}, {"bytes", o.bytes_sent}, {"seconds", o.seconds}};
   }
-  return out + "}";
+  return out;
 }
 
 // The full trainable parameters by name (nanoGPT's, transformers', or the
@@ -158,47 +161,50 @@ class StoreSink : public CheckpointSink {
 };
 
 
-std::string StepJson(const StepResult& r) {
-  return absl::StrFormat(
-      "{\"step\":%d,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.10g,\"seconds\":%.6f,"
-      "\"exposed_comm_seconds\":%.6f,\"tokens_per_s\":%.2f,\"val_loss\":%s,\"skipped\":%s}",
-      r.step, JsonNumber(r.loss), JsonNumber(r.grad_norm), r.lr, r.seconds, r.exposed_comm_seconds, r.tokens / r.seconds,
-      JsonNumber(r.val_loss), r.skipped ? "true" : "false");
+Json StepObject(const StepResult& r) {
+  return {{"step", r.step},
+          {"loss", FiniteOrNull(r.loss)},
+          {"grad_norm", FiniteOrNull(r.grad_norm)},
+          {"lr", FiniteOrNull(r.lr)},
+          {"seconds", r.seconds},
+          {"exposed_comm_seconds", r.exposed_comm_seconds},
+          {"tokens_per_s", FiniteOrNull(r.tokens / r.seconds)},
+          {"val_loss", FiniteOrNull(r.val_loss)},
+          {"skipped", r.skipped}};
 }
 
 // DIR/rank-<r>.json: per-step results, memory by kind, units and bytes and
 // seconds per collective.
-absl::Status WriteRankReport(const Engine& engine, const Flags& f, const std::string& steps_json) {
+absl::Status WriteRankReport(const Engine& engine, const Flags& f, const Json& steps) {
   const MemoryReport m = engine.Memory();
-  std::string mem = "{";
+  Json mem = Json::object();
+  for (int k = 0; k < kNumMemKinds; ++k) mem[MemKindName(static_cast<MemKind>(k))] = m.bytes[k];
   for (int k = 0; k < kNumMemKinds; ++k) {
-    absl::StrAppendFormat(&mem, "\"%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.bytes[k]);
-  }
-  for (int k = 0; k < kNumMemKinds; ++k) {
-    absl::StrAppendFormat(&mem, "\"peak_%s\":%d,", MemKindName(static_cast<MemKind>(k)), m.peak_by_kind[k]);
+    mem[absl::StrCat("peak_", MemKindName(static_cast<MemKind>(k)))] = m.peak_by_kind[k];
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  absl::StrAppendFormat(&mem,
-                        "\"state\":%d,\"peak\":%d,\"activation_peak\":%d,\"init_peak\":%d,\"tensor_peak\":%d,"
-                        "\"reserved_peak\":%d,\"peak_rss\":%d}",
-                        m.state_bytes, m.peak_bytes, m.activation_peak_bytes, m.init_peak_bytes, m.tensor_peak_bytes,
-                        m.reserved_peak_bytes, int64_t{ru.ru_maxrss} * 1024);
-  std::string units = "[";
+  mem["state"] = m.state_bytes;
+  mem["peak"] = m.peak_bytes;
+  mem["activation_peak"] = m.activation_peak_bytes;
+  mem["init_peak"] = m.init_peak_bytes;
+  mem["tensor_peak"] = m.tensor_peak_bytes;
+  mem["reserved_peak"] = m.reserved_peak_bytes;
+  mem["peak_rss"] = int64_t{ru.ru_maxrss} * 1024;
+  Json units = Json::array();
   for (const ShardLayout& l : engine.trainable_layouts()) {
-    absl::StrAppendFormat(&units, "%s{\"unit\":\"%s\",\"numel\":%d,\"padded\":%d,\"shard\":%d}",
-                          units.size() > 1 ? "," : "", l.unit, l.numel, l.padded_numel, l.shard_numel);
+    units.push_back({{"unit", l.unit}, {"numel", l.numel}, {"padded", l.padded_numel}, {"shard", l.shard_numel}});
   }
-  units += "]";
-  const std::string path = absl::StrCat(f.out, "/rank-", f.rank, ".json");
-  std::ofstream out(path);
-  out << absl::StrFormat(
-      "{\"rank\":%d,\"world\":%d,\"device\":\"%s\",\"shard_group_size\":%d,\"steps\":[%s],\"memory\":%s,"
-      "\"units\":%s,\"comm\":{\"shard\":%s,\"replicate\":%s}}\n",
-      f.rank, f.world, engine.device().name(), engine.shard_group_size(), steps_json, mem, units,
-      StatsJson(engine.ShardCommStats()), StatsJson(engine.ReplicateCommStats()));
-  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
-  return absl::OkStatus();
+  const Json report = {{"rank", f.rank},
+                       {"world", f.world},
+                       {"device", engine.device().name()},
+                       {"shard_group_size", engine.shard_group_size()},
+                       {"steps", steps},
+                       {"memory", mem},
+                       {"units", units},
+                       {"comm", {{"shard", StatsObject(engine.ShardCommStats())},
+                                 {"replicate", StatsObject(engine.ReplicateCommStats())}}}};
+  return WriteFileAtomically(absl::StrCat(f.out, "/rank-", f.rank, ".json"), report.dump() + "\n");
 }
 
 absl::Status Run(const Flags& f) {
@@ -232,12 +238,11 @@ absl::Status Run(const Flags& f) {
   // --save-at saves where the job file would not; without it, only [checkpoint] interval steps save.
   if (f.ckpt_dir.empty()) config.checkpoint.interval = 0, config.checkpoint.interval_seconds = 0;
   StoreSink sink(config, f, store.get());
-  std::string steps_json;
+  Json steps = Json::array();
   JobHooks hooks;
   hooks.stepped = [&](const StepResult& r, const Engine&) {
-    const std::string line = StepJson(r);
-    if (f.rank == 0) std::cout << line << std::endl;
-    absl::StrAppend(&steps_json, steps_json.empty() ? "" : ",", line);
+    steps.push_back(StepObject(r));
+    if (f.rank == 0) std::cout << steps.back().dump() << std::endl;
     return absl::OkStatus();
   };
   SL_ASSIGN_OR_RETURN(const CollectiveAddress address,
@@ -254,7 +259,7 @@ absl::Status Run(const Flags& f) {
   if (f.out.empty()) return absl::OkStatus();
   SL_ASSIGN_OR_RETURN(NamedTensors params, GatherParams(runner.engine()));
   if (f.rank == 0) SL_RETURN_IF_ERROR(WriteSafetensors(f.out + "/params.safetensors", params));
-  return WriteRankReport(runner.engine(), f, steps_json);
+  return WriteRankReport(runner.engine(), f, steps);
 }
 
 }  // namespace
