@@ -1,6 +1,7 @@
 #include "common/plan.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <limits>
 
@@ -150,7 +151,10 @@ PlanInput PlanInputForJob(const JobConfig& c, int workers) {
   return in;
 }
 
-absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
+namespace {
+
+// The inputs MakePlan refuses, each in one line naming the flag.
+absl::Status CheckPlanInput(const PlanInput& in) {
   const ClusterSpec& c = in.cluster;
   const ModelConfig& m = in.model;
   if (c.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
@@ -188,6 +192,141 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
     job.train.batch_size = job.train.micro_batch_size = 1;
     SL_RETURN_IF_ERROR(ValidateJobConfig(job, 1, "plan"));
   }
+  return absl::OkStatus();
+}
+
+// What every strategy's plan shares: one step's shape and its compute.
+struct StepShape {
+  int world = 1, b = 1;       // ranks, sequences per micro-batch
+  int p = 4, r = 4;           // parameter and reduction bytes per element
+  int micro_batches = 1;
+  double compute = 0, recompute = 0;                   // seconds per step per rank
+  double layer_act = 0, head_act = 0, layer_input = 0;  // activation bytes
+};
+
+// One strategy's memory, communication and step time; none when its shard
+// group does not divide the world.
+absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, const StepShape& x, Strategy s,
+                                                         int64_t tokens_per_step) {
+  const ClusterSpec& c = in.cluster;
+  const ModelConfig& m = in.model;
+  const int world = x.world, p = x.p, r = x.r;
+  const bool lora = in.lora.enabled;
+  const double compute = x.compute, recompute = x.recompute;
+  const double layer_act = x.layer_act, head_act = x.head_act, layer_input = x.layer_input;
+  StrategyPlan sp;
+  sp.strategy = s;
+  int g = world;
+  if (s == Strategy::kNoShard) g = 1;
+  if (IsHybrid(s)) {
+    g = in.shard_group_size > 0 ? in.shard_group_size : std::min(world, c.gpus_per_node);
+    if (world % g != 0) return std::optional<StrategyPlan>();  // not a valid grouping at this world size
+  }
+  sp.shard_group = g;
+  const int replicas = world / g;
+  // What trains (every unit, or the blocks' adapters under LoRA) and, under
+  // LoRA, the frozen base: sharded over the group or whole on every rank.
+  SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> trained, model::TrainableOwnershipMap(m, in.lora, g));
+  StateBytes(trained, s, p, r, &sp);
+  const UnitSizes t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
+  UnitSizes f;
+  const bool base_sharded = lora && in.lora.base == LoraBase::kSharded && g > 1;
+  if (lora) {
+    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> base, model::OwnershipMap(m, base_sharded ? g : 1));
+    f = SizesOf(base);
+    const int64_t frozen = p * (f.embed + f.head + m.n_layer * f.block) / (base_sharded ? g : 1);
+    sp.params_bytes += frozen;
+    sp.state_bytes += frozen;
+  }
+  const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
+  if (ShardsParams(s)) sp.transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
+  if (base_sharded) sp.transient_bytes += p * (f.embed + f.head + live_blocks * f.block);
+  if (ShardsGrads(s)) sp.transient_bytes += p * (t.embed + 2 * t.block);  // unsharded grads before reduction
+  const double acts = m.n_layer * layer_act + head_act;
+  const double acts_checkpointed = m.n_layer * layer_input + layer_act + head_act;
+  const double held = static_cast<double>(sp.state_bytes) + static_cast<double>(sp.transient_bytes);
+  sp.activation_bytes = Saturated(acts);
+  sp.activation_bytes_checkpointed = Saturated(acts_checkpointed);
+  sp.peak_bytes = Saturated(held + acts);
+  sp.peak_bytes_checkpointed = Saturated(held + acts_checkpointed);
+  sp.fits = held + acts <= c.device_memory_bytes;
+  sp.fits_checkpointed = held + acts_checkpointed <= c.device_memory_bytes;
+
+  // Communication per step, per rank: the engine's collectives.
+  const double shard_bw = g <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
+  const double rep_bw = world <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
+  double overlapped = 0, exposed = 0;
+  double bytes = 0;
+  auto add = [&](double sent, double bw, bool overlaps) {
+    bytes += sent;
+    (overlaps ? overlapped : exposed) += sent / bw;
+  };
+  // Forward gathers every unit, backward the blocks again, per micro-batch;
+  // the first gather of a step cannot hide behind anything.
+  auto gathers_per_micro = [&](const UnitSizes& u) {
+    return comm::RingAllGatherBytes(u.embed * p, g) + comm::RingAllGatherBytes(u.head * p, g) +
+           2LL * m.n_layer * comm::RingAllGatherBytes(u.block * p, g);
+  };
+  const int64_t first = comm::RingAllGatherBytes((base_sharded ? f.embed : t.embed) * p, g);
+  int64_t gathers = 0;
+  if (ShardsParams(s)) gathers += gathers_per_micro(t);
+  if (base_sharded) gathers += gathers_per_micro(f);
+  if (gathers > 0) {
+    add(static_cast<double>(x.micro_batches) * gathers - first, shard_bw, true);
+    add(first, shard_bw, false);
+  }
+  const int64_t full_p = t.embed + t.head + m.n_layer * t.block;
+  const int64_t embed = t.embed;
+  if (!ShardsParams(s) && g > 1) {
+    add(comm::RingAllGatherBytes(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
+  }
+  if (g > 1) {
+    // Reductions run during backward; the embedding's comes last (tied head).
+    add(comm::RingReduceScatterBytes((full_p - embed) * r, g), shard_bw, true);
+    add(comm::RingReduceScatterBytes(embed * r, g), shard_bw, false);
+  }
+  if (replicas > 1) {
+    add(comm::RingAllReduceBytes((full_p - embed) / g * r, r, replicas), rep_bw, true);
+    add(comm::RingAllReduceBytes(embed / g * r, r, replicas), rep_bw, false);
+  }
+  sp.comm_bytes = Saturated(bytes);
+  sp.comm_s = overlapped + exposed;
+  sp.compute_s = compute;
+  sp.exposed_comm_s = exposed + std::max(0.0, overlapped - compute);
+  // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
+  const int64_t owned = ShardsGrads(s) || s == Strategy::kZero1 ? full_p / g : full_p;
+  sp.optimizer_s = owned * (3 * 4 * 2 + r + p) / c.memory_bw;
+  sp.step_s = compute + sp.exposed_comm_s + sp.optimizer_s;
+  sp.step_s_checkpointed = compute + recompute + exposed + std::max(0.0, overlapped - compute - recompute) +
+                           sp.optimizer_s;
+  sp.tokens_per_second = tokens_per_step / sp.step_s;
+  return std::optional<StrategyPlan>(sp);
+}
+
+// The fastest that fits; checkpointing only if nothing fits without it.
+void Recommend(Plan* plan_ptr) {
+  Plan& plan = *plan_ptr;
+  for (bool ckpt : {false, true}) {
+    double best = 1e300;
+    for (const auto& sp : plan.strategies) {
+      const bool fits = ckpt ? sp.fits_checkpointed : sp.fits;
+      const double t = ckpt ? sp.step_s_checkpointed : sp.step_s;
+      if (fits && t < best) {
+        best = t;
+        plan.recommended = StrategyName(sp.strategy);
+        plan.recommended_checkpointing = ckpt;
+      }
+    }
+    if (!plan.recommended.empty()) break;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
+  SL_RETURN_IF_ERROR(CheckPlanInput(in));
+  const ClusterSpec& c = in.cluster;
+  const ModelConfig& m = in.model;
   const int world = c.workers;
   const int b = std::max(1, in.micro_batch_size);
   const int64_t per_step = static_cast<int64_t>(b) * world;  // int64: both may be large
@@ -220,110 +359,15 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   const double head_act = 2.0 * b * m.block_size * m.vocab_size * 4;  // fp32 logits and their gradient
   const double layer_input = static_cast<double>(b) * m.block_size * m.n_embd * (p == 4 ? 4 : 2);
 
-  const bool lora = in.lora.enabled;
+  StepShape x;
+  x.world = world, x.b = b, x.p = p, x.r = r, x.micro_batches = plan.micro_batches;
+  x.compute = compute, x.recompute = recompute;
+  x.layer_act = layer_act, x.head_act = head_act, x.layer_input = layer_input;
   for (Strategy s : kStrategies) {
-    StrategyPlan sp;
-    sp.strategy = s;
-    int g = world;
-    if (s == Strategy::kNoShard) g = 1;
-    if (IsHybrid(s)) {
-      g = in.shard_group_size > 0 ? in.shard_group_size : std::min(world, c.gpus_per_node);
-      if (world % g != 0) continue;  // not a valid grouping at this world size
-    }
-    sp.shard_group = g;
-    const int replicas = world / g;
-    // What trains (every unit, or the blocks' adapters under LoRA) and, under
-    // LoRA, the frozen base: sharded over the group or whole on every rank.
-    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> trained, model::TrainableOwnershipMap(m, in.lora, g));
-    StateBytes(trained, s, p, r, &sp);
-    const UnitSizes t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
-    UnitSizes f;
-    const bool base_sharded = lora && in.lora.base == LoraBase::kSharded && g > 1;
-    if (lora) {
-      SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> base, model::OwnershipMap(m, base_sharded ? g : 1));
-      f = SizesOf(base);
-      const int64_t frozen = p * (f.embed + f.head + m.n_layer * f.block) / (base_sharded ? g : 1);
-      sp.params_bytes += frozen;
-      sp.state_bytes += frozen;
-    }
-    const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
-    if (ShardsParams(s)) sp.transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
-    if (base_sharded) sp.transient_bytes += p * (f.embed + f.head + live_blocks * f.block);
-    if (ShardsGrads(s)) sp.transient_bytes += p * (t.embed + 2 * t.block);  // unsharded grads before reduction
-    const double acts = m.n_layer * layer_act + head_act;
-    const double acts_checkpointed = m.n_layer * layer_input + layer_act + head_act;
-    const double held = static_cast<double>(sp.state_bytes) + static_cast<double>(sp.transient_bytes);
-    sp.activation_bytes = Saturated(acts);
-    sp.activation_bytes_checkpointed = Saturated(acts_checkpointed);
-    sp.peak_bytes = Saturated(held + acts);
-    sp.peak_bytes_checkpointed = Saturated(held + acts_checkpointed);
-    sp.fits = held + acts <= c.device_memory_bytes;
-    sp.fits_checkpointed = held + acts_checkpointed <= c.device_memory_bytes;
-
-    // Communication per step, per rank: the engine's collectives.
-    const double shard_bw = g <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
-    const double rep_bw = world <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
-    double overlapped = 0, exposed = 0;
-    double bytes = 0;
-    auto add = [&](double sent, double bw, bool overlaps) {
-      bytes += sent;
-      (overlaps ? overlapped : exposed) += sent / bw;
-    };
-    // Forward gathers every unit, backward the blocks again, per micro-batch;
-    // the first gather of a step cannot hide behind anything.
-    auto gathers_per_micro = [&](const UnitSizes& u) {
-      return comm::RingAllGatherBytes(u.embed * p, g) + comm::RingAllGatherBytes(u.head * p, g) +
-             2LL * m.n_layer * comm::RingAllGatherBytes(u.block * p, g);
-    };
-    const int64_t first = comm::RingAllGatherBytes((base_sharded ? f.embed : t.embed) * p, g);
-    int64_t gathers = 0;
-    if (ShardsParams(s)) gathers += gathers_per_micro(t);
-    if (base_sharded) gathers += gathers_per_micro(f);
-    if (gathers > 0) {
-      add(static_cast<double>(plan.micro_batches) * gathers - first, shard_bw, true);
-      add(first, shard_bw, false);
-    }
-    const int64_t full_p = t.embed + t.head + m.n_layer * t.block;
-    const int64_t embed = t.embed;
-    if (!ShardsParams(s) && g > 1) {
-      add(comm::RingAllGatherBytes(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
-    }
-    if (g > 1) {
-      // Reductions run during backward; the embedding's comes last (tied head).
-      add(comm::RingReduceScatterBytes((full_p - embed) * r, g), shard_bw, true);
-      add(comm::RingReduceScatterBytes(embed * r, g), shard_bw, false);
-    }
-    if (replicas > 1) {
-      add(comm::RingAllReduceBytes((full_p - embed) / g * r, r, replicas), rep_bw, true);
-      add(comm::RingAllReduceBytes(embed / g * r, r, replicas), rep_bw, false);
-    }
-    sp.comm_bytes = Saturated(bytes);
-    sp.comm_s = overlapped + exposed;
-    sp.compute_s = compute;
-    sp.exposed_comm_s = exposed + std::max(0.0, overlapped - compute);
-    // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
-    const int64_t owned = ShardsGrads(s) || s == Strategy::kZero1 ? full_p / g : full_p;
-    sp.optimizer_s = owned * (3 * 4 * 2 + r + p) / c.memory_bw;
-    sp.step_s = compute + sp.exposed_comm_s + sp.optimizer_s;
-    sp.step_s_checkpointed = compute + recompute + exposed + std::max(0.0, overlapped - compute - recompute) +
-                             sp.optimizer_s;
-    sp.tokens_per_second = plan.tokens_per_step / sp.step_s;
-    plan.strategies.push_back(sp);
+    SL_ASSIGN_OR_RETURN(std::optional<StrategyPlan> sp, PlanStrategy(in, x, s, plan.tokens_per_step));
+    if (sp) plan.strategies.push_back(*sp);
   }
-  // The fastest that fits; checkpointing only if nothing fits without it.
-  for (bool ckpt : {false, true}) {
-    double best = 1e300;
-    for (const auto& sp : plan.strategies) {
-      const bool fits = ckpt ? sp.fits_checkpointed : sp.fits;
-      const double t = ckpt ? sp.step_s_checkpointed : sp.step_s;
-      if (fits && t < best) {
-        best = t;
-        plan.recommended = StrategyName(sp.strategy);
-        plan.recommended_checkpointing = ckpt;
-      }
-    }
-    if (!plan.recommended.empty()) break;
-  }
+  Recommend(&plan);
   return plan;
 }
 
