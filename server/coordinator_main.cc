@@ -77,48 +77,160 @@ struct TokenFiles {
   }
 };
 
+// Every flag, as the parse fills them.
+struct Flags {
+  std::string listen = "127.0.0.1:50051", state_dir, tls_cert, tls_key, metrics_listen;
+  TokenFiles tokens;
+  bool shared_token = false;
+  int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = 9400, keep_finished_jobs = 1000;
+  double stall_after_s = 10, keep_finished_hours = 0, restart_settle_s = 3;
+  bool metrics_port_given = false;
+};
+
+void AddFlags(CLI::App& app, Flags& f) {
+  app.set_version_flag("--version",
+                       std::string("shardline-coordinator ") + shardline::kVersion + " (" + shardline::kRevision + ")");
+  app.add_option("--listen", f.listen, "address to serve on (host:port)");
+  app.add_option("--state-dir", f.state_dir, "directory for the state database")->required();
+  app.add_option("--token-file", f.tokens.user, "file of the users' bearer tokens, one per line");
+  auto* worker_tokens =
+      app.add_option("--worker-token-file", f.tokens.worker, "file of the workers' bearer tokens, one per line");
+  app.add_flag("--shared-token", f.shared_token,
+               "the --token-file tokens serve workers too (no roles: for a single-user development cluster)")
+      ->excludes(worker_tokens);
+  app.add_option("--metrics-token-file", f.tokens.metrics,
+                 "scrapes of /metrics and /sd/workers must carry a bearer token of this file");
+  app.add_option("--tls-cert", f.tls_cert, "PEM certificate (with --tls-key: serve TLS)");
+  app.add_option("--tls-key", f.tls_key, "PEM private key");
+  app.add_option("--heartbeat-ms", f.heartbeat_ms, "worker heartbeat interval")->check(CLI::Range(10, 3600000));
+  app.add_option("--lost-after-missed", f.lost_after_missed, "heartbeats missed before a worker is lost")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--stall-after", f.stall_after_s, "seconds without progress before a running job is stalled")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--restart-settle", f.restart_settle_s,
+                 "seconds a restarting job waits for all its workers before it settles for fewer (min_workers)")
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--keep-finished-jobs", f.keep_finished_jobs,
+                 "ended jobs kept in the record, the oldest forgotten first (their checkpoints stay)")
+      ->check(CLI::Range(1, 10000000));
+  app.add_option("--keep-finished-hours", f.keep_finished_hours,
+                 "forget ended jobs this many hours after they ended (0: at any age)")
+      ->check(CLI::Range(0.0, 1e6));
+  auto* port_flag = app.add_option("--metrics-port", f.metrics_port,
+                                   "serve Prometheus /metrics and /sd/workers on this port of every interface "
+                                   "(default 9400, any free port if it is taken; 0: any free port; -1: off)")
+                        ->check(CLI::Range(-1, 65535));
+  app.add_option("--metrics-listen", f.metrics_listen, "serve Prometheus /metrics on HOST:PORT")->excludes(port_flag);
+  port_flag->each([&f](const std::string&) { f.metrics_port_given = true; });
+}
+
+// The RPC tokens by role, checked against the flags that name them.
+absl::StatusOr<shardline::AcceptedTokens> RpcTokens(const Flags& f) {
+  if (f.shared_token && f.tokens.user.empty()) {
+    return absl::InvalidArgumentError("--shared-token needs --token-file (the tokens it shares)");
+  }
+  if (!f.tokens.user.empty() && f.tokens.worker.empty()) {
+    if (!f.shared_token) {
+      return absl::InvalidArgumentError(
+          "--token-file needs --worker-token-file (the workers' tokens), or --shared-token to let the user tokens "
+          "serve workers too");
+    }
+    std::cerr << "shardline-coordinator: --shared-token: the user tokens serve workers too (no roles)" << std::endl;
+  }
+  return f.tokens.ReadRpcTokens();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Flags& f) {
+  if (f.tls_cert.empty() && f.tls_key.empty()) return grpc::InsecureServerCredentials();
+  if (f.tls_cert.empty() || f.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
+  }
+  absl::StatusOr<std::string> cert = shardline::ReadFileToString(f.tls_cert, "certificate");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = shardline::ReadFileToString(f.tls_key, "private key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+shardline::CoordinatorOptions CoreOptions(const Flags& f) {
+  shardline::CoordinatorOptions options;
+  options.heartbeat_interval = absl::Milliseconds(f.heartbeat_ms);
+  options.lost_after_missed = f.lost_after_missed;
+  options.stall_after = absl::Seconds(f.stall_after_s);
+  options.restart_settle = absl::Seconds(f.restart_settle_s);
+  options.keep_finished_jobs = f.keep_finished_jobs;
+  options.keep_finished_for = absl::Hours(f.keep_finished_hours);
+  return options;
+}
+
+// /metrics and /sd/workers, or none with --metrics-port -1. The default port
+// taken (another coordinator on this host): any free one, printed, rather
+// than no metrics at all.
+absl::StatusOr<std::unique_ptr<shardline::metrics::MetricsServer>> StartMetrics(
+    const Flags& f, shardline::CoordinatorMetrics& metrics, shardline::CoordinatorCore& core,
+    std::vector<std::string> scrape_tokens) {
+  const std::string addr = shardline::metrics::MetricsListenAddress(f.metrics_listen, f.metrics_port);
+  if (addr.empty()) return nullptr;
+  auto start = [&](const std::string& a) {
+    return shardline::metrics::MetricsServer::Start(
+        a, metrics.Pages(&core),
+        {{"/sd/workers", [&core] { return shardline::WorkerScrapeTargets(core.ListWorkers()); }}}, scrape_tokens);
+  };
+  auto m = start(addr);
+  if (!m.ok() && !f.metrics_port_given && f.metrics_listen.empty()) {
+    std::cerr << "shardline-coordinator: " << m.status().message() << "; metrics on any free port" << std::endl;
+    m = start("0.0.0.0:0");
+  }
+  return m;
+}
+
+std::unique_ptr<grpc::Server> StartServer(const Flags& f, std::shared_ptr<grpc::ServerCredentials> creds,
+                                          shardline::CoordinatorService* service,
+                                          shardline::CoordinatorMetrics& metrics, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(f.listen, creds, port);
+  // Workers ping every 5 s to notice a cut link (worker_daemon.cc): allowed,
+  // also on an idle session, without counting strikes against them.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.RegisterService(service);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(metrics.RpcInterceptor());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  return builder.BuildAndStart();
+}
+
+// Waits for SIGINT or SIGTERM (the signal's number); a SIGHUP reads the
+// token files again, keeping those in force if one no longer reads.
+int WaitForStop(const sigset_t& signals, const Flags& f, shardline::CoordinatorService& service,
+                shardline::metrics::MetricsServer* metrics_server) {
+  int sig = 0;
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    absl::StatusOr<shardline::AcceptedTokens> rpc = f.tokens.ReadRpcTokens();
+    absl::StatusOr<std::vector<std::string>> scrape = f.tokens.ReadMetricsTokens();
+    if (!rpc.ok() || !scrape.ok()) {
+      std::cerr << "shardline-coordinator: SIGHUP: keeping the tokens in force: "
+                << (!rpc.ok() ? rpc.status() : scrape.status()).message() << std::endl;
+      continue;
+    }
+    service.SetTokens(*std::move(rpc));
+    if (metrics_server) metrics_server->SetBearerTokens(*std::move(scrape));
+    std::cerr << "shardline-coordinator: SIGHUP: token files read again" << std::endl;
+  }
+  return sig;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"shardline-coordinator: the Shardline control plane"};
-  app.set_version_flag("--version",
-                       std::string("shardline-coordinator ") + shardline::kVersion + " (" + shardline::kRevision + ")");
-  std::string listen = "127.0.0.1:50051", state_dir, tls_cert, tls_key, metrics_listen;
-  TokenFiles token_files;
-  int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = 9400, keep_finished_jobs = 1000;
-  double stall_after_s = 10, keep_finished_hours = 0, restart_settle_s = 3;
-  app.add_option("--listen", listen, "address to serve on (host:port)");
-  app.add_option("--state-dir", state_dir, "directory for the state database")->required();
-  app.add_option("--token-file", token_files.user, "file of the users' bearer tokens, one per line");
-  auto* worker_tokens =
-      app.add_option("--worker-token-file", token_files.worker, "file of the workers' bearer tokens, one per line");
-  bool shared_token = false;
-  app.add_flag("--shared-token", shared_token,
-               "the --token-file tokens serve workers too (no roles: for a single-user development cluster)")
-      ->excludes(worker_tokens);
-  app.add_option("--metrics-token-file", token_files.metrics,
-                 "scrapes of /metrics and /sd/workers must carry a bearer token of this file");
-  app.add_option("--tls-cert", tls_cert, "PEM certificate (with --tls-key: serve TLS)");
-  app.add_option("--tls-key", tls_key, "PEM private key");
-  app.add_option("--heartbeat-ms", heartbeat_ms, "worker heartbeat interval")->check(CLI::Range(10, 3600000));
-  app.add_option("--lost-after-missed", lost_after_missed, "heartbeats missed before a worker is lost")
-      ->check(CLI::Range(1, 1000000));
-  app.add_option("--stall-after", stall_after_s, "seconds without progress before a running job is stalled")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--restart-settle", restart_settle_s,
-                 "seconds a restarting job waits for all its workers before it settles for fewer (min_workers)")
-      ->check(CLI::Range(0.0, 3600.0));
-  app.add_option("--keep-finished-jobs", keep_finished_jobs,
-                 "ended jobs kept in the record, the oldest forgotten first (their checkpoints stay)")
-      ->check(CLI::Range(1, 10000000));
-  app.add_option("--keep-finished-hours", keep_finished_hours,
-                 "forget ended jobs this many hours after they ended (0: at any age)")
-      ->check(CLI::Range(0.0, 1e6));
-  auto* port_flag = app.add_option("--metrics-port", metrics_port,
-                                   "serve Prometheus /metrics and /sd/workers on this port of every interface "
-                                   "(default 9400, any free port if it is taken; 0: any free port; -1: off)")
-                        ->check(CLI::Range(-1, 65535));
-  app.add_option("--metrics-listen", metrics_listen, "serve Prometheus /metrics on HOST:PORT")->excludes(port_flag);
+  Flags f;
+  AddFlags(app, f);
   CLI11_PARSE(app, argc, argv);
 
   // One malloc arena for all of gRPC's threads: with one per thread, a
@@ -137,89 +249,32 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  if (shared_token && token_files.user.empty()) {
-    return Fail(absl::InvalidArgumentError("--shared-token needs --token-file (the tokens it shares)"));
-  }
-  if (!token_files.user.empty() && token_files.worker.empty()) {
-    if (!shared_token) {
-      return Fail(absl::InvalidArgumentError(
-          "--token-file needs --worker-token-file (the workers' tokens), or --shared-token to let the user tokens "
-          "serve workers too"));
-    }
-    std::cerr << "shardline-coordinator: --shared-token: the user tokens serve workers too (no roles)" << std::endl;
-  }
-  absl::StatusOr<shardline::AcceptedTokens> tokens = token_files.ReadRpcTokens();
+  absl::StatusOr<shardline::AcceptedTokens> tokens = RpcTokens(f);
   if (!tokens.ok()) return Fail(tokens.status());
-  absl::StatusOr<std::vector<std::string>> metrics_tokens = token_files.ReadMetricsTokens();
+  absl::StatusOr<std::vector<std::string>> metrics_tokens = f.tokens.ReadMetricsTokens();
   if (!metrics_tokens.ok()) return Fail(metrics_tokens.status());
-  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
-  if (!tls_cert.empty() || !tls_key.empty()) {
-    if (tls_cert.empty() || tls_key.empty()) {
-      return Fail(absl::InvalidArgumentError("--tls-cert and --tls-key must be given together"));
-    }
-    auto cert = shardline::ReadFileToString(tls_cert, "certificate");
-    if (!cert.ok()) return Fail(cert.status());
-    auto key = shardline::ReadFileToString(tls_key, "private key");
-    if (!key.ok()) return Fail(key.status());
-    grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({*key, *cert});
-    creds = grpc::SslServerCredentials(ssl);
-  }
-  auto store = shardline::StateStore::Open(state_dir);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentials(f);
+  if (!creds.ok()) return Fail(creds.status());
+  auto store = shardline::StateStore::Open(f.state_dir);
   if (!store.ok()) return Fail(store.status());
-  shardline::CoordinatorOptions options;
-  options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
-  options.lost_after_missed = lost_after_missed;
-  options.stall_after = absl::Seconds(stall_after_s);
-  options.restart_settle = absl::Seconds(restart_settle_s);
-  options.keep_finished_jobs = keep_finished_jobs;
-  options.keep_finished_for = absl::Hours(keep_finished_hours);
+  shardline::CoordinatorOptions options = CoreOptions(f);
   shardline::CoordinatorMetrics metrics;
   options.events = metrics.Events();
   shardline::CoordinatorCore core(store->get(), options);
-  std::unique_ptr<shardline::metrics::MetricsServer> metrics_server;
-  if (const std::string addr = shardline::metrics::MetricsListenAddress(metrics_listen, metrics_port); !addr.empty()) {
-    auto start = [&](const std::string& a) {
-      return shardline::metrics::MetricsServer::Start(
-          a, metrics.Pages(&core),
-          {{"/sd/workers", [&core] { return shardline::WorkerScrapeTargets(core.ListWorkers()); }}}, *metrics_tokens);
-    };
-    auto m = start(addr);
-    if (!m.ok() && port_flag->count() == 0 && metrics_listen.empty()) {
-      // The default port is taken (another coordinator on this host): any
-      // free one, printed below, rather than no metrics at all.
-      std::cerr << "shardline-coordinator: " << m.status().message() << "; metrics on any free port" << std::endl;
-      m = start("0.0.0.0:0");
-    }
-    if (!m.ok()) return Fail(m.status());
-    metrics_server = std::move(*m);
-  }
+  auto metrics_server = StartMetrics(f, metrics, core, *std::move(metrics_tokens));
+  if (!metrics_server.ok()) return Fail(metrics_server.status());
   // Rows of the state database that do not read are named here and kept;
   // the other jobs serve (CoordinatorCore::Recover).
   std::vector<std::string> unreadable;
   if (absl::Status s = core.Recover(&unreadable); !s.ok()) return Fail(s);
   for (const std::string& line : unreadable) std::cerr << "shardline-coordinator: " << line << std::endl;
   shardline::CoordinatorService service(&core, *std::move(tokens));
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, creds, &port);
-  // Workers ping every 5 s to notice a cut link (worker_daemon.cc): allowed,
-  // also on an idle session, without counting strikes against them.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 4000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  builder.RegisterService(&service);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(metrics.RpcInterceptor());
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", listen)));
-  const std::string host = listen.substr(0, listen.rfind(':'));
+  std::unique_ptr<grpc::Server> server = StartServer(f, *creds, &service, metrics, &port);
+  if (!server || port == 0) return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", f.listen)));
+  const std::string host = f.listen.substr(0, f.listen.rfind(':'));
   std::cout << "listening on " << host << ":" << port << std::endl;
-  if (metrics_server) std::cout << "metrics on port " << metrics_server->port() << std::endl;
+  if (*metrics_server) std::cout << "metrics on port " << (*metrics_server)->port() << std::endl;
 
   std::atomic<bool> running{true};
   std::thread ticker([&] {
@@ -231,19 +286,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
-  int sig = 0;
-  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
-    absl::StatusOr<shardline::AcceptedTokens> rpc = token_files.ReadRpcTokens();
-    absl::StatusOr<std::vector<std::string>> scrape = token_files.ReadMetricsTokens();
-    if (!rpc.ok() || !scrape.ok()) {
-      std::cerr << "shardline-coordinator: SIGHUP: keeping the tokens in force: "
-                << (!rpc.ok() ? rpc.status() : scrape.status()).message() << std::endl;
-      continue;
-    }
-    service.SetTokens(*std::move(rpc));
-    if (metrics_server) metrics_server->SetBearerTokens(*std::move(scrape));
-    std::cerr << "shardline-coordinator: SIGHUP: token files read again" << std::endl;
-  }
+  const int sig = WaitForStop(signals, f, service, metrics_server->get());
   std::cerr << "shardline-coordinator: stopping on signal " << sig << std::endl;
   running = false;
   ticker.join();
@@ -251,6 +294,6 @@ int main(int argc, char** argv) {
   // every call to finish, and a wait would otherwise hold it to its timeout.
   core.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  metrics_server.reset();  // scrapes read the core: stop them before it goes
+  metrics_server->reset();  // scrapes read the core: stop them before it goes
   return 0;
 }
