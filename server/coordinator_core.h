@@ -332,11 +332,11 @@ class CoordinatorCore {
   };
 
   v1::Job& JobOf(JobRecord& r) { return r.stored.job; }
-  // The running job `job_id` if session `worker_id` holds its rank `rank`;
-  // otherwise null, and the refusal counted under `what`.
   // The credentials of r's ranks no longer open the store (r.credentials
   // stays, so that a late checkpoint report is told the job ended).
   void RevokeStoreAccess(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The running job `job_id` if session `worker_id` holds its rank `rank`;
+  // otherwise null, and the refusal counted under `what`.
   JobRecord* RankOfSession(const std::string& worker_id, const std::string& job_id, int rank, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes r's record. A failed write is said at the end of Job.message
