@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_manifest.h"
+#include "common/device_spec.h"
 #include "common/job_state.h"
 #include "common/strategy_choice.h"
 #include "server/coordinator_core.h"
@@ -32,7 +33,6 @@ std::string NewCredential() {
   return out;
 }
 
-std::string DeviceKind(const v1::WorkerInfo& w) { return w.device().substr(0, w.device().find(':')); }
 
 // What an attempt's end says in Job.attempts and in a final failure.
 constexpr size_t kMaxEndBytes = 300;
@@ -127,10 +127,10 @@ void CoordinatorCore::GrowAtCheckpoint(JobRecord& r, int64_t step) {
   if (step >= r.config.train.steps) return;
   auto first = workers_.find(j.worker_ids(0));
   if (first == workers_.end()) return;
-  const std::string kind = DeviceKind(first->second.info);
+  const std::string kind = DeviceKindName(first->second.info.device());
   int idle = 0;
   for (const auto& [wid, w] : workers_) {
-    if (w.info.state() == v1::WORKER_STATE_IDLE && DeviceKind(w.info) == kind &&
+    if (w.info.state() == v1::WORKER_STATE_IDLE && DeviceKindName(w.info.device()) == kind &&
         !r.excluded_workers.count(WorkerKey(w.info))) {
       ++idle;
     }
@@ -203,7 +203,7 @@ CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
   std::map<std::string, std::vector<WorkerRecord*>> idle_by_kind;
   std::map<std::string, int> registered_by_kind;
   for (auto& [wid, w] : workers_) {
-    const std::string kind = DeviceKind(w.info);
+    const std::string kind = DeviceKindName(w.info.device());
     ++registered_by_kind[kind];
     if (w.info.state() == v1::WORKER_STATE_IDLE && !r.excluded_workers.count(WorkerKey(w.info))) {
       idle_by_kind[kind].push_back(&w);
@@ -340,7 +340,7 @@ void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*
     const v1::WorkerInfo& w = ranks[i]->info;
     hosts.insert(w.host());
     a.min_memory_bytes = i == 0 ? w.memory_bytes() : std::min<int64_t>(a.min_memory_bytes, w.memory_bytes());
-    a.device_kind = DeviceKind(w);
+    a.device_kind = DeviceKindName(w.device());
   }
   a.hosts = static_cast<int>(hosts.size());
   a.measured_bus_bandwidth = j.measured_bus_bandwidth();

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/device_spec.h"
 #include "common/file_util.h"
 #include "common/json_object.h"
 #include "common/grpc_status.h"
@@ -42,13 +43,9 @@ std::string Hostname() {
 // read (the job then fails on its own, naming the device).
 int64_t DeviceMemoryBytes(const std::string& device) {
 #ifdef SHARDLINE_WITH_CUDA
-  if (device.rfind("cuda", 0) == 0) {
-    int index = 0;
-    const auto colon = device.find(':');
-    if (colon == std::string::npos || absl::SimpleAtoi(device.substr(colon + 1), &index)) {
-      cudaDeviceProp prop;
-      if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) return static_cast<int64_t>(prop.totalGlobalMem);
-    }
+  if (absl::StatusOr<DeviceSpec> d = ParseDeviceSpec(device); d.ok() && d->kind == DeviceKind::kCuda) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, d->index) == cudaSuccess) return static_cast<int64_t>(prop.totalGlobalMem);
   }
 #endif
   const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);

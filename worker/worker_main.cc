@@ -14,6 +14,7 @@
 
 #include "absl/strings/strip.h"
 #include "common/build_info.h"
+#include "common/device_spec.h"
 #include "common/file_util.h"
 #include "common/quoted.h"
 #include "worker/collective_address.h"
@@ -62,8 +63,8 @@ int main(int argc, char** argv) {
               << std::endl;
     return 2;
   }
-  if (o.device != "cpu" && o.device.rfind("cuda:", 0) != 0) {
-    std::cerr << "shardline-worker: --device " << shardline::Shown(o.device) << ": expected cpu or cuda:N" << std::endl;
+  if (absl::Status spec = shardline::ParseDeviceSpec(o.device).status(); !spec.ok()) {
+    std::cerr << "shardline-worker: --device: " << spec.message() << std::endl;
     return 2;
   }
   // First, before any other ATen call (device.h says why): a daemon that

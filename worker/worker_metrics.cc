@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/device_spec.h"
 #include "common/model_shapes.h"
 
 namespace shardline {
@@ -180,7 +181,7 @@ void WorkerMetrics::OnCheckpoint(double seconds, int64_t bytes, bool ok) {
 }
 
 double DefaultPeakFlops(const std::string& device, int threads) {
-  if (device.rfind("cuda", 0) == 0) return 989e12;
+  if (DeviceKindName(device) == "cuda") return 989e12;
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   double mhz = 0;

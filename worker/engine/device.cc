@@ -1,5 +1,7 @@
 #include "worker/engine/device.h"
 
+#include "common/device_spec.h"
+
 #include <dlfcn.h>
 
 #include <mutex>
@@ -67,15 +69,10 @@ namespace {
 c10::Stream DefaultStream(const at::Device& d) { return c10::Stream(c10::Stream::DEFAULT, d); }
 
 absl::StatusOr<at::Device> ParseDevice(const std::string& spec) {
-  if (spec == "cpu") return at::Device(at::kCPU);
-  int index = 0;
-  if (spec != "cuda") {
-    const std::string prefix = "cuda:";
-    if (spec.rfind(prefix, 0) != 0 || !absl::SimpleAtoi(spec.substr(prefix.size()), &index) || index < 0 ||
-        index > 1023) {
-      return absl::InvalidArgumentError(absl::StrCat("device ", Quoted(spec), ": expected cpu, cuda or cuda:N"));
-    }
-  }
+  absl::StatusOr<DeviceSpec> parsed = ParseDeviceSpec(spec);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->kind == DeviceKind::kCpu) return at::Device(at::kCPU);
+  [[maybe_unused]] const int index = parsed->index;
 #ifndef SHARDLINE_WITH_CUDA
   return absl::FailedPreconditionError(absl::StrCat("device ", spec, ": this build has no CUDA"));
 #else
