@@ -168,7 +168,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view head,
     if (begin > covered) {
       return absl::DataLossError(absl::StrCat(path, ": bytes [", covered, ", ", begin,
                                               ") of the data section belong to no tensor (a gap before tensor ",
-                                              *name, ")"));
+                                              Shown(*name), ")"));
     }
     covered = end;
     last = name;

@@ -106,6 +106,9 @@ TEST(SafetensorsReader, RefusesBytesThatBelongToNoTensor) {
        "bytes [8, 12) of the data section belong to no tensor (past the last one)"},
       {"none.safetensors", R"({"__metadata__":{"format":"pt"}})", 4,
        "bytes [0, 4) of the data section belong to no tensor (past the last one)"},
+      // The name is escaped: one line whatever it holds (tests/fuzz found a NUL).
+      {"nul.safetensors", R"({"a\u0000\nb":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12,
+       "bytes [0, 4) of the data section belong to no tensor (a gap before tensor a\\x00\\nb)"},
   };
   for (const auto& c : cases) {
     const std::string path = WriteRaw(c.name, c.header, std::string(c.data, '\0'));
