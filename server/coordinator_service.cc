@@ -261,9 +261,8 @@ std::string CoordinatorService::OwnerOf(const grpc::CallbackServerContext* ctx) 
   return OwnerHash(BearerOf(ctx));
 }
 
-bool CoordinatorService::OwnedByAnother(const grpc::CallbackServerContext* ctx, const std::string& owner) const {
+bool CoordinatorService::OwnedByAnother(const std::string& caller, const std::string& owner) const {
   if (owner.empty()) return false;  // submitted without authentication
-  const std::string caller = OwnerOf(ctx);
   if (caller.empty() || caller == owner) return false;
   // A job whose token was rotated out would otherwise belong to nobody.
   absl::MutexLock lock(&tokens_mu_);
@@ -274,7 +273,7 @@ absl::Status CoordinatorService::CheckOwner(const grpc::CallbackServerContext* c
                                             const char* verb) const {
   absl::StatusOr<std::string> owner = core_->OwnerOfJob(job_id);
   if (!owner.ok()) return owner.status();
-  if (!OwnedByAnother(ctx, *owner)) return absl::OkStatus();
+  if (!OwnedByAnother(OwnerOf(ctx), *owner)) return absl::OkStatus();
   core_->CountRefused("owner");
   return absl::PermissionDeniedError(absl::StrCat("job ", job_id, " belongs to another user: only the token that "
                                                   "submitted it may ", verb));
@@ -365,12 +364,13 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
   }
   size_t total = 0;
   std::vector<v1::Job> jobs = core_->ListJobs(first, static_cast<size_t>(size), &total);
+  const std::string caller = OwnerOf(ctx);  // once: a SHA-256 of the token
   for (v1::Job& job : jobs) {
     v1::Job* j = resp->add_jobs();
     *j = std::move(job);
     // Everyone sees the queue (as squeue shows every job); another user's
     // job without where its files are.
-    if (OwnedByAnother(ctx, j->owner())) {
+    if (OwnedByAnother(caller, j->owner())) {
       j->clear_base_dir();
       j->clear_resume_from();
       j->clear_checkpoint_root();

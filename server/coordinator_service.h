@@ -96,8 +96,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // list, shards), watch or resume the job; every user token lists every
   // job, another user's without its paths. A job submitted without
   // authentication, or whose owner's token was rotated out, is anyone's.
-  // Whether `owner` (a Job.owner) is another user than this call's.
-  bool OwnedByAnother(const grpc::CallbackServerContext* ctx, const std::string& owner) const
+  // Whether `owner` (a Job.owner) is another user than `caller` (OwnerOf
+  // the call).
+  bool OwnedByAnother(const std::string& caller, const std::string& owner) const
       ABSL_LOCKS_EXCLUDED(tokens_mu_);
   // OK if this call may `verb` job `job_id`; PermissionDenied (counted as
   // "owner") if it is another user's; NotFound if there is no such job.

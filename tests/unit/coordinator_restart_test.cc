@@ -46,18 +46,9 @@ class RestartTest : public CoreTest {
   }
   // Every rank of the running attempt reports its file of `step`.
   void Commit(const std::string& job, int64_t step, const std::vector<RecordingChannel*>& ranks) {
-    const std::string root = core_->GetJob(job)->checkpoint_root();
-    std::filesystem::create_directories(root + "/" + StepDirName(step));
     for (RecordingChannel* ch : ranks) {
       const v1::Assignment a = ch->Starts().back();
-      v1::CheckpointReport r;
-      r.set_job_id(job);
-      r.set_rank(a.rank());
-      r.set_step(step);
-      r.set_path(RankFilePath(root, step, a.rank(), a.attempt()));
-      r.set_size_bytes(10);
-      r.set_checksum(std::string(64, 'a'));
-      ASSERT_TRUE(core_->ReportCheckpoint(r, a.credential()).ok());
+      ASSERT_TRUE(core_->ReportCheckpoint(ReportOf(job, a, step), a.credential()).ok());
     }
   }
   void Progress(const std::string& worker, const std::string& job, int64_t step) {

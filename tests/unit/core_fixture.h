@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checkpoint_manifest.h"
 #include "common/job_state.h"
 #include "server/coordinator_core.h"
 
@@ -87,6 +88,20 @@ class CoreTest : public ::testing::Test {
     core_->OnFinished(worker, f);
   }
   std::string State(const std::string& job) { return JobStateName(core_->GetJob(job)->state()); }
+  // The report of assignment `a`'s own file of `step` under the job's
+  // checkpoint root (its step directory made), as a rank sends it.
+  v1::CheckpointReport ReportOf(const std::string& job, const v1::Assignment& a, int64_t step) {
+    const std::string root = core_->GetJob(job)->checkpoint_root();
+    std::filesystem::create_directories(root + "/" + StepDirName(step));
+    v1::CheckpointReport r;
+    r.set_job_id(job);
+    r.set_rank(a.rank());
+    r.set_step(step);
+    r.set_path(RankFilePath(root, step, a.rank(), a.attempt()));
+    r.set_size_bytes(10);
+    r.set_checksum(std::string(64, 'a'));
+    return r;
+  }
 
   std::string dir_;
   std::unique_ptr<StateStore> store_;

@@ -83,18 +83,6 @@ class StateDbTest : public CoreTest {
     EXPECT_TRUE(id.ok()) << id.status();
     return id.ok() ? *id : "";
   }
-  v1::CheckpointReport Report(const std::string& job, const v1::Assignment& a, int64_t step) {
-    const std::string root = core_->GetJob(job)->checkpoint_root();
-    std::filesystem::create_directories(root + "/" + StepDirName(step));
-    v1::CheckpointReport r;
-    r.set_job_id(job);
-    r.set_rank(a.rank());
-    r.set_step(step);
-    r.set_path(RankFilePath(root, step, a.rank(), a.attempt()));
-    r.set_size_bytes(10);
-    r.set_checksum(std::string(64, 'a'));
-    return r;
-  }
   std::vector<std::string> problems_;
 };
 
@@ -262,7 +250,7 @@ TEST_F(StateDbTest, AFullStateDiskDuringACheckpointReportFailsTheJobAtOnceNaming
   ASSERT_EQ(State(job), "RUNNING");
   store_->SimulateFullDiskForTesting(true);
   const v1::Assignment a1 = w1.Starts().back();
-  absl::Status s = core_->ReportCheckpoint(Report(job, a1, 2), a1.credential());
+  absl::Status s = core_->ReportCheckpoint(ReportOf(job, a1, 2), a1.credential());
   EXPECT_FALSE(s.ok());
   v1::Job j = *core_->GetJob(job);
   EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED) << j.message();
@@ -295,9 +283,9 @@ TEST_F(StateDbTest, AFullStateDiskDuringACommitFailsTheJobAtOnceWithoutAManifest
   const std::string job = SubmitSpec(kTwoRankSpec, dir_);
   ASSERT_EQ(State(job), "RUNNING");
   const v1::Assignment a1 = w1.Starts().back(), a2 = w2.Starts().back();
-  ASSERT_TRUE(core_->ReportCheckpoint(Report(job, a1, 2), a1.credential()).ok());
+  ASSERT_TRUE(core_->ReportCheckpoint(ReportOf(job, a1, 2), a1.credential()).ok());
   store_->SimulateFullDiskForTesting(true, /*after_writes=*/1);  // the last report is saved, the record not
-  EXPECT_FALSE(core_->ReportCheckpoint(Report(job, a2, 2), a2.credential()).ok());
+  EXPECT_FALSE(core_->ReportCheckpoint(ReportOf(job, a2, 2), a2.credential()).ok());
   v1::Job j = *core_->GetJob(job);
   EXPECT_EQ(j.state(), v1::JOB_STATE_FAILED) << j.message();
   EXPECT_EQ(j.restarts(), 0);

@@ -1,18 +1,11 @@
 #include "worker/engine/tensor_file.h"
 
 #include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 
 namespace shardline {
 namespace {
