@@ -10,17 +10,18 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "common/model_shapes.h"
-#include "common/file_util.h"
-#include "common/job_config.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
+#include "common/job/job_config.h"
+#include "common/model/model_shapes.h"
+#include "common/spec/job_spec.h"
 
 namespace shardline::ctl {
 
 namespace {
 
 // Every flag is bounded where it is parsed (CLI11 names the flag): sizes as
-// a job file's keys are (common/job_config.cc), so that nothing planned is
+// a job file's keys are (common/job/job_config.cc), so that nothing planned is
 // larger than a job could be; rates and sizes in [1, hi], NaN and
 // infinities refused (CLI::Range lets a NaN through).
 constexpr int kMaxRanks = 1 << 20;

@@ -1,5 +1,5 @@
 // `shardctl plan`: the per-strategy memory, communication and step-time
-// prediction of common/plan.h for a job file or a model given by flags.
+// prediction of common/plan/plan.h for a job file or a model given by flags.
 #pragma once
 
 #include <string>
@@ -7,7 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
-#include "common/plan.h"
+#include "common/plan/plan.h"
 
 namespace shardline::ctl {
 

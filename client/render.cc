@@ -1,8 +1,8 @@
 #include "client/render.h"
 
-#include "common/job_state.h"
-#include "common/json_object.h"
-#include "common/quoted.h"
+#include "common/base/json_object.h"
+#include "common/base/quoted.h"
+#include "common/state/job_state.h"
 
 #include <cmath>
 

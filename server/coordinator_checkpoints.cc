@@ -12,12 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "common/job_state.h"
-#include "common/checkpoint_manifest.h"
-#include "common/file_util.h"
-#include "common/model_shapes.h"
+#include "common/base/fault_injection.h"
+#include "common/base/file_util.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/model/model_shapes.h"
+#include "common/state/job_state.h"
 #include "server/coordinator_core.h"
-#include "common/fault_injection.h"
 
 namespace shardline {
 

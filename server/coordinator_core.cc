@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job_state.h"
-#include "common/model_shapes.h"
-#include "common/quoted.h"
+#include "common/base/quoted.h"
+#include "common/model/model_shapes.h"
+#include "common/state/job_state.h"
 
 namespace shardline {
 

@@ -3,7 +3,7 @@
 // a thin adapter over it, and unit tests drive it without a network.
 //
 // Jobs move PENDING -> RUNNING -> (RESTARTING -> RUNNING)* -> SUCCEEDED |
-// FAILED | CANCELLED (common/job_state.h); the reason is kept in Job.message;
+// FAILED | CANCELLED (common/state/job_state.h); the reason is kept in Job.message;
 // a failure names its root cause where one is known. A lost rank, or a rank
 // that fails because of a peer, sends a job with restarts left ([job]
 // max_restarts) to RESTARTING: once its old ranks are back, it starts again
@@ -35,7 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/job_config.h"
+#include "common/job/job_config.h"
 #include "server/state_store.h"
 #include "shardline/v1/shardline.pb.h"
 
@@ -351,7 +351,7 @@ class CoordinatorCore {
   // unreadable record (FailedPrecondition).
   absl::Status PersistOrError(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves r to `state` by the one transition table (common/job_state.h),
+  // Moves r to `state` by the one transition table (common/state/job_state.h),
   // persists and notifies; a repeat is a no-op, an illegal transition an
   // error that changes nothing. A final state ends the job's store access.
   absl::Status Transition(JobRecord& r, v1::JobState state, const std::string& message)
@@ -373,7 +373,7 @@ class CoordinatorCore {
   int LargestWorld(const JobRecord& r, int lo, int hi) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static int RequestedWorkers(const v1::Job& j);
   // strategy = "auto": picks the attempt's strategy for `world` of `ranks`
-  // (common/strategy_choice.h) into r.config, Job.strategy and its reason.
+  // (common/plan/strategy_choice.h) into r.config, Job.strategy and its reason.
   void PickStrategy(JobRecord& r, const std::vector<WorkerRecord*>& ranks, int world)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the running attempt's record.

@@ -9,11 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/checkpoint_manifest.h"
-#include "common/job_state.h"
-#include "common/quoted.h"
-#include "common/status_macros.h"
-#include "common/weight_source.h"
+#include "common/base/quoted.h"
+#include "common/base/status_macros.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/model/weight_source.h"
+#include "common/spec/job_spec.h"
+#include "common/state/job_state.h"
 #include "server/coordinator_core.h"
 
 namespace shardline {

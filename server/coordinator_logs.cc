@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_state.h"
-#include "common/quoted.h"
+#include "common/base/quoted.h"
+#include "common/state/job_state.h"
 #include "server/coordinator_core.h"
 
 namespace shardline {

@@ -40,9 +40,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "common/build_info.h"
-#include "common/file_util.h"
-#include "common/metrics_http.h"
+#include "common/base/build_info.h"
+#include "common/base/file_util.h"
+#include "common/metrics/metrics_http.h"
 #include "server/coordinator_core.h"
 #include "server/coordinator_metrics.h"
 #include "server/coordinator_service.h"

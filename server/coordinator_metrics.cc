@@ -7,7 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/job_state.h"
+#include "common/state/job_state.h"
 
 namespace shardline {
 

@@ -26,7 +26,7 @@
 
 #include <grpcpp/support/server_interceptor.h>
 
-#include "common/metrics.h"
+#include "common/metrics/metrics.h"
 #include "server/coordinator_core.h"
 
 namespace shardline {

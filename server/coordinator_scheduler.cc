@@ -15,10 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/checkpoint_manifest.h"
-#include "common/device_spec.h"
-#include "common/job_state.h"
-#include "common/strategy_choice.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/job/device_spec.h"
+#include "common/plan/strategy_choice.h"
+#include "common/spec/job_spec.h"
+#include "common/state/job_state.h"
 #include "server/coordinator_core.h"
 
 namespace shardline {

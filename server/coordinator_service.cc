@@ -1,7 +1,7 @@
-#include "common/job_state.h"
+#include "common/state/job_state.h"
 #include "server/coordinator_service.h"
 
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 
 
 #include <deque>
@@ -9,12 +9,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "common/accepted_token.h"
-#include "common/checkpoint_manifest.h"
-#include "common/grpc_status.h"
+#include "common/base/accepted_token.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/rpc/grpc_status.h"
 
 namespace shardline {
 namespace {

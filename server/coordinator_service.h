@@ -1,6 +1,6 @@
 // CoordinatorService: the gRPC (callback API) adapter over CoordinatorCore.
 // It authenticates, converts messages, and maps absl::Status to grpc::Status
-// (common/grpc_status.h); the behaviour lives in the core.
+// (common/rpc/grpc_status.h); the behaviour lives in the core.
 //
 // Authentication and roles: with tokens configured, every Coordinator RPC
 // must carry "authorization: Bearer <token>" or is refused with

@@ -2,7 +2,7 @@
 // keys the engine's communicators bootstrap through, confined to each job's
 // namespace and bounded in keys, bytes and waits.
 #include "absl/strings/str_cat.h"
-#include "common/quoted.h"
+#include "common/base/quoted.h"
 #include "server/coordinator_core.h"
 
 namespace shardline {

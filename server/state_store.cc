@@ -16,7 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "common/quoted.h"
+#include "common/base/quoted.h"
 
 namespace shardline {
 

@@ -26,26 +26,27 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/build_info.h"
-#include "common/status_macros.h"
-#include "common/checkpoint_manifest.h"
-#include "common/file_util.h"
-#include "common/json_object.h"
-#include "common/model_shapes.h"
-#include "common/weight_source.h"
-#include "worker/comm/groups.h"
+#include "common/base/build_info.h"
+#include "common/base/file_util.h"
+#include "common/base/json_object.h"
+#include "common/base/status_macros.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/model/model_shapes.h"
+#include "common/model/weight_source.h"
+#include "common/spec/job_spec.h"
 #include "worker/checkpoint/checkpoint.h"
-#include "worker/collective_address.h"
+#include "worker/comm/groups.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/tensor_file.h"
-#include "worker/job_runner.h"
+#include "worker/run/collective_address.h"
+#include "worker/run/job_runner.h"
 
 namespace shardline {
 namespace {
 
 struct Flags {
   std::string config, out, dump_grads, store_host = "127.0.0.1", ckpt_dir, resume, device = "cpu", backend = "auto";
-  std::string listen_address, interface;  // worker/collective_address.h
+  std::string listen_address, interface;  // worker/run/collective_address.h
   int rank = 0, world = 1, store_port = 0, threads = 1, steps = 0, save_at = 0, stop_after = 0;
   double timeout_s = 60;
 };

@@ -23,7 +23,7 @@
 
 namespace shardline {
 
-class JobRunner;  // worker/job_runner.h
+class JobRunner;  // worker/run/job_runner.h
 class WorkerMetrics;   // worker/worker_metrics.h
 
 struct WorkerOptions {
@@ -31,7 +31,7 @@ struct WorkerOptions {
   std::string device = "cpu";
   std::string token;
   std::string host;  // defaults to the machine's hostname
-  std::string collective_address = "127.0.0.1";  // worker/collective_address.h; registered
+  std::string collective_address = "127.0.0.1";  // worker/run/collective_address.h; registered
   int threads = 1;   // intra-op threads for the engine
   absl::Duration collective_timeout = absl::Seconds(30);
   double peak_flops = 0;  // one device's peak FLOP/s for MFU; 0 = DefaultPeakFlops

@@ -13,12 +13,12 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/strip.h"
-#include "common/build_info.h"
-#include "common/device_spec.h"
-#include "common/file_util.h"
-#include "common/quoted.h"
-#include "worker/collective_address.h"
-#include "worker/engine/device.h"
+#include "common/base/build_info.h"
+#include "common/base/file_util.h"
+#include "common/base/quoted.h"
+#include "common/job/device_spec.h"
+#include "worker/device/device.h"
+#include "worker/run/collective_address.h"
 #include "worker/worker_daemon.h"
 #include "worker/worker_metrics.h"
 

@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/device_spec.h"
-#include "common/model_shapes.h"
+#include "common/job/device_spec.h"
+#include "common/model/model_shapes.h"
 
 namespace shardline {
 

@@ -18,9 +18,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/job_config.h"
-#include "common/metrics.h"
-#include "common/metrics_http.h"
+#include "common/job/job_config.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/metrics_http.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/engine.h"
 

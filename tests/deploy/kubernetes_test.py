@@ -310,7 +310,7 @@ def check_workers(c, docs, coordinator_svc):
 
 def check_tokens(c, docs):
     """Token files come from a Secret mounted read-only, in a form ReadSecretFile accepts:
-    a regular file, mode & 077 == 0, readable by the process (common/file_util.cc)."""
+    a regular file, mode & 077 == 0, readable by the process (common/base/file_util.cc)."""
     secrets = {s["metadata"]["name"]: s for s in find(docs, "Secret")}
     c.check(bool(secrets), "the tokens are Secrets", f"{sorted(secrets)}")
     for s in secrets.values():

@@ -19,7 +19,7 @@
 namespace shardline::fuzz {
 
 // The project's error contract: one line that starts by naming the file, in
-// printable ASCII (text echoed from the input is escaped by common/quoted.h;
+// printable ASCII (text echoed from the input is escaped by common/base/quoted.h;
 // a raw byte could break the line, a terminal, or a proto string field,
 // which must be valid UTF-8).
 inline bool NamesFileInOneLine(absl::string_view message, absl::string_view file) {

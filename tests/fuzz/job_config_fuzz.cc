@@ -7,8 +7,9 @@
 #include <cstdint>
 #include <string>
 
-#include "common/job_config.h"
-#include "common/model_shapes.h"
+#include "common/job/job_config.h"
+#include "common/model/model_shapes.h"
+#include "common/spec/job_spec.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace shardline {

@@ -14,11 +14,11 @@
 
 #include <unistd.h>
 
-#include "common/checkpoint_manifest.h"
-#include "common/hf_config.h"
-#include "common/job_config.h"
-#include "common/lora_adapter.h"
-#include "common/safetensors.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/job/job_config.h"
+#include "common/model/hf_config.h"
+#include "common/model/lora_adapter.h"
+#include "common/model/safetensors.h"
 #include "worker/data/token_file_header.h"
 
 namespace fs = std::filesystem;

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "common/checkpoint_manifest.h"
-#include "common/model_shapes.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/model/model_shapes.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -32,7 +32,7 @@
 #include <nccl.h>
 
 #include "worker/comm/nccl_communicator.h"
-#include "worker/engine/device.h"
+#include "worker/device/device.h"
 
 namespace shardline::comm {
 namespace {

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint_export.h"
-#include "common/checkpoint_manifest.h"
-#include "common/file_util.h"
-#include "common/job_state.h"
-#include "common/safetensors.h"
+#include "common/base/file_util.h"
+#include "common/checkpoint/checkpoint_export.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/model/safetensors.h"
+#include "common/state/job_state.h"
 #include "server/coordinator_core.h"
 #include "tests/unit/core_fixture.h"
 

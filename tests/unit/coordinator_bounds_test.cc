@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/quoted.h"
+#include "common/base/quoted.h"
 
 namespace shardline {
 namespace {

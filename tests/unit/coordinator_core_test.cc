@@ -11,9 +11,9 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint_manifest.h"
-#include "common/job_state.h"
-#include "common/quoted.h"
+#include "common/base/quoted.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/state/job_state.h"
 
 namespace shardline {
 namespace {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint_manifest.h"
-#include "common/job_state.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/state/job_state.h"
 #include "server/coordinator_core.h"
 #include "tests/unit/core_fixture.h"
 

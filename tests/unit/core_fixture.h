@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "common/checkpoint_manifest.h"
-#include "common/job_state.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/state/job_state.h"
 #include "server/coordinator_core.h"
 
 namespace shardline::testing_core {

@@ -1,5 +1,5 @@
-// The one reading of a device's name (common/device_spec.h).
-#include "common/device_spec.h"
+// The one reading of a device's name (common/job/device_spec.h).
+#include "common/job/device_spec.h"
 
 #include "gtest/gtest.h"
 

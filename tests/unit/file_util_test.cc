@@ -1,7 +1,7 @@
 // Token files: the client's (its first line) and the server's accepted list
 // (every line, for rotation); both refuse loose permissions and never echo
 // a token.
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 
 namespace shardline {
 namespace {

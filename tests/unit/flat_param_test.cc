@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "worker/comm/groups.h"
-#include "worker/engine/device.h"
+#include "worker/device/device.h"
 #include "worker/engine/grad_reduction.h"
 
 namespace shardline {

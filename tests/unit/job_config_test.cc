@@ -1,6 +1,7 @@
 // JobConfig: every bad input is one line naming the file and key.
-#include "common/job_config.h"
-#include "common/model_shapes.h"
+#include "common/job/job_config.h"
+#include "common/model/model_shapes.h"
+#include "common/spec/job_spec.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // ReadManifest refuses what would make a reader divide by zero, allocate
 // without bound, read another step's files or mix up elements: each a
 // DataLoss naming the manifest and the field (issue 12's findings).
-#include "common/checkpoint_manifest.h"
+#include "common/checkpoint/checkpoint_manifest.h"
 
 #include <filesystem>
 #include <fstream>
@@ -10,9 +10,9 @@
 
 #include <gtest/gtest.h>
 
-#include "common/model_shapes.h"
-#include "common/safetensors.h"
-#include "common/weight_source.h"
+#include "common/model/model_shapes.h"
+#include "common/model/safetensors.h"
+#include "common/model/weight_source.h"
 
 namespace shardline {
 namespace {

@@ -11,10 +11,10 @@
 
 #include <gtest/gtest.h>
 
-#include "common/build_info.h"
-#include "common/metrics.h"
-#include "common/metrics_http.h"
-#include "common/metrics_process.h"
+#include "common/base/build_info.h"
+#include "common/metrics/metrics.h"
+#include "common/metrics/metrics_http.h"
+#include "common/metrics/metrics_process.h"
 
 namespace shardline::metrics {
 namespace {

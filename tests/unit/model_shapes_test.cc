@@ -1,4 +1,4 @@
-#include "common/model_shapes.h"
+#include "common/model/model_shapes.h"
 
 #include <gtest/gtest.h>
 

@@ -1,13 +1,13 @@
 // The planner's arithmetic: DESIGN.md's state table, the ring bytes, the
 // choice of strategy, and errors naming the flag.
-#include "common/plan.h"
+#include "common/plan/plan.h"
 
 #include <cmath>
 #include <limits>
 
 #include <gtest/gtest.h>
 
-#include "common/model_shapes.h"
+#include "common/model/model_shapes.h"
 
 namespace shardline {
 namespace {

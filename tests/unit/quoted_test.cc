@@ -1,5 +1,5 @@
-// What error messages and listings do with text from outside (common/quoted.h).
-#include "common/quoted.h"
+// What error messages and listings do with text from outside (common/base/quoted.h).
+#include "common/base/quoted.h"
 
 #include <string>
 

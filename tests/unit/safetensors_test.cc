@@ -2,7 +2,7 @@
 // bytes (sizes that disagree with shape x dtype, tensors that overlap or
 // leave bytes to no tensor), and converts 16-bit floats exactly; the writer's
 // bf16 rounds to nearest even and leaves no gaps.
-#include "common/safetensors.h"
+#include "common/model/safetensors.h"
 
 #include <sys/stat.h>
 

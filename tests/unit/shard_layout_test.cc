@@ -1,5 +1,5 @@
 // ShardLayout: padding when sizes do not divide, ownership, and pieces.
-#include "common/shard_layout.h"
+#include "common/model/shard_layout.h"
 
 #include <gtest/gtest.h>
 

@@ -1,11 +1,12 @@
 // strategy = "auto": the planner's fastest strategy that fits the attempt's
 // workers, the least memory when none does, and a reason that says which
 // bandwidth it assumed.
-#include "common/strategy_choice.h"
+#include "common/plan/strategy_choice.h"
 
 #include <gtest/gtest.h>
 
-#include "common/plan.h"
+#include "common/plan/plan.h"
+#include "common/spec/job_spec.h"
 
 namespace shardline {
 namespace {

@@ -1,6 +1,6 @@
 #include "worker/checkpoint/checkpoint.h"
 
-#include "common/fault_injection.h"
+#include "common/base/fault_injection.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "common/status_macros.h"
-#include "common/checkpoint_export.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
+#include "common/checkpoint/checkpoint_export.h"
 #include "worker/engine/tensor_file.h"
 
 namespace shardline {

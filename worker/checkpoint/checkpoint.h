@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/checkpoint_manifest.h"
+#include "common/checkpoint/checkpoint_manifest.h"
 #include "worker/engine/engine.h"
 
 namespace shardline {

@@ -41,7 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/ring_bytes.h"  // RingAllGatherBytes and the other byte counts
+#include "common/base/ring_bytes.h"  // RingAllGatherBytes and the other byte counts
 
 namespace shardline::comm {
 

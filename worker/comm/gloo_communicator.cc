@@ -16,7 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace shardline::comm {
 namespace {

@@ -1,7 +1,7 @@
 #include "worker/comm/groups.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "worker/comm/gloo_communicator.h"
 #ifdef SHARDLINE_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>

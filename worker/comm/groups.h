@@ -21,9 +21,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/job_config.h"
+#include "common/job/job_config.h"
 #include "worker/comm/communicator.h"
-#include "worker/engine/device.h"
+#include "worker/device/device.h"
 
 namespace shardline {
 
@@ -53,7 +53,7 @@ absl::StatusOr<Backend> ResolveBackend(Backend requested, const Device& device);
 // of one needs no store and moves nothing). `timeout` bounds the rendezvous
 // and every later collective. Gloo binds its pairs to `bind_address` and
 // publishes it through the store, where its peers find it; NCCL's bootstrap
-// follows NCCL_SOCKET_IFNAME (worker/collective_address.h).
+// follows NCCL_SOCKET_IFNAME (worker/run/collective_address.h).
 absl::StatusOr<Communicators> ConnectGroups(const c10::intrusive_ptr<c10d::Store>& store, const GroupPlan& plan,
                                             const Device& device, Backend backend, absl::Duration timeout,
                                             const std::string& bind_address);

@@ -29,7 +29,7 @@
 // (arguments are checked first, so this holds after an abort too).
 //
 // Stats and the observer are updated when the watchdog sees an op's end event
-// complete, never at launch: calls, bytes (common/ring_bytes.h; a broadcast
+// complete, never at launch: calls, bytes (common/base/ring_bytes.h; a broadcast
 // counts its buffer at the root, a barrier nothing), seconds as timed by CUDA
 // events around the NCCL call on the op's stream. last_completed_seq is the
 // highest n such that every op up to #n completed. Failed ops are not counted

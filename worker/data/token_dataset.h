@@ -36,7 +36,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/status/statusor.h"
-#include "common/job_config.h"
+#include "common/job/job_config.h"
 #include "worker/data/token_file_header.h"
 
 namespace shardline {

@@ -1,6 +1,6 @@
 #include "worker/engine/engine.h"
 
-#include "common/fault_injection.h"
+#include "common/base/fault_injection.h"
 
 #include <cmath>
 #include <functional>
@@ -10,10 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/model_shapes.h"
-#include "common/weight_source.h"
-#include "worker/engine/tensor_memory.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_shapes.h"
+#include "common/model/weight_source.h"
+#include "worker/device/tensor_memory.h"
 
 namespace shardline {
 

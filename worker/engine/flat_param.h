@@ -47,11 +47,11 @@
 #include <ATen/ATen.h>
 
 #include "absl/status/status.h"
-#include "common/job_config.h"
-#include "common/shard_layout.h"
+#include "common/job/job_config.h"
+#include "common/model/shard_layout.h"
+#include "worker/comm/comm_waiter.h"
 #include "worker/comm/communicator.h"
-#include "worker/engine/comm_waiter.h"
-#include "worker/engine/device.h"
+#include "worker/device/device.h"
 
 namespace shardline {
 

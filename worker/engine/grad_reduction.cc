@@ -1,6 +1,6 @@
 #include "worker/engine/grad_reduction.h"
 
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace shardline {
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/comm/comm_waiter.h"
 #include "worker/comm/communicator.h"
-#include "worker/engine/comm_waiter.h"
 #include "worker/engine/flat_param.h"
 
 namespace shardline {

@@ -12,8 +12,8 @@
 
 #include <ATen/ATen.h>
 
-#include "common/job_config.h"
-#include "common/shard_layout.h"
+#include "common/job/job_config.h"
+#include "common/model/shard_layout.h"
 
 namespace shardline {
 

@@ -3,9 +3,9 @@
 #include <fcntl.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
-#include "common/safetensors.h"
-#include "common/status_macros.h"
+#include "common/base/file_util.h"
+#include "common/base/status_macros.h"
+#include "common/model/safetensors.h"
 
 namespace shardline {
 namespace {

@@ -1,6 +1,6 @@
 // ModelFamily: what the engine runs for one model family, as functions over
 // each unit's weight views (so that every unit runs from its own flat
-// buffer). The shapes and names of the units are common/model_shapes.h.
+// buffer). The shapes and names of the units are common/model/model_shapes.h.
 //
 //   gpt2    nanoGPT's GPT-2 (worker/model/gpt.cc)
 //   llama   Llama 2/3, Mistral, Qwen2, Qwen3 as transformers' modelling code
@@ -17,8 +17,8 @@
 
 #include <ATen/ATen.h>
 
-#include "common/job_config.h"
-#include "common/shard_layout.h"
+#include "common/job/job_config.h"
+#include "common/model/shard_layout.h"
 
 namespace shardline {
 

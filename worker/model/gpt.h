@@ -1,6 +1,6 @@
 // GPT-2 as nanoGPT's model.py defines it (DESIGN.md's numerics contract).
 //
-// Units and their parameters are common/model_shapes.h. The lm_head is tied
+// Units and their parameters are common/model/model_shapes.h. The lm_head is tied
 // to wte, so the head reads the embed unit's wte view.
 //
 // Numerics: pre-LayerNorm blocks with biases (eps 1e-5), fused c_attn (q, k, v

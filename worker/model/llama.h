@@ -1,7 +1,7 @@
 // The Llama decoder as transformers' modelling code computes it (the pinned
 // version, tests/deps.sh): Llama 2/3 (with Llama 3's rope scaling), Mistral
 // without a sliding window, Qwen2 (q/k/v biases) and Qwen3 (RMSNorm over each
-// head of q and k). Units and names are common/model_shapes.h.
+// head of q and k). Units and names are common/model/model_shapes.h.
 //
 // Numerics, as LlamaForCausalLM: RMSNorm in fp32 then cast back and scaled
 // (x * rsqrt(mean(x^2) + eps)); rotary embeddings over the whole head, cos and

@@ -1,0 +1,70 @@
+// Reading a committed checkpoint by unit, and exporting it as one model file.
+//
+// CheckpointReader serves any element range of a unit's flat parameters or
+// Adam moments, reading only the pieces of the ranks' shard files that
+// overlap it; each file is verified against the manifest's SHA-256 the first
+// time it is opened (a mismatch is an error naming the file).
+//
+// ExportModel writes the full model as one safetensors file with the
+// engine's names (nanoGPT's for gpt2), a tied embedding under both
+// `transformer.wte.weight` and `lm_head.weight`. ExportHf writes a directory
+// that transformers' from_pretrained loads: config.json, the weights in
+// transformers' names and layouts (common/model/hf_config.h), split into
+// model-0000i-of-0000N.safetensors files of at most max_shard_bytes each
+// (a single tensor larger than that gets a file of its own) with
+// model.safetensors.index.json, or one model.safetensors. Both work one unit
+// at a time: no step holds more than one unit in memory.
+//
+// A LoRA checkpoint holds adapters only: ExportPeft writes them as a PEFT
+// adapter directory (adapter_config.json, adapter_model.safetensors) and
+// ExportHf with `merge` writes the base (read from the [model] hf_dir or
+// init_from the manifest records) with the adapters merged in; the other
+// exports refuse it.
+//
+// An hf or peft export leaves its own files only: its folder is created if
+// missing (parents too, never through a symlink) and must be empty, since
+// weights an earlier export left there would be loaded in place of its own.
+// With `overwrite` the files a loader reads (weights, indexes, config.json,
+// adapter_config.json, generation_config.json) are removed first and any
+// other file is kept. ExportModel replaces its one file atomically.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/checkpoint/checkpoint_manifest.h"
+#include "common/model/safetensors.h"
+
+namespace shardline {
+
+class CheckpointReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& step_dir);
+  const CheckpointManifest& manifest() const { return manifest_; }
+  // Elements [lo, hi) of unit `unit`'s flat `kind` ("param", "exp_avg" or
+  // "exp_avg_sq") into dst; hi must not exceed the unit's numel.
+  absl::Status Read(int unit, const std::string& kind, int64_t lo, int64_t hi, float* dst);
+
+ private:
+  absl::StatusOr<const SafetensorsReader*> RankFile(int rank);
+  std::string dir_;
+  CheckpointManifest manifest_;
+  std::map<int, std::unique_ptr<SafetensorsReader>> files_;
+};
+
+absl::Status ExportModel(const std::string& step_dir, const std::string& out_path);
+
+struct HfExportOptions {
+  StoredDType dtype = StoredDType::kF32;
+  int64_t max_shard_bytes = int64_t{5} << 30;  // transformers' default, 5 GB
+  bool merge = false;                           // LoRA: base + adapters
+  bool overwrite = false;                       // see below
+};
+absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, const HfExportOptions& options);
+
+absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype,
+                        bool overwrite = false);
+
+}  // namespace shardline

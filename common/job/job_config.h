@@ -1,0 +1,214 @@
+// JobConfig: the job file (TOML) of DESIGN.md, its types and its parser.
+// What resolves it against the files it names (config.json, adapters, data)
+// and validates it as a whole is common/spec/job_spec.h.
+//
+// Contract: ParseJobConfig never throws. Every error is one line naming the
+// file and the key at fault ("job.toml: [model] n_embd = 100 is not divisible
+// by n_head = 3"). Unknown sections or keys are errors, so a typo never
+// silently falls back to a default.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace shardline {
+
+enum class Strategy { kNoShard, kZero1, kShardGradOp, kFullShard, kHybridShard, kHybridShardZero2 };
+enum class DType { kFloat32, kBFloat16 };
+enum class BackwardPrefetch { kPre, kPost, kNone };
+enum class DataFormat { kLlmc, kText, kSynthetic };
+
+const char* StrategyName(Strategy s);
+absl::StatusOr<Strategy> ParseStrategy(const std::string& s);
+
+// Parameters stay sharded between steps (ZeRO-3 family).
+bool ShardsParams(Strategy s);
+// Gradients are reduce-scattered per unit during backward (ZeRO-2 and 3).
+bool ShardsGrads(Strategy s);
+bool IsHybrid(Strategy s);
+
+// The model: its family and sizes. `gpt2` is nanoGPT's GPT-2; `llama` is the
+// decoder of Llama 2/3, Mistral, Qwen2 and Qwen3 as transformers writes it
+// (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention), whose extra
+// keys below are ignored by gpt2.
+struct ModelConfig {
+  std::string family = "gpt2";
+  int n_layer = 6, n_head = 8, n_embd = 512;
+  int vocab_size = 16384, block_size = 256;
+  std::string init_from;  // a safetensors file of the engine's names (nanoGPT export)
+  std::string hf_dir;     // a transformers save_pretrained directory (common/model/hf_config.h)
+  // The [model] keys the job file set (so that config.json can fill the rest
+  // and refuse a contradiction); not part of the model's identity.
+  std::set<std::string> explicit_keys;
+  // llama only.
+  int n_kv_head = 0;            // key/value heads (GQA); 0 = n_head
+  int intermediate_size = 0;    // SwiGLU width; required for llama
+  int head_dim_override = 0;    // [model] head_dim: 0 = n_embd / n_head (Qwen3 sets its own)
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  bool qkv_bias = false;        // Qwen2
+  bool qk_norm = false;         // Qwen3: RMSNorm over each head of q and k
+  bool tie_word_embeddings = false;
+  std::string rope_scaling = "none";  // none | llama3
+  double rope_scaling_factor = 8.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int rope_original_max_position = 8192;
+  int max_position_embeddings = 0;  // from config.json (0: block_size); what an HF export declares
+  bool is_llama() const { return family == "llama"; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_dim() const { return head_dim_override > 0 ? head_dim_override : n_embd / n_head; }
+  // The lm_head is the token embedding (always for gpt2).
+  bool tied() const { return !is_llama() || tie_word_embeddings; }
+};
+// One stream of tokens: files (each path may be a glob; a glob's matches in
+// sorted order) read one after another as one stream, and optionally a loss
+// mask per token file (supervised fine-tuning: worker/data/token_dataset.h).
+struct TokenSource {
+  std::vector<std::string> paths;       // [data] path / val_path: a string or an array
+  std::vector<std::string> mask_paths;  // [data] mask_path / val_mask_path
+  bool empty() const { return paths.empty(); }
+};
+struct DataConfig {
+  DataFormat format = DataFormat::kSynthetic;
+  TokenSource train;  // [data] path, mask_path
+  TokenSource val;    // [data] val_path, val_mask_path
+};
+struct TrainConfig {
+  int steps = 200, batch_size = 32, micro_batch_size = 8;
+  uint64_t seed = 1337;
+  // Validation loss every eval_interval steps and after the last (0: never),
+  // over the first eval_batches global batches of [data] val_path (synthetic
+  // data: a synthetic stream of another seed).
+  int eval_interval = 0, eval_batches = 20;
+  // A worker sends a log line (loss, lr, grad norm, tokens/s) to the
+  // coordinator every log_interval steps and after the last (0: only the
+  // start, saves and the end); `shardctl logs` shows them.
+  int log_interval = 10;
+  // Steps whose global gradient norm is NaN or infinite make no update, as a
+  // mixed-precision loss scaler skips them, up to this many in one run; the
+  // next one fails the job naming the step. 0: the first fails it.
+  int max_nonfinite_skips = 0;
+};
+struct OptimizerConfig {
+  double lr = 6e-4, min_lr = 6e-5;
+  int warmup_steps = 20;
+  std::array<double, 2> betas{0.9, 0.95};
+  double eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;  // grad_clip 0 disables
+};
+struct ParallelismConfig {
+  Strategy strategy = Strategy::kFullShard;
+  // strategy = "auto": the coordinator picks one for each attempt
+  // (common/plan/strategy_choice.h) and the assignment names it in `strategy`.
+  bool auto_strategy = false;
+  int shard_group_size = 0;  // hybrid only; 0 means "the whole world"
+};
+struct PrecisionConfig {
+  DType param_dtype = DType::kFloat32, reduce_dtype = DType::kFloat32, buffer_dtype = DType::kFloat32;
+  // TF32 matrix products on CUDA (faster, ~1e-3 relative error); off by
+  // default so that fp32 means fp32, as in PyTorch since 1.12.
+  bool allow_tf32 = false;
+};
+struct MemoryConfig {
+  bool activation_checkpointing = false, cpu_offload = false;
+};
+struct PrefetchConfig {
+  bool forward = true;
+  BackwardPrefetch backward = BackwardPrefetch::kPre;
+  int max_inflight_all_gathers = 2;
+};
+// LoRA (the [lora] table; PEFT's LoraConfig semantics): the base model is
+// frozen and low-rank adapters are trained on the projections
+// `target_modules` names, PEFT's module names: q_proj, k_proj, v_proj,
+// o_proj, gate_proj, up_proj, down_proj (llama); c_attn, c_proj, c_fc
+// (gpt2, where c_proj is both the attention's and the MLP's); or
+// "all-linear" for every projection of the blocks. Each adapted weight W
+// [out, in] gets lora_A [rank, in] and lora_B [out, rank], and computes
+// x W^T + (alpha / rank) (x A^T) B^T.
+enum class LoraBase { kSharded, kReplicated };
+struct LoraConfig {
+  bool enabled = false;  // the job file has a [lora] table
+  int rank = 8;          // PEFT's defaults: r = 8, lora_alpha = 8
+  double alpha = 8;
+  std::vector<std::string> target_modules;  // empty: the family's PEFT default
+  double dropout = 0;
+  // A PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  // to start from instead of PEFT's initialisation (A Kaiming-uniform, B 0).
+  std::string init_from;
+  // The frozen base: sharded (gathered per unit, as full_shard does) or
+  // replicated (every rank holds it whole; no communication for it).
+  LoraBase base = LoraBase::kSharded;
+  std::set<std::string> explicit_keys;
+  // Not a job-file key: BaseWeightsDigest of the frozen base, filled by
+  // whoever first opens it (the coordinator at submit, shardline-train at
+  // start) and recorded in every checkpoint's manifest; empty: not known.
+  std::string base_digest;
+  double scaling() const { return alpha / rank; }
+};
+const char* LoraBaseName(LoraBase b);
+
+struct CheckpointConfig {
+  std::string dir;
+  int interval = 0, keep_latest = 3;
+  // Also save once this many seconds passed since the last save (0: never),
+  // so that the work a failure costs is bounded in time.
+  double interval_seconds = 0;
+  bool async = true;
+};
+
+// How a job recovers by itself (DESIGN.md, "Control plane"): when a rank is
+// lost or fails with a retryable error, the job goes RESTARTING and starts
+// again from its newest committed checkpoint at the largest world size in
+// [min_workers, workers] it can have within restart_timeout, up to
+// max_restarts times.
+struct RestartConfig {
+  int max_restarts = 3;
+  int min_workers = 0;            // 0: the job's workers
+  double restart_timeout = 300;   // seconds
+};
+
+// [job] name: shown in listings, at most this long, no control characters.
+inline constexpr size_t kMaxJobNameBytes = 128;
+
+struct JobConfig {
+  std::string name = "job";
+  int workers = 1;
+  RestartConfig restart;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+  ParallelismConfig parallelism;
+  PrecisionConfig precision;
+  MemoryConfig memory;
+  PrefetchConfig prefetch;
+  LoraConfig lora;
+  CheckpointConfig checkpoint;
+};
+
+// Parses TOML text; `source` names the file in error messages.
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source);
+
+// A path of the job file (data, init_from, checkpoint dir) as the programs
+// see it: relative paths resolve against `base_dir`, the job file's folder.
+std::string ResolveJobPath(const std::string& base_dir, const std::string& path);
+
+// The token files `patterns` name, each resolved against `base_dir` and
+// glob-expanded (matches in sorted order), in order. A pattern that matches
+// nothing is NotFound naming `key` and the pattern.
+absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::vector<std::string>& patterns,
+                                                         const std::string& base_dir, const std::string& key);
+
+// Every data path and pattern of `d` resolved against `base_dir` (not yet
+// expanded: each program expands globs where it reads).
+void ResolveDataPaths(DataConfig& d, const std::string& base_dir);
+
+// The shard group size G actually used: world for ZeRO strategies, 1 for
+// no_shard, shard_group_size (or the world) for the hybrid ones.
+int ShardGroupSize(const JobConfig& c, int world_size);
+
+}  // namespace shardline

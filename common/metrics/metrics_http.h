@@ -1,0 +1,67 @@
+// MetricsServer: serves collectables at GET /metrics with prometheus-cpp's
+// Exposer (civetweb inside), plus any extra read-only JSON endpoints a
+// program registers (the coordinator's Prometheus service discovery).
+//
+// Every page also carries ProcessCollector's shardline_build_info and
+// process_* metrics (common/metrics/metrics_process.h).
+//
+// Contract: Start binds `listen` ("HOST:PORT"; PORT 0 picks a free port, see
+// port()) or returns an error naming the address. With bearer tokens set,
+// every request must carry "Authorization: Bearer <one of them>" (Prometheus'
+// `authorization` scrape setting) or is answered 401. Handlers run on
+// civetweb's threads, so everything they read must be thread-safe;
+// SetBearerTokens may be called at any time. The server stops, and waits for
+// its requests to finish, when destroyed.
+#pragma once
+
+#include <prometheus/collectable.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace shardline::metrics {
+
+class MetricsServer {
+ public:
+  using JsonHandler = std::function<std::string()>;
+  // `pages`: what /metrics shows, in order (kept alive by the server).
+  // `extra`: path -> body of an application/json response.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& listen, std::vector<std::shared_ptr<prometheus::Collectable>> pages,
+      std::map<std::string, JsonHandler> extra = {}, std::vector<std::string> bearer_tokens = {});
+  ~MetricsServer();
+  int port() const { return port_; }
+  // Empty: no authentication.
+  void SetBearerTokens(std::vector<std::string> tokens) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether an Authorization header (null if absent) may read.
+  bool Allowed(const char* authorization) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The JSON endpoint at `path`, or null.
+  const JsonHandler* Extra(const std::string& path) const;
+
+ private:
+  MetricsServer() = default;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::vector<std::shared_ptr<prometheus::Collectable>> pages_;
+  std::map<std::string, JsonHandler> extra_;
+  std::vector<int> ports_;
+  int port_ = 0;
+  mutable absl::Mutex mu_;
+  std::vector<std::string> bearer_tokens_ ABSL_GUARDED_BY(mu_);
+};
+
+// The address the programs' --metrics-listen HOST:PORT or --metrics-port P
+// (all interfaces) flags ask for; empty for neither or P < 0 (not served).
+std::string MetricsListenAddress(const std::string& listen_flag, int port_flag);
+
+}  // namespace shardline::metrics

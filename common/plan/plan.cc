@@ -1,0 +1,425 @@
+#include "common/plan/plan.h"
+
+#include <algorithm>
+#include <optional>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/base/ring_bytes.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_shapes.h"
+#include "common/spec/job_spec.h"
+
+namespace shardline {
+namespace {
+
+constexpr Strategy kStrategies[] = {Strategy::kNoShard,     Strategy::kZero1,        Strategy::kShardGradOp,
+                                    Strategy::kFullShard,   Strategy::kHybridShard, Strategy::kHybridShardZero2};
+
+int Bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+
+// Byte counts are summed in double and stored saturated: at the keys' own
+// bounds (2^24 sequences of 2^20 tokens, 10^13 parameters) they pass int64,
+// and a double beyond it converts to int64 as undefined behaviour.
+int64_t Saturated(double bytes) {
+  constexpr double kMax = 9.2e18;  // just under 2^63
+  return bytes < kMax ? static_cast<int64_t>(bytes) : std::numeric_limits<int64_t>::max();
+}
+
+// The largest global batch the planner takes, as a job file's batch_size.
+constexpr int64_t kMaxBatch = 1 << 24;
+// The most layers, as a job file's n_layer.
+constexpr int kMaxLayers = 10000;
+
+// Per-rank state bytes by kind from the ownership map at the strategy's shard
+// group (units padded as ShardLayout pads them): the engine's formula,
+// tests/integration/formulas.py's state_bytes.
+void StateBytes(const std::vector<ShardLayout>& layouts, Strategy s, int p, int r, StrategyPlan* out) {
+  int64_t full = 0;
+  for (const ShardLayout& l : layouts) full += l.padded_numel;
+  const int64_t shard = full / layouts.front().group_size;
+  out->params_bytes = p * (ShardsParams(s) ? shard : full);
+  if (p == 4 && ShardsParams(s)) out->params_bytes = 0;  // the fp32 shard is the master itself
+  out->grads_bytes = ShardsGrads(s) ? r * shard : p * full;
+  if (!ShardsGrads(s) && r != p) out->grads_bytes += r * shard;
+  out->master_bytes = (p == 4 && !ShardsParams(s)) ? 0 : 4 * shard;
+  out->optimizer_bytes = 8 * shard;
+  out->state_bytes = out->params_bytes + out->grads_bytes + out->master_bytes + out->optimizer_bytes;
+}
+
+// Korthikanti et al. 2022, eq. 2 (no tensor or sequence parallelism): bytes
+// of one layer's saved activations at 2-byte activations; doubled in fp32.
+double LayerActivationBytes(const ModelConfig& m, int b, int p) {
+  const double s = m.block_size, h = m.n_embd, a = m.n_head;
+  const double scale = p == 4 ? 2.0 : 1.0;
+  if (!m.is_llama()) return s * b * h * (34 + 5 * a * s / h) * scale;
+  // Llama, in 2-byte units per token: norm input and q/k/v input (4h); q, and
+  // k and v at the key/value width, before and after rotation (4q + 4kv);
+  // the attention output (2q); the MLP's norm input and input (4h); gate,
+  // up, silu(gate) and their product (8i); and the softmax (2as per token).
+  const double q = static_cast<double>(m.n_head) * m.head_dim(), kv = static_cast<double>(m.kv_heads()) * m.head_dim();
+  const double i = m.intermediate_size;
+  return s * b * (8 * h + 6 * q + 4 * kv + 8 * i + 2 * a * s) * scale;
+}
+
+// Padded sizes of the embed unit, the head unit and one block.
+struct UnitSizes {
+  int64_t embed = 0, head = 0, block = 0;
+};
+UnitSizes SizesOf(const std::vector<ShardLayout>& units) {
+  return {units.front().padded_numel, units.back().padded_numel, units[1].padded_numel};
+}
+
+// Parameters of one block and of everything else, by the shape tables.
+std::pair<int64_t, int64_t> ParamSplit(ModelConfig m) {
+  m.n_layer = 1;
+  int64_t block = 0, rest = 0;
+  for (int u = 0; u < model::NumUnits(m); ++u) {
+    for (const ParamSpec& p : model::UnitParams(m, u)) (model::IsBlock(m, u) ? block : rest) += p.numel();
+  }
+  return {block, rest};
+}
+
+}  // namespace
+
+int DefaultIntermediateSize(int hidden) {
+  return std::max(256, static_cast<int>(std::lround(8.0 * hidden / 3 / 256)) * 256);
+}
+
+ModelConfig ModelForParams(double params, int vocab_size, int seq_len, const std::string& family) {
+  const bool llama = family == "llama";
+  auto shape = [&](int hidden, int intermediate_step) {
+    ModelConfig m;
+    m.family = family;
+    m.vocab_size = vocab_size;
+    m.block_size = seq_len;
+    m.n_embd = hidden;
+    m.n_head = hidden / (llama && hidden % 128 == 0 ? 128 : 64);
+    if (llama) {
+      m.n_kv_head = m.n_head % 4 == 0 ? m.n_head / 4 : m.n_head;
+      m.intermediate_size = std::max(256, DefaultIntermediateSize(hidden) + 256 * intermediate_step);
+    }
+    return m;
+  };
+  // Among the shapes within 0.4% of `params`, the most conventional one:
+  // hidden nearest 128 x layers (GPT-2's and Llama's aspect) and, for llama,
+  // heads in groups of four (GQA 4:1). With none that close, the closest.
+  ModelConfig best = shape(64, 0), closest = best;
+  best.n_layer = closest.n_layer = 1;
+  double best_score = 1e300, closest_err = 1e300;
+  for (int hidden = 64; hidden <= 65536; hidden += 64) {
+    for (int step = llama ? -3 : 0; step <= (llama ? 3 : 0); ++step) {
+      ModelConfig m = shape(hidden, step);
+      const auto [block, rest] = ParamSplit(m);
+      const double want_layers = (params - static_cast<double>(rest)) / static_cast<double>(block);
+      // Checked before the int conversion (undefined out of range, or for a
+      // NaN): past hidden / 32 layers no shape is taken anyway.
+      if (!(want_layers > 0 && want_layers <= hidden / 32 + 1)) continue;
+      for (int l : {static_cast<int>(std::floor(want_layers)), static_cast<int>(std::ceil(want_layers))}) {
+        if (l < 1 || hidden < 32 * l || hidden > 256 * l) continue;
+        m.n_layer = l;
+        const double err = std::abs(static_cast<double>(l) * block + rest - params) / params;
+        if (err < closest_err) {
+          closest_err = err;
+          closest = m;
+        }
+        const double score = std::abs(std::log(hidden / (128.0 * l))) + (llama && m.n_head % 4 != 0 ? 1.0 : 0.0);
+        if (err <= 0.004 && score < best_score) {
+          best_score = score;
+          best = m;
+        }
+      }
+    }
+  }
+  if (best_score == 1e300) return closest;
+  return best;
+}
+
+PlanInput PlanInputForJob(const JobConfig& c, int workers) {
+  PlanInput in;
+  in.model = c.model;
+  in.batch_size = c.train.batch_size;
+  in.micro_batch_size = c.train.micro_batch_size;
+  in.param_dtype = c.precision.param_dtype;
+  in.reduce_dtype = c.precision.reduce_dtype;
+  in.max_inflight_all_gathers = c.prefetch.max_inflight_all_gathers;
+  in.shard_group_size = c.parallelism.shard_group_size;
+  in.lora = c.lora;
+  in.cluster.workers = workers;
+  return in;
+}
+
+namespace {
+
+// The inputs MakePlan refuses, each in one line naming the flag.
+absl::Status CheckPlanInput(const PlanInput& in) {
+  const ClusterSpec& c = in.cluster;
+  const ModelConfig& m = in.model;
+  if (c.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
+  if (c.gpus_per_node < 1) return absl::InvalidArgumentError("--gpus-per-node must be at least 1");
+  // Written so that a NaN fails too; infinities would make every time 0.
+  auto positive = [](double x) { return x > 0 && std::isfinite(x); };
+  if (!positive(c.flops)) return absl::InvalidArgumentError("--flops must be positive");
+  if (!positive(c.intra_node_bw) || !positive(c.inter_node_bw)) {
+    return absl::InvalidArgumentError("bandwidths must be positive (--intra-bw, --inter-bw)");
+  }
+  if (!positive(c.memory_bw)) return absl::InvalidArgumentError("--mem-bw must be positive");
+  if (!positive(c.device_memory_bytes)) return absl::InvalidArgumentError("--gpu-memory must be positive");
+  if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.vocab_size < 1 || m.block_size < 1) {
+    return absl::InvalidArgumentError("model: layers, hidden, heads, vocab and seq must all be positive");
+  }
+  // The planner builds every unit's layout: layers bounded as a job file's
+  // n_layer (the parameter bound alone admits 10^9 one-wide layers).
+  if (m.n_layer > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("model: layers ", m.n_layer, " is more than ", kMaxLayers,
+                                                   " (--layers)"));
+  }
+  if (!m.is_llama() && m.n_embd % m.n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model: hidden ", m.n_embd, " is not divisible by heads ",
+                                                   m.n_head));
+  }
+  if (m.is_llama() && (m.intermediate_size < 1 || m.n_head % m.kv_heads() != 0)) {
+    return absl::InvalidArgumentError("model: llama needs an intermediate size and heads divisible by kv heads");
+  }
+  {
+    // A job's own model checks, the parameter bound among them, before
+    // anything is counted or allocated from the model.
+    JobConfig job;
+    job.model = m;
+    job.lora = in.lora;
+    job.train.batch_size = job.train.micro_batch_size = 1;
+    SL_RETURN_IF_ERROR(ValidateJobConfig(job, 1, "plan"));
+  }
+  return absl::OkStatus();
+}
+
+// What every strategy's plan shares: one step's shape and its compute.
+struct StepShape {
+  int world = 1, b = 1;       // ranks, sequences per micro-batch
+  int p = 4, r = 4;           // parameter and reduction bytes per element
+  int micro_batches = 1;
+  double compute = 0, recompute = 0;                   // seconds per step per rank
+  double layer_act = 0, head_act = 0, layer_input = 0;  // activation bytes
+};
+
+// One strategy's memory, communication and step time; none when its shard
+// group does not divide the world.
+absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, const StepShape& x, Strategy s,
+                                                         int64_t tokens_per_step) {
+  const ClusterSpec& c = in.cluster;
+  const ModelConfig& m = in.model;
+  const int world = x.world, p = x.p, r = x.r;
+  const bool lora = in.lora.enabled;
+  const double compute = x.compute, recompute = x.recompute;
+  const double layer_act = x.layer_act, head_act = x.head_act, layer_input = x.layer_input;
+  StrategyPlan sp;
+  sp.strategy = s;
+  int g = world;
+  if (s == Strategy::kNoShard) g = 1;
+  if (IsHybrid(s)) {
+    g = in.shard_group_size > 0 ? in.shard_group_size : std::min(world, c.gpus_per_node);
+    if (world % g != 0) return std::optional<StrategyPlan>();  // not a valid grouping at this world size
+  }
+  sp.shard_group = g;
+  const int replicas = world / g;
+  // What trains (every unit, or the blocks' adapters under LoRA) and, under
+  // LoRA, the frozen base: sharded over the group or whole on every rank.
+  SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> trained, model::TrainableOwnershipMap(m, in.lora, g));
+  StateBytes(trained, s, p, r, &sp);
+  const UnitSizes t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
+  UnitSizes f;
+  const bool base_sharded = lora && in.lora.base == LoraBase::kSharded && g > 1;
+  if (lora) {
+    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> base, model::OwnershipMap(m, base_sharded ? g : 1));
+    f = SizesOf(base);
+    const int64_t frozen = p * (f.embed + f.head + m.n_layer * f.block) / (base_sharded ? g : 1);
+    sp.params_bytes += frozen;
+    sp.state_bytes += frozen;
+  }
+  const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
+  if (ShardsParams(s)) sp.transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
+  if (base_sharded) sp.transient_bytes += p * (f.embed + f.head + live_blocks * f.block);
+  if (ShardsGrads(s)) sp.transient_bytes += p * (t.embed + 2 * t.block);  // unsharded grads before reduction
+  const double acts = m.n_layer * layer_act + head_act;
+  const double acts_checkpointed = m.n_layer * layer_input + layer_act + head_act;
+  const double held = static_cast<double>(sp.state_bytes) + static_cast<double>(sp.transient_bytes);
+  sp.activation_bytes = Saturated(acts);
+  sp.activation_bytes_checkpointed = Saturated(acts_checkpointed);
+  sp.peak_bytes = Saturated(held + acts);
+  sp.peak_bytes_checkpointed = Saturated(held + acts_checkpointed);
+  sp.fits = held + acts <= c.device_memory_bytes;
+  sp.fits_checkpointed = held + acts_checkpointed <= c.device_memory_bytes;
+
+  // Communication per step, per rank: the engine's collectives.
+  const double shard_bw = g <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
+  const double rep_bw = world <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
+  double overlapped = 0, exposed = 0;
+  double bytes = 0;
+  auto add = [&](double sent, double bw, bool overlaps) {
+    bytes += sent;
+    (overlaps ? overlapped : exposed) += sent / bw;
+  };
+  // Forward gathers every unit, backward the blocks again, per micro-batch;
+  // the first gather of a step cannot hide behind anything.
+  auto gathers_per_micro = [&](const UnitSizes& u) {
+    return comm::RingAllGatherBytes(u.embed * p, g) + comm::RingAllGatherBytes(u.head * p, g) +
+           2LL * m.n_layer * comm::RingAllGatherBytes(u.block * p, g);
+  };
+  const int64_t first = comm::RingAllGatherBytes((base_sharded ? f.embed : t.embed) * p, g);
+  int64_t gathers = 0;
+  if (ShardsParams(s)) gathers += gathers_per_micro(t);
+  if (base_sharded) gathers += gathers_per_micro(f);
+  if (gathers > 0) {
+    add(static_cast<double>(x.micro_batches) * gathers - first, shard_bw, true);
+    add(first, shard_bw, false);
+  }
+  const int64_t full_p = t.embed + t.head + m.n_layer * t.block;
+  const int64_t embed = t.embed;
+  if (!ShardsParams(s) && g > 1) {
+    add(comm::RingAllGatherBytes(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
+  }
+  if (g > 1) {
+    // Reductions run during backward; the embedding's comes last (tied head).
+    add(comm::RingReduceScatterBytes((full_p - embed) * r, g), shard_bw, true);
+    add(comm::RingReduceScatterBytes(embed * r, g), shard_bw, false);
+  }
+  if (replicas > 1) {
+    add(comm::RingAllReduceBytes((full_p - embed) / g * r, r, replicas), rep_bw, true);
+    add(comm::RingAllReduceBytes(embed / g * r, r, replicas), rep_bw, false);
+  }
+  sp.comm_bytes = Saturated(bytes);
+  sp.comm_s = overlapped + exposed;
+  sp.compute_s = compute;
+  sp.exposed_comm_s = exposed + std::max(0.0, overlapped - compute);
+  // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
+  const int64_t owned = ShardsGrads(s) || s == Strategy::kZero1 ? full_p / g : full_p;
+  sp.optimizer_s = owned * (3 * 4 * 2 + r + p) / c.memory_bw;
+  sp.step_s = compute + sp.exposed_comm_s + sp.optimizer_s;
+  sp.step_s_checkpointed = compute + recompute + exposed + std::max(0.0, overlapped - compute - recompute) +
+                           sp.optimizer_s;
+  sp.tokens_per_second = tokens_per_step / sp.step_s;
+  return std::optional<StrategyPlan>(sp);
+}
+
+// The fastest that fits; checkpointing only if nothing fits without it.
+void Recommend(Plan* plan_ptr) {
+  Plan& plan = *plan_ptr;
+  for (bool ckpt : {false, true}) {
+    double best = 1e300;
+    for (const auto& sp : plan.strategies) {
+      const bool fits = ckpt ? sp.fits_checkpointed : sp.fits;
+      const double t = ckpt ? sp.step_s_checkpointed : sp.step_s;
+      if (fits && t < best) {
+        best = t;
+        plan.recommended = StrategyName(sp.strategy);
+        plan.recommended_checkpointing = ckpt;
+      }
+    }
+    if (!plan.recommended.empty()) break;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
+  SL_RETURN_IF_ERROR(CheckPlanInput(in));
+  const ClusterSpec& c = in.cluster;
+  const ModelConfig& m = in.model;
+  const int world = c.workers;
+  const int b = std::max(1, in.micro_batch_size);
+  const int64_t per_step = static_cast<int64_t>(b) * world;  // int64: both may be large
+  const int64_t batch = in.batch_size > 0 ? in.batch_size : per_step;
+  if (batch > kMaxBatch) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size ", batch, " is more than ", kMaxBatch,
+                                                   " sequences (--batch, or --micro-batch x --workers)"));
+  }
+  if (batch % per_step != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_size ", batch, " is not a multiple of micro_batch_size ",
+                                                   b, " x ", world, " workers"));
+  }
+  const int p = Bytes(in.param_dtype), r = Bytes(in.reduce_dtype);
+  Plan plan;
+  plan.params = model::NumParams(m);
+  plan.trainable_params = in.lora.enabled ? model::NumAdapterParams(m, in.lora) : plan.params;
+  plan.flops_per_token = model::TrainingFlopsPerToken(m, in.lora);
+  plan.tokens_per_step = batch * m.block_size;
+  plan.micro_batches = static_cast<int>(batch / per_step);
+  const double tokens_per_rank = static_cast<double>(plan.tokens_per_step) / world;
+  const double compute = plan.flops_per_token * tokens_per_rank / c.flops;
+  // Recomputation repeats the blocks' forward: 2 FLOPs per weight and a
+  // third of attention's.
+  double block_numel = 0;
+  for (const ParamSpec& spec : model::UnitParams(m, 1)) block_numel += spec.numel();
+  const double recompute_flops = 2.0 * block_numel * m.n_layer + 4.0 * m.n_layer * m.n_head * m.head_dim() * m.block_size;
+  const double recompute = recompute_flops * tokens_per_rank / c.flops;
+
+  const double layer_act = LayerActivationBytes(m, b, p);
+  const double head_act = 2.0 * b * m.block_size * m.vocab_size * 4;  // fp32 logits and their gradient
+  const double layer_input = static_cast<double>(b) * m.block_size * m.n_embd * (p == 4 ? 4 : 2);
+
+  StepShape x;
+  x.world = world, x.b = b, x.p = p, x.r = r, x.micro_batches = plan.micro_batches;
+  x.compute = compute, x.recompute = recompute;
+  x.layer_act = layer_act, x.head_act = head_act, x.layer_input = layer_input;
+  for (Strategy s : kStrategies) {
+    SL_ASSIGN_OR_RETURN(std::optional<StrategyPlan> sp, PlanStrategy(in, x, s, plan.tokens_per_step));
+    if (sp) plan.strategies.push_back(*sp);
+  }
+  Recommend(&plan);
+  return plan;
+}
+
+std::string PlanTable(const Plan& p) {
+  const double gib = 1024.0 * 1024 * 1024;
+  std::string out = absl::StrFormat(
+      "model: %.3g parameters (%.3g trained), %.3g training FLOPs per token, %d tokens per step (%d micro-batches "
+      "per rank)\n\n",
+      static_cast<double>(p.params), static_cast<double>(p.trainable_params), p.flops_per_token, p.tokens_per_step,
+      p.micro_batches);
+  absl::StrAppendFormat(&out, "%-19s %3s %9s %9s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %9s %s\n", "strategy", "G",
+                        "state", "params", "grads", "master", "optim", "transnt", "acts", "acts_ckpt", "comm",
+                        "comp_s", "exp_cm_s", "step_s", "step_ckpt", "fits");
+  for (const auto& s : p.strategies) {
+    absl::StrAppendFormat(
+        &out, "%-19s %3d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %7.2fG %8.3f %8.3f %8.3f %9.3f %s\n",
+        StrategyName(s.strategy), s.shard_group, s.state_bytes / gib, s.params_bytes / gib, s.grads_bytes / gib,
+        s.master_bytes / gib, s.optimizer_bytes / gib, s.transient_bytes / gib, s.activation_bytes / gib,
+        s.activation_bytes_checkpointed / gib, s.comm_bytes / gib, s.compute_s, s.exposed_comm_s, s.step_s,
+        s.step_s_checkpointed, s.fits ? "yes" : (s.fits_checkpointed ? "with ckpt" : "no"));
+  }
+  if (p.recommended.empty()) {
+    absl::StrAppend(&out, "\nrecommended: none fits; add workers or memory\n");
+  } else {
+    absl::StrAppend(&out, "\nrecommended: ", p.recommended,
+                    p.recommended_checkpointing ? " with activation checkpointing" : "", "\n");
+  }
+  return out;
+}
+
+std::string PlanJson(const Plan& p) {
+  std::vector<std::string> rows;
+  for (const auto& s : p.strategies) {
+    rows.push_back(absl::StrFormat(
+        "{\"strategy\":\"%s\",\"shard_group\":%d,\"state_bytes\":%d,\"params_bytes\":%d,\"grads_bytes\":%d,"
+        "\"master_bytes\":%d,\"optimizer_bytes\":%d,\"transient_bytes\":%d,\"activation_bytes\":%d,"
+        "\"activation_bytes_checkpointed\":%d,\"peak_bytes\":%d,\"peak_bytes_checkpointed\":%d,\"fits\":%s,"
+        "\"fits_checkpointed\":%s,\"comm_bytes\":%d,\"compute_s\":%.6g,\"comm_s\":%.6g,\"exposed_comm_s\":%.6g,"
+        "\"optimizer_s\":%.6g,\"step_s\":%.6g,\"step_s_checkpointed\":%.6g,\"tokens_per_second\":%.6g}",
+        StrategyName(s.strategy), s.shard_group, s.state_bytes, s.params_bytes, s.grads_bytes, s.master_bytes,
+        s.optimizer_bytes, s.transient_bytes, s.activation_bytes, s.activation_bytes_checkpointed, s.peak_bytes,
+        s.peak_bytes_checkpointed, s.fits ? "true" : "false", s.fits_checkpointed ? "true" : "false", s.comm_bytes,
+        s.compute_s, s.comm_s, s.exposed_comm_s, s.optimizer_s, s.step_s, s.step_s_checkpointed,
+        s.tokens_per_second));
+  }
+  return absl::StrFormat(
+      "{\"params\":%d,\"trainable_params\":%d,\"flops_per_token\":%.6g,\"tokens_per_step\":%d,\"micro_batches\":%d,\"strategies\":[%s],"
+      "\"recommended\":%s,\"recommended_checkpointing\":%s}",
+      p.params, p.trainable_params, p.flops_per_token, p.tokens_per_step, p.micro_batches, absl::StrJoin(rows, ","),
+      p.recommended.empty() ? "null" : absl::StrCat("\"", p.recommended, "\""),
+      p.recommended_checkpointing ? "true" : "false");
+}
+
+}  // namespace shardline

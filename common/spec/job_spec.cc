@@ -1,0 +1,66 @@
+#include "common/spec/job_spec.h"
+
+#include <sys/stat.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/quoted.h"
+#include "common/model/hf_config.h"
+#include "common/model/lora_adapter.h"
+#include "common/model/weight_source.h"
+
+namespace shardline {
+
+absl::StatusOr<JobConfig> ParseJobSpec(const std::string& toml_text, const std::string& source,
+                                       const std::string& base_dir) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(toml_text, source);
+  if (!c.ok()) return c;
+  absl::Status s = ApplyHfConfig(*c, base_dir, source);
+  if (s.ok()) s = ApplyPeftConfig(*c, base_dir, source);
+  if (!s.ok()) return s;
+  return c;
+}
+
+absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, const std::string& source) {
+  auto missing = [&](const char* key, const std::string& p) {
+    const std::string full = ResolveJobPath(base_dir, p);
+    struct stat st;
+    if (stat(full.c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat(source, ": ", key, ": ", Shown(full, 256), ": no such file"));
+    }
+    if (S_ISREG(st.st_mode)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, ": ", Shown(full, 256), ": not a regular file (",
+                                                   S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe", ")"));
+  };
+  const std::pair<const char*, const std::vector<std::string>*> lists[] = {
+      {"[data] path", &c.data.train.paths}, {"[data] mask_path", &c.data.train.mask_paths},
+      {"[data] val_path", &c.data.val.paths}, {"[data] val_mask_path", &c.data.val.mask_paths}};
+  for (const auto& [key, list] : lists) {
+    if (c.data.format == DataFormat::kSynthetic) break;
+    absl::StatusOr<std::vector<std::string>> files = ExpandDataPaths(*list, base_dir, key);
+    if (!files.ok()) return absl::Status(files.status().code(), absl::StrCat(source, ": ", files.status().message()));
+  }
+  if (!c.model.init_from.empty()) {
+    absl::Status s = missing("[model] init_from", c.model.init_from);
+    if (!s.ok()) return s;
+  }
+  ModelConfig m = c.model;
+  m.init_from = ResolveJobPath(base_dir, m.init_from);
+  m.hf_dir = ResolveJobPath(base_dir, m.hf_dir);
+  LoraConfig lora = c.lora;
+  lora.init_from = ResolveJobPath(base_dir, lora.init_from);
+  for (const bool adapters : {false, true}) {
+    absl::StatusOr<std::unique_ptr<WeightSource>> w =
+        adapters ? WeightSource::OpenAdapters(m, lora) : WeightSource::Open(m);
+    if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(source, ": ", w.status().message()));
+    if (!*w) continue;
+    absl::Status s = (*w)->Check();
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardline

@@ -1,0 +1,160 @@
+#include "worker/run/job_runner.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace shardline {
+
+absl::StatusOr<double> MeasureBusBandwidth(comm::Communicator& c, const Device& device, absl::Duration timeout) {
+  constexpr int64_t kFloats = 2 << 20;  // 8 MiB: past the latency-bound sizes
+  at::Tensor t = device.Zeros(kFloats, at::kFloat);
+  std::vector<double> rates;
+  for (int i = 0; i < 4; ++i) {
+    const absl::Time t0 = absl::Now();
+    std::shared_ptr<comm::Work> w = c.AllReduce(t);
+    SL_RETURN_IF_ERROR(w->Wait(timeout));
+    const double s = absl::ToDoubleSeconds(absl::Now() - t0);
+    // nccl-tests' busbw for a ring all-reduce; the first call warms up.
+    if (i > 0 && s > 0) rates.push_back(2.0 * (c.size() - 1) / c.size() * kFloats * 4 / s);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates.empty() ? 0 : rates[rates.size() / 2];
+}
+
+absl::StatusOr<std::vector<double>> MeasureSendSeconds(comm::Communicator& c, const Device& device,
+                                                       absl::Duration timeout) {
+  constexpr int64_t kBytes = 1 << 20;
+  at::Tensor t = device.Zeros(kBytes, at::kByte);
+  std::vector<double> seconds;
+  for (int root = 0; root < c.size(); ++root) {
+    // All start together, so that a root's time is its own sending.
+    SL_RETURN_IF_ERROR(c.Barrier()->Wait(timeout));
+    const absl::Time t0 = absl::Now();
+    SL_RETURN_IF_ERROR(c.Broadcast(t, root)->Wait(timeout));
+    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
+  return seconds;
+}
+
+JobRunner::JobRunner(JobRun run, CheckpointSink* sink, JobHooks hooks)
+    : run_(std::move(run)), sink_(sink), hooks_(std::move(hooks)) {}
+
+JobRunner::~JobRunner() { (void)WaitForSave(); }
+
+absl::Status JobRunner::Start(c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<const Device> device,
+                              Backend backend) {
+  const GroupPlan plan = PlanGroups(run_.config, run_.rank, run_.world);
+  SL_ASSIGN_OR_RETURN(Communicators comms,
+                      ConnectGroups(store, plan, *device, backend, run_.collective_timeout, run_.collective_address));
+  double bus_bandwidth = 0;
+  if (run_.config.parallelism.auto_strategy && run_.world > 1 && comms.shard->size() == run_.world) {
+    SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(*comms.shard, *device, run_.collective_timeout));
+  }
+  // Where one group spans the job (every strategy but a two-level hybrid)
+  // and its broadcast goes out from the root to each rank (host backends;
+  // NCCL pipelines it through every link, which tells hosts apart no more).
+  std::vector<double> send_seconds;
+  for (comm::Communicator* c : {comms.shard.get(), comms.replicate.get()}) {
+    if (run_.world > 1 && c->size() == run_.world && !c->ordered_on_device() && send_seconds.empty()) {
+      SL_ASSIGN_OR_RETURN(send_seconds, MeasureSendSeconds(*c, *device, run_.collective_timeout));
+    }
+  }
+  if (hooks_.connected) hooks_.connected(comms, bus_bandwidth, send_seconds);
+  std::vector<comm::Communicator*> groups = {comms.shard.get(), comms.replicate.get()};
+  SL_ASSIGN_OR_RETURN(engine_, Engine::Create(run_.config, run_.rank, run_.world, std::move(device), std::move(comms),
+                                              run_.collective_timeout));
+  absl::MutexLock lock(&comms_mu_);
+  comms_ = std::move(groups);
+  if (cancel_) AbortComms();
+  return absl::OkStatus();
+}
+
+void JobRunner::Cancel() {
+  cancel_ = true;
+  absl::MutexLock lock(&comms_mu_);
+  AbortComms();
+}
+
+void JobRunner::AbortComms() {
+  for (comm::Communicator* c : comms_) {
+    if (c) c->Abort(absl::CancelledError(absl::StrCat("rank ", run_.rank, " was told to stop")));
+  }
+}
+
+bool JobRunner::WantsTimedSave() const {
+  const double every = run_.config.checkpoint.interval_seconds;
+  return every > 0 && absl::Now() - last_save_ >= absl::Seconds(every);
+}
+
+absl::Status JobRunner::Run() {
+  int64_t start = 0;
+  if (!run_.resume_from.empty()) {
+    SL_ASSIGN_OR_RETURN(CheckpointManifest m, LoadCheckpoint(*engine_, run_.config, run_.resume_from));
+    start = m.step;
+  }
+  step_ = start;
+  last_save_ = absl::Now();
+  const int64_t end = run_.stop_after > 0 ? std::min<int64_t>(run_.stop_after, run_.config.train.steps)
+                                          : run_.config.train.steps;
+  const int interval = run_.config.checkpoint.interval;
+  NonFiniteSteps nonfinite(run_.config.train.max_nonfinite_skips);
+  for (int64_t s = start; s < end; ++s) {
+    if (cancel_) {
+      (void)WaitForSave();
+      return absl::CancelledError(absl::StrCat("stopped before step ", s));
+    }
+    const bool vote = save_requested_.exchange(false) || WantsTimedSave();
+    absl::StatusOr<StepResult> r = engine_->Step(s, vote);
+    if (!r.ok()) {
+      (void)WaitForSave();
+      // Told to stop while the step waited on a collective: the abort that
+      // ended the wait is not the step's failure.
+      if (cancel_) return absl::CancelledError(absl::StrCat("stopped in step ", s, " (", r.status().message(), ")"));
+      return r.status();
+    }
+    step_ = s + 1;
+    absl::Status s_ok = hooks_.stepped ? hooks_.stepped(*r, *engine_) : absl::OkStatus();
+    if (s_ok.ok()) s_ok = nonfinite.Check(*r);
+    // A save that failed in the background fails the job now, naming why,
+    // not at the next save or at the end of the run.
+    if (s_ok.ok() && save_done_ && save_thread_.joinable()) s_ok = WaitForSave();
+    if (s_ok.ok() && ((interval > 0 && (s + 1) % interval == 0) || r->save || run_.save_at == s + 1)) {
+      s_ok = Save(s + 1);
+    }
+    if (!s_ok.ok()) {
+      (void)WaitForSave();
+      return s_ok;
+    }
+  }
+  return WaitForSave();  // the last checkpoint is committed before the rank reports done
+}
+
+absl::Status JobRunner::WaitForSave() {
+  if (!save_thread_.joinable()) return absl::OkStatus();
+  save_thread_.join();
+  return save_status_;
+}
+
+absl::Status JobRunner::Save(int64_t step) {
+  SL_RETURN_IF_ERROR(WaitForSave());  // one save in flight at most
+  last_save_ = absl::Now();
+  auto write = [this, step](const ShardSnapshot& snap) -> absl::Status {
+    const absl::Time t0 = absl::Now();
+    absl::StatusOr<int64_t> bytes = sink_->Save(snap, step);
+    if (hooks_.saved) hooks_.saved(absl::ToDoubleSeconds(absl::Now() - t0), bytes.ok() ? *bytes : 0, bytes.ok());
+    return bytes.status();
+  };
+  if (!run_.config.checkpoint.async) return write(SnapshotShards(*engine_, /*copy=*/false));
+  // The step loop pays only for this copy; the write runs beside training.
+  save_done_ = false;
+  save_thread_ = std::thread([this, write, snap = SnapshotShards(*engine_, /*copy=*/true)] {
+    save_status_ = write(snap);
+    save_done_ = true;
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace shardline
