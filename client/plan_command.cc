@@ -121,7 +121,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.job_file, "job file"));
     std::error_code ec;
     const std::string base = std::filesystem::absolute(f.job_file, ec).parent_path().string();
-    SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(text, f.job_file, base));
+    SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobSpec(text, f.job_file, base));
     // As `submit` would check it (its files aside: they need not exist where
     // a job is planned), before anything is computed from it.
     SL_RETURN_IF_ERROR(ValidateJobConfig(config, config.workers, f.job_file));

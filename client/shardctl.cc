@@ -106,10 +106,10 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int 
   req.set_source(path);
   req.set_base_dir(base);
   if (!local_check) return req;
-  SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobSpec(text, path, base));
+  SL_ASSIGN_OR_RETURN(JobConfig cfg, ResolveJobSpec(text, path, base));
   const int w = workers > 0 ? workers : cfg.workers;
   SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, path));
-  SL_RETURN_IF_ERROR(CheckJobFiles(cfg, base, path));
+  SL_RETURN_IF_ERROR(CheckJobFiles(cfg, path));
   req.set_workers(w);
   return req;
 }
@@ -164,7 +164,7 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareResume(const Client& c, const std::s
       return absl::InternalError(absl::StrCat("job ", id, ": its spec does not parse: ", e.what()));
     }
   }
-  SL_ASSIGN_OR_RETURN(JobConfig cfg, ParseJobSpec(spec, id, old.base_dir()));
+  SL_ASSIGN_OR_RETURN(JobConfig cfg, ResolveJobSpec(spec, id, old.base_dir()));
   const int w = workers > 0 ? workers : old.workers();
   SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, absl::StrCat("resume of ", id)));
   v1::SubmitJobRequest req;

@@ -23,7 +23,7 @@ namespace shardline {
 
 absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobRequest& req, int* workers) const {
   const std::string source = req.source().empty() ? "job" : req.source();
-  auto cfg = ParseJobSpec(req.spec_toml(), source, req.base_dir());
+  auto cfg = ResolveJobSpec(req.spec_toml(), source, req.base_dir());
   if (!cfg.ok()) return cfg.status();
   *workers = req.workers() > 0 ? req.workers() : cfg->workers;
   absl::Status s = ValidateJobConfig(*cfg, *workers, source);
@@ -34,7 +34,7 @@ absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobR
     absl::Status same = CheckSameTraining(*m, *cfg, req.resume_from());
     if (!same.ok()) return same;
   }
-  s = CheckJobFiles(*cfg, req.base_dir(), source);
+  s = CheckJobFiles(*cfg, source);
   if (!s.ok()) return s;
   if (cfg->lora.enabled) {
     absl::StatusOr<std::string> digest = BaseWeightsDigest(cfg->model);

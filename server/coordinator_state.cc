@@ -45,7 +45,7 @@ absl::Status CoordinatorCore::Recover(std::vector<std::string>* problems) {
                              static_cast<int>(r.stored.job.state()), " is not a job state");
     }
     if (problem.empty()) {
-      auto cfg = ParseJobSpec(r.stored.spec_toml, r.stored.job.name(), r.stored.base_dir);
+      auto cfg = ResolveJobSpec(r.stored.spec_toml, r.stored.job.name(), r.stored.base_dir);
       if (cfg.ok()) {
         r.config = *cfg;
         r.config.lora.base_digest = r.stored.job.base_digest();  // what it was submitted on

@@ -210,7 +210,7 @@ absl::Status WriteRankReport(const Engine& engine, const Flags& f, const Json& s
 absl::Status Run(const Flags& f) {
   SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.config, "job file"));
   // Paths in the job file are taken as given (relative to the working directory).
-  SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(text, f.config, ""));
+  SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobSpec(text, f.config, ""));
   if (f.steps > 0) config.train.steps = f.steps;
   SL_RETURN_IF_ERROR(ValidateJobConfig(config, f.world, f.config));
   if (config.lora.enabled) {  // recorded in its checkpoints: what the adapters are trained on

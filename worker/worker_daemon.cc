@@ -354,9 +354,7 @@ class CoordinatorSink : public CheckpointSink {
 }  // namespace
 
 absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
-  SL_ASSIGN_OR_RETURN(JobConfig config, ParseJobSpec(a.spec_toml(), a.job_id(), a.base_dir()));
-  ResolveDataPaths(config.data, a.base_dir());
-  config.model.init_from = ResolveJobPath(a.base_dir(), config.model.init_from);
+  SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobSpec(a.spec_toml(), a.job_id(), a.base_dir()));
   if (!a.strategy().empty()) {  // the attempt's (the coordinator's pick for "auto")
     SL_ASSIGN_OR_RETURN(config.parallelism.strategy, ParseStrategy(a.strategy()));
   }

@@ -384,12 +384,4 @@ absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::vector<std::
   return files;
 }
 
-void ResolveDataPaths(DataConfig& d, const std::string& base_dir) {
-  for (TokenSource* s : {&d.train, &d.val}) {
-    for (auto* list : {&s->paths, &s->mask_paths}) {
-      for (std::string& p : *list) p = ResolveJobPath(base_dir, p);
-    }
-  }
-}
-
 }  // namespace shardline

@@ -203,10 +203,6 @@ std::string ResolveJobPath(const std::string& base_dir, const std::string& path)
 absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::vector<std::string>& patterns,
                                                          const std::string& base_dir, const std::string& key);
 
-// Every data path and pattern of `d` resolved against `base_dir` (not yet
-// expanded: each program expands globs where it reads).
-void ResolveDataPaths(DataConfig& d, const std::string& base_dir);
-
 // The shard group size G actually used: world for ZeRO strategies, 1 for
 // no_shard, shard_group_size (or the world) for the hybrid ones.
 int ShardGroupSize(const JobConfig& c, int world_size);

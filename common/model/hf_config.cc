@@ -176,14 +176,13 @@ void ReadLlama(ConfigReader& r, const std::string& type, ModelConfig& m, int* ma
 
 }  // namespace
 
-absl::Status ApplyHfConfig(JobConfig& c, const std::string& base_dir, const std::string& source) {
+absl::Status ApplyHfConfig(JobConfig& c, const std::string& source) {
   ModelConfig& m = c.model;
   if (m.hf_dir.empty()) return absl::OkStatus();
   if (!m.init_from.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": [model] init_from and hf_dir both name initial weights; set one"));
   }
-  m.hf_dir = ResolveJobPath(base_dir, m.hf_dir);
   const std::string file = m.hf_dir + "/config.json";
   absl::StatusOr<std::string> text = ReadFileToString(file, "[model] hf_dir config");
   if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat(source, ": ", text.status().message()));

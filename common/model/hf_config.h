@@ -24,13 +24,12 @@
 
 namespace shardline {
 
-// When [model] hf_dir is set: resolves it against `base_dir` (c.model.hf_dir
-// becomes the resolved path) and fills the model's sizes from its
-// config.json. A [model] key the job file set that contradicts config.json is
+// When [model] hf_dir is set: fills the model's sizes from its config.json
+// (hf_dir as given: ResolveJobSpec has made it absolute). A [model] key the job file set that contradicts config.json is
 // an error naming both; block_size, the training sequence length, defaults to
 // min(256, max_position_embeddings) and may not exceed it. Nothing to do
 // without hf_dir.
-absl::Status ApplyHfConfig(JobConfig& c, const std::string& base_dir, const std::string& source);
+absl::Status ApplyHfConfig(JobConfig& c, const std::string& source);
 
 // Whether transformers stores the engine parameter `name` transposed
 // (GPT-2's Conv1D weights).

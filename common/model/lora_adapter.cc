@@ -97,9 +97,8 @@ absl::Status ReadAdapterConfig(const json& j, const std::string& file, const std
 
 }  // namespace
 
-absl::Status ApplyPeftConfig(JobConfig& c, const std::string& base_dir, const std::string& source) {
+absl::Status ApplyPeftConfig(JobConfig& c, const std::string& source) {
   if (!c.lora.enabled || c.lora.init_from.empty()) return absl::OkStatus();
-  c.lora.init_from = ResolveJobPath(base_dir, c.lora.init_from);
   const std::string file = c.lora.init_from + "/adapter_config.json";
   struct stat st;
   if (stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -21,12 +21,12 @@ namespace shardline {
 // The tensor name PEFT saves an engine adapter parameter under.
 std::string PeftTensorName(const std::string& engine_name);
 
-// When [lora] init_from is set: resolves it against `base_dir` (the field
-// becomes the resolved path) and reads its adapter_config.json. Its r,
+// When [lora] init_from is set: reads its adapter_config.json (init_from as
+// given: ResolveJobSpec has made it absolute). Its r,
 // lora_alpha and target_modules fill the [lora] keys the job file left out;
 // one the job file set to something else is an error naming both.
 // (lora_dropout is a training choice, not the adapter's: it is not taken.)
-absl::Status ApplyPeftConfig(JobConfig& c, const std::string& base_dir, const std::string& source);
+absl::Status ApplyPeftConfig(JobConfig& c, const std::string& source);
 
 // adapter_config.json for adapters of `m` as `l` describes them, for the base
 // model at `base_model` (a path or hub id; may be empty).

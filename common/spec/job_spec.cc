@@ -14,19 +14,34 @@
 
 namespace shardline {
 
-absl::StatusOr<JobConfig> ParseJobSpec(const std::string& toml_text, const std::string& source,
-                                       const std::string& base_dir) {
+namespace {
+
+void ResolvePaths(JobConfig& c, const std::string& base_dir) {
+  for (TokenSource* s : {&c.data.train, &c.data.val}) {
+    for (auto* list : {&s->paths, &s->mask_paths}) {
+      for (std::string& p : *list) p = ResolveJobPath(base_dir, p);
+    }
+  }
+  c.model.init_from = ResolveJobPath(base_dir, c.model.init_from);
+  c.model.hf_dir = ResolveJobPath(base_dir, c.model.hf_dir);
+  c.lora.init_from = ResolveJobPath(base_dir, c.lora.init_from);
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> ResolveJobSpec(const std::string& toml_text, const std::string& source,
+                                         const std::string& base_dir) {
   absl::StatusOr<JobConfig> c = ParseJobConfig(toml_text, source);
   if (!c.ok()) return c;
-  absl::Status s = ApplyHfConfig(*c, base_dir, source);
-  if (s.ok()) s = ApplyPeftConfig(*c, base_dir, source);
+  ResolvePaths(*c, base_dir);
+  absl::Status s = ApplyHfConfig(*c, source);
+  if (s.ok()) s = ApplyPeftConfig(*c, source);
   if (!s.ok()) return s;
   return c;
 }
 
-absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, const std::string& source) {
-  auto missing = [&](const char* key, const std::string& p) {
-    const std::string full = ResolveJobPath(base_dir, p);
+absl::Status CheckJobFiles(const JobConfig& c, const std::string& source) {
+  auto missing = [&](const char* key, const std::string& full) {
     struct stat st;
     if (stat(full.c_str(), &st) != 0) {
       return absl::NotFoundError(absl::StrCat(source, ": ", key, ": ", Shown(full, 256), ": no such file"));
@@ -40,21 +55,16 @@ absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, cons
       {"[data] val_path", &c.data.val.paths}, {"[data] val_mask_path", &c.data.val.mask_paths}};
   for (const auto& [key, list] : lists) {
     if (c.data.format == DataFormat::kSynthetic) break;
-    absl::StatusOr<std::vector<std::string>> files = ExpandDataPaths(*list, base_dir, key);
+    absl::StatusOr<std::vector<std::string>> files = ExpandDataPaths(*list, "", key);
     if (!files.ok()) return absl::Status(files.status().code(), absl::StrCat(source, ": ", files.status().message()));
   }
   if (!c.model.init_from.empty()) {
     absl::Status s = missing("[model] init_from", c.model.init_from);
     if (!s.ok()) return s;
   }
-  ModelConfig m = c.model;
-  m.init_from = ResolveJobPath(base_dir, m.init_from);
-  m.hf_dir = ResolveJobPath(base_dir, m.hf_dir);
-  LoraConfig lora = c.lora;
-  lora.init_from = ResolveJobPath(base_dir, lora.init_from);
   for (const bool adapters : {false, true}) {
     absl::StatusOr<std::unique_ptr<WeightSource>> w =
-        adapters ? WeightSource::OpenAdapters(m, lora) : WeightSource::Open(m);
+        adapters ? WeightSource::OpenAdapters(c.model, c.lora) : WeightSource::Open(c.model);
     if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(source, ": ", w.status().message()));
     if (!*w) continue;
     absl::Status s = (*w)->Check();

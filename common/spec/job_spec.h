@@ -16,11 +16,16 @@
 
 namespace shardline {
 
-// ParseJobConfig, then [model] hf_dir resolved against `base_dir` and its
-// config.json applied (ApplyHfConfig): what every program that runs or plans
-// a job uses, so that all of them see the same model.
-absl::StatusOr<JobConfig> ParseJobSpec(const std::string& toml_text, const std::string& source,
-                                       const std::string& base_dir);
+// The one resolver of a job file, what every program that runs or plans a
+// job uses, so that all of them see the same job: ParseJobConfig; then every
+// path the file names ([model] init_from and hf_dir, [lora] init_from, each
+// [data] path and pattern) made absolute against `base_dir`, the job file's
+// folder (the working directory where empty), here and nowhere else; then
+// [model] hf_dir's config.json (ApplyHfConfig) and [lora] init_from's
+// adapter_config.json (ApplyPeftConfig) applied. [checkpoint] dir is left as
+// written: the coordinator places it (coordinator_jobs.cc).
+absl::StatusOr<JobConfig> ResolveJobSpec(const std::string& toml_text, const std::string& source,
+                                         const std::string& base_dir);
 
 // Checks the values that only make sense together, for a world of `world_size`
 // ranks (n_embd % n_head, batch divisibility, shard group size, ...).
@@ -29,6 +34,7 @@ absl::Status ValidateJobConfig(const JobConfig& c, int world_size, const std::st
 // The files the job reads exist: [data] path (unless synthetic), and the
 // weights of [model] init_from or hf_dir hold every parameter of the model
 // with its shape (headers only are read). Errors name the key and the file.
-absl::Status CheckJobFiles(const JobConfig& c, const std::string& base_dir, const std::string& source);
+// `c` comes from ResolveJobSpec (its paths are absolute).
+absl::Status CheckJobFiles(const JobConfig& c, const std::string& source);
 
 }  // namespace shardline

@@ -1,6 +1,6 @@
 // Fuzzes the readers of Hugging Face JSON files that a job file points at:
 // [model] hf_dir's config.json (ApplyHfConfig) and [lora] init_from's
-// adapter_config.json (ApplyPeftConfig), both reached through ParseJobSpec
+// adapter_config.json (ApplyPeftConfig), both reached through ResolveJobSpec
 // as every program reads a job. The first byte of the input picks the file
 // ('a': adapter_config.json beside a fixed GPT-2 config.json; anything else:
 // config.json), the rest is its text. Invariants: no exception escapes (a
@@ -74,7 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Write(d.hf + "/config.json", text);
     toml = "[model]\nhf_dir = \"" + d.hf + "\"\n";
   }
-  absl::StatusOr<JobConfig> c = ParseJobSpec(toml, kFile, "");
+  absl::StatusOr<JobConfig> c = ResolveJobSpec(toml, kFile, "");
   if (!c.ok()) {
     const absl::string_view msg = c.status().message();
     FUZZ_CHECK(fuzz::NamesFileInOneLine(msg, kFile) || fuzz::NamesFileInOneLine(msg, d.root), "error \"%s\"",

@@ -225,19 +225,19 @@ TEST(JobConfig, AnInitFromThatIsADirectoryIsNotARegularFile) {
   JobConfig c;
   c.data.format = DataFormat::kSynthetic;
   c.model.init_from = dir;
-  absl::Status s = CheckJobFiles(c, "", "job.toml");
+  absl::Status s = CheckJobFiles(c, "job.toml");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("init_from: " + dir), std::string::npos) << s;
   EXPECT_NE(s.message().find("not a regular file (a directory)"), std::string::npos) << s;
   c.model.init_from = dir + "/no-such-model.safetensors";
-  s = CheckJobFiles(c, "", "job.toml");
+  s = CheckJobFiles(c, "job.toml");
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
 }
 
 // config.json and adapter_config.json are read value by value with their
 // types checked: a value of another type, or a number no int holds, is an
 // error naming the file (tests/fuzz/hf_json found both crashing: nlohmann
-// threw out of ParseJobSpec, and a double was cast to int out of range).
+// threw out of ResolveJobSpec, and a double was cast to int out of range).
 TEST(JobConfig, HuggingFaceJsonOfTheWrongTypeIsAnError) {
   const std::string dir = ::testing::TempDir() + "/hf-json-types";
   ASSERT_EQ(system(("rm -rf " + dir + " && mkdir -p " + dir + "/hf " + dir + "/adapter").c_str()), 0);
@@ -246,20 +246,59 @@ TEST(JobConfig, HuggingFaceJsonOfTheWrongTypeIsAnError) {
         R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
             "intermediate_size": 100, "vocab_size": 100,
             "rope_scaling": {"rope_type": "llama3", "original_max_position_embeddings": 1e300}})");
-  absl::StatusOr<JobConfig> c = ParseJobSpec("[model]\nhf_dir = \"hf\"\n", "job.toml", dir);
+  absl::StatusOr<JobConfig> c = ResolveJobSpec("[model]\nhf_dir = \"hf\"\n", "job.toml", dir);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().message(),
             dir + "/hf/config.json: rope original_max_position_embeddings = 1e+300 is not a valid size");
 
   write(dir + "/hf/config.json", R"({"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 64})");
   write(dir + "/adapter/adapter_config.json", R"({"peft_type": 5, "r": 8, "lora_alpha": 16})");
-  c = ParseJobSpec("[model]\nhf_dir = \"hf\"\n[lora]\ninit_from = \"adapter\"\n", "job.toml", dir);
+  c = ResolveJobSpec("[model]\nhf_dir = \"hf\"\n[lora]\ninit_from = \"adapter\"\n", "job.toml", dir);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().message(), dir + "/adapter/adapter_config.json: peft_type: 5 is not LORA (not supported)");
   write(dir + "/adapter/adapter_config.json", R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "bias": [1, 2]})");
-  c = ParseJobSpec("[model]\nhf_dir = \"hf\"\n[lora]\ninit_from = \"adapter\"\n", "job.toml", dir);
+  c = ResolveJobSpec("[model]\nhf_dir = \"hf\"\n[lora]\ninit_from = \"adapter\"\n", "job.toml", dir);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().message(), dir + "/adapter/adapter_config.json: bias: [1,2] (not supported)");
+}
+
+// Every path a job file names resolves against its folder in one place
+// (ResolveJobSpec), so the coordinator, shardctl and each worker see the
+// same files: a relative path becomes base_dir/path, an absolute one is
+// kept, and config.json is read from the resolved hf_dir.
+TEST(JobConfig, ResolveJobSpecMakesEveryNamedPathAbsolute) {
+  const std::string dir = ::testing::TempDir() + "/resolve-paths";
+  ASSERT_EQ(system(("rm -rf " + dir + " && mkdir -p " + dir + "/hf").c_str()), 0);
+  std::ofstream(dir + "/hf/config.json")
+      << R"({"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 64})";
+  absl::StatusOr<JobConfig> c = ResolveJobSpec(R"(
+[model]
+hf_dir = "hf"
+[data]
+path = ["train/*.bin", "/abs/x.bin"]
+mask_path = "masks/m.bin"
+val_path = "val.bin"
+val_mask_path = "vm.bin"
+[lora]
+rank = 4
+[checkpoint]
+dir = "ckpt"
+)", "job.toml", dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.hf_dir, dir + "/hf");
+  EXPECT_EQ(c->model.n_embd, 32);  // config.json was found through the resolved path
+  EXPECT_EQ(c->data.train.paths, (std::vector<std::string>{dir + "/train/*.bin", "/abs/x.bin"}));
+  EXPECT_EQ(c->data.train.mask_paths, (std::vector<std::string>{dir + "/masks/m.bin"}));
+  EXPECT_EQ(c->data.val.paths, (std::vector<std::string>{dir + "/val.bin"}));
+  EXPECT_EQ(c->data.val.mask_paths, (std::vector<std::string>{dir + "/vm.bin"}));
+  EXPECT_EQ(c->checkpoint.dir, "ckpt");  // placed by the coordinator, under its own rules
+
+  c = ResolveJobSpec("[model]\nn_layer = 1\ninit_from = \"w.safetensors\"\n[lora]\ninit_from = \"a\"\n", "job.toml", dir);
+  ASSERT_FALSE(c.ok());  // no adapter there; the error names the resolved folder
+  EXPECT_NE(c.status().message().find(dir + "/a"), std::string::npos) << c.status();
+  c = ResolveJobSpec("[model]\nn_layer = 1\ninit_from = \"w.safetensors\"\n", "job.toml", dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.init_from, dir + "/w.safetensors");
 }
 
 }  // namespace

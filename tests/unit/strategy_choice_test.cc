@@ -74,7 +74,7 @@ TEST(StrategyChoice, TakesTheFastestThatFitsTheSmallestWorker) {
 }
 
 TEST(StrategyChoice, TheJobFileSaysAuto) {
-  absl::StatusOr<JobConfig> c = ParseJobSpec(R"(
+  absl::StatusOr<JobConfig> c = ResolveJobSpec(R"(
 [model]
 n_layer = 1
 n_head = 2
@@ -86,7 +86,7 @@ strategy = "auto"
 )", "auto.toml", "");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->parallelism.auto_strategy);
-  EXPECT_FALSE(ParseJobSpec("[model]\nn_layer = 1\n[parallelism]\nstrategy = \"automatic\"\n", "x.toml", "").ok());
+  EXPECT_FALSE(ResolveJobSpec("[model]\nn_layer = 1\n[parallelism]\nstrategy = \"automatic\"\n", "x.toml", "").ok());
 }
 
 }  // namespace
