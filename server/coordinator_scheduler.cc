@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "common/checkpoint/checkpoint_manifest.h"
 #include "common/job/device_spec.h"
+#include "common/job/job_wire.h"
 #include "common/plan/strategy_choice.h"
 #include "common/spec/job_spec.h"
 #include "common/state/job_state.h"
@@ -283,6 +284,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   r.previous_credentials = std::move(r.credentials);
   r.credentials.clear();
   j.set_workers(world);
+  const std::string spec = EncodeJobConfig(r.config);  // with the attempt's strategy (PickStrategy)
   for (int rank = 0; rank < world; ++rank) {
     WorkerRecord* w = idle[rank];
     w->info.set_state(v1::WORKER_STATE_BUSY);
@@ -292,14 +294,12 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
     v1::CoordinatorMessage m;
     v1::Assignment* a = m.mutable_start();
     a->set_job_id(j.id());
-    a->set_spec_toml(r.stored.spec_toml);
-    a->set_base_dir(r.stored.base_dir);
+    a->set_spec(spec);
     a->set_rank(rank);
     a->set_world_size(world);
     a->set_resume_from(resume);
     a->set_checkpoint_root(j.checkpoint_root());
     a->set_credential(NewCredential());
-    a->set_strategy(j.strategy());
     a->set_attempt(j.attempts_size() + 1);  // the Attempt added below
     r.credentials[rank] = a->credential();
     credential_jobs_[a->credential()] = j.id();

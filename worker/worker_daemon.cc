@@ -21,6 +21,7 @@
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_manifest.h"
 #include "common/job/device_spec.h"
+#include "common/job/job_wire.h"
 #include "common/rpc/grpc_status.h"
 #include "common/spec/job_spec.h"
 #include "worker/checkpoint/checkpoint.h"
@@ -354,10 +355,8 @@ class CoordinatorSink : public CheckpointSink {
 }  // namespace
 
 absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
-  SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobSpec(a.spec_toml(), a.job_id(), a.base_dir()));
-  if (!a.strategy().empty()) {  // the attempt's (the coordinator's pick for "auto")
-    SL_ASSIGN_OR_RETURN(config.parallelism.strategy, ParseStrategy(a.strategy()));
-  }
+  // The coordinator resolved the spec: decode and validate, read nothing else.
+  SL_ASSIGN_OR_RETURN(JobConfig config, DecodeJobConfig(a.spec(), a.job_id()));
   SL_RETURN_IF_ERROR(ValidateJobConfig(config, a.world_size(), a.job_id()));
   at::set_num_threads(options_.threads);
   const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.collective_timeout));

@@ -103,7 +103,9 @@ struct OptimizerConfig {
 struct ParallelismConfig {
   Strategy strategy = Strategy::kFullShard;
   // strategy = "auto": the coordinator picks one for each attempt
-  // (common/plan/strategy_choice.h) and the assignment names it in `strategy`.
+  // (common/plan/strategy_choice.h) and the assignment carries it in the
+  // resolved spec, with auto_strategy still set (its ranks then measure the
+  // link for the next pick: worker/run/job_runner.cc).
   bool auto_strategy = false;
   int shard_group_size = 0;  // hybrid only; 0 means "the whole world"
 };

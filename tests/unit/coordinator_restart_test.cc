@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/checkpoint_manifest.h"
+#include "common/job/job_wire.h"
 #include "common/state/job_state.h"
 #include "server/coordinator_core.h"
 #include "tests/unit/core_fixture.h"
@@ -400,8 +401,12 @@ TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
   EXPECT_NE(j.strategy_reason().find("assumed until measured"), std::string::npos) << j.strategy_reason();
   EXPECT_NE(j.message().find(j.strategy_reason()), std::string::npos) << j.message();
   ASSERT_EQ(a.Starts().size(), 1u);
-  EXPECT_EQ(a.Starts()[0].strategy(), j.strategy());
-  EXPECT_TRUE(ParseStrategy(j.strategy()).ok());
+  // The resolved spec carries the pick, and auto still set so that the
+  // ranks measure the link for the next one.
+  absl::StatusOr<JobConfig> sent = DecodeJobConfig(a.Starts()[0].spec(), job);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  EXPECT_EQ(StrategyName(sent->parallelism.strategy), j.strategy());
+  EXPECT_TRUE(sent->parallelism.auto_strategy);
   // The ranks measured the bus after they connected: the slower one counts.
   for (int rank : {0, 1}) {
     v1::RankConnected c;
@@ -418,7 +423,9 @@ TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
   EXPECT_EQ(j.workers(), 1);
   EXPECT_NE(j.strategy_reason().find("1.5 GB/s measured"), std::string::npos) << j.strategy_reason();
   EXPECT_NE(j.strategy_reason().find("at 1 ranks"), std::string::npos) << j.strategy_reason();
-  EXPECT_EQ(a.Starts().back().strategy(), j.strategy());
+  sent = DecodeJobConfig(a.Starts().back().spec(), job);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  EXPECT_EQ(StrategyName(sent->parallelism.strategy), j.strategy());
   EXPECT_EQ(j.attempts(1).strategy(), j.strategy());
 }
 

@@ -1,0 +1,84 @@
+#include "common/job/job_wire.h"
+
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/quoted.h"
+
+namespace shardline {
+
+// An enum travels as its number, refused outside [0, last].
+template <typename E, E kLast>
+void EnumToJson(nlohmann::json& j, E e) {
+  j = static_cast<int>(e);
+}
+template <typename E, E kLast>
+void EnumFromJson(const nlohmann::json& j, E& e) {
+  if (!j.is_number_integer() || j.get<int64_t>() < 0 || j.get<int64_t>() > static_cast<int64_t>(kLast)) {
+    throw std::out_of_range(absl::StrCat("enum value ", j.dump(), " out of range"));
+  }
+  e = static_cast<E>(j.get<int>());
+}
+#define SHARDLINE_WIRE_ENUM(E, kLast)                                                  \
+  void to_json(nlohmann::json& j, E e) { EnumToJson<E, kLast>(j, e); }                 \
+  void from_json(const nlohmann::json& j, E& e) { EnumFromJson<E, kLast>(j, e); }
+
+SHARDLINE_WIRE_ENUM(Strategy, Strategy::kHybridShardZero2)
+SHARDLINE_WIRE_ENUM(DType, DType::kBFloat16)
+SHARDLINE_WIRE_ENUM(BackwardPrefetch, BackwardPrefetch::kNone)
+SHARDLINE_WIRE_ENUM(DataFormat, DataFormat::kSynthetic)
+SHARDLINE_WIRE_ENUM(LoraBase, LoraBase::kReplicated)
+#undef SHARDLINE_WIRE_ENUM
+
+// One line per struct: every field, in declaration order. A field added to a
+// struct in common/job/job_config.h is added here too, or the worker runs
+// with its default: JobWire.EveryFieldTravels sets each to a non-default
+// value and fails on the one left out.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, family, n_layer, n_head, n_embd, vocab_size, block_size, init_from,
+                                   hf_dir, explicit_keys, n_kv_head, intermediate_size, head_dim_override, rope_theta,
+                                   rms_norm_eps, qkv_bias, qk_norm, tie_word_embeddings, rope_scaling,
+                                   rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
+                                   rope_original_max_position, max_position_embeddings)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TokenSource, paths, mask_paths)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataConfig, format, train, val)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, steps, batch_size, micro_batch_size, seed, eval_interval,
+                                   eval_batches, log_interval, max_nonfinite_skips)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimizerConfig, lr, min_lr, warmup_steps, betas, eps, weight_decay, grad_clip)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelismConfig, strategy, auto_strategy, shard_group_size)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PrecisionConfig, param_dtype, reduce_dtype, buffer_dtype, allow_tf32)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryConfig, activation_checkpointing, cpu_offload)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PrefetchConfig, forward, backward, max_inflight_all_gathers)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LoraConfig, enabled, rank, alpha, target_modules, dropout, init_from, base,
+                                   explicit_keys, base_digest)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CheckpointConfig, dir, interval, keep_latest, interval_seconds, async)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RestartConfig, max_restarts, min_workers, restart_timeout)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(JobConfig, name, workers, restart, model, data, train, optimizer, parallelism,
+                                   precision, memory, prefetch, lora, checkpoint)
+
+std::string EncodeJobConfig(const JobConfig& c) { return nlohmann::json(c).dump(); }
+
+absl::StatusOr<JobConfig> DecodeJobConfig(absl::string_view text, const std::string& source) {
+  if (text.size() > kMaxJobWireBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": job spec of ", text.size(), " bytes (at most ", kMaxJobWireBytes, ")"));
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end());
+    if (!j.is_object()) throw std::invalid_argument("not a JSON object");
+    JobConfig c = j.get<JobConfig>();
+    // nlohmann converts numbers silently (2^40 or 1.5 into an int); what was
+    // decoded, encoded again, must be what came, or the first field where
+    // they part is named (this also refuses fields JobConfig lacks).
+    const nlohmann::json patch = nlohmann::json::diff(j, nlohmann::json(c));
+    if (!patch.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": job spec: ", Shown(patch[0].value("path", ""), 128),
+                                                     ": not a value of its field's type and range, or no such field"));
+    }
+    return c;
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": job spec: ", Shown(e.what(), 256)));
+  }
+}
+
+}  // namespace shardline

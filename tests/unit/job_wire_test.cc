@@ -1,0 +1,128 @@
+// The resolved job spec on the wire (common/job/job_wire.h): what the
+// coordinator sends is what the worker runs, field for field, and a spec that
+// is damaged or forged is refused naming the field, never narrowed.
+#include "common/job/job_wire.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace shardline {
+namespace {
+
+// A field added to one of these structs must be added to job_wire.cc's list
+// too, or workers run it at its default. Each size below is the struct's on
+// this platform (x86-64, libstdc++) when the list was last brought up to
+// date: a new field of any type but a bool that fits in padding changes it
+// and stops this test from compiling until both are updated.
+static_assert(sizeof(ModelConfig) == 272 && sizeof(TokenSource) == 48 && sizeof(DataConfig) == 104 &&
+                  sizeof(TrainConfig) == 40 && sizeof(OptimizerConfig) == 64 && sizeof(ParallelismConfig) == 12 &&
+                  sizeof(PrecisionConfig) == 16 && sizeof(MemoryConfig) == 2 && sizeof(PrefetchConfig) == 12 &&
+                  sizeof(LoraConfig) == 168 && sizeof(CheckpointConfig) == 56 && sizeof(RestartConfig) == 16 &&
+                  sizeof(JobConfig) == 808,
+              "a JobConfig struct changed: bring common/job/job_wire.cc's field lists and these sizes up to date");
+
+// Every field away from its default, so that one the wire drops shows.
+JobConfig EveryFieldSet() {
+  JobConfig c;
+  c.name = "wire \xc3\xa9";
+  c.workers = 5;
+  c.restart = {7, 2, 12.5};
+  ModelConfig& m = c.model;
+  m.family = "llama";
+  m.n_layer = 3, m.n_head = 6, m.n_embd = 96, m.vocab_size = 1000, m.block_size = 64;
+  m.init_from = "/w/init.safetensors";
+  m.hf_dir = "/w/hf";
+  m.explicit_keys = {"n_layer", "block_size"};
+  m.n_kv_head = 2, m.intermediate_size = 200, m.head_dim_override = 32;
+  m.rope_theta = 500000.0, m.rms_norm_eps = 1e-5;
+  m.qkv_bias = m.qk_norm = m.tie_word_embeddings = true;
+  m.rope_scaling = "llama3";
+  m.rope_scaling_factor = 32.0, m.rope_low_freq_factor = 2.0, m.rope_high_freq_factor = 8.0;
+  m.rope_original_max_position = 4096, m.max_position_embeddings = 131072;
+  c.data.format = DataFormat::kLlmc;
+  c.data.train = {{"/d/a-*.bin", "/d/b.bin"}, {"/d/a.mask"}};
+  c.data.val = {{"/d/val.bin"}, {"/d/val.mask"}};
+  c.train = {17, 12, 3, 0xFFFFFFFFFFFFFFF1ull, 5, 4, 2, 3};
+  c.optimizer = {3e-4, 1e-5, 7, {0.8, 0.99}, 1e-7, 0.01, 0.5};
+  c.parallelism = {Strategy::kHybridShardZero2, true, 2};
+  c.precision = {DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, true};
+  c.memory = {true, true};
+  c.prefetch = {false, BackwardPrefetch::kPost, 4};
+  c.lora.enabled = true;
+  c.lora.rank = 16, c.lora.alpha = 32, c.lora.dropout = 0.05;
+  c.lora.target_modules = {"q_proj", "v_proj"};
+  c.lora.init_from = "/w/adapter";
+  c.lora.base = LoraBase::kReplicated;
+  c.lora.explicit_keys = {"rank"};
+  c.lora.base_digest = std::string(64, 'a');
+  c.checkpoint = {"/ck", 9, 1, 30.5, false};
+  return c;
+}
+
+// Each leaf of `a` that equals the same leaf of `b`, as JSON pointers.
+std::vector<std::string> SameLeaves(const nlohmann::json& a, const nlohmann::json& b) {
+  std::vector<std::string> same;
+  const nlohmann::json fa = a.flatten(), fb = b.flatten();
+  for (auto it = fa.begin(); it != fa.end(); ++it) {
+    if (fb.contains(it.key()) && fb.at(it.key()) == it.value()) same.push_back(it.key());
+  }
+  return same;
+}
+
+TEST(JobWire, EveryFieldTravels) {
+  const JobConfig sent = EveryFieldSet();
+  const std::string text = EncodeJobConfig(sent);
+  // The test's premise: no encoded field is at its default.
+  EXPECT_EQ(SameLeaves(nlohmann::json::parse(text), nlohmann::json::parse(EncodeJobConfig(JobConfig()))),
+            std::vector<std::string>{});
+  absl::StatusOr<JobConfig> got = DecodeJobConfig(text, "job-1");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(EncodeJobConfig(*got), text);
+  EXPECT_EQ(got->train.seed, 0xFFFFFFFFFFFFFFF1ull);
+  EXPECT_EQ(got->optimizer.lr, 3e-4);  // doubles exactly
+  EXPECT_EQ(got->model.max_position_embeddings, 131072);
+  EXPECT_EQ(got->lora.base_digest, std::string(64, 'a'));
+  EXPECT_TRUE(got->parallelism.auto_strategy);
+  EXPECT_EQ(got->parallelism.strategy, Strategy::kHybridShardZero2);
+}
+
+// A damaged or forged spec: refused, naming the field, never narrowed.
+TEST(JobWire, ADamagedSpecIsRefusedNamingTheField) {
+  nlohmann::json good = nlohmann::json::parse(EncodeJobConfig(EveryFieldSet()));
+  auto refusal = [](const nlohmann::json& j) {
+    absl::StatusOr<JobConfig> c = DecodeJobConfig(j.dump(), "job-7");
+    return c.ok() ? std::string("accepted") : std::string(c.status().message());
+  };
+  nlohmann::json j = good;
+  j["model"]["n_layer"] = int64_t{1} << 40;
+  EXPECT_EQ(refusal(j), "job-7: job spec: /model/n_layer: not a value of its field's type and range, or no such field");
+  j = good;
+  j["train"]["steps"] = 1.5;
+  EXPECT_EQ(refusal(j), "job-7: job spec: /train/steps: not a value of its field's type and range, or no such field");
+  j = good;
+  j["precision"]["extra"] = 1;
+  EXPECT_EQ(refusal(j), "job-7: job spec: /precision/extra: not a value of its field's type and range, or no such field");
+  j = good;
+  j["parallelism"]["strategy"] = 99;
+  EXPECT_NE(refusal(j).find("enum value 99 out of range"), std::string::npos) << refusal(j);
+  j = good;
+  j["model"].erase("hf_dir");
+  EXPECT_NE(refusal(j).find("hf_dir"), std::string::npos) << refusal(j);
+  j = good;
+  j["model"]["family"] = 3;
+  EXPECT_EQ(refusal(j).rfind("job-7: job spec: ", 0), 0u) << refusal(j);
+  for (const char* text : {"", "{", "[]", "null", "\"x\""}) {
+    absl::StatusOr<JobConfig> c = DecodeJobConfig(text, "job-7");
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.status().message().rfind("job-7: job spec: ", 0), 0u) << c.status();
+    EXPECT_EQ(c.status().message().find('\n'), std::string::npos) << c.status();
+  }
+  const std::string huge(kMaxJobWireBytes + 1, ' ');
+  EXPECT_EQ(DecodeJobConfig(huge, "job-7").status().message(),
+            absl::StrCat("job-7: job spec of ", huge.size(), " bytes (at most ", kMaxJobWireBytes, ")"));
+}
+
+}  // namespace
+}  // namespace shardline
