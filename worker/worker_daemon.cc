@@ -71,11 +71,16 @@ class HistoryFile {
       out_ = UniqueFd(::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640));
       if (out_.get() < 0) return Fail(absl::StrCat("cannot open it: ", std::strerror(errno)));
     }
-    const std::string line = absl::StrFormat(
-        "{\"step\":%d,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,\"tokens_per_second\":%s,"
-        "\"val_loss\":%s,\"world_size\":%d,\"unix_ms\":%d}\n",
-        r.step + 1, JsonNumber(r.loss), JsonNumber(r.lr), JsonNumber(r.grad_norm), JsonNumber(r.tokens / r.seconds),
-        JsonNumber(r.val_loss), world, absl::ToUnixMillis(absl::Now()));
+    const std::string line = nlohmann::ordered_json{{"step", r.step + 1},
+                                                    {"loss", FiniteOrNull(r.loss)},
+                                                    {"lr", FiniteOrNull(r.lr)},
+                                                    {"grad_norm", FiniteOrNull(r.grad_norm)},
+                                                    {"tokens_per_second", FiniteOrNull(r.tokens / r.seconds)},
+                                                    {"val_loss", FiniteOrNull(r.val_loss)},
+                                                    {"world_size", world},
+                                                    {"unix_ms", absl::ToUnixMillis(absl::Now())}}
+                                 .dump() +
+                             "\n";
     // One write(2) of a whole line to an O_APPEND file: a reader never sees half of one.
     absl::Status wrote = WriteFully(out_.get(), line.data(), line.size(), path_);
     if (!wrote.ok()) Fail(std::string(wrote.message()));

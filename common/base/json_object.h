@@ -3,8 +3,7 @@
 //     readers of transformers' and PEFT's JSON files (config.json,
 //     adapter_config.json). Errors name the file: malformed JSON, or JSON
 //     that is not an object.
-//   FiniteOrNull, JsonNumber: a double as a JSON value (text) that reads
-//     back exactly; JSON has no NaN or infinity, so one not finite is null.
+//   FiniteOrNull: a double as a JSON value that reads back exactly; JSON has no NaN or infinity, so one not finite is null.
 #pragma once
 
 #include <cmath>
@@ -32,6 +31,5 @@ inline absl::StatusOr<nlohmann::json> ParseJsonObject(const std::string& text, c
 inline nlohmann::ordered_json FiniteOrNull(double v) {
   return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
 }
-inline std::string JsonNumber(double v) { return FiniteOrNull(v).dump(); }
 
 }  // namespace shardline
