@@ -12,6 +12,7 @@
 #include "common/base/quoted.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_manifest.h"
+#include "common/job/job_file.h"
 #include "common/model/weight_source.h"
 #include "common/spec/job_spec.h"
 #include "common/state/job_state.h"

@@ -1,11 +1,7 @@
-// JobConfig: the job file (TOML) of DESIGN.md, its types and its parser.
-// What resolves it against the files it names (config.json, adapters, data)
-// and validates it as a whole is common/spec/job_spec.h.
-//
-// Contract: ParseJobConfig never throws. Every error is one line naming the
-// file and the key at fault ("job.toml: [model] n_embd = 100 is not divisible
-// by n_head = 3"). Unknown sections or keys are errors, so a typo never
-// silently falls back to a default.
+// JobConfig: the job of DESIGN.md as types, and the names of its enums.
+// Its job file (TOML) is read by common/job/job_file.h; its wire form, the
+// resolved spec an Assignment carries, is common/job/job_wire.h; a job file
+// resolved against the files it names and validated is common/spec/job_spec.h.
 #pragma once
 
 #include <array>
@@ -191,19 +187,6 @@ struct JobConfig {
   LoraConfig lora;
   CheckpointConfig checkpoint;
 };
-
-// Parses TOML text; `source` names the file in error messages.
-absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source);
-
-// A path of the job file (data, init_from, checkpoint dir) as the programs
-// see it: relative paths resolve against `base_dir`, the job file's folder.
-std::string ResolveJobPath(const std::string& base_dir, const std::string& path);
-
-// The token files `patterns` name, each resolved against `base_dir` and
-// glob-expanded (matches in sorted order), in order. A pattern that matches
-// nothing is NotFound naming `key` and the pattern.
-absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::vector<std::string>& patterns,
-                                                         const std::string& base_dir, const std::string& key);
 
 // The shard group size G actually used: world for ZeRO strategies, 1 for
 // no_shard, shard_group_size (or the world) for the hybrid ones.

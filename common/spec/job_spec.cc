@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/quoted.h"
+#include "common/job/job_file.h"
 #include "common/model/hf_config.h"
 #include "common/model/lora_adapter.h"
 #include "common/model/weight_source.h"

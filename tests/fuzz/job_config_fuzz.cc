@@ -2,12 +2,17 @@
 // validation every program runs after it (ValidateJobConfig). Invariants: an
 // error is one line naming the file; a parsed config holds every key within
 // the bounds ReadSections documents; a valid one has a model within the
-// parameter limit whose trainable ownership map can be built.
+// parameter limit whose trainable ownership map can be built. The same bytes
+// as a resolved spec on the wire (DecodeJobConfig, common/job/job_wire.h):
+// never a crash, an error in one line naming its source; and every parsed
+// config crosses the wire and back unchanged.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "common/job/job_config.h"
+#include "common/job/job_file.h"
+#include "common/job/job_wire.h"
 #include "common/model/model_shapes.h"
 #include "common/spec/job_spec.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -39,6 +44,14 @@ void CheckBounds(const JobConfig& c) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardline;
   const std::string text(reinterpret_cast<const char*>(data), size);
+  const absl::StatusOr<JobConfig> wire = DecodeJobConfig(text, "job-1");
+  if (!wire.ok()) {
+    FUZZ_CHECK(fuzz::NamesFileInOneLine(wire.status().message(), "job-1"), "wire error \"%s\"",
+               std::string(wire.status().message()).c_str());
+  } else {
+    FUZZ_CHECK(EncodeJobConfig(*wire) == EncodeJobConfig(*DecodeJobConfig(EncodeJobConfig(*wire), "job-1")),
+               "a decoded spec round trips");
+  }
   absl::StatusOr<JobConfig> c = ParseJobConfig(text, kFile);
   if (!c.ok()) {
     FUZZ_CHECK(fuzz::NamesFileInOneLine(c.status().message(), kFile), "error \"%s\"",
@@ -46,6 +59,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   CheckBounds(*c);
+  const std::string sent = EncodeJobConfig(*c);
+  const absl::StatusOr<JobConfig> got = DecodeJobConfig(sent, "job-1");
+  FUZZ_CHECK(got.ok() && EncodeJobConfig(*got) == sent, "a parsed config crosses the wire unchanged: %s",
+             got.ok() ? "changed" : std::string(got.status().message()).c_str());
   const absl::Status valid = ValidateJobConfig(*c, c->workers, kFile);
   if (!valid.ok()) {
     FUZZ_CHECK(fuzz::NamesFileInOneLine(valid.message(), kFile), "error \"%s\"", std::string(valid.message()).c_str());

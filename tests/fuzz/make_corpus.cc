@@ -16,6 +16,8 @@
 
 #include "common/checkpoint/checkpoint_manifest.h"
 #include "common/job/job_config.h"
+#include "common/job/job_file.h"
+#include "common/job/job_wire.h"
 #include "common/model/hf_config.h"
 #include "common/model/lora_adapter.h"
 #include "common/model/safetensors.h"
@@ -207,6 +209,13 @@ target_modules = ["q_proj", "v_proj"]
   Put("job_config", "bad_key.toml", Replace(kHybrid, "block_size", "blocksize"));
   Put("job_config", "bad_toml.toml", Replace(kHybrid, "[train]", "[train"));
   Put("job_config", "bad_strategy.toml", Replace(kDemo, "full_shard", "fullshard"));
+  // The same target decodes its input as a resolved spec on the wire too.
+  absl::StatusOr<JobConfig> lora = ParseJobConfig(kLlamaLora, "job.toml");
+  if (lora.ok()) {
+    Put("job_config", "wire_llama_lora.json", EncodeJobConfig(*lora));
+    Put("job_config", "wire_bad_narrowed.json",
+        Replace(EncodeJobConfig(*lora), "\"n_layer\":", "\"n_layer\":1099511627776000"));
+  }
 }
 
 // ---- safetensors ----

@@ -1,5 +1,6 @@
 // JobConfig: every bad input is one line naming the file and key.
 #include "common/job/job_config.h"
+#include "common/job/job_file.h"
 #include "common/model/model_shapes.h"
 #include "common/spec/job_spec.h"
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/job/job_file.h"
 
 namespace shardline {
 namespace {

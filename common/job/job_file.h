@@ -1,0 +1,32 @@
+// The job file (TOML) of DESIGN.md, read into a JobConfig, and the paths it
+// names as the programs see them.
+//
+// Contract: ParseJobConfig never throws. Every error is one line naming the
+// file and the key at fault ("job.toml: [train] steps = 0 is out of range
+// [1, 2147483647]"). Unknown sections or keys are errors, so a typo never
+// silently falls back to a default. Values that only make sense together are
+// checked by ValidateJobConfig (common/spec/job_spec.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job/job_config.h"
+
+namespace shardline {
+
+// Parses TOML text; `source` names the file in error messages.
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source);
+
+// A path of the job file (data, init_from, checkpoint dir) as the programs
+// see it: relative paths resolve against `base_dir`, the job file's folder.
+std::string ResolveJobPath(const std::string& base_dir, const std::string& path);
+
+// The token files `patterns` name, each resolved against `base_dir` and
+// glob-expanded (matches in sorted order), in order. A pattern that matches
+// nothing is NotFound naming `key` and the pattern.
+absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::vector<std::string>& patterns,
+                                                         const std::string& base_dir, const std::string& key);
+
+}  // namespace shardline
