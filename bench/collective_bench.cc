@@ -83,6 +83,104 @@ at::Tensor ReduceSum(int64_t first, int64_t count, int n) {
   return at::arange(first, first + count).remainder(1024).to(at::kFloat) * n + n * (n - 1) / 2.0f;
 }
 
+// Rank 0 starts ranks 1..N-1 as copies of this program on the store's port;
+// false where one cannot be started.
+bool SpawnRanks(const Flags& f, int port_number, std::vector<pid_t>* children) {
+  const std::string port = std::to_string(port_number);
+  const std::string world = std::to_string(f.world), threads = std::to_string(f.threads);
+  const std::string lo = std::to_string(f.min_bytes), hi = std::to_string(f.max_bytes);
+  const std::string rounds = std::to_string(f.rounds);
+  for (int r = 1; r < f.world; ++r) {
+    const std::string rank = std::to_string(r);
+    std::vector<const char*> argv = {"/proc/self/exe", "--world", world.c_str(), "--rank", rank.c_str(),
+                                     "--port", port.c_str(), "--threads", threads.c_str(),
+                                     "--min-bytes", lo.c_str(), "--max-bytes", hi.c_str(),
+                                     "--rounds", rounds.c_str(), nullptr};
+    pid_t pid;
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, const_cast<char**>(argv.data()), environ) != 0) {
+      std::cerr << "collective_bench: cannot spawn rank " << r << std::endl;
+      return false;
+    }
+    children->push_back(pid);
+  }
+  return true;
+}
+
+// One row per collective at `bytes`: ours and c10d's Gloo, timed in
+// alternation; ours then checked against its definition.
+void MeasureSize(comm::Communicator& comm, c10d::ProcessGroupGloo& raw, const Flags& f, int64_t bytes) {
+  const int n = f.world, r = f.rank;
+  const int64_t elems = bytes / 4 / n * n;  // fp32, divisible by n
+  const int64_t S = elems * 4;
+  const int iters = std::max<int64_t>(3, std::min<int64_t>(200, (int64_t{256} << 20) / std::max<int64_t>(S, 1)));
+  at::Tensor full = at::empty({elems}), chunk = at::full({elems / n}, r + 1.0f);
+  at::Tensor src = at::ones({elems}), dst = at::empty({elems});
+  auto memcpy_t = TimeIt(raw, iters, [&] { std::memcpy(dst.data_ptr(), src.data_ptr(), S); });
+  const double mcpy = S / memcpy_t / 1e9;
+  auto row = [&](const char* op, double t, double factor, double raw_t) {
+    if (r != 0) return;
+    const double algbw = S / t / 1e9, busbw = algbw * factor;
+    std::printf("%-15s %10ld %10.1f %9.3f %9.3f %10.1f %9.3f %8.1f%% %11.2f %7.1f%%\n", op, S, t * 1e6, algbw,
+                busbw, raw_t * 1e6, S / raw_t / 1e9 * factor, (t / raw_t - 1) * 100, mcpy, busbw / mcpy * 100);
+  };
+  const double ring = double(n - 1) / n;
+  // Ours and raw alternate for `rounds` rounds and each keeps its best: on a
+  // shared VM that compares the two under the same background, not drift.
+  auto best_of = [&](const std::function<void()>& ours, const std::function<void()>& theirs) {
+    double t = 1e30, rt = 1e30;
+    for (int k = 0; k < f.rounds; ++k) {
+      t = std::min(t, TimeIt(raw, iters, ours));
+      rt = std::min(rt, TimeIt(raw, iters, theirs));
+    }
+    return std::make_pair(t, rt);
+  };
+  // all-gather (the raw call writes its own buffer; ours is checked after
+  // a last call of its own, every rank's chunk in its place)
+  const int64_t c = elems / n;
+  at::Tensor raw_ag = at::empty({elems});
+  std::vector<std::vector<at::Tensor>> ag_out{raw_ag.chunk(n)};
+  std::vector<at::Tensor> ag_in{chunk};
+  auto [t, rt] = best_of([&] { Must(comm.AllGather(full, chunk)->Wait(absl::Seconds(60)), "all_gather", S); },
+                         [&] { raw.allgather(ag_out, ag_in)->wait(); });
+  full.fill_(-1.0f);
+  Must(comm.AllGather(full, chunk)->Wait(absl::Seconds(60)), "all_gather", S);
+  Check(full.view({n, c}).eq(at::arange(1, n + 1).to(at::kFloat).unsqueeze(1)).all().item<bool>(), "all_gather", S);
+  row("all_gather", t, ring, rt);
+  // reduce-scatter (input is scratch, so it is refilled each call; the raw
+  // c10d Gloo call is an all-reduce of the whole input followed by a slice)
+  at::Tensor rs_out = at::empty({c}), raw_rs_out = at::empty({c});
+  std::tie(t, rt) = best_of(
+      [&] {
+        full.fill_(1.0f);
+        Must(comm.ReduceScatter(rs_out, full)->Wait(absl::Seconds(60)), "reduce_scatter", S);
+      },
+      [&] {
+        full.fill_(1.0f);
+        raw._reduce_scatter_base(raw_rs_out, full)->wait();
+      });
+  full.copy_(ReduceInput(elems, r));
+  rs_out.fill_(-1.0f);
+  Must(comm.ReduceScatter(rs_out, full)->Wait(absl::Seconds(60)), "reduce_scatter", S);
+  Check(rs_out.equal(ReduceSum(r * c, c, n)), "reduce_scatter", S);
+  row("reduce_scatter", t, ring, rt);
+  // all-reduce
+  at::Tensor raw_full = at::empty({elems});
+  std::vector<at::Tensor> ar{raw_full};
+  std::tie(t, rt) = best_of(
+      [&] {
+        full.fill_(1.0f);
+        Must(comm.AllReduce(full)->Wait(absl::Seconds(60)), "all_reduce", S);
+      },
+      [&] {
+        raw_full.fill_(1.0f);
+        raw.allreduce(ar)->wait();
+      });
+  full.copy_(ReduceInput(elems, r));
+  Must(comm.AllReduce(full)->Wait(absl::Seconds(60)), "all_reduce", S);
+  Check(full.equal(ReduceSum(0, elems, n)), "all_reduce", S);
+  row("all_reduce", t, 2 * ring, rt);
+}
+
 int Run(const Flags& f) {
   at::set_num_threads(f.threads);
   c10d::TCPStoreOptions so;
@@ -92,25 +190,7 @@ int Run(const Flags& f) {
   so.waitWorkers = false;
   auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
   std::vector<pid_t> children;
-  if (f.rank == 0) {
-    const std::string port = std::to_string(store->getPort());
-    const std::string world = std::to_string(f.world), threads = std::to_string(f.threads);
-    const std::string lo = std::to_string(f.min_bytes), hi = std::to_string(f.max_bytes);
-    const std::string rounds = std::to_string(f.rounds);
-    for (int r = 1; r < f.world; ++r) {
-      const std::string rank = std::to_string(r);
-      std::vector<const char*> argv = {"/proc/self/exe", "--world", world.c_str(), "--rank", rank.c_str(),
-                                       "--port", port.c_str(), "--threads", threads.c_str(),
-                                       "--min-bytes", lo.c_str(), "--max-bytes", hi.c_str(),
-                                       "--rounds", rounds.c_str(), nullptr};
-      pid_t pid;
-      if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, const_cast<char**>(argv.data()), environ) != 0) {
-        std::cerr << "collective_bench: cannot spawn rank " << r << std::endl;
-        return 1;
-      }
-      children.push_back(pid);
-    }
-  }
+  if (f.rank == 0 && !SpawnRanks(f, store->getPort(), &children)) return 1;
   const int n = f.world, r = f.rank;
   auto comm = comm::CreateGlooCommunicator(store, "comm/", r, n, comm::GlooOptions{});
   if (!comm.ok()) {
@@ -126,77 +206,7 @@ int Run(const Flags& f) {
     std::printf("%-15s %10s %10s %9s %9s %10s %9s %9s %11s %8s\n", "op", "bytes", "time_us", "algbw", "busbw",
                 "raw_us", "raw_busbw", "overhead", "memcpy_GBs", "bus/mcpy");
   }
-  for (int64_t bytes = f.min_bytes; bytes <= f.max_bytes; bytes *= 4) {
-    const int64_t elems = bytes / 4 / n * n;  // fp32, divisible by n
-    const int64_t S = elems * 4;
-    const int iters = std::max<int64_t>(3, std::min<int64_t>(200, (int64_t{256} << 20) / std::max<int64_t>(S, 1)));
-    at::Tensor full = at::empty({elems}), chunk = at::full({elems / n}, r + 1.0f);
-    at::Tensor src = at::ones({elems}), dst = at::empty({elems});
-    auto memcpy_t = TimeIt(raw, iters, [&] { std::memcpy(dst.data_ptr(), src.data_ptr(), S); });
-    const double mcpy = S / memcpy_t / 1e9;
-    auto row = [&](const char* op, double t, double factor, double raw_t) {
-      if (r != 0) return;
-      const double algbw = S / t / 1e9, busbw = algbw * factor;
-      std::printf("%-15s %10ld %10.1f %9.3f %9.3f %10.1f %9.3f %8.1f%% %11.2f %7.1f%%\n", op, S, t * 1e6, algbw,
-                  busbw, raw_t * 1e6, S / raw_t / 1e9 * factor, (t / raw_t - 1) * 100, mcpy, busbw / mcpy * 100);
-    };
-    const double ring = double(n - 1) / n;
-    // Ours and raw alternate for `rounds` rounds and each keeps its best: on a
-    // shared VM that compares the two under the same background, not drift.
-    auto best_of = [&](const std::function<void()>& ours, const std::function<void()>& theirs) {
-      double t = 1e30, rt = 1e30;
-      for (int k = 0; k < f.rounds; ++k) {
-        t = std::min(t, TimeIt(raw, iters, ours));
-        rt = std::min(rt, TimeIt(raw, iters, theirs));
-      }
-      return std::make_pair(t, rt);
-    };
-    // all-gather (the raw call writes its own buffer; ours is checked after
-    // a last call of its own, every rank's chunk in its place)
-    const int64_t c = elems / n;
-    at::Tensor raw_ag = at::empty({elems});
-    std::vector<std::vector<at::Tensor>> ag_out{raw_ag.chunk(n)};
-    std::vector<at::Tensor> ag_in{chunk};
-    auto [t, rt] = best_of([&] { Must((*comm)->AllGather(full, chunk)->Wait(absl::Seconds(60)), "all_gather", S); },
-                           [&] { raw.allgather(ag_out, ag_in)->wait(); });
-    full.fill_(-1.0f);
-    Must((*comm)->AllGather(full, chunk)->Wait(absl::Seconds(60)), "all_gather", S);
-    Check(full.view({n, c}).eq(at::arange(1, n + 1).to(at::kFloat).unsqueeze(1)).all().item<bool>(), "all_gather", S);
-    row("all_gather", t, ring, rt);
-    // reduce-scatter (input is scratch, so it is refilled each call; the raw
-    // c10d Gloo call is an all-reduce of the whole input followed by a slice)
-    at::Tensor rs_out = at::empty({c}), raw_rs_out = at::empty({c});
-    std::tie(t, rt) = best_of(
-        [&] {
-          full.fill_(1.0f);
-          Must((*comm)->ReduceScatter(rs_out, full)->Wait(absl::Seconds(60)), "reduce_scatter", S);
-        },
-        [&] {
-          full.fill_(1.0f);
-          raw._reduce_scatter_base(raw_rs_out, full)->wait();
-        });
-    full.copy_(ReduceInput(elems, r));
-    rs_out.fill_(-1.0f);
-    Must((*comm)->ReduceScatter(rs_out, full)->Wait(absl::Seconds(60)), "reduce_scatter", S);
-    Check(rs_out.equal(ReduceSum(r * c, c, n)), "reduce_scatter", S);
-    row("reduce_scatter", t, ring, rt);
-    // all-reduce
-    at::Tensor raw_full = at::empty({elems});
-    std::vector<at::Tensor> ar{raw_full};
-    std::tie(t, rt) = best_of(
-        [&] {
-          full.fill_(1.0f);
-          Must((*comm)->AllReduce(full)->Wait(absl::Seconds(60)), "all_reduce", S);
-        },
-        [&] {
-          raw_full.fill_(1.0f);
-          raw.allreduce(ar)->wait();
-        });
-    full.copy_(ReduceInput(elems, r));
-    Must((*comm)->AllReduce(full)->Wait(absl::Seconds(60)), "all_reduce", S);
-    Check(full.equal(ReduceSum(0, elems, n)), "all_reduce", S);
-    row("all_reduce", t, 2 * ring, rt);
-  }
+  for (int64_t bytes = f.min_bytes; bytes <= f.max_bytes; bytes *= 4) MeasureSize(**comm, raw, f, bytes);
   for (pid_t pid : children) {
     int st = 0;
     waitpid(pid, &st, 0);

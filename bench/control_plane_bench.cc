@@ -397,57 +397,65 @@ bool QueueScaling(sl::Coordinator::Stub* stub, pid_t pid, const std::vector<int>
   return true;
 }
 
-int main(int argc, char** argv) {
-  CLI::App app{"control_plane_bench"};
-  int n_workers = 1000, n_jobs = 100, job_workers = 20, rdzv_ranks = 256;
-  std::vector<int> queue_sizes;
-  app.add_option("--workers", n_workers);
-  app.add_option("--jobs", n_jobs);
-  app.add_option("--job-workers", job_workers);
-  app.add_option("--rendezvous-ranks", rdzv_ranks);
-  app.add_option("--queue", queue_sizes, "queue sizes to measure, ascending, at most 10000 (the default limit)")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 10000));
-  CLI11_PARSE(app, argc, argv);
+// n jobs of `ranks` each, run to the end while 10 clients watch them.
+bool ManyJobsWatched(sl::Coordinator::Stub* stub, int n, int ranks) {
+  std::vector<std::string> ids;
+  for (int j = 0; j < n; ++j) ids.push_back(SubmitJob(stub, ranks));
+  std::atomic<bool> watching{true};
+  std::vector<std::thread> watchers;
+  for (int w = 0; w < 10; ++w) {
+    watchers.emplace_back([&, w] {
+      while (watching) {
+        (void)GetJob(stub, ids[w * ids.size() / 10]);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  }
+  const bool done = WaitJobs(stub, ids, 600);
+  watching = false;
+  for (auto& t : watchers) t.join();
+  return done;
+}
 
+// A coordinator of its own, started from this build: its pid, its address
+// and the folder of its state and logs.
+struct Coordinator {
+  pid_t pid = 0;
+  std::string addr, dir;
+};
+
+bool StartCoordinator(Coordinator* c) {
   char self[4096] = {0};
-  if (readlink("/proc/self/exe", self, sizeof(self) - 1) <= 0) return 1;
+  if (readlink("/proc/self/exe", self, sizeof(self) - 1) <= 0) return false;
   const std::string build = std::string(self).substr(0, std::string(self).rfind("/bench/"));
   char tmpl[] = "/tmp/control-plane-bench-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  const std::string out = dir + "/coordinator.out";
-  const std::string cmd = build + "/server/shardline-coordinator --listen 127.0.0.1:0 --state-dir " + dir +
-                          "/state --heartbeat-ms 1000 > " + out + " 2> " + dir + "/coordinator.log & echo $!";
+  c->dir = mkdtemp(tmpl);
+  const std::string out = c->dir + "/coordinator.out";
+  const std::string cmd = build + "/server/shardline-coordinator --listen 127.0.0.1:0 --state-dir " + c->dir +
+                          "/state --heartbeat-ms 1000 > " + out + " 2> " + c->dir + "/coordinator.log & echo $!";
   FILE* p = popen(cmd.c_str(), "r");
-  pid_t pid = 0;
-  if (!p || fscanf(p, "%d", &pid) != 1) return 1;
+  if (!p) return false;
+  const bool started = fscanf(p, "%d", &c->pid) == 1;
   pclose(p);
-  std::string addr;
-  for (int i = 0; i < 100 && addr.empty(); ++i) {
+  if (!started) return false;
+  for (int i = 0; i < 100 && c->addr.empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::ifstream f(out);
     std::string word;
-    if (f >> word >> word >> addr) break;
-    addr.clear();
+    if (f >> word >> word >> c->addr) break;
+    c->addr.clear();
   }
-  if (addr.empty()) {
-    std::cerr << "control_plane_bench: the coordinator did not start" << std::endl;
-    return 1;
-  }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
-  Fleet fleet(channel);
+  return !c->addr.empty();
+}
+
+struct Sizes {
+  int n_workers = 1000, n_jobs = 100, job_workers = 20, rdzv_ranks = 256;
+};
+
+// The fleet's phases, one table row each: connect, idle, many jobs with
+// watchers, one large rendezvous.
+bool RunPhases(Fleet& fleet, pid_t pid, const Sizes& z) {
   auto* stub = fleet.stub();
-  std::printf("# one coordinator (pid %d) on loopback, %u cores here; the simulated fleet runs in this process\n",
-              pid, std::thread::hardware_concurrency());
-  if (!queue_sizes.empty()) {
-    const bool ok = QueueScaling(stub, pid, queue_sizes);
-    fleet.Shutdown();
-    kill(pid, SIGTERM);
-    if (!ok) std::cerr << "control_plane_bench: FAILED (coordinator log in " << dir << ")" << std::endl;
-    return ok ? 0 : 1;
-  }
   std::printf("%-44s %10s %10s %9s\n", "phase", "wall_s", "coord_cpu_s", "cpu_%");
   auto phase = [&](const char* name, const std::function<bool()>& fn) {
     const double c0 = CpuSeconds(pid);
@@ -458,10 +466,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     return ok;
   };
-  bool ok = phase(("connect " + std::to_string(n_workers) + " workers").c_str(), [&] {
-    fleet.Connect(n_workers, std::max(rdzv_ranks, job_workers));
+  bool ok = phase(("connect " + std::to_string(z.n_workers) + " workers").c_str(), [&] {
+    fleet.Connect(z.n_workers, std::max(z.rdzv_ranks, z.job_workers));
     const auto t0 = Clock::now();
-    while (CountWorkers(stub) < n_workers) {
+    while (CountWorkers(stub) < z.n_workers) {
       if (Since(t0) > 60) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -474,40 +482,52 @@ int main(int argc, char** argv) {
     }
     return true;
   });
-  ok = ok && phase((std::to_string(n_jobs) + " jobs x " + std::to_string(job_workers) + " ranks, 10 watchers").c_str(),
-                   [&] {
-                     std::vector<std::string> ids;
-                     for (int j = 0; j < n_jobs; ++j) ids.push_back(SubmitJob(stub, job_workers));
-                     std::atomic<bool> watching{true};
-                     std::vector<std::thread> watchers;
-                     for (int w = 0; w < 10; ++w) {
-                       watchers.emplace_back([&, w] {
-                         while (watching) {
-                           (void)GetJob(stub, ids[w * ids.size() / 10]);
-                           std::this_thread::sleep_for(std::chrono::milliseconds(100));
-                         }
-                       });
-                     }
-                     const bool done = WaitJobs(stub, ids, 600);
-                     watching = false;
-                     for (auto& t : watchers) t.join();
-                     return done;
-                   });
+  const std::string many = std::to_string(z.n_jobs) + " jobs x " + std::to_string(z.job_workers) + " ranks, 10 watchers";
+  ok = ok && phase(many.c_str(), [&] { return ManyJobsWatched(stub, z.n_jobs, z.job_workers); });
   std::string big;
-  ok = ok && phase(("one job of " + std::to_string(rdzv_ranks) + " ranks").c_str(), [&] {
-    big = SubmitJob(stub, rdzv_ranks);
+  ok = ok && phase(("one job of " + std::to_string(z.rdzv_ranks) + " ranks").c_str(), [&] {
+    big = SubmitJob(stub, z.rdzv_ranks);
     return WaitJobs(stub, {big}, 600);
   });
   if (ok) {
     std::printf("\nrendezvous of %d ranks (first Start to last rank connected, %d store RPCs): %.2f s\n\n",
-                rdzv_ranks, rdzv_ranks * rdzv_ranks, fleet.RendezvousSeconds(big));
+                z.rdzv_ranks, z.rdzv_ranks * z.rdzv_ranks, fleet.RendezvousSeconds(big));
   }
-  g_lat.Print();
-  fleet.Shutdown();
-  kill(pid, SIGTERM);
-  if (!ok) {
-    std::cerr << "control_plane_bench: FAILED (coordinator log in " << dir << ")" << std::endl;
+  return ok;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"control_plane_bench"};
+  Sizes z;
+  std::vector<int> queue_sizes;
+  app.add_option("--workers", z.n_workers);
+  app.add_option("--jobs", z.n_jobs);
+  app.add_option("--job-workers", z.job_workers);
+  app.add_option("--rendezvous-ranks", z.rdzv_ranks);
+  app.add_option("--queue", queue_sizes, "queue sizes to measure, ascending, at most 10000 (the default limit)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 10000));
+  CLI11_PARSE(app, argc, argv);
+
+  Coordinator c;
+  if (!StartCoordinator(&c)) {
+    std::cerr << "control_plane_bench: the coordinator did not start" << std::endl;
     return 1;
   }
-  return 0;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  Fleet fleet(grpc::CreateCustomChannel(c.addr, grpc::InsecureChannelCredentials(), args));
+  std::printf("# one coordinator (pid %d) on loopback, %u cores here; the simulated fleet runs in this process\n",
+              c.pid, std::thread::hardware_concurrency());
+  bool ok;
+  if (!queue_sizes.empty()) {
+    ok = QueueScaling(fleet.stub(), c.pid, queue_sizes);
+  } else {
+    ok = RunPhases(fleet, c.pid, z);
+    g_lat.Print();
+  }
+  fleet.Shutdown();
+  kill(c.pid, SIGTERM);
+  if (!ok) std::cerr << "control_plane_bench: FAILED (coordinator log in " << c.dir << ")" << std::endl;
+  return ok ? 0 : 1;
 }

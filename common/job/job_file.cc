@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/quoted.h"
+#include "common/base/status_macros.h"
 #define TOML_EXCEPTIONS 1
 #include <toml++/toml.h>
 
@@ -182,9 +183,11 @@ absl::StatusOr<LoraBase> ParseLoraBase(const std::string& s) {
   return absl::InvalidArgumentError(absl::StrCat("unknown value ", Quoted(s), " (expected sharded or replicated)"));
 }
 
-absl::Status ReadSections(const toml::table& root, const std::string& src, JobConfig& c) {
-  static const char* kSections[] = {"job", "model", "data", "train", "optimizer", "parallelism",
-                                    "precision", "memory", "prefetch", "lora", "checkpoint"};
+// The sections in the order their errors are reported.
+constexpr const char* kSections[] = {"job",         "model",     "data",   "train",    "optimizer", "parallelism",
+                                     "precision",   "memory",    "prefetch", "lora",   "checkpoint"};
+
+absl::Status CheckSectionNames(const toml::table& root, const std::string& src) {
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     bool known = false;
@@ -194,14 +197,41 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
       return absl::InvalidArgumentError(absl::StrCat(src, ": ", key, " must be a [", key, "] table"));
     }
   }
-  auto table = [&](const char* s) { return root.get_as<toml::table>(s); };
-  TableReader job(table("job"), "job", src);
+  return absl::OkStatus();
+}
+
+// Reads each section's keys into `c`; Finish reports a section's first error.
+class SectionReaders {
+ public:
+  SectionReaders(const toml::table& root, const std::string& src) : root_(root), src_(src) {}
+  TableReader& operator[](const char* section) {
+    auto it = readers_.find(section);
+    if (it == readers_.end()) it = readers_.emplace(section, TableReader(Table(section), section, src_)).first;
+    return it->second;
+  }
+  const toml::table* Table(const char* section) const { return root_.get_as<toml::table>(section); }
+  absl::Status Finish() {
+    for (const char* s : kSections) {
+      absl::Status st = (*this)[s].Finish();
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const toml::table& root_;
+  const std::string& src_;
+  std::map<std::string, TableReader> readers_;
+};
+
+void ReadJobAndModel(SectionReaders& r, JobConfig& c) {
+  TableReader& job = r["job"];
   job.String("name", &c.name);
   job.Int("workers", &c.workers, 1, kMaxRanks);
   job.Int("max_restarts", &c.restart.max_restarts, 0, 1000);
   job.Int("min_workers", &c.restart.min_workers, 1, kMaxRanks);
   job.Double("restart_timeout", &c.restart.restart_timeout);
-  TableReader model(table("model"), "model", src);
+  TableReader& model = r["model"];
   model.String("family", &c.model.family);
   model.Int("n_layer", &c.model.n_layer, 1, 10000);
   model.Int("n_head", &c.model.n_head, 1, 65536);
@@ -224,13 +254,16 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   model.String("init_from", &c.model.init_from);
   model.String("hf_dir", &c.model.hf_dir);
   c.model.explicit_keys = model.Present();
-  TableReader data(table("data"), "data", src);
+}
+
+void ReadDataAndTraining(SectionReaders& r, JobConfig& c) {
+  TableReader& data = r["data"];
   data.Enum<DataFormat>("format", &c.data.format, ParseDataFormat);
   data.StringList("path", &c.data.train.paths);
   data.StringList("mask_path", &c.data.train.mask_paths);
   data.StringList("val_path", &c.data.val.paths);
   data.StringList("val_mask_path", &c.data.val.mask_paths);
-  TableReader train(table("train"), "train", src);
+  TableReader& train = r["train"];
   train.Int("steps", &c.train.steps, 1, kMaxInt);
   train.Int("max_nonfinite_skips", &c.train.max_nonfinite_skips, 0, kMaxInt);
   train.Int("batch_size", &c.train.batch_size, 1, 1 << 24);
@@ -239,7 +272,7 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   train.Int("eval_interval", &c.train.eval_interval, 0, kMaxInt);
   train.Int("eval_batches", &c.train.eval_batches, 1, 1 << 20);
   train.Int("log_interval", &c.train.log_interval, 0, kMaxInt);
-  TableReader opt(table("optimizer"), "optimizer", src);
+  TableReader& opt = r["optimizer"];
   opt.Double("lr", &c.optimizer.lr);
   opt.Double("min_lr", &c.optimizer.min_lr);
   opt.Int("warmup_steps", &c.optimizer.warmup_steps, 0, kMaxInt);
@@ -247,27 +280,33 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   opt.Double("eps", &c.optimizer.eps);
   opt.Double("weight_decay", &c.optimizer.weight_decay);
   opt.Double("grad_clip", &c.optimizer.grad_clip);
-  TableReader par(table("parallelism"), "parallelism", src);
+}
+
+void ReadExecution(SectionReaders& r, JobConfig& c) {
+  TableReader& par = r["parallelism"];
   par.Enum<Strategy>("strategy", &c.parallelism.strategy, [&c](const std::string& s) -> absl::StatusOr<Strategy> {
     if (s != "auto") return ParseStrategy(s);
     c.parallelism.auto_strategy = true;
     return Strategy::kFullShard;  // until the coordinator picks
   });
   par.Int("shard_group_size", &c.parallelism.shard_group_size, 0, kMaxRanks);
-  TableReader prec(table("precision"), "precision", src);
+  TableReader& prec = r["precision"];
   prec.Enum<DType>("param_dtype", &c.precision.param_dtype, ParseDType);
   prec.Enum<DType>("reduce_dtype", &c.precision.reduce_dtype, ParseDType);
   prec.Enum<DType>("buffer_dtype", &c.precision.buffer_dtype, ParseDType);
   prec.Bool("allow_tf32", &c.precision.allow_tf32);
-  TableReader mem(table("memory"), "memory", src);
+  TableReader& mem = r["memory"];
   mem.Bool("activation_checkpointing", &c.memory.activation_checkpointing);
   mem.Bool("cpu_offload", &c.memory.cpu_offload);
-  TableReader pf(table("prefetch"), "prefetch", src);
+  TableReader& pf = r["prefetch"];
   pf.Bool("forward", &c.prefetch.forward);
   pf.Enum<BackwardPrefetch>("backward", &c.prefetch.backward, ParseBackwardPrefetch);
   pf.Int("max_inflight_all_gathers", &c.prefetch.max_inflight_all_gathers, 1, 64);
-  TableReader lora(table("lora"), "lora", src);
-  c.lora.enabled = table("lora") != nullptr;
+}
+
+void ReadLoraAndCheckpoint(SectionReaders& r, JobConfig& c) {
+  TableReader& lora = r["lora"];
+  c.lora.enabled = r.Table("lora") != nullptr;
   lora.Int("rank", &c.lora.rank, 1, 65536);
   lora.Double("alpha", &c.lora.alpha);
   lora.StringList("target_modules", &c.lora.target_modules);
@@ -275,18 +314,24 @@ absl::Status ReadSections(const toml::table& root, const std::string& src, JobCo
   lora.String("init_from", &c.lora.init_from);
   lora.Enum<LoraBase>("base", &c.lora.base, ParseLoraBase);
   c.lora.explicit_keys = lora.Present();
-  TableReader ck(table("checkpoint"), "checkpoint", src);
+  TableReader& ck = r["checkpoint"];
   ck.String("dir", &c.checkpoint.dir);
   ck.Int("interval", &c.checkpoint.interval, 0, kMaxInt);
   ck.Double("interval_seconds", &c.checkpoint.interval_seconds);
   ck.Int("keep_latest", &c.checkpoint.keep_latest, 0, 1 << 20);
   ck.Bool("async", &c.checkpoint.async);
-  for (TableReader* r : {&job, &model, &data, &train, &opt, &par, &prec, &mem, &pf, &lora, &ck}) {
-    absl::Status s = r->Finish();
-    if (!s.ok()) return s;
-  }
+}
+
+absl::Status ReadSections(const toml::table& root, const std::string& src, JobConfig& c) {
+  SL_RETURN_IF_ERROR(CheckSectionNames(root, src));
+  SectionReaders readers(root, src);
+  ReadJobAndModel(readers, c);
+  ReadDataAndTraining(readers, c);
+  ReadExecution(readers, c);
+  ReadLoraAndCheckpoint(readers, c);
+  SL_RETURN_IF_ERROR(readers.Finish());
   // A job always says what it trains: an empty file is a mistake, not a request for defaults.
-  if (!table("model")) return absl::InvalidArgumentError(absl::StrCat(src, ": no [model] section"));
+  if (!readers.Table("model")) return absl::InvalidArgumentError(absl::StrCat(src, ": no [model] section"));
   return absl::OkStatus();
 }
 

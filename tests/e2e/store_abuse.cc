@@ -165,118 +165,139 @@ class Abuser {
     if (cmd == "fill") return Fill();
     if (cmd == "empty") return Empty();
     if (cmd == "waits") return Waits();
-    if (cmd == "report") {
-      v1::CheckpointReport r;
-      int rank = 0;
-      int64_t step = 0;
-      std::string job, path, cred;
-      in >> job >> rank >> step >> path >> cred;
-      r.set_job_id(job);
-      r.set_rank(rank);
-      r.set_step(step);
-      r.set_path(path);
-      r.set_size_bytes(4096);
-      r.set_checksum(std::string(64, 'a'));
-      grpc::ClientContext ctx;
-      Authorize(&ctx, worker_token_, Credential(cred), 10000);
-      v1::CheckpointReportResponse resp;
-      return Answer(stub_->ReportCheckpoint(&ctx, r, &resp));
-    }
-    if (cmd == "job") {
-      std::string id;
-      in >> id;
-      grpc::ClientContext ctx;
-      Authorize(&ctx, user_token_, "", 10000);
-      v1::GetJobRequest req;
-      req.set_job_id(id);
-      v1::Job j;
-      grpc::Status s = stub_->GetJob(&ctx, req, &j);
-      if (!s.ok()) return Answer(s);
-      return "job " + std::to_string(j.state()) + " " + (j.owner().empty() ? "-" : j.owner()) + " " +
-             j.checkpoint_root();
-    }
-    if (cmd == "list") {
-      std::string token;
-      in >> token;
-      grpc::ClientContext ctx;
-      Authorize(&ctx, user_token_, "", 10000);
-      v1::ListJobsRequest req;
-      req.set_page_size(1000);
-      req.set_page_token(token == "-" ? "" : token);
-      v1::ListJobsResponse resp;
-      grpc::Status s = stub_->ListJobs(&ctx, req, &resp);
-      if (!s.ok()) return Answer(s);
-      return "list " + std::to_string(resp.jobs_size()) + " " +
-             (resp.next_page_token().empty() ? "-" : resp.next_page_token());
-    }
-    if (cmd == "store") {
-      std::string op, key, cred, token;
-      in >> op >> key >> cred >> token;
-      grpc::ClientContext ctx;
-      Authorize(&ctx, token == "worker" ? worker_token_ : token == "user" ? user_token_ : "", Credential(cred), 10000);
-      if (op == "get") {
-        v1::StoreGetRequest req;
-        req.set_key(key);
-        req.set_timeout_ms(100);
-        v1::StoreGetResponse resp;
-        return Answer(stub_->StoreGet(&ctx, req, &resp));
-      }
-      v1::StoreSetRequest req;
-      req.set_key(key);
-      req.set_value("planted by a hostile client");
-      v1::StoreSetResponse resp;
-      return Answer(stub_->StoreSet(&ctx, req, &resp));
-    }
-    if (cmd == "register") {
-      std::string kind;
-      in >> kind;
-      grpc::ClientContext ctx;
-      Authorize(&ctx, worker_token_, "", 10000);
-      auto stream = stub_->WorkerSession(&ctx);
-      v1::WorkerMessage reg;
-      reg.mutable_register_()->set_host(kind == "huge" ? std::string(3 << 20, 'h') : "h\x1b]0;pwned\x07\x1b[2J");
-      reg.mutable_register_()->set_device("cpu");
-      stream->Write(reg);
-      stream->WritesDone();
-      v1::CoordinatorMessage m;
-      while (stream->Read(&m)) {
-      }
-      return Answer(stream->Finish());
-    }
-    if (cmd == "claim") {
-      std::string job;
-      int rank = 0;
-      in >> job >> rank;
-      claimant_ = std::make_unique<Session>(stub_.get(), worker_token_, "hostile-claim", job, rank);
-      return claimant_->ok() ? "sent" : "cannot open the claiming session: " + claimant_->Finish();
-    }
-    if (cmd == "progress" || cmd == "finished") {
-      if (!second_) {
-        second_ = std::make_unique<Session>(stub_.get(), worker_token_, "hostile-2");
-        if (!second_->ok()) return "cannot open a second session: " + second_->Finish();
-      }
-      v1::WorkerMessage m;
-      std::string job;
-      int rank = 0;
-      in >> job >> rank;
-      if (cmd == "progress") {
-        int64_t step = 0;
-        in >> step;
-        m.mutable_progress()->set_job_id(job);
-        m.mutable_progress()->set_rank(rank);
-        m.mutable_progress()->set_step(step);
-        m.mutable_progress()->set_loss(0.125);
-      } else {
-        m.mutable_finished()->set_job_id(job);
-        m.mutable_finished()->set_rank(rank);
-        m.mutable_finished()->set_ok(true);
-      }
-      return second_->Send(m) ? "sent" : "the second session is closed";
-    }
+    if (cmd == "report") return Report(in);
+    if (cmd == "job") return GetJob(in);
+    if (cmd == "list") return List(in);
+    if (cmd == "store") return Store(in);
+    if (cmd == "register") return Register(in);
+    if (cmd == "claim") return Claim(in);
+    if (cmd == "progress" || cmd == "finished") return SendAsSecondSession(cmd, in);
     return "unknown command: " + cmd;
   }
 
  private:
+  // report JOB RANK STEP PATH own|none: a checkpoint report.
+  std::string Report(std::istringstream& in) {
+    v1::CheckpointReport r;
+    int rank = 0;
+    int64_t step = 0;
+    std::string job, path, cred;
+    in >> job >> rank >> step >> path >> cred;
+    r.set_job_id(job);
+    r.set_rank(rank);
+    r.set_step(step);
+    r.set_path(path);
+    r.set_size_bytes(4096);
+    r.set_checksum(std::string(64, 'a'));
+    grpc::ClientContext ctx;
+    Authorize(&ctx, worker_token_, Credential(cred), 10000);
+    v1::CheckpointReportResponse resp;
+    return Answer(stub_->ReportCheckpoint(&ctx, r, &resp));
+  }
+
+  // job ID: GetJob as the user.
+  std::string GetJob(std::istringstream& in) {
+    std::string id;
+    in >> id;
+    grpc::ClientContext ctx;
+    Authorize(&ctx, user_token_, "", 10000);
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::Job j;
+    grpc::Status s = stub_->GetJob(&ctx, req, &j);
+    if (!s.ok()) return Answer(s);
+    return "job " + std::to_string(j.state()) + " " + (j.owner().empty() ? "-" : j.owner()) + " " +
+           j.checkpoint_root();
+  }
+
+  // list TOKEN|-: one ListJobs page as the user.
+  std::string List(std::istringstream& in) {
+    std::string token;
+    in >> token;
+    grpc::ClientContext ctx;
+    Authorize(&ctx, user_token_, "", 10000);
+    v1::ListJobsRequest req;
+    req.set_page_size(1000);
+    req.set_page_token(token == "-" ? "" : token);
+    v1::ListJobsResponse resp;
+    grpc::Status s = stub_->ListJobs(&ctx, req, &resp);
+    if (!s.ok()) return Answer(s);
+    return "list " + std::to_string(resp.jobs_size()) + " " +
+           (resp.next_page_token().empty() ? "-" : resp.next_page_token());
+  }
+
+  // store get|set KEY own|none worker|user|none: a store call with that credential and token.
+  std::string Store(std::istringstream& in) {
+    std::string op, key, cred, token;
+    in >> op >> key >> cred >> token;
+    grpc::ClientContext ctx;
+    Authorize(&ctx, token == "worker" ? worker_token_ : token == "user" ? user_token_ : "", Credential(cred), 10000);
+    if (op == "get") {
+      v1::StoreGetRequest req;
+      req.set_key(key);
+      req.set_timeout_ms(100);
+      v1::StoreGetResponse resp;
+      return Answer(stub_->StoreGet(&ctx, req, &resp));
+    }
+    v1::StoreSetRequest req;
+    req.set_key(key);
+    req.set_value("planted by a hostile client");
+    v1::StoreSetResponse resp;
+    return Answer(stub_->StoreSet(&ctx, req, &resp));
+  }
+
+  // register escape|huge: a worker session whose host is hostile.
+  std::string Register(std::istringstream& in) {
+    std::string kind;
+    in >> kind;
+    grpc::ClientContext ctx;
+    Authorize(&ctx, worker_token_, "", 10000);
+    auto stream = stub_->WorkerSession(&ctx);
+    v1::WorkerMessage reg;
+    reg.mutable_register_()->set_host(kind == "huge" ? std::string(3 << 20, 'h') : "h\x1b]0;pwned\x07\x1b[2J");
+    reg.mutable_register_()->set_device("cpu");
+    stream->Write(reg);
+    stream->WritesDone();
+    v1::CoordinatorMessage m;
+    while (stream->Read(&m)) {
+    }
+    return Answer(stream->Finish());
+  }
+
+  // claim JOB RANK: a session that claims a rank it was not given.
+  std::string Claim(std::istringstream& in) {
+    std::string job;
+    int rank = 0;
+    in >> job >> rank;
+    claimant_ = std::make_unique<Session>(stub_.get(), worker_token_, "hostile-claim", job, rank);
+    return claimant_->ok() ? "sent" : "cannot open the claiming session: " + claimant_->Finish();
+  }
+
+  // progress JOB RANK STEP | finished JOB RANK: sent from a second session.
+  std::string SendAsSecondSession(const std::string& cmd, std::istringstream& in) {
+    if (!second_) {
+      second_ = std::make_unique<Session>(stub_.get(), worker_token_, "hostile-2");
+      if (!second_->ok()) return "cannot open a second session: " + second_->Finish();
+    }
+    v1::WorkerMessage m;
+    std::string job;
+    int rank = 0;
+    in >> job >> rank;
+    if (cmd == "progress") {
+      int64_t step = 0;
+      in >> step;
+      m.mutable_progress()->set_job_id(job);
+      m.mutable_progress()->set_rank(rank);
+      m.mutable_progress()->set_step(step);
+      m.mutable_progress()->set_loss(0.125);
+    } else {
+      m.mutable_finished()->set_job_id(job);
+      m.mutable_finished()->set_rank(rank);
+      m.mutable_finished()->set_ok(true);
+    }
+    return second_->Send(m) ? "sent" : "the second session is closed";
+  }
+
   std::string Credential(const std::string& which) const { return which == "own" ? a_.credential() : ""; }
 
   // Sets 1 MiB values until one is refused.
