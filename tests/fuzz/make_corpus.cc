@@ -21,6 +21,7 @@
 #include "common/model/hf_config.h"
 #include "common/model/lora_adapter.h"
 #include "common/model/safetensors.h"
+#include "tests/unit/job_files.h"
 #include "worker/data/token_file_header.h"
 
 namespace fs = std::filesystem;
@@ -60,30 +61,7 @@ void Die(const absl::Status& s) {
 }
 
 // ---- job files ----
-// tests/unit/job_config_test.cc's kGood.
-constexpr char kHybrid[] = R"([job]
-name = "gpt"
-workers = 2
-[model]
-n_layer = 2
-n_head = 4
-n_embd = 32
-vocab_size = 64
-block_size = 16
-[data]
-format = "synthetic"
-[train]
-steps = 5
-batch_size = 8
-micro_batch_size = 2
-[parallelism]
-strategy = "hybrid_shard"
-shard_group_size = 2
-[precision]
-param_dtype = "bf16"
-[prefetch]
-backward = "post"
-)";
+constexpr const char* kHybrid = test::kHybridJob;
 // deploy/local/demo.sh's job.
 constexpr char kDemo[] = R"([job]
 name = "fortunes-gpt"

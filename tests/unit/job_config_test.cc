@@ -9,33 +9,12 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "tests/unit/job_files.h"
+
 namespace shardline {
 namespace {
 
-constexpr char kGood[] = R"(
-[job]
-name = "gpt"
-workers = 2
-[model]
-n_layer = 2
-n_head = 4
-n_embd = 32
-vocab_size = 64
-block_size = 16
-[data]
-format = "synthetic"
-[train]
-steps = 5
-batch_size = 8
-micro_batch_size = 2
-[parallelism]
-strategy = "hybrid_shard"
-shard_group_size = 2
-[precision]
-param_dtype = "bf16"
-[prefetch]
-backward = "post"
-)";
+constexpr const char* kGood = test::kHybridJob;
 
 std::string ErrorOf(const std::string& text, int world = 2) {
   auto c = ParseJobConfig(text, "job.toml");
