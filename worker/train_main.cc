@@ -35,9 +35,9 @@
 #include "common/model/weight_source.h"
 #include "common/spec/job_spec.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/checkpoint/tensor_file.h"
 #include "worker/comm/groups.h"
 #include "worker/engine/engine.h"
-#include "worker/engine/tensor_file.h"
 #include "worker/run/collective_address.h"
 #include "worker/run/job_runner.h"
 

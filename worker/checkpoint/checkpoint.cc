@@ -18,7 +18,7 @@
 #include "common/base/file_util.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_export.h"
-#include "worker/engine/tensor_file.h"
+#include "worker/checkpoint/tensor_file.h"
 
 namespace shardline {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/engine/tensor_file.h"
+#include "worker/checkpoint/tensor_file.h"
 
 #include <fcntl.h>
 
