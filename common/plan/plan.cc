@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include "common/base/json_object.h"
 #include "common/base/ring_bytes.h"
 #include "common/base/status_macros.h"
 #include "common/model/model_shapes.h"
@@ -400,26 +400,41 @@ std::string PlanTable(const Plan& p) {
 }
 
 std::string PlanJson(const Plan& p) {
-  std::vector<std::string> rows;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const auto& s : p.strategies) {
-    rows.push_back(absl::StrFormat(
-        "{\"strategy\":\"%s\",\"shard_group\":%d,\"state_bytes\":%d,\"params_bytes\":%d,\"grads_bytes\":%d,"
-        "\"master_bytes\":%d,\"optimizer_bytes\":%d,\"transient_bytes\":%d,\"activation_bytes\":%d,"
-        "\"activation_bytes_checkpointed\":%d,\"peak_bytes\":%d,\"peak_bytes_checkpointed\":%d,\"fits\":%s,"
-        "\"fits_checkpointed\":%s,\"comm_bytes\":%d,\"compute_s\":%.6g,\"comm_s\":%.6g,\"exposed_comm_s\":%.6g,"
-        "\"optimizer_s\":%.6g,\"step_s\":%.6g,\"step_s_checkpointed\":%.6g,\"tokens_per_second\":%.6g}",
-        StrategyName(s.strategy), s.shard_group, s.state_bytes, s.params_bytes, s.grads_bytes, s.master_bytes,
-        s.optimizer_bytes, s.transient_bytes, s.activation_bytes, s.activation_bytes_checkpointed, s.peak_bytes,
-        s.peak_bytes_checkpointed, s.fits ? "true" : "false", s.fits_checkpointed ? "true" : "false", s.comm_bytes,
-        s.compute_s, s.comm_s, s.exposed_comm_s, s.optimizer_s, s.step_s, s.step_s_checkpointed,
-        s.tokens_per_second));
+    rows.push_back({{"strategy", StrategyName(s.strategy)},
+                    {"shard_group", s.shard_group},
+                    {"state_bytes", s.state_bytes},
+                    {"params_bytes", s.params_bytes},
+                    {"grads_bytes", s.grads_bytes},
+                    {"master_bytes", s.master_bytes},
+                    {"optimizer_bytes", s.optimizer_bytes},
+                    {"transient_bytes", s.transient_bytes},
+                    {"activation_bytes", s.activation_bytes},
+                    {"activation_bytes_checkpointed", s.activation_bytes_checkpointed},
+                    {"peak_bytes", s.peak_bytes},
+                    {"peak_bytes_checkpointed", s.peak_bytes_checkpointed},
+                    {"fits", s.fits},
+                    {"fits_checkpointed", s.fits_checkpointed},
+                    {"comm_bytes", s.comm_bytes},
+                    {"compute_s", FiniteOrNull(s.compute_s)},
+                    {"comm_s", FiniteOrNull(s.comm_s)},
+                    {"exposed_comm_s", FiniteOrNull(s.exposed_comm_s)},
+                    {"optimizer_s", FiniteOrNull(s.optimizer_s)},
+                    {"step_s", FiniteOrNull(s.step_s)},
+                    {"step_s_checkpointed", FiniteOrNull(s.step_s_checkpointed)},
+                    {"tokens_per_second", FiniteOrNull(s.tokens_per_second)}});
   }
-  return absl::StrFormat(
-      "{\"params\":%d,\"trainable_params\":%d,\"flops_per_token\":%.6g,\"tokens_per_step\":%d,\"micro_batches\":%d,\"strategies\":[%s],"
-      "\"recommended\":%s,\"recommended_checkpointing\":%s}",
-      p.params, p.trainable_params, p.flops_per_token, p.tokens_per_step, p.micro_batches, absl::StrJoin(rows, ","),
-      p.recommended.empty() ? "null" : absl::StrCat("\"", p.recommended, "\""),
-      p.recommended_checkpointing ? "true" : "false");
+  return nlohmann::ordered_json{{"params", p.params},
+                                {"trainable_params", p.trainable_params},
+                                {"flops_per_token", FiniteOrNull(p.flops_per_token)},
+                                {"tokens_per_step", p.tokens_per_step},
+                                {"micro_batches", p.micro_batches},
+                                {"strategies", rows},
+                                {"recommended", p.recommended.empty() ? nlohmann::ordered_json(nullptr)
+                                                                      : nlohmann::ordered_json(p.recommended)},
+                                {"recommended_checkpointing", p.recommended_checkpointing}}
+      .dump();
 }
 
 }  // namespace shardline
