@@ -66,6 +66,7 @@ class Client {
     if (!o.token_file.empty()) {
       SL_ASSIGN_OR_RETURN(c.token_, ReadTokenFile(o.token_file));
     }
+    c.token_file_ = o.token_file;
     c.stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, creds));
     c.address_ = o.coordinator;
     return c;
@@ -81,6 +82,13 @@ class Client {
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       return absl::UnavailableError(absl::StrCat("coordinator ", address_, " unavailable: ", s.error_message()));
     }
+    // Say where a token comes from, or which one was refused.
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "coordinator ", address_, ": ", s.error_message(),
+          token_.empty() ? "; shardctl sent none: pass --token-file FILE or set SHARDLINE_TOKEN_FILE"
+                         : absl::StrCat("; sent the token of ", Printable(token_file_))));
+    }
     return FromGrpcStatus(s);
   }
 
@@ -89,7 +97,7 @@ class Client {
 
  private:
   std::shared_ptr<v1::Coordinator::Stub> stub_;
-  std::string token_, address_;
+  std::string token_, token_file_, address_;
   bool json_ = false;
 };
 
@@ -299,11 +307,18 @@ void AddGlobalFlags(CLI::App& app, Args& a) {
   // Taken after the subcommand too: every subcommand (added after this)
   // hands what it does not know to its parent.
   app.fallthrough();
-  const char* env = std::getenv("SHARDLINE_COORDINATOR");
-  a.o.coordinator = env ? env : "127.0.0.1:50051";
+  // Each flag's default comes from the environment, so that a shell (or a
+  // recipe) sets them once.
+  auto from_env = [](const char* name, const char* otherwise) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : otherwise);
+  };
+  a.o.coordinator = from_env("SHARDLINE_COORDINATOR", "127.0.0.1:50051");
+  a.o.token_file = from_env("SHARDLINE_TOKEN_FILE", "");
+  a.o.tls_ca = from_env("SHARDLINE_TLS_CA", "");
   app.add_option("--coordinator", a.o.coordinator, "coordinator address (env SHARDLINE_COORDINATOR)");
-  app.add_option("--token-file", a.o.token_file, "file holding the coordinator's token");
-  app.add_option("--tls-ca", a.o.tls_ca, "PEM root certificate: connect with TLS");
+  app.add_option("--token-file", a.o.token_file, "file holding the coordinator's token (env SHARDLINE_TOKEN_FILE)");
+  app.add_option("--tls-ca", a.o.tls_ca, "PEM root certificate: connect with TLS (env SHARDLINE_TLS_CA)");
   app.add_flag("--json", a.o.json, "machine-readable output");
 }
 

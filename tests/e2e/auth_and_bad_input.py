@@ -92,11 +92,21 @@ def main():
     c.check(True, "a worker with the workers' token registers")
 
     rc, _, err = cl.ctl("jobs", token=False)
-    c.check(rc == 1 and "missing token" in err and one_line(err), "missing token refused", err.strip())
-    rc, _, err = cl.ctl("--token-file", cl.secret_file("wrong", "nope"), "jobs", token=False)
-    c.check(rc == 1 and "wrong token" in err, "wrong token refused", err.strip())
+    c.check(rc == 1 and "missing token" in err and one_line(err) and "--token-file" in err and
+            "SHARDLINE_TOKEN_FILE" in err, "missing token refused, naming the flag and the variable", err.strip())
+    wrong = cl.secret_file("wrong", "nope")
+    rc, _, err = cl.ctl("--token-file", wrong, "jobs", token=False)
+    c.check(rc == 1 and "wrong token" in err and wrong in err, "wrong token refused, naming its file", err.strip())
     rc, out, err = cl.ctl("jobs")
     c.check(rc == 0, "right token accepted", err.strip())
+    # The token file from the environment, as the README's recipe sets it once.
+    r = subprocess.run([cluster.SHARDCTL, "--coordinator", cl.address, "jobs"], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, SHARDLINE_TOKEN_FILE=cl.token_file))
+    c.check(r.returncode == 0, "SHARDLINE_TOKEN_FILE stands for --token-file", r.stderr.strip())
+    r = subprocess.run([cluster.SHARDCTL, "--coordinator", cl.address, "--token-file", wrong, "jobs"],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, SHARDLINE_TOKEN_FILE=cl.token_file))
+    c.check(r.returncode == 1 and "wrong token" in r.stderr, "--token-file wins over SHARDLINE_TOKEN_FILE",
+            r.stderr.strip())
 
     # A token file is its first line: a second line neither breaks nor leaks.
     rc, _, err = cl.ctl("--token-file", cl.secret_file("two-lines", "s3cret-token\nsecond line"), "jobs", token=False)
