@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
 #include "common/base/quoted.h"
+#include "common/model/hf_config.h"
 #include "common/model/model_shapes.h"
 #include "common/model/weight_source.h"
 #include "common/spec/job_spec.h"
@@ -111,6 +112,9 @@ std::string ManifestText(const CheckpointManifest& m) {
                        {"rope_original_max_position", l.rope_original_max_position}});
     if (l.max_position_embeddings > 0) j["model"]["max_position_embeddings"] = l.max_position_embeddings;
   }
+  // Where the model came from, for an HF export's tokenizer and token ids.
+  if (!m.model.hf_dir.empty()) j["model"]["hf_dir"] = m.model.hf_dir;
+  if (!m.model.special_token_ids.empty()) j["model"]["special_token_ids"] = json::parse(m.model.special_token_ids);
   if (m.lora.enabled) {
     j["lora"] = {{"rank", m.lora.rank}, {"alpha", m.lora.alpha}, {"target_modules", m.lora.target_modules},
                  {"base", LoraBaseName(m.lora.base)}, {"base_weights", m.base_weights}};
@@ -283,6 +287,14 @@ absl::StatusOr<CheckpointManifest> ParseManifest(const std::string& text, const 
       if (mo.contains("max_position_embeddings")) {
         l.max_position_embeddings = static_cast<int>(IntIn(mo, "max_position_embeddings", 0, 1 << 24));
       }
+    }
+    if (mo.contains("hf_dir")) m.model.hf_dir = mo.at("hf_dir").get<std::string>();
+    if (mo.contains("special_token_ids")) {  // manifests before it have none
+      const json& ids = mo.at("special_token_ids");
+      if (!ids.is_object() || ids.size() > 3) throw std::runtime_error("model.special_token_ids must be an object");
+      absl::StatusOr<std::string> text = SpecialTokenIds(ids, "model.special_token_ids");
+      if (!text.ok()) throw std::runtime_error(std::string(text.status().message()));
+      m.model.special_token_ids = *text;
     }
     if (j.contains("lora")) {
       const json& l = j.at("lora");

@@ -55,6 +55,10 @@ struct ModelConfig {
   double rope_scaling_factor = 8.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
   int rope_original_max_position = 8192;
   int max_position_embeddings = 0;  // from config.json (0: block_size); what an HF export declares
+  // From config.json: its bos_token_id, eos_token_id and pad_token_id (those
+  // it sets), as a JSON object's text ("" without hf_dir), which an HF export
+  // declares again so that generate() stops where the source model did.
+  std::string special_token_ids;
   bool is_llama() const { return family == "llama"; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_dim() const { return head_dim_override > 0 ? head_dim_override : n_embd / n_head; }

@@ -39,7 +39,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, family, n_layer, n_head, n_embd,
                                    hf_dir, explicit_keys, n_kv_head, intermediate_size, head_dim_override, rope_theta,
                                    rms_norm_eps, qkv_bias, qk_norm, tie_word_embeddings, rope_scaling,
                                    rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
-                                   rope_original_max_position, max_position_embeddings)
+                                   rope_original_max_position, max_position_embeddings, special_token_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TokenSource, paths, mask_paths)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataConfig, format, train, val)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, steps, batch_size, micro_batch_size, seed, eval_interval,

@@ -11,6 +11,7 @@
 #include "common/base/file_util.h"
 #include "common/base/json_object.h"
 #include "common/base/quoted.h"
+#include "common/base/status_macros.h"
 
 namespace shardline {
 
@@ -174,7 +175,28 @@ void ReadLlama(ConfigReader& r, const std::string& type, ModelConfig& m, int* ma
   }
 }
 
+// config.json's special token ids as an object's text: each an id, a list of
+// ids (several end tokens) or null, as transformers writes them.
 }  // namespace
+
+absl::StatusOr<std::string> SpecialTokenIds(const json& j, const std::string& file) {
+  json ids = json::object();
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (!j.contains(key)) continue;
+    const json& v = j.at(key);
+    bool ok = v.is_null() || v.is_number_unsigned() || (v.is_array() && v.size() <= 64);
+    if (v.is_array()) {
+      for (const json& e : v) ok = ok && e.is_number_unsigned();
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": ", key, " must be a token id, a list of at most 64 ids, or null"));
+    }
+    ids[key] = v;
+  }
+  return ids.empty() ? std::string() : ids.dump();
+}
+
 
 absl::Status ApplyHfConfig(JobConfig& c, const std::string& source) {
   ModelConfig& m = c.model;
@@ -211,6 +233,7 @@ absl::Status ApplyHfConfig(JobConfig& c, const std::string& source) {
                                                    " is not supported (gpt2, llama, mistral, qwen2, qwen3)"));
   }
   if (!r.status().ok()) return r.status();
+  SL_ASSIGN_OR_RETURN(m.special_token_ids, SpecialTokenIds(j, file));
   if (m.is_llama()) m.max_position_embeddings = max_positions;
   if (!m.explicit_keys.count("block_size")) m.block_size = std::min(m.block_size, max_positions);
   if (m.block_size > max_positions) {
@@ -255,6 +278,9 @@ std::string HfConfigJson(const ModelConfig& m, const std::string& torch_dtype) {
          {"bos_token_id", nullptr}, {"eos_token_id", nullptr}};
     if (type == "llama") j["mlp_bias"] = false;
   }
+  // The source's token ids (special_token_ids), so that generate() stops
+  // where the source model did.
+  if (!m.special_token_ids.empty()) j.update(json::parse(m.special_token_ids));
   j["dtype"] = torch_dtype;
   j["initializer_range"] = 0.02;
   return j.dump(2) + "\n";

@@ -18,6 +18,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/job/job_config.h"
@@ -34,6 +36,12 @@ absl::Status ApplyHfConfig(JobConfig& c, const std::string& source);
 // Whether transformers stores the engine parameter `name` transposed
 // (GPT-2's Conv1D weights).
 bool HfStoredTransposed(const ModelConfig& m, const std::string& name);
+
+// The bos_token_id, eos_token_id and pad_token_id that `object` (a
+// config.json, or a manifest's record of one) sets, as ModelConfig's
+// special_token_ids: each an id, a list of at most 64 ids, or null; another
+// value is an error naming `file` and the key.
+absl::StatusOr<std::string> SpecialTokenIds(const nlohmann::json& object, const std::string& file);
 
 // The config.json text for `m` with weights stored as `torch_dtype`
 // ("float32" or "bfloat16"): the architecture is Qwen3 for per-head q/k

@@ -16,11 +16,11 @@ namespace {
 // this platform (x86-64, libstdc++) when the list was last brought up to
 // date: a new field of any type but a bool that fits in padding changes it
 // and stops this test from compiling until both are updated.
-static_assert(sizeof(ModelConfig) == 272 && sizeof(TokenSource) == 48 && sizeof(DataConfig) == 104 &&
+static_assert(sizeof(ModelConfig) == 304 && sizeof(TokenSource) == 48 && sizeof(DataConfig) == 104 &&
                   sizeof(TrainConfig) == 40 && sizeof(OptimizerConfig) == 64 && sizeof(ParallelismConfig) == 12 &&
                   sizeof(PrecisionConfig) == 16 && sizeof(MemoryConfig) == 2 && sizeof(PrefetchConfig) == 12 &&
                   sizeof(LoraConfig) == 168 && sizeof(CheckpointConfig) == 56 && sizeof(RestartConfig) == 16 &&
-                  sizeof(JobConfig) == 808,
+                  sizeof(JobConfig) == 840,
               "a JobConfig struct changed: bring common/job/job_wire.cc's field lists and these sizes up to date");
 
 // Every field away from its default, so that one the wire drops shows.
@@ -41,6 +41,7 @@ JobConfig EveryFieldSet() {
   m.rope_scaling = "llama3";
   m.rope_scaling_factor = 32.0, m.rope_low_freq_factor = 2.0, m.rope_high_freq_factor = 8.0;
   m.rope_original_max_position = 4096, m.max_position_embeddings = 131072;
+  m.special_token_ids = R"({"bos_token_id":1,"eos_token_id":[2,7]})";
   c.data.format = DataFormat::kLlmc;
   c.data.train = {{"/d/a-*.bin", "/d/b.bin"}, {"/d/a.mask"}};
   c.data.val = {{"/d/val.bin"}, {"/d/val.mask"}};
