@@ -168,15 +168,14 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
   // Training prefetches as far ahead as max_inflight_all_gathers allows;
   // forward-only passes one unit ahead.
   const int lookahead = pass.train() ? U : 1;
+  const int max_inflight = config_.prefetch.max_inflight_all_gathers;
   for (int u = 0; u < U; ++u) {
     Unit& unit = units_[u];
     unit.Unshard(*comms_.shard);  // (unless prefetched)
     SL_RETURN_IF_ERROR(unit.Wait(waiter_));
     if (config_.prefetch.forward) {
-      for (int v = u + 1; v < U && v <= u + lookahead && inflight_gathers() < config_.prefetch.max_inflight_all_gathers;
-           ++v) {
-        Prefetch(v);
-      }
+      const int until = std::min(U, u + 1 + lookahead);
+      for (int v = u + 1; v < until && inflight_gathers() < max_inflight; ++v) Prefetch(v);
     }
     h = UnitForward(u, h, pass);
     // The embed unit stays gathered for the tied lm_head. Training runs the
