@@ -10,7 +10,8 @@
 // DIR/rank-<r>.json (per-step results, memory by kind, bytes and seconds per
 // collective) and rank 0 writes DIR/params.safetensors (the final fp32
 // parameters, nanoGPT names). --dump-grads FILE (world 1) instead computes
-// the gradients of step 0 and writes weights, batch, loss and gradients.
+// the gradients of step 0 and writes weights, batch, loss, gradients and the
+// engine's logits of the batch (Engine::Logits: its own forward schedule).
 #include <sys/resource.h>
 
 #include <cmath>

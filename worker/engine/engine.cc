@@ -264,9 +264,12 @@ absl::Status Engine::BackwardUnits(bool final_micro) {
 
 absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, bool final_micro,
                                      at::Tensor* loss) {
-  SL_ASSIGN_OR_RETURN(const at::Tensor out, ForwardUnits({ForwardPass::kTrain, y, loss_scale_}, x));
-  // Summed on the device; the host reads the loss once, at the step's end.
-  *loss = *loss + out.to(at::kDouble);
+  {
+    // (`out` shares the head's output storage: gone before backward frees it.)
+    SL_ASSIGN_OR_RETURN(const at::Tensor out, ForwardUnits({ForwardPass::kTrain, y, loss_scale_}, x));
+    // Summed on the device; the host reads the loss once, at the step's end.
+    *loss = *loss + out.to(at::kDouble);
+  }
   return BackwardUnits(final_micro);
 }
 

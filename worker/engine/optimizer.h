@@ -3,8 +3,8 @@
 // corrections, eps added after the bias-corrected sqrt), fused into a single
 // pass over the shard. Clipping enters as a scale on the gradient.
 //
-// AdamWState holds one shard's moments privately: only its Update changes
-// them, and checkpoints reach them through exp_avg() / exp_avg_sq().
+// AdamWState holds one shard's moments privately: Update steps them, and
+// checkpoints reach them through exp_avg() / exp_avg_sq().
 //
 // The learning-rate schedule of DESIGN.md: linear warmup, then cosine decay to
 // min_lr.
@@ -48,7 +48,8 @@ void AdamWUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::T
 
 // The AdamW state of one flat shard: its first and second moments (fp32,
 // the shard's length) and the ranges of it that get weight decay. The
-// moments change only through Update.
+// moments change only through Update and a checkpoint load (a copy into the
+// tensors exp_avg() / exp_avg_sq() return); nobody can replace them.
 // Not thread-safe: owned by a FlatParam, driven by the engine's step thread.
 class AdamWState {
  public:
