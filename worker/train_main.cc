@@ -10,7 +10,8 @@
 // DIR/rank-<r>.json (per-step results, memory by kind, bytes and seconds per
 // collective) and rank 0 writes DIR/params.safetensors (the final fp32
 // parameters, nanoGPT names). --dump-grads FILE (world 1) instead computes
-// the gradients of step 0 and writes weights, batch, loss and gradients.
+// the gradients of step 0 and writes weights, batch, loss, gradients and the
+// engine's logits of the batch (Engine::Logits: its own forward schedule).
 #include <sys/resource.h>
 
 #include <cmath>
@@ -19,7 +20,6 @@
 #include <iostream>
 
 #include <ATen/Parallel.h>
-#include <c10/core/GradMode.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -88,24 +88,14 @@ absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& pat
       t.emplace_back("grad." + p.spec.name, g.narrow(0, p.offset, p.spec.numel()).view(p.spec.shape).clone());
     }
   }
-  // The batch of step 0 and the logits of the first sequence's forward pass.
+  // The batch of step 0 and its logits.
   auto data = TokenDataset::Open(c.data.format, c.data.train, c.model.vocab_size, c.model.block_size, c.train.seed);
   if (!data.ok()) return data.status();
   at::Tensor x, y;
   (*data)->Batch(0, c.train.batch_size, 0, c.train.batch_size, &x, &y);
-  // Logits of the whole batch from the gathered weights, unit by unit.
-  {
-    c10::NoGradGuard no_grad;
-    std::vector<Weights> w(e.trainable_layouts().size());
-    size_t i = 0;
-    for (int u = 0; u < static_cast<int>(e.trainable_layouts().size()); ++u) {
-      for (size_t k = 0; k < e.trainable_layouts()[u].params.size(); ++k) w[u].push_back(params[i++].second);
-    }
-    const std::unique_ptr<ModelFamily> family = MakeModelFamily(c.model);
-    at::Tensor h = family->Embed(x, w[0]);
-    for (int u = 1; u <= c.model.n_layer; ++u) h = family->Block(h, w[u]);
-    t.emplace_back("logits", family->HeadLogits(h, w[model::HeadUnit(c.model)], w[0]));
-  }
+  // The engine's logits of the whole batch, through its own unit schedule.
+  SL_ASSIGN_OR_RETURN(const at::Tensor logits, e.Logits(x));
+  t.emplace_back("logits", logits.to(at::kFloat));
   t.emplace_back("batch.inputs", x);
   t.emplace_back("batch.targets", y);
   for (int s = 1; s < c.train.steps; ++s) {  // later steps' batches, for a reference run

@@ -17,10 +17,17 @@
 
 namespace shardline {
 
-struct Engine::UnitActivation {
-  at::Tensor input;   // what the unit was given (kept for recomputation)
-  at::Tensor leaf;    // the grad-requiring copy of input the graph starts at
-  at::Tensor output;  // the unit's output with its graph (unless recomputed)
+// What one pass of ForwardUnits computes.
+struct Engine::ForwardPass {
+  enum Kind {
+    kTrain,     // the loss, keeping activations for backward
+    kEvaluate,  // the loss, forward only
+    kLogits,    // the logits, forward only
+  };
+  Kind kind;
+  at::Tensor targets;      // kTrain, kEvaluate: on the device
+  double loss_scale = 0;   // kTrain, kEvaluate
+  bool train() const { return kind == kTrain; }
 };
 
 namespace {
@@ -71,6 +78,12 @@ absl::Status Engine::Init() {
   SL_ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> adapters, WeightSource::OpenAdapters(m, config_.lora));
   if (adapters) SL_RETURN_IF_ERROR(adapters->Check());
   for (int u = 0; u < model::NumUnits(m); ++u) SL_RETURN_IF_ERROR(InitUnit(u, weights.get(), adapters.get()));
+  for (const Unit& unit : units_) {
+    if (FlatParam* f = unit.trainable()) {
+      trainable_.push_back(f);
+      trainable_layouts_.push_back(f->layout());
+    }
+  }
   reduction_ = std::make_unique<GradReduction>(comms_.shard.get(), comms_.replicate.get(), &waiter_, &ledger_);
   init_peak_ = ledger_.peak();
   return device_->Synchronize(waiter_.timeout());
@@ -114,66 +127,33 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
   }
   SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(model::UnitName(m, u), model::UnitParams(m, u), base_group));
   SL_ASSIGN_OR_RETURN(std::unique_ptr<FlatParam> unit, make(std::move(layout), base, base_rank, weights, init_base));
-  units_.push_back(std::move(unit));
-  lora_targets_.push_back(model::LoraTargets(m, lora, u));
-  adapters_.emplace_back();
-  if (!lora.enabled) {
-    trainable_.push_back(units_.back().get());
-  } else if (!lora_targets_.back().empty()) {
+  std::vector<model::LoraTarget> targets = model::LoraTargets(m, lora, u);
+  std::unique_ptr<FlatParam> unit_adapters;
+  if (lora.enabled && !targets.empty()) {
     SL_ASSIGN_OR_RETURN(ShardLayout l,
                         MakeShardLayout(model::UnitName(m, u) + ".lora", model::AdapterParams(m, lora, u), G));
     auto init_adapters = [&](const ShardLayout& al, at::Tensor full) { InitAdapterUnit(al, config_.train.seed, full); };
-    SL_ASSIGN_OR_RETURN(adapters_.back(), make(std::move(l), opts, shard_rank, adapters, init_adapters));
-    trainable_.push_back(adapters_.back().get());
+    SL_ASSIGN_OR_RETURN(unit_adapters, make(std::move(l), opts, shard_rank, adapters, init_adapters));
   }
-  if (trainable_.size() > trainable_layouts_.size()) {
-    trainable_layouts_.push_back(trainable_.back()->layout());
-    decay_.push_back(DecayRanges(trainable_.back()->layout(), shard_rank));
-  }
+  units_.emplace_back(std::move(unit), std::move(unit_adapters), std::move(targets), lora.scaling());
   return absl::OkStatus();
 }
 
-BlockWeights Engine::BlockWeightsOf(int u) const {
-  BlockWeights w(units_[u]->weights());
-  if (!adapters_[u]) return w;
-  const Weights& a = adapters_[u]->weights();
-  w.lora.resize(w.base.size());
-  w.lora_scaling = config_.lora.scaling();
-  for (size_t t = 0; t < lora_targets_[u].size(); ++t) w.lora[lora_targets_[u][t].base_index] = {a[2 * t], a[2 * t + 1]};
-  return w;
-}
-
-// ---- unshard life cycle -------------------------------------------------
+// ---- prefetch -------------------------------------------------------------
 
 int Engine::inflight_gathers() const {
   int n = 0;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    n += units_[u]->state() == UnshardState::kGathering ||
-         (adapters_[u] && adapters_[u]->state() == UnshardState::kGathering);
-  }
+  for (const Unit& unit : units_) n += unit.gathering();
   return n;
-}
-
-absl::Status Engine::Unsharded(int u) {
-  units_[u]->Unshard(*comms_.shard);
-  if (adapters_[u]) adapters_[u]->Unshard(*comms_.shard);
-  SL_RETURN_IF_ERROR(units_[u]->WaitForUnshard(waiter_));
-  return adapters_[u] ? adapters_[u]->WaitForUnshard(waiter_) : absl::OkStatus();
 }
 
 void Engine::Prefetch(int u) {
   const int limit = config_.prefetch.max_inflight_all_gathers;
   if (u < 0 || u >= static_cast<int>(units_.size()) || inflight_gathers() >= limit) return;
-  if (units_[u]->state() == UnshardState::kSharded) units_[u]->Unshard(*comms_.shard);
-  if (adapters_[u] && adapters_[u]->state() == UnshardState::kSharded) adapters_[u]->Unshard(*comms_.shard);
+  units_[u].Unshard(*comms_.shard);
 }
 
-absl::Status Engine::Reshard(int u) {
-  SL_RETURN_IF_ERROR(units_[u]->Reshard());
-  return adapters_[u] ? adapters_[u]->Reshard() : absl::OkStatus();
-}
-
-// ---- forward and backward of one unit -----------------------------------
+// ---- the unit schedule ----------------------------------------------------
 
 void Engine::TrackActivation(const at::Tensor& t, bool add) {
   if (!t.defined()) return;
@@ -181,36 +161,68 @@ void Engine::TrackActivation(const at::Tensor& t, bool add) {
   activation_peak_ = std::max(activation_peak_, ledger_.current(MemKind::kActivations));
 }
 
-absl::Status Engine::Forward(int u, const at::Tensor& input, const at::Tensor& targets) {
+absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Tensor h) {
   const ModelConfig& m = config_.model;
-  UnitActivation& a = acts_[u];
-  a.input = input;
-  if (u == 0) {
-    a.output = family_->Embed(input, WeightsOf(0));
-  } else if (u == model::HeadUnit(m)) {
-    a.leaf = input.detach().requires_grad_(true);
-    a.output = family_->HeadLoss(a.leaf, WeightsOf(u), WeightsOf(0), targets, loss_scale_);
-  } else if (config_.memory.activation_checkpointing) {
-    c10::NoGradGuard no_grad;  // keep only the input; recompute in backward
-    a.output = family_->Block(input, BlockWeightsOf(u));
+  const int U = static_cast<int>(units_.size());
+  const int head = model::HeadUnit(m);
+  // Training prefetches as far ahead as max_inflight_all_gathers allows;
+  // forward-only passes one unit ahead.
+  const int lookahead = pass.train() ? U : 1;
+  const int max_inflight = config_.prefetch.max_inflight_all_gathers;
+  for (int u = 0; u < U; ++u) {
+    Unit& unit = units_[u];
+    unit.Unshard(*comms_.shard);  // (unless prefetched)
+    SL_RETURN_IF_ERROR(unit.Wait(waiter_));
+    if (config_.prefetch.forward) {
+      const int until = std::min(U, u + 1 + lookahead);
+      for (int v = u + 1; v < until && inflight_gathers() < max_inflight; ++v) Prefetch(v);
+    }
+    h = UnitForward(u, h, pass);
+    // The embed unit stays gathered for the tied lm_head. Training runs the
+    // head's backward next, so it keeps the head too.
+    if (model::IsBlock(m, u) || (u == head && !pass.train())) SL_RETURN_IF_ERROR(unit.Reshard());
+  }
+  if (!pass.train()) SL_RETURN_IF_ERROR(units_[0].Reshard());
+  return h;
+}
+
+at::Tensor Engine::UnitForward(int u, const at::Tensor& h, const ForwardPass& pass) {
+  if (!pass.train()) return UnitOutput(u, h, pass);  // (the caller holds no-grad)
+  // A checkpointed block keeps only its input and recomputes in backward.
+  const bool recompute = model::IsBlock(config_.model, u) && config_.memory.activation_checkpointing;
+  Unit::Activation a;
+  a.input = h;
+  if (recompute) {
+    c10::NoGradGuard no_grad;
+    a.output = UnitOutput(u, h, pass);
   } else {
-    a.leaf = input.detach().requires_grad_(true);
-    a.output = family_->Block(a.leaf, BlockWeightsOf(u));
+    if (u != 0) a.leaf = h.detach().requires_grad_(true);  // (token ids need no gradient)
+    a.output = UnitOutput(u, a.leaf.defined() ? a.leaf : h, pass);
   }
   TrackActivation(a.output, true);
-  return absl::OkStatus();
+  at::Tensor out = a.output.detach();
+  units_[u].Keep(std::move(a));
+  return out;
+}
+
+at::Tensor Engine::UnitOutput(int u, const at::Tensor& h, const ForwardPass& pass) const {
+  const Weights& embed = units_[0].weights();
+  if (u == 0) return family_->Embed(h, embed);
+  if (u != model::HeadUnit(config_.model)) return family_->Block(h, units_[u].block_weights());
+  if (pass.kind == ForwardPass::kLogits) return family_->HeadLogits(h, units_[u].weights(), embed);
+  return family_->HeadLoss(h, units_[u].weights(), embed, pass.targets, pass.loss_scale);
 }
 
 absl::Status Engine::Backward(int u, at::Tensor* grad) {
   const ModelConfig& m = config_.model;
-  UnitActivation& a = acts_[u];
-  units_[u]->EnsureGrad();  // (frozen units have none)
-  if (adapters_[u]) adapters_[u]->EnsureGrad();
-  if (u == model::HeadUnit(m) && m.tied()) units_[0]->EnsureGrad();  // the lm_head is the token embedding
+  Unit& unit = units_[u];
+  unit.EnsureGrads();  // (frozen FlatParams have none)
+  if (u == model::HeadUnit(m) && m.tied()) units_[0].base().EnsureGrad();  // the lm_head is the token embedding
+  Unit::Activation a = unit.Take();
   at::Tensor out = a.output;
   if (model::IsBlock(m, u) && config_.memory.activation_checkpointing) {
     a.leaf = a.input.detach().requires_grad_(true);
-    out = family_->Block(a.leaf, BlockWeightsOf(u));
+    out = family_->Block(a.leaf, unit.block_weights());
   }
   if (grad->defined()) {
     out.backward(*grad);
@@ -219,55 +231,46 @@ absl::Status Engine::Backward(int u, at::Tensor* grad) {
   }
   TrackActivation(a.output, false);
   *grad = a.leaf.defined() ? a.leaf.grad() : at::Tensor();
-  a = UnitActivation{};
   return absl::OkStatus();
 }
 
-absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, bool final_micro,
-                                     at::Tensor* loss) {
+absl::Status Engine::BackwardUnits(bool final_micro) {
   const ModelConfig& m = config_.model;
   const int U = static_cast<int>(units_.size());
-  const int head = model::HeadUnit(m);
-  acts_.assign(U, UnitActivation{});
-  at::Tensor h = x;
-  for (int u = 0; u < U; ++u) {
-    SL_RETURN_IF_ERROR(Unsharded(u));
-    if (config_.prefetch.forward) {
-      for (int v = u + 1; v < U && inflight_gathers() < config_.prefetch.max_inflight_all_gathers; ++v) Prefetch(v);
-    }
-    SL_RETURN_IF_ERROR(Forward(u, h, y));
-    if (u != head) h = acts_[u].output.detach();
-    // The embed unit stays gathered for the tied lm_head; the head unit runs
-    // backward next, so neither is freed after forward.
-    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(Reshard(u));
-  }
-  // Summed on the device; the host reads the loss once, at the step's end.
-  *loss = *loss + acts_[head].output.detach().to(at::kDouble);
   at::Tensor grad;
   const BackwardPrefetch bp = config_.prefetch.backward;
   // Under LoRA the frozen embedding needs no backward at all.
   const int last = config_.lora.enabled ? 1 : 0;
   for (int u = U - 1; u >= last; --u) {
-    SL_RETURN_IF_ERROR(Unsharded(u));
+    Unit& unit = units_[u];
+    unit.Unshard(*comms_.shard);  // (unless prefetched)
+    SL_RETURN_IF_ERROR(unit.Wait(waiter_));
     if (bp == BackwardPrefetch::kPre && u - 1 >= 1) Prefetch(u - 1);
     SL_RETURN_IF_ERROR(Backward(u, &grad));
     if (bp == BackwardPrefetch::kPost && u - 1 >= 1) Prefetch(u - 1);
-    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(Reshard(u));
+    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(unit.Reshard());
     // The last micro-batch reduces each unit as soon as its gradient is
     // complete; earlier ones accumulate locally (no communication).
     // (The embed unit comes last, after the tied lm_head added to wte.)
     if (final_micro) {
-      for (FlatParam* f : {units_[u].get(), adapters_[u].get()}) {
-        if (f && f->trainable()) reduction_->Start(f);
-      }
+      if (FlatParam* f = unit.trainable()) reduction_->Start(f);
       SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false));
     }
   }
-  for (int u = 0; u < last; ++u) TrackActivation(acts_[u].output, false);  // (no backward ran)
-  acts_.clear();
-  SL_RETURN_IF_ERROR(Reshard(0));
-  SL_RETURN_IF_ERROR(Reshard(head));
-  return absl::OkStatus();
+  for (int u = 0; u < last; ++u) TrackActivation(units_[u].Take().output, false);  // (no backward ran)
+  SL_RETURN_IF_ERROR(units_[0].Reshard());
+  return units_[model::HeadUnit(m)].Reshard();
+}
+
+absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, bool final_micro,
+                                     at::Tensor* loss) {
+  {
+    // (`out` shares the head's output storage: gone before backward frees it.)
+    SL_ASSIGN_OR_RETURN(const at::Tensor out, ForwardUnits({ForwardPass::kTrain, y, loss_scale_}, x));
+    // Summed on the device; the host reads the loss once, at the step's end.
+    *loss = *loss + out.to(at::kDouble);
+  }
+  return BackwardUnits(final_micro);
 }
 
 // ---- norm, optimizer, step ----------------------------------------------
@@ -276,7 +279,7 @@ absl::StatusOr<at::Tensor> Engine::GradNormSquared() {
   // Every shard group holds the whole (reduced) gradient once, so the sum of
   // squares over the shard group is the global one.
   at::Tensor sq = device_->Zeros(1, at::kDouble);
-  for (const FlatParam* f : trainable_) sq.add_(f->grad_shard.to(at::kDouble).square().sum());
+  for (const FlatParam* f : trainable_) sq.add_(f->grad_shard().to(at::kDouble).square().sum());
   if (comms_.shard->size() > 1) SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sq)));
   return sq;
 }
@@ -307,11 +310,7 @@ absl::Status Engine::OptimizerStep(int64_t step, double lr, const at::Tensor& cl
   s.eps = o.eps;
   s.weight_decay = o.weight_decay;
   s.step = step + 1;
-  for (size_t i = 0; i < trainable_.size(); ++i) {
-    FlatParam& f = *trainable_[i];
-    AdamWUpdate(s, decay_[i], f.master, f.exp_avg, f.exp_avg_sq, f.grad_shard, clip_coef);
-    f.PublishMaster();
-  }
+  for (FlatParam* f : trainable_) f->OptimizerStep(s, clip_coef);
   return AllGatherPersistentParams();
 }
 
@@ -411,9 +410,7 @@ absl::StatusOr<double> Engine::Evaluate() {
   const Device::ComputeScope on_device(*device_);
   c10::NoGradGuard no_grad;
   const TrainConfig& t = config_.train;
-  const ModelConfig& m = config_.model;
   const int per_rank = t.batch_size / world_;
-  const int U = static_cast<int>(units_.size()), head = model::HeadUnit(m);
   int64_t counted = 0;
   for (int b = 0; b < t.eval_batches; ++b) counted += val_->CountedTargets(b, t.batch_size);
   const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, counted));
@@ -422,20 +419,9 @@ absl::StatusOr<double> Engine::Evaluate() {
     for (int mb = 0; mb < per_rank / t.micro_batch_size; ++mb) {
       at::Tensor x, y;
       val_->Batch(b, t.batch_size, rank_ * per_rank + mb * t.micro_batch_size, t.micro_batch_size, &x, &y);
-      at::Tensor h = device_->FromHost(x);
-      for (int u = 0; u < U; ++u) {
-        SL_RETURN_IF_ERROR(Unsharded(u));
-        if (config_.prefetch.forward && u + 1 < U) Prefetch(u + 1);
-        if (u == 0) {
-          h = family_->Embed(h, WeightsOf(0));
-        } else if (u == head) {
-          loss.add_(family_->HeadLoss(h, WeightsOf(u), WeightsOf(0), device_->FromHost(y), scale).to(at::kDouble));
-        } else {
-          h = family_->Block(h, BlockWeightsOf(u));
-        }
-        if (model::IsBlock(m, u) || u == head) SL_RETURN_IF_ERROR(Reshard(u));
-      }
-      SL_RETURN_IF_ERROR(Reshard(0));
+      const ForwardPass pass{ForwardPass::kEvaluate, device_->FromHost(y), scale};
+      SL_ASSIGN_OR_RETURN(const at::Tensor out, ForwardUnits(pass, device_->FromHost(x)));
+      loss.add_(out.to(at::kDouble));
     }
   }
   SL_RETURN_IF_ERROR(SumOverWorld(loss));
@@ -466,11 +452,19 @@ absl::Status Engine::PublishLoadedState() {
   return SyncHost();
 }
 
+absl::StatusOr<at::Tensor> Engine::Logits(const at::Tensor& inputs) {
+  const Device::ComputeScope on_device(*device_);
+  c10::NoGradGuard no_grad;
+  SL_ASSIGN_OR_RETURN(const at::Tensor logits, ForwardUnits({ForwardPass::kLogits}, device_->FromHost(inputs)));
+  SL_RETURN_IF_ERROR(SyncHost());
+  return logits.to(at::kCPU);
+}
+
 absl::StatusOr<at::Tensor> Engine::GatherUnitMaster(int i) {
   const Device::ComputeScope on_device(*device_);
   FlatParam& f = *trainable_[i];
   at::Tensor out = device_->Zeros(f.layout().padded_numel, at::kFloat);
-  SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.shard->AllGather(out, f.master)));
+  SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.shard->AllGather(out, f.master())));
   return out.to(at::kCPU);
 }
 

@@ -3,6 +3,10 @@
 // free, reduce-scatter; clip; optimizer on the local shard) on its Device and
 // counts what it holds and moves.
 //
+// The model is a list of Units (unit.h): each unit's FlatParams, gathered,
+// used and freed together. One forward schedule over them (ForwardUnits:
+// gather, prefetch, compute, free) serves training, evaluation and Logits.
+//
 // Groups and communicators come from worker/comm/groups.h; the engine never
 // knows which backend runs. On a CUDA device the step computes on the
 // device's compute stream, orders it after collectives with device-side
@@ -43,6 +47,7 @@
 #include "worker/engine/flat_param.h"
 #include "worker/engine/grad_reduction.h"
 #include "worker/engine/optimizer.h"
+#include "worker/engine/unit.h"
 #include "worker/model/family.h"
 
 namespace shardline {
@@ -128,7 +133,7 @@ class Engine {
   // holds the reduced (unclipped) gradient.
   absl::StatusOr<double> ComputeGradients(int64_t step);
   // Trainable unit `i` (an index into trainable_layouts()).
-  const at::Tensor& GradShard(int i) const { return trainable_[i]->grad_shard; }
+  const at::Tensor& GradShard(int i) const { return trainable_[i]->grad_shard(); }
   const Device& device() const { return *device_; }
 
   int rank() const { return rank_; }
@@ -154,15 +159,19 @@ class Engine {
   };
   ShardState Shard(int i) const {
     const FlatParam& f = *trainable_[i];
-    return {f.master, f.exp_avg, f.exp_avg_sq};
+    return {f.master(), f.optimizer()->exp_avg(), f.optimizer()->exp_avg_sq()};
   }
   int shard_rank() const { return comms_.shard->rank(); }
   // After the shards' master values were replaced (a checkpoint was loaded):
   // refresh the parameters every rank computes with. All ranks must call it.
   absl::Status PublishLoadedState();
+  // The logits [B, T, vocab] of `inputs` (token ids [B, T], on the host),
+  // forward only through the same unit schedule as training, in the compute
+  // dtype; returned on the host. Every rank of the shard group must call it.
+  absl::StatusOr<at::Tensor> Logits(const at::Tensor& inputs);
 
  private:
-  struct UnitActivation;
+  struct ForwardPass;
 
   Engine(const JobConfig& config, int rank, int world, std::shared_ptr<const Device> device, Communicators comms,
          absl::Duration timeout);
@@ -171,19 +180,23 @@ class Engine {
   // reduction; returns this rank's summed loss as a device scalar (fp64).
   absl::StatusOr<at::Tensor> ForwardBackwardAll(int64_t step);
   absl::Status ForwardBackward(const at::Tensor& x, const at::Tensor& y, bool final_micro, at::Tensor* loss);
-  absl::Status Forward(int u, const at::Tensor& input, const at::Tensor& targets);
+  // The one forward schedule: for each unit in order, unshard and wait,
+  // prefetch the next, compute, reshard what no backward needs. Returns the
+  // head's output without its graph: the scaled loss sum, or the logits.
+  absl::StatusOr<at::Tensor> ForwardUnits(const ForwardPass& pass, at::Tensor h);
+  // Unit u's output for input h; training keeps what backward needs.
+  at::Tensor UnitForward(int u, const at::Tensor& h, const ForwardPass& pass);
+  at::Tensor UnitOutput(int u, const at::Tensor& h, const ForwardPass& pass) const;
+  // Backward of every unit in reverse order (after ForwardUnits' training
+  // pass); the last micro-batch starts each unit's gradient reduction.
+  absl::Status BackwardUnits(bool final_micro);
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
   absl::Status InitUnit(int u, const WeightSource* weights, const WeightSource* adapters);
-  Weights WeightsOf(int u) const { return units_[u]->weights(); }
-  BlockWeights BlockWeightsOf(int u) const;
 
-  // The unshard life cycle of a unit (its base and its adapters) as the
-  // schedule uses it (FlatParam owns it).
-  absl::Status Unsharded(int u);  // unshard (unless prefetched) and wait
+  // Starts unit u's all-gathers unless max_inflight_all_gathers are in flight.
   void Prefetch(int u);
-  absl::Status Reshard(int u);
   int inflight_gathers() const;
 
   // Squared global gradient norm (fp64 device scalar), summed over the shard group.
@@ -204,16 +217,12 @@ class Engine {
   CommWaiter waiter_;
   std::unique_ptr<TokenDataset> data_;
   std::unique_ptr<TokenDataset> val_;  // null without [data] val_path
-  // Per model unit: its parameters (frozen under LoRA) and its adapters
-  // (null without). trainable_ lists what trains, in trainable_layouts_'s
-  // order, with decay_ for each.
-  std::vector<std::unique_ptr<FlatParam>> units_;
-  std::vector<std::unique_ptr<FlatParam>> adapters_;
-  std::vector<std::vector<model::LoraTarget>> lora_targets_;
+  std::vector<Unit> units_;  // in model order
+  // Derived from units_ once they are built (Init): each unit's trainable
+  // FlatParam in unit order (the order of checkpoints and the optimizer),
+  // and its layout.
   std::vector<FlatParam*> trainable_;
   std::vector<ShardLayout> trainable_layouts_;
-  std::vector<std::vector<DecayRange>> decay_;
-  std::vector<UnitActivation> acts_;
   std::unique_ptr<GradReduction> reduction_;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;

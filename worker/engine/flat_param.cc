@@ -77,39 +77,41 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
   }
   if (!trainable) {
     if (!options_.persistent_params) {
-      param_shard = NewTensor(shard, options_.param_dtype, MemKind::kParams);
-      param_shard.copy_(OwnChunk(unsharded_));
+      param_shard_ = NewTensor(shard, options_.param_dtype, MemKind::kParams);
+      param_shard_.copy_(OwnChunk(unsharded_));
       FreeUnsharded();
     }
     state_ = options_.persistent_params ? UnshardState::kUnsharded : UnshardState::kSharded;
     return;
   }
-  exp_avg = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
-  exp_avg_sq = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
+  at::Tensor exp_avg = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
+  at::Tensor exp_avg_sq = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
+  optimizer_ = std::make_unique<AdamWState>(std::move(exp_avg), std::move(exp_avg_sq),
+                                            DecayRanges(layout_, shard_rank_));
   // Where parameters are fp32 the master copy would hold the same values, so
   // it is this rank's chunk of the parameters themselves (ZeRO 0-2) or the
   // parameter shard (ZeRO-3), as DDP and DeepSpeed do without mixed precision.
   const bool fp32 = options_.param_dtype == at::kFloat;
   if (fp32 && options_.persistent_params) {
-    master = OwnChunk(unsharded_);
+    master_ = OwnChunk(unsharded_);
   } else {
-    master = NewTensor(shard, at::kFloat, MemKind::kMaster);
-    master.copy_(init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard));
+    master_ = NewTensor(shard, at::kFloat, MemKind::kMaster);
+    master_.copy_(init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard));
   }
   if (options_.persistent_params) {
     state_ = UnshardState::kUnsharded;
   } else {
-    param_shard = options_.param_dtype == at::kFloat ? master
-                                                     : NewTensor(shard, options_.param_dtype, MemKind::kParams);
-    if (!param_shard.is_same(master)) param_shard.copy_(master);
+    param_shard_ = options_.param_dtype == at::kFloat ? master_
+                                                       : NewTensor(shard, options_.param_dtype, MemKind::kParams);
+    if (!param_shard_.is_same(master_)) param_shard_.copy_(master_);
     FreeUnsharded();
   }
   // The optimizer reads grad_shard. Where grad_full persists in the reduce
   // dtype, the reduce-scatter leaves the result in grad_full's own chunk.
   if (options_.persistent_grads && options_.reduce_dtype == options_.param_dtype) {
-    grad_shard = OwnChunk(grad_full_);
+    grad_shard_ = OwnChunk(grad_full_);
   } else {
-    grad_shard = NewTensor(shard, options_.reduce_dtype, MemKind::kGrads).zero_();
+    grad_shard_ = NewTensor(shard, options_.reduce_dtype, MemKind::kGrads).zero_();
   }
   if (!options_.persistent_grads) FreeGrad();
 }
@@ -138,7 +140,7 @@ void FlatParam::FreeUnsharded() {
 void FlatParam::Unshard(comm::Communicator& shard_group) {
   if (state_ != UnshardState::kSharded) return;
   AllocUnsharded();
-  gather_ = shard_group.AllGather(unsharded_, param_shard);
+  gather_ = shard_group.AllGather(unsharded_, param_shard_);
   state_ = UnshardState::kGathering;
 }
 
@@ -193,10 +195,16 @@ void FlatParam::ZeroGrad() {
   }
 }
 
+void FlatParam::OptimizerStep(const AdamWStep& s, const at::Tensor& clip_coef) {
+  if (!trainable()) return;
+  optimizer_->Update(s, master_, grad_shard_, clip_coef);
+  PublishMaster();
+}
+
 void FlatParam::PublishMaster() {
   if (!trainable()) return;
-  at::Tensor target = param_shard.defined() ? param_shard : OwnChunk(unsharded_);
-  if (target.data_ptr() != master.data_ptr()) target.copy_(master);
+  at::Tensor target = param_shard_.defined() ? param_shard_ : OwnChunk(unsharded_);
+  if (target.data_ptr() != master_.data_ptr()) target.copy_(master_);
 }
 
 }  // namespace shardline

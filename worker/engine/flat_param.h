@@ -1,8 +1,9 @@
 // FlatParam: every tensor the engine keeps for one unit, and the explicit
 // state of its unsharded parameters.
 //
-//   master, exp_avg, exp_avg_sq   fp32 [shard]   this rank's optimizer state
+//   master                        fp32 [shard]   this rank's master parameters
 //                                 (in fp32, master aliases the parameters)
+//   optimizer                     AdamWState: Adam's m and v, fp32 [shard]
 //   param_shard                   param dtype [shard]   all-gather input
 //                                 (ZeRO-3 family only; aliases master in fp32)
 //   unsharded                     param dtype [padded]  the gathered unit
@@ -42,6 +43,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -52,6 +54,7 @@
 #include "worker/comm/comm_waiter.h"
 #include "worker/comm/communicator.h"
 #include "worker/device/device.h"
+#include "worker/engine/optimizer.h"
 
 namespace shardline {
 
@@ -124,13 +127,21 @@ class FlatParam {
   at::Tensor OwnChunk(const at::Tensor& full) const {
     return full.narrow(0, layout_.ShardOffset(shard_rank_), layout_.shard_numel);
   }
-  // After the optimizer changed master: refresh param_shard (ZeRO-3) or this
-  // rank's chunk of the persistent unsharded buffer (ZeRO 0-2).
+  // After master changed (an optimizer step, a loaded checkpoint): refresh
+  // param_shard (ZeRO-3) or this rank's chunk of the persistent unsharded
+  // buffer (ZeRO 0-2).
   void PublishMaster();
+  // One AdamW step of this rank's shard from grad_shard (times `clip_coef`,
+  // an fp32 scalar on the device), then PublishMaster. Trainable only.
+  void OptimizerStep(const AdamWStep& s, const at::Tensor& clip_coef);
 
-  at::Tensor master, exp_avg, exp_avg_sq;
-  at::Tensor param_shard;  // defined for sharded-params strategies
-  at::Tensor grad_shard;
+  // This rank's state, trainable FlatParams only (undefined or null when
+  // frozen). The tensors are the live ones: a checkpoint loads by copying
+  // into them (then PublishMaster); the reduction writes grad_shard.
+  const at::Tensor& master() const { return master_; }
+  const at::Tensor& grad_shard() const { return grad_shard_; }
+  const AdamWState* optimizer() const { return optimizer_.get(); }
+
   const at::Tensor& unsharded() const { return unsharded_; }
   const at::Tensor& grad_full() const { return grad_full_; }
   const std::vector<at::Tensor>& weights() const { return weights_; }
@@ -147,6 +158,9 @@ class FlatParam {
   const Device& device_;
   MemoryLedger* const ledger_;
   at::Tensor unsharded_, grad_full_;
+  at::Tensor master_, grad_shard_;
+  at::Tensor param_shard_;  // defined for sharded-params strategies
+  std::unique_ptr<AdamWState> optimizer_;
   std::vector<at::Tensor> weights_;
   UnshardState state_ = UnshardState::kSharded;
   std::shared_ptr<comm::Work> gather_;  // while kGathering

@@ -8,17 +8,17 @@ void GradReduction::Start(FlatParam* unit) {
   Pending p;
   p.unit = unit;
   at::Tensor src = unit->grad_full();
-  if (src.scalar_type() != unit->grad_shard.scalar_type()) {
-    p.cast = src.to(unit->grad_shard.scalar_type());
+  if (src.scalar_type() != unit->grad_shard().scalar_type()) {
+    p.cast = src.to(unit->grad_shard().scalar_type());
     ledger_->Add(MemKind::kGrads, p.cast.nbytes());
     src = p.cast;
   }
-  p.reduce_scatter = shard_->ReduceScatter(unit->grad_shard, src);
+  p.reduce_scatter = shard_->ReduceScatter(unit->grad_shard(), src);
   // On the device, the all-reduce follows the reduce-scatter on the same
   // stream, issued now: every rank issues RS1 AR1 RS2 AR2 ... whatever the
   // timing (communicator.h, ordered_on_device).
   if (replicate_->size() > 1 && replicate_->ordered_on_device()) {
-    p.all_reduce = replicate_->AllReduce(unit->grad_shard);
+    p.all_reduce = replicate_->AllReduce(unit->grad_shard());
   }
   pending_.push_back(std::move(p));
 }
@@ -39,7 +39,7 @@ absl::Status GradReduction::Pump(bool wait_all) {
     // On the host (Gloo), the all-reduce may start only once the shard holds
     // the reduce-scatter's result; the replicate communicator has its own
     // connections, so its ops need only keep their order among themselves.
-    if (replicate_->size() > 1 && !p.all_reduce) p.all_reduce = replicate_->AllReduce(p.unit->grad_shard);
+    if (replicate_->size() > 1 && !p.all_reduce) p.all_reduce = replicate_->AllReduce(p.unit->grad_shard());
   }
   if (!wait_all) return absl::OkStatus();
   for (Pending& p : pending_) {

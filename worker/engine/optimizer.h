@@ -3,11 +3,15 @@
 // corrections, eps added after the bias-corrected sqrt), fused into a single
 // pass over the shard. Clipping enters as a scale on the gradient.
 //
+// AdamWState holds one shard's moments privately: Update steps them, and
+// checkpoints reach them through exp_avg() / exp_avg_sq().
+//
 // The learning-rate schedule of DESIGN.md: linear warmup, then cosine decay to
 // min_lr.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -41,5 +45,34 @@ struct AdamWStep {
 // clip_grad_norm_ does.
 void AdamWUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::Tensor param,
                  at::Tensor exp_avg, at::Tensor exp_avg_sq, const at::Tensor& grad, const at::Tensor& clip_coef);
+
+// The AdamW state of one flat shard: its first and second moments (fp32,
+// the shard's length) and the ranges of it that get weight decay. The
+// moments change only through Update and a checkpoint load (a copy into the
+// tensors exp_avg() / exp_avg_sq() return); nobody can replace them.
+// Not thread-safe: owned by a FlatParam, driven by the engine's step thread.
+class AdamWState {
+ public:
+  // `exp_avg` and `exp_avg_sq`: the shard's zeroed moments, allocated (and
+  // counted) by the owner; `decay`: DecayRanges of the shard.
+  AdamWState(at::Tensor exp_avg, at::Tensor exp_avg_sq, std::vector<DecayRange> decay)
+      : exp_avg_(std::move(exp_avg)), exp_avg_sq_(std::move(exp_avg_sq)), decay_(std::move(decay)) {}
+
+  // One AdamW step of `param` (the fp32 master shard) from `grad` times
+  // `clip_coef` (AdamWUpdate).
+  void Update(const AdamWStep& s, const at::Tensor& param, const at::Tensor& grad, const at::Tensor& clip_coef) {
+    AdamWUpdate(s, decay_, param, exp_avg_, exp_avg_sq_, grad, clip_coef);
+  }
+
+  // The live moments, for checkpoints: saving reads them, loading copies
+  // into them (in place; the tensors themselves are never replaced).
+  const at::Tensor& exp_avg() const { return exp_avg_; }
+  const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+  const std::vector<DecayRange>& decay() const { return decay_; }
+
+ private:
+  const at::Tensor exp_avg_, exp_avg_sq_;
+  const std::vector<DecayRange> decay_;
+};
 
 }  // namespace shardline
