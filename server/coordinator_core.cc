@@ -203,8 +203,8 @@ CoordinatorCore::JobRecord* CoordinatorCore::RankOfSession(const std::string& wo
   // The session must hold that rank of the running attempt: a worker that
   // reconnects still running an earlier attempt holds none.
   if (w != nullptr && it != jobs_.end() && JobOf(it->second).state() == v1::JOB_STATE_RUNNING &&
-      w->info.state() == v1::WORKER_STATE_BUSY && w->info.job_id() == job_id && w->info.rank() == rank && rank >= 0 && rank < JobOf(it->second).worker_ids_size() &&
-      JobOf(it->second).worker_ids(rank) == worker_id) {
+      w->info.state() == v1::WORKER_STATE_BUSY && w->info.job_id() == job_id && w->info.rank() == rank &&
+      rank >= 0 && rank < JobOf(it->second).worker_ids_size() && JobOf(it->second).worker_ids(rank) == worker_id) {
     return &it->second;
   }
   // A late message about a job that already ended is no attack; a session

@@ -200,6 +200,8 @@ class CoordinatorCore {
   // of Job.message, in one note of at most this many bytes (" [state not
   // saved: <cause>]", the latest failure's), gone once a write succeeds.
   static constexpr size_t kMaxUnsavedNoteBytes = 512;
+  // Ends a job that has not ended (CANCELLED; a running one's ranks are told
+  // to stop); FailedPrecondition if it already ended.
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   // Forgets a job that has ended: its record, and with `checkpoints` its
   // committed and interrupted step directories (the count removed). A
@@ -379,6 +381,10 @@ class CoordinatorCore {
   // Assigns r's `world` ranks to `idle` workers (at least that many) and
   // starts an attempt, from the newest committed checkpoint if there is one.
   void StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int world) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a restart's attempt starts from `first_step`: the last attempt's
+  // interrupted saves go, and what the restart cost is counted
+  // (Attempt.lost_seconds, CoreEvents::job_restarted).
+  void CloseLastAttempt(JobRecord& r, int64_t first_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a job's record (and with `checkpoints` its step directories).
   absl::StatusOr<int> Forget(JobRecord& r, bool checkpoints) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies keep_finished_jobs and keep_finished_for.

@@ -199,6 +199,23 @@ Scheduler::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
   return Scheduler::StartOutcome::kWaitsForIdle;
 }
 
+void CoordinatorCore::CloseLastAttempt(JobRecord& r, int64_t first_step) {
+  v1::Job& j = JobOf(r);
+  // Saves the last attempt left half-written are no checkpoints; its ranks
+  // have all stopped (TryStart waited for them).
+  committer_.DropReports(j.id());
+  committer_.RemoveInterruptedSaves(j, INT64_MAX);
+  v1::Attempt& last = *j.mutable_attempts(j.attempts_size() - 1);
+  const int64_t ran = last.last_step() - last.first_step();
+  const double seconds = (last.ended_unix_ms() - last.started_unix_ms()) / 1e3;
+  if (ran > 0 && last.last_step() > first_step) {
+    last.set_lost_seconds(seconds * static_cast<double>(last.last_step() - std::max(first_step, last.first_step())) /
+                          static_cast<double>(ran));
+  }
+  const double down = (absl::ToUnixMillis(Now()) - last.ended_unix_ms()) / 1e3;
+  if (options_.events.job_restarted) options_.events.job_restarted(last.lost_seconds() + std::max(0.0, down));
+}
+
 void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int world) {
   v1::Job& j = JobOf(r);
   // Ranks are stable: by host, then device, then registration order; ranks
@@ -218,21 +235,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
     if (m.ok()) first_step = m->step;
   }
   const bool restart = j.attempts_size() > 0;
-  if (restart) {
-    // Saves the last attempt left half-written are no checkpoints; its ranks
-    // have all stopped (TryStart waited for them).
-    committer_.DropReports(j.id());
-    committer_.RemoveInterruptedSaves(j, INT64_MAX);
-    v1::Attempt& last = *j.mutable_attempts(j.attempts_size() - 1);
-    const int64_t ran = last.last_step() - last.first_step();
-    const double seconds = (last.ended_unix_ms() - last.started_unix_ms()) / 1e3;
-    if (ran > 0 && last.last_step() > first_step) {
-      last.set_lost_seconds(seconds * static_cast<double>(last.last_step() - std::max(first_step, last.first_step())) /
-                            static_cast<double>(ran));
-    }
-    const double down = (absl::ToUnixMillis(Now()) - last.ended_unix_ms()) / 1e3;
-    if (options_.events.job_restarted) options_.events.job_restarted(last.lost_seconds() + std::max(0.0, down));
-  }
+  if (restart) CloseLastAttempt(r, first_step);
   if (r.config.parallelism.auto_strategy) PickStrategy(r, idle, world);
   j.clear_worker_ids();
   RevokeStoreAccess(r);
