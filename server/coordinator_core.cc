@@ -1,9 +1,8 @@
-// The coordinator core: the worker registry and sessions, progress and rank
-// failures, the clock (Tick), transitions and watchers. Jobs from clients are
-// in coordinator_jobs.cc, the state database in coordinator_state.cc.
+// The coordinator core: worker sessions (over the WorkerRegistry), progress
+// and rank failures, the clock (Tick), transitions and watchers. Jobs from
+// clients are in coordinator_jobs.cc, the state database in
+// coordinator_state.cc.
 #include "server/coordinator_core.h"
-
-#include <arpa/inet.h>
 
 #include <algorithm>
 #include <map>
@@ -17,12 +16,6 @@
 namespace shardline {
 
 namespace {
-
-
-bool IsIpLiteral(const std::string& text) {
-  unsigned char buf[16];
-  return inet_pton(AF_INET, text.c_str(), buf) == 1 || inet_pton(AF_INET6, text.c_str(), buf) == 1;
-}
 
 // What a rank sees when a peer fails (RankFinished.code): a closed
 // connection, a collective or rendezvous that timed out, a stop. Any other
@@ -90,41 +83,12 @@ absl::Status CoordinatorCore::Transition(JobRecord& r, v1::JobState state, const
 // ---- workers ---------------------------------------------------------------
 
 absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo info, WorkerChannel* channel) {
-  if (info.host().empty() || info.device().empty()) {
-    return absl::InvalidArgumentError("register: a worker must name its host and device");
-  }
-  // Every string of a worker is listed to every user (`shardctl workers`,
-  // `status`, job messages): bounded and printable where it enters, so no
-  // worker can write to a user's terminal or grow a listing past a message.
-  absl::Status text = CheckWorkerText("host", info.host(), kMaxHostBytes);
-  if (text.ok()) text = CheckWorkerText("device", info.device(), kMaxDeviceBytes);
-  if (text.ok()) text = CheckWorkerText("job_id", info.job_id(), kMaxDeviceBytes);
-  if (text.ok() && info.capabilities_size() > kMaxCapabilities) {
-    text = absl::InvalidArgumentError(absl::StrCat("register: more than ", kMaxCapabilities, " capabilities"));
-  }
-  for (const std::string& c : info.capabilities()) {
-    if (text.ok()) text = CheckWorkerText("capability", c, kMaxDeviceBytes);
-  }
-  if (!text.ok()) return text;
-  // Shown to every user and dialled by peers: an IP literal or nothing.
-  if (!info.collective_address().empty() && !IsIpLiteral(info.collective_address())) {
-    return absl::InvalidArgumentError(absl::StrCat("register: collective_address ", Quoted(info.collective_address()),
-                                                   " is not an IP address"));
-  }
+  if (absl::Status s = WorkerRegistry::Check(info); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  const std::string id = absl::StrFormat("w-%d", next_worker_++);
   const std::string running = info.job_id();
   const bool proven = !running.empty() && ClaimHolds(running, info.rank(), info.claim_credential());
-  info.clear_claim_credential();
-  info.set_worker_id(id);
-  info.set_state(v1::WORKER_STATE_IDLE);
-  info.clear_job_id();
-  info.set_rank(0);
-  ++registry_version_;
-  WorkerRecord& w = workers_[id];
-  w.info = info;
-  w.channel = channel;
-  w.last_heartbeat = Now();
+  WorkerRecord& w = registry_.Add(std::move(info), channel, Now());
+  const std::string id = w.info.worker_id();
   if (!running.empty()) {
     // It still runs a job this coordinator no longer has running (its
     // session dropped, or the coordinator restarted): stop it; the worker
@@ -154,14 +118,6 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   return reg;
 }
 
-absl::Status CoordinatorCore::CheckWorkerText(const char* field, const std::string& text, size_t max_bytes) {
-  if (text.size() <= max_bytes && IsPrintable(text)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("register: ", field, " ", Quoted(text), ": at most ", max_bytes,
-                                                 " bytes of printable text"));
-}
-
-std::string CoordinatorCore::WorkerKey(const v1::WorkerInfo& w) { return absl::StrCat(w.host(), "/", w.device()); }
-
 std::string CoordinatorCore::BlameLink(JobRecord& r) {
   if (r.link_faults.empty()) return r.reported_failure;
   // In a ring that stalls, every rank times out waiting for its left
@@ -173,9 +129,9 @@ std::string CoordinatorCore::BlameLink(JobRecord& r) {
       });
   const v1::Job& j = JobOf(r);
   auto end = [&](int rank) {
-    auto w = workers_.find(j.worker_ids(rank));
-    return w == workers_.end() ? std::make_pair(std::string("?"), std::string())
-                               : std::make_pair(w->second.info.host(), WorkerKey(w->second.info));
+    const WorkerRecord* w = registry_.Find(j.worker_ids(rank));
+    return w == nullptr ? std::make_pair(std::string("?"), std::string())
+                        : std::make_pair(w->info.host(), WorkerRegistry::Key(w->info));
   };
   const auto [from_host, from_key] = end(link.from_rank());
   const auto [to_host, to_key] = end(link.to_rank());
@@ -202,11 +158,9 @@ void CoordinatorCore::WorkerGone(const std::string& id, const std::string& why) 
 }
 
 void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) {
-  auto it = workers_.find(id);
-  if (it == workers_.end()) return;
-  const v1::WorkerInfo info = it->second.info;
-  workers_.erase(it);
-  ++registry_version_;
+  const std::optional<v1::WorkerInfo> gone = registry_.Remove(id);
+  if (!gone) return;
+  const v1::WorkerInfo& info = *gone;
   if (options_.events.worker_lost) options_.events.worker_lost();
   if (info.state() != v1::WORKER_STATE_BUSY) return;
   RemoveSavesOfEndedJob(info.job_id());
@@ -220,10 +174,8 @@ void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) 
 
 void CoordinatorCore::OnHeartbeat(const std::string& id, const v1::Heartbeat& hb) {
   absl::MutexLock lock(&mu_);
-  auto it = workers_.find(id);
-  if (it == workers_.end()) return;
-  it->second.last_heartbeat = Now();
-  const v1::WorkerInfo& w = it->second.info;
+  if (!registry_.Heard(id, Now())) return;
+  const v1::WorkerInfo& w = registry_.Find(id)->info;
   if (w.state() != v1::WORKER_STATE_BUSY) return;
   auto j = jobs_.find(w.job_id());
   if (j != jobs_.end() && JobOf(j->second).state() == v1::JOB_STATE_RUNNING) {
@@ -232,38 +184,27 @@ void CoordinatorCore::OnHeartbeat(const std::string& id, const v1::Heartbeat& hb
 }
 
 void CoordinatorCore::RevokeStoreAccess(const JobRecord& r) {
-  for (const auto& [rank, credential] : r.credentials) credential_jobs_.erase(credential);
+  for (const auto& [rank, credential] : r.credentials) rendezvous_.Revoke(credential);
 }
 
 void CoordinatorCore::DropStore(const JobRecord& r) {
   // An attempt's rendezvous keys are of no use to the next one (whose keys
   // would collide with them), nor are its ranks' credentials.
   RevokeStoreAccess(r);
-  const std::string prefix = r.stored.job.id() + "/";
-  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) it = EraseKv(it);
   // Its ranks still in rendezvous stop now, not at their wait's deadline
   // (a restart waits for them).
-  std::vector<Waiter> keep;
-  for (Waiter& w : waiters_) {
-    if (!w.keys.empty() && w.keys[0].rfind(prefix, 0) == 0) {
-      EndWait(w, absl::AbortedError(absl::StrCat("store: ", r.stored.job.id(), "'s attempt ended")), {});
-    } else {
-      keep.push_back(std::move(w));
-    }
-  }
-  waiters_ = std::move(keep);
+  rendezvous_.DropJob(r.stored.job.id());
 }
 
 CoordinatorCore::JobRecord* CoordinatorCore::RankOfSession(const std::string& worker_id, const std::string& job_id,
                                                            int rank, const char* what) {
-  auto w = workers_.find(worker_id);
+  const WorkerRecord* w = registry_.Find(worker_id);
   auto it = jobs_.find(job_id);
   // The session must hold that rank of the running attempt: a worker that
   // reconnects still running an earlier attempt holds none.
-  if (w != workers_.end() && it != jobs_.end() && JobOf(it->second).state() == v1::JOB_STATE_RUNNING &&
-      w->second.info.state() == v1::WORKER_STATE_BUSY && w->second.info.job_id() == job_id &&
-      w->second.info.rank() == rank && rank >= 0 && rank < JobOf(it->second).worker_ids_size() &&
-      JobOf(it->second).worker_ids(rank) == worker_id) {
+  if (w != nullptr && it != jobs_.end() && JobOf(it->second).state() == v1::JOB_STATE_RUNNING &&
+      w->info.state() == v1::WORKER_STATE_BUSY && w->info.job_id() == job_id && w->info.rank() == rank &&
+      rank >= 0 && rank < JobOf(it->second).worker_ids_size() && JobOf(it->second).worker_ids(rank) == worker_id) {
     return &it->second;
   }
   // A late message about a job that already ended is no attack; a session
@@ -275,8 +216,7 @@ CoordinatorCore::JobRecord* CoordinatorCore::RankOfSession(const std::string& wo
 
 void CoordinatorCore::OnProgress(const std::string& id, const v1::Progress& p) {
   absl::MutexLock lock(&mu_);
-  auto w = workers_.find(id);
-  if (w != workers_.end()) w->second.last_heartbeat = Now();
+  registry_.Heard(id, Now());
   JobRecord* r = RankOfSession(id, p.job_id(), p.rank(), "progress");
   if (!r) return;
   // Progress carries the step only; the collective seq stays what heartbeats said.
@@ -323,26 +263,21 @@ void CoordinatorCore::AppendHistory(google::protobuf::RepeatedPtrField<v1::StepR
 void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& f) {
   absl::MutexLock lock(&mu_);
   JobRecord* held = RankOfSession(id, f.job_id(), f.rank(), "finished");
-  auto w = workers_.find(id);
+  WorkerRecord* w = registry_.Find(id);
   auto job = jobs_.find(f.job_id());
   const bool job_ended = job == jobs_.end() || JobOf(job->second).state() != v1::JOB_STATE_RUNNING;
   // The session is free again once its own rank ended, or its job did, or
   // the earlier attempt it was stopping (rank -1: it reconnected still
   // running it), or the job it claimed without proof.
-  const bool stopped_old = w != workers_.end() && w->second.info.job_id() == f.job_id() &&
-                           (job_ended || w->second.info.rank() < 0);
-  const bool unproven = w != workers_.end() && !w->second.unproven_claim.empty() &&
-                        w->second.unproven_claim == f.job_id();
-  if (w != workers_.end() && (held || unproven || stopped_old)) {
-    w->second.info.set_state(v1::WORKER_STATE_IDLE);
-    w->second.info.clear_job_id();
-    w->second.info.set_rank(0);
-    w->second.unproven_claim.clear();
+  const bool stopped_old = w != nullptr && w->info.job_id() == f.job_id() && (job_ended || w->info.rank() < 0);
+  const bool unproven = w != nullptr && !w->unproven_claim.empty() && w->unproven_claim == f.job_id();
+  if (w != nullptr && (held || unproven || stopped_old)) {
+    WorkerRegistry::Release(*w);
     if (job_ended) RemoveSavesOfEndedJob(f.job_id());
   }
   if (held) {
     JobRecord& r = *held;
-    const std::string host = w != workers_.end() ? w->second.info.host() : "?";
+    const std::string host = w != nullptr ? w->info.host() : "?";
     if (f.ok()) {
       r.finished_ranks.insert(f.rank());
       if (static_cast<int>(r.finished_ranks.size()) == JobOf(r).workers()) {
@@ -378,12 +313,8 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
 void CoordinatorCore::Tick(absl::Time now) {
   absl::MutexLock lock(&mu_);
   const absl::Duration lost_after = options_.heartbeat_interval * options_.lost_after_missed;
-  std::vector<std::string> silent;
-  for (auto& [id, w] : workers_) {
-    if (now - w.last_heartbeat > lost_after) silent.push_back(id);
-  }
-  for (const std::string& id : silent) {
-    WorkerChannel* ch = workers_.at(id).channel;
+  for (const std::string& id : registry_.Silent(now, lost_after)) {
+    WorkerChannel* ch = registry_.Find(id)->channel;
     LoseWorker(id, absl::StrCat("no heartbeat for ", absl::FormatDuration(lost_after)));
     ch->Close(absl::UnavailableError("heartbeats stopped"));
   }
@@ -394,7 +325,7 @@ void CoordinatorCore::Tick(absl::Time now) {
     if (JobOf(r).state() == v1::JOB_STATE_RUNNING && !r.reported_failure.empty() && now >= r.fail_at) {
       FailJob(r, BlameLink(r), "", /*retryable=*/true);
     } else if (JobOf(r).state() == v1::JOB_STATE_RESTARTING && now >= r.restart_by) {
-      Dequeue(id);
+      scheduler_.Remove(id);
       FailForGood(r, absl::StrCat("not restarted within [job] restart_timeout (",
                                   absl::FormatDuration(absl::Seconds(r.config.restart.restart_timeout)),
                                   "): ", JobOf(r).message()));
@@ -404,31 +335,13 @@ void CoordinatorCore::Tick(absl::Time now) {
     RetireEndedJobs(now);
     last_retire_ = now;
   }
-  std::vector<Waiter> keep;
-  for (Waiter& w : waiters_) {
-    if (now >= w.deadline) {
-      EndWait(w, absl::DeadlineExceededError(absl::StrCat("store wait for ", w.keys.empty() ? "" : w.keys[0],
-                                                          " timed out")),
-              {});
-    } else if (w.cancelled && w.cancelled()) {
-      EndWait(w, absl::CancelledError("store wait: the caller cancelled"), {});
-    } else {
-      keep.push_back(std::move(w));
-    }
-  }
-  waiters_ = std::move(keep);
+  rendezvous_.ExpireWaits(now);
   Schedule();
 }
 
 std::vector<v1::WorkerInfo> CoordinatorCore::ListWorkers() const {
   absl::MutexLock lock(&mu_);
-  std::vector<v1::WorkerInfo> out;
-  const absl::Time now = Now();
-  for (const auto& [id, w] : workers_) {
-    out.push_back(w.info);
-    out.back().set_heartbeat_age_seconds(absl::ToDoubleSeconds(now - w.last_heartbeat));
-  }
-  return out;
+  return registry_.List(Now());
 }
 
 absl::StatusOr<v1::Ownership> CoordinatorCore::GetOwnership(const std::string& id) const {

@@ -1,6 +1,13 @@
-// CoordinatorCore: the registry of workers, the scheduler, the job state
-// machine and the rendezvous key-value store. Plain C++: the gRPC service is
-// a thin adapter over it, and unit tests drive it without a network.
+// CoordinatorCore: the job state machine and the public API the gRPC
+// service calls, composed of named parts that each own their data and state
+// their own contract: the WorkerRegistry (server/worker_registry.h), the
+// Scheduler's queue and placement (server/scheduler.h), the RendezvousStore
+// (server/rendezvous_store.h), the CheckpointCommitter
+// (server/checkpoint_committer.h) and JobLogs (server/job_logs.h). The parts
+// know nothing of each other or of jobs' states; the core calls them under
+// its one mutex and decides what their results mean for a job. Plain C++:
+// the gRPC service is a thin adapter over it, and unit tests drive it
+// without a network.
 //
 // Jobs move PENDING -> RUNNING -> (RESTARTING -> RUNNING)* -> SUCCEEDED |
 // FAILED | CANCELLED (common/state/job_state.h); the reason is kept in Job.message;
@@ -17,7 +24,8 @@
 // worker whose channel closes, or whose heartbeats stop for `lost_after`, is
 // lost: its running job restarts (or fails) naming the rank and host, and the
 // job's other ranks are told to stop (they return to idle when they report
-// back). Scheduling and restarts are in coordinator_scheduler.cc.
+// back). Starting, ending and restarting attempts are in
+// coordinator_scheduler.cc.
 //
 // Thread-safe. Callbacks (channel sends, watchers, store waiters) may be
 // invoked with the core's lock held and must not call back into the core.
@@ -36,24 +44,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/job/job_config.h"
+#include "server/checkpoint_committer.h"
+#include "server/job_logs.h"
+#include "server/rendezvous_store.h"
+#include "server/scheduler.h"
 #include "server/state_store.h"
+#include "server/worker_registry.h"
 #include "shardline/v1/shardline.pb.h"
 
 namespace shardline {
-
-// Removes a step directory: the manifest first, so that a crash half-way
-// leaves something that is no longer a checkpoint rather than a broken one.
-// Removes only the files the project writes there (the manifest, the ranks'
-// files and their temp files) and never follows a symlink.
-void RemoveStepDir(const std::string& dir);
-
-class WorkerChannel {
- public:
-  virtual ~WorkerChannel() = default;
-  virtual void Send(const v1::CoordinatorMessage& msg) = 0;
-  // Ends the session (the worker will reconnect).
-  virtual void Close(const absl::Status& why) = 0;
-};
 
 // Optional hooks for the coordinator's metrics; called with the core's lock
 // held, so they must be cheap and must not call back into the core.
@@ -107,7 +106,7 @@ class CoordinatorCore {
  public:
   using JobCallback = std::function<void(const v1::Job&)>;
   // A store wait's outcome: OK with the values of the awaited keys, or an error.
-  using DoneCallback = std::function<void(const absl::Status&, const std::vector<std::string>& values)>;
+  using DoneCallback = RendezvousStore::DoneCallback;
 
   CoordinatorCore(StateStore* store, CoordinatorOptions options);
 
@@ -151,10 +150,10 @@ class CoordinatorCore {
   void OnProgress(const std::string& worker_id, const v1::Progress& p);
   void OnFinished(const std::string& worker_id, const v1::RankFinished& f);
   void OnConnected(const std::string& worker_id, const v1::RankConnected& c);
-  // A line of a rank's log (coordinator_logs.cc): kept, cut to
-  // kMaxLogLineBytes, in a tail of kLogLinesPerRank per rank, within
-  // kMaxLogBytes over all jobs (the logs of the jobs that ended first go
-  // first). In memory only: a restarted coordinator starts without them.
+  // A line of a rank's log, from the session holding that rank (JobLogs):
+  // kept, cut to kMaxLogLineBytes, in a tail of kLogLinesPerRank per rank,
+  // within kMaxLogBytes over all jobs (the logs of the jobs that ended first
+  // go first). In memory only: a restarted coordinator starts without them.
   void OnLog(const std::string& worker_id, const v1::LogLine& line);
   static constexpr size_t kMaxLogLineBytes = 1024, kLogLinesPerRank = 500, kMaxLogBytes = 64 << 20;
   // Of a rank's own error text (RankFinished.message) kept in the job's message.
@@ -180,15 +179,15 @@ class CoordinatorCore {
   // Without their spec or history: a listing copies every job, and a spec may
   // be kMaxSpecBytes.
   std::vector<v1::Job> ListJobs() const;
+  // Jobs [first, first + max) of that oldest-first list (none past its end),
+  // copying only those; *total: how many there are.
+  std::vector<v1::Job> ListJobs(uint64_t first, size_t max, size_t* total) const;
   // How many times a queued job was looked at to be started (TryStart):
   // what scheduling costs, for tests.
   int64_t start_attempts() const {
     absl::MutexLock lock(&mu_);
-    return start_attempts_;
+    return scheduler_.start_attempts();
   }
-  // Jobs [first, first + max) of that oldest-first list (none past its end),
-  // copying only those; *total: how many there are.
-  std::vector<v1::Job> ListJobs(uint64_t first, size_t max, size_t* total) const;
   // Job.owner of job `id` (empty: none); NotFound if there is no such job.
   absl::StatusOr<std::string> OwnerOfJob(const std::string& id) const;
   // The job whose checkpoint `step_dir` is: the job its manifest names, when
@@ -201,6 +200,8 @@ class CoordinatorCore {
   // of Job.message, in one note of at most this many bytes (" [state not
   // saved: <cause>]", the latest failure's), gone once a write succeeds.
   static constexpr size_t kMaxUnsavedNoteBytes = 512;
+  // Ends a job that has not ended (CANCELLED; a running one's ranks are told
+  // to stop); FailedPrecondition if it already ended.
   absl::StatusOr<v1::Job> Cancel(const std::string& id);
   // Forgets a job that has ended: its record, and with `checkpoints` its
   // committed and interrupted step directories (the count removed). A
@@ -240,10 +241,14 @@ class CoordinatorCore {
   // cannot starve another's rendezvous; kMaxStoreBytes, kMaxStoreKeys and
   // kMaxStoreWaiters in all; waits of at most kMaxWaitKeys keys. A job's keys
   // are dropped when it ends.
-  static constexpr size_t kMaxStoreKeyBytes = 512, kMaxStoreValueBytes = 1 << 20;
-  static constexpr size_t kMaxJobStoreBytes = 8 << 20, kMaxJobStoreKeys = 1 << 13, kMaxJobWaiters = 1024;
-  static constexpr size_t kMaxStoreBytes = 64 << 20, kMaxStoreKeys = 1 << 16;
-  static constexpr size_t kMaxWaitKeys = 256, kMaxStoreWaiters = 4096;
+  static constexpr size_t kMaxStoreKeyBytes = RendezvousStore::kMaxKeyBytes;
+  static constexpr size_t kMaxStoreValueBytes = RendezvousStore::kMaxValueBytes;
+  static constexpr size_t kMaxJobStoreBytes = RendezvousStore::kMaxJobBytes;
+  static constexpr size_t kMaxJobStoreKeys = RendezvousStore::kMaxJobKeys;
+  static constexpr size_t kMaxJobWaiters = RendezvousStore::kMaxJobWaiters;
+  static constexpr size_t kMaxStoreBytes = RendezvousStore::kMaxBytes, kMaxStoreKeys = RendezvousStore::kMaxKeys;
+  static constexpr size_t kMaxWaitKeys = RendezvousStore::kMaxWaitKeys;
+  static constexpr size_t kMaxStoreWaiters = RendezvousStore::kMaxWaiters;
   // Who may touch which keys: `credential` must be a rank credential of a
   // running attempt (Assignment.credential) and every key must lie in that
   // job's namespace, "<job id>/". PermissionDenied otherwise (counted as
@@ -269,20 +274,14 @@ class CoordinatorCore {
   void Tick(absl::Time now);
 
  private:
-  struct WorkerRecord {
-    v1::WorkerInfo info;
-    WorkerChannel* channel = nullptr;
-    absl::Time last_heartbeat;
-    // A job it said it still runs without proof (RegisterWorker): it is
-    // told to stop and is busy until it reports that job finished, but no
-    // job waits on it and nothing of that job's is refused for it.
-    std::string unproven_claim;
-  };
   // What heartbeats and progress said about one rank of a running job.
   struct RankProgress {
     int64_t step = 0, seq = 0;
     absl::Time last_change;  // when step or seq last moved
   };
+  // One job: its stored record and what the state machine keeps about its
+  // running attempt. What the parts own (a job's store keys, checkpoint
+  // reports, log lines, queue place) lives in them, by job id.
   struct JobRecord {
     StoredJob stored;  // its Job.history is empty but while it is written (PersistOrError)
     // Its row did not read (Recover): shown FAILED, never written, retired
@@ -298,7 +297,6 @@ class CoordinatorCore {
     JobConfig config;
     std::set<int> finished_ranks;
     absl::Time last_persist;
-    std::map<int64_t, std::map<int, v1::CheckpointReport>> ckpt_reports;  // by step, then rank
     std::string reported_failure;  // first peer-caused rank failure, waiting out the grace
     // The links this attempt's ranks saw fail (RankFinished.link); at the
     // end of the grace the lowest (seq, step) is named as the cause.
@@ -320,15 +318,6 @@ class CoordinatorCore {
     absl::Time restart_by;    // while RESTARTING: when it fails instead
     absl::Time settle_until;  // while RESTARTING: until then, only all its workers will do
     std::string restart_reason;  // while RESTARTING: what Job.message leads with
-    std::map<int, std::deque<v1::LogLine>> logs;  // by rank, oldest first
-    int64_t next_log_seq = 1;
-    size_t log_bytes = 0;
-  };
-  struct Waiter {
-    std::vector<std::string> keys;
-    absl::Time deadline;
-    DoneCallback done;
-    std::function<bool()> cancelled;  // the caller gave up (may be empty)
   };
 
   v1::Job& JobOf(JobRecord& r) { return r.stored.job; }
@@ -353,7 +342,8 @@ class CoordinatorCore {
   void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves r to `state` by the one transition table (common/state/job_state.h),
   // persists and notifies; a repeat is a no-op, an illegal transition an
-  // error that changes nothing. A final state ends the job's store access.
+  // error that changes nothing. A final state, or RESTARTING, ends the
+  // attempt's store access and keys.
   absl::Status Transition(JobRecord& r, v1::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a running attempt with `cause` and tells its ranks to stop (except
@@ -383,14 +373,18 @@ class CoordinatorCore {
   // Tells a running job's ranks to stop (except `skip_worker`).
   void StopRanks(JobRecord& r, const std::string& reason, const std::string& skip_worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the scheduler's queue against the registry (TryStart).
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts queued job `id` on idle workers if enough of one device kind are
-  // idle; otherwise says in its message what it waits for.
-  enum class StartOutcome { kStarted, kWaitsForIdle, kTooFewRegistered };
-  StartOutcome TryStart(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // idle (Scheduler::Place); otherwise says in its message what it waits for.
+  Scheduler::StartOutcome TryStart(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Assigns r's `world` ranks to `idle` workers (at least that many) and
   // starts an attempt, from the newest committed checkpoint if there is one.
   void StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int world) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a restart's attempt starts from `first_step`: the last attempt's
+  // interrupted saves go, and what the restart cost is counted
+  // (Attempt.lost_seconds, CoreEvents::job_restarted).
+  void CloseLastAttempt(JobRecord& r, int64_t first_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a job's record (and with `checkpoints` its step directories).
   absl::StatusOr<int> Forget(JobRecord& r, bool checkpoints) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies keep_finished_jobs and keep_finished_for.
@@ -406,24 +400,9 @@ class CoordinatorCore {
   // least 3x the median rank's (and 50 ms, above loopback's noise), named
   // with its host in Job.straggler and RankStatus.slow_link.
   void FindSlowLink(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static std::string WorkerKey(const v1::WorkerInfo& w);
-  // A registering worker's `field` is at most `max_bytes` and IsPrintable.
-  static absl::Status CheckWorkerText(const char* field, const std::string& text, size_t max_bytes);
-  // A host name is at most 253 bytes in DNS; a device, job id or capability is short.
-  static constexpr size_t kMaxHostBytes = 255, kMaxDeviceBytes = 64;
-  static constexpr int kMaxCapabilities = 16;
-  void WakeWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Answers a wait and gives its place back to its job's count (the caller
-  // then drops it from waiters_).
-  void EndWait(Waiter& w, const absl::Status& s, const std::vector<std::string>& values)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckReport(const JobRecord& r, const v1::CheckpointReport& report) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CommitCheckpoint(JobRecord& r, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PruneCheckpoints(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes r's step directories below step `below` that have no manifest
-  // and are not being reported (saves that were interrupted).
-  void RemoveInterruptedSaves(const JobRecord& r, int64_t below) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // r's record writes, as the CheckpointCommitter needs them (Persist,
+  // PersistOrError); called back under mu_, which the caller holds.
+  CheckpointCommitter::Recorder RecorderOf(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Once a job has ended and none of its ranks still runs, its interrupted
   // saves are removed.
   void RemoveSavesOfEndedJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -440,42 +419,18 @@ class CoordinatorCore {
   StateStore* const store_;
   const CoordinatorOptions options_;
   mutable absl::Mutex mu_;
-  std::map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry registry_ ABSL_GUARDED_BY(mu_);
+  Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  RendezvousStore rendezvous_ ABSL_GUARDED_BY(mu_);
+  CheckpointCommitter committer_ ABSL_GUARDED_BY(mu_);
+  JobLogs logs_ ABSL_GUARDED_BY(mu_){JobLogs::Limits{kMaxLogLineBytes, kLogLinesPerRank, kMaxLogBytes}};
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
-  // A job waiting to start (PENDING or RESTARTING), in the order they start.
-  // `too_few_at`: registry_version_ when TryStart last found fewer workers
-  // registered than the job needs; until a worker registers or leaves it
-  // cannot start, and Schedule passes it without a look (0: not known), so
-  // an event costs a comparison per such job, not a TryStart.
-  struct QueuedJob {
-    std::string id;
-    uint64_t too_few_at = 0;
-  };
-  std::vector<QueuedJob> queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t registry_version_ ABSL_GUARDED_BY(mu_) = 1;  // bumped as workers register and leave
-  int64_t start_attempts_ ABSL_GUARDED_BY(mu_) = 0;
   // The RUNNING and RESTARTING jobs, kept by Transition: all that Tick's
   // health and deadline checks look at, however many jobs wait or ended.
   std::set<std::string> active_ ABSL_GUARDED_BY(mu_);
   absl::Time last_retire_ ABSL_GUARDED_BY(mu_);  // RetireEndedJobs, once a second
-  void Dequeue(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<int, std::pair<std::string, JobCallback>> watchers_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
-  // The rank credentials of running attempts -> their job id (store access).
-  std::map<std::string, std::string> credential_jobs_ ABSL_GUARDED_BY(mu_);
-  size_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values of kv_
-  size_t log_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // every job's kept log lines
-  struct JobKv {
-    size_t bytes = 0, keys = 0, waiters = 0;
-  };
-  std::map<std::string, JobKv> job_kv_ ABSL_GUARDED_BY(mu_);  // by the keys' job
-  // Sets kv_[key] within the store's limits.
-  absl::Status PutKv(const std::string& key, std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::map<std::string, std::string>::iterator EraseKv(std::map<std::string, std::string>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  int next_job_ = 1, next_worker_ = 1, next_watch_ = 1;
+  int next_job_ = 1, next_watch_ = 1;
 };
 
 

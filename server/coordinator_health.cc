@@ -68,9 +68,8 @@ void CoordinatorCore::FindSlowLink(JobRecord& r) {
   const int slowest = static_cast<int>(std::max_element(per_rank.begin(), per_rank.end()) - per_rank.begin());
   if (per_rank[slowest] < 3 * median || per_rank[slowest] < 0.05) return;
   r.slow_rank = slowest;
-  auto w = workers_.find(j.worker_ids(slowest));
   j.set_straggler(absl::StrFormat("rank %d on host %s sends 1 MiB in %.2f s, the median rank in %.2f s", slowest,
-                                  w == workers_.end() ? "?" : w->second.info.host(), per_rank[slowest], median));
+                                  registry_.HostOf(j.worker_ids(slowest)), per_rank[slowest], median));
 }
 
 void CoordinatorCore::FillRanks(const JobRecord& r, absl::Time now, v1::Job* out) const {
@@ -85,10 +84,9 @@ void CoordinatorCore::FillRanks(const JobRecord& r, absl::Time now, v1::Job* out
     v1::RankStatus* s = out->add_ranks();
     s->set_rank(rank);
     s->set_worker_id(j.worker_ids(rank));
-    auto w = workers_.find(j.worker_ids(rank));
-    if (w != workers_.end()) {
-      s->set_host(w->second.info.host());
-      s->set_heartbeat_age_seconds(absl::ToDoubleSeconds(now - w->second.last_heartbeat));
+    if (const WorkerRecord* w = registry_.Find(j.worker_ids(rank))) {
+      s->set_host(w->info.host());
+      s->set_heartbeat_age_seconds(absl::ToDoubleSeconds(now - w->last_heartbeat));
     }
     auto p = r.progress.find(rank);
     const RankProgress progress = p == r.progress.end() ? RankProgress{0, 0, r.started} : p->second;
@@ -115,12 +113,12 @@ void CoordinatorCore::UpdateStalls(absl::Time now) {
       // First suspects: ranks whose heartbeats stopped (twice the interval).
       std::vector<std::string> parts;
       for (int rank = 0; rank < j.worker_ids_size(); ++rank) {
-        auto w = workers_.find(j.worker_ids(rank));
-        if (w == workers_.end()) continue;
-        const absl::Duration age = now - w->second.last_heartbeat;
+        const WorkerRecord* w = registry_.Find(j.worker_ids(rank));
+        if (w == nullptr) continue;
+        const absl::Duration age = now - w->last_heartbeat;
         if (age > 2 * options_.heartbeat_interval) {
           culprits.insert(rank);
-          parts.push_back(absl::StrFormat("rank %d on host %s sends no heartbeats", rank, w->second.info.host()));
+          parts.push_back(absl::StrFormat("rank %d on host %s sends no heartbeats", rank, w->info.host()));
         }
       }
       if (culprits.empty()) {

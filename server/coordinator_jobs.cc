@@ -68,8 +68,8 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   auto cfg = ParseAndValidate(req, &workers);
   if (!cfg.ok()) return cfg.status();
   absl::MutexLock lock(&mu_);
-  if (queue_.size() >= options_.max_queued_jobs) {
-    return absl::ResourceExhaustedError(absl::StrCat("the queue already holds ", queue_.size(),
+  if (scheduler_.size() >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat("the queue already holds ", scheduler_.size(),
                                                      " jobs waiting to start, the limit; try again later"));
   }
   std::string root = ResolveJobPath(req.base_dir(), cfg->checkpoint.dir.empty() ? "ckpt" : cfg->checkpoint.dir);
@@ -124,7 +124,7 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
                                                    saved.message()));
   }
   jobs_.emplace(id, std::move(r));
-  queue_.push_back({id});
+  scheduler_.Enqueue(id);
   Schedule();
   return id;
 }
@@ -200,7 +200,7 @@ absl::StatusOr<v1::Job> CoordinatorCore::Cancel(const std::string& id) {
   }
   if (absl::Status s = Transition(r, v1::JOB_STATE_CANCELLED, "cancelled by the user"); !s.ok()) return s;
   if (state == v1::JOB_STATE_PENDING || state == v1::JOB_STATE_RESTARTING) {
-    Dequeue(id);
+    scheduler_.Remove(id);
   }
   if (state != v1::JOB_STATE_PENDING) EndAttempt(r, "cancelled by the user");
   if (state == v1::JOB_STATE_RUNNING) StopRanks(r, "cancelled", "");
@@ -217,11 +217,9 @@ absl::StatusOr<int> CoordinatorCore::Delete(const std::string& id, bool checkpoi
     return absl::FailedPreconditionError(
         absl::StrCat("job ", id, " is ", JobStateName(state), "; cancel it before deleting it"));
   }
-  for (const auto& [wid, w] : workers_) {
-    if (w.info.job_id() == id) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", id, ": rank ", w.info.rank(), " on ", w.info.host(), " is still stopping; try again"));
-    }
+  if (const WorkerRecord* w = registry_.AnyOnJob(id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, ": rank ", w->info.rank(), " on ", w->info.host(), " is still stopping; try again"));
   }
   return Forget(it->second, checkpoints);
 }
@@ -242,15 +240,16 @@ absl::StatusOr<int> CoordinatorCore::Forget(JobRecord& r, bool checkpoints) {
       RemoveStepDir(c.path());
       ++removed;
     }
-    r.ckpt_reports.clear();
-    RemoveInterruptedSaves(r, INT64_MAX);
+    committer_.DropReports(id);
+    committer_.RemoveInterruptedSaves(JobOf(r), INT64_MAX);
     ::unlink((JobOf(r).checkpoint_root() + "/history.jsonl").c_str());  // rank 0's per-step record
     ::rmdir(JobOf(r).checkpoint_root().c_str());  // only if nothing else is left in it
   }
   for (auto w = watchers_.begin(); w != watchers_.end();) {
     w = w->second.first == id ? watchers_.erase(w) : std::next(w);
   }
-  log_bytes_ -= r.log_bytes;
+  committer_.DropReports(id);
+  logs_.Forget(id);
   active_.erase(id);
   jobs_.erase(id);
   return removed;

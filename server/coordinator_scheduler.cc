@@ -1,6 +1,7 @@
-// The coordinator's scheduler (DESIGN.md, "Control plane"): which queued job
-// starts on which idle workers, at what world size and from which
-// checkpoint; how an attempt ends, and when a job restarts or grows back.
+// The job state machine's attempts (DESIGN.md, "Control plane"): starting a
+// queued job on the workers the Scheduler places it on (server/scheduler.h),
+// at what world size and from which checkpoint; how an attempt ends, and
+// when a job restarts or grows back.
 //
 // A job runs as a series of attempts (Job.attempts). An attempt that loses a
 // rank or fails with a retryable error sends the job RESTARTING, to the head
@@ -91,8 +92,7 @@ void CoordinatorCore::Restart(JobRecord& r, const std::string& message) {
   r.restart_reason = message;
   Transition(r, v1::JOB_STATE_RESTARTING, message).IgnoreError();  // from RUNNING
   const std::string& id = JobOf(r).id();
-  Dequeue(id);
-  queue_.insert(queue_.begin(), {id});  // ahead of jobs that never ran
+  scheduler_.EnqueueFront(id);  // ahead of jobs that never ran
 }
 
 void CoordinatorCore::FailForGood(JobRecord& r, const std::string& cause) {
@@ -112,12 +112,12 @@ void CoordinatorCore::FailForGood(JobRecord& r, const std::string& cause) {
 void CoordinatorCore::StopRanks(JobRecord& r, const std::string& reason, const std::string& skip) {
   for (const std::string& wid : JobOf(r).worker_ids()) {
     if (wid == skip) continue;
-    auto w = workers_.find(wid);
-    if (w == workers_.end() || w->second.info.job_id() != JobOf(r).id()) continue;
+    WorkerRecord* w = registry_.Find(wid);
+    if (w == nullptr || w->info.job_id() != JobOf(r).id()) continue;
     v1::CoordinatorMessage m;
     m.mutable_cancel()->set_job_id(JobOf(r).id());
     m.mutable_cancel()->set_reason(reason);
-    w->second.channel->Send(m);
+    w->channel->Send(m);
   }
 }
 
@@ -127,16 +127,9 @@ void CoordinatorCore::GrowAtCheckpoint(JobRecord& r, int64_t step) {
   if (j.state() != v1::JOB_STATE_RUNNING || j.workers() >= want || j.worker_ids_size() == 0) return;
   // The checkpoint of the last step ends the job: nothing is left to run faster.
   if (step >= r.config.train.steps) return;
-  auto first = workers_.find(j.worker_ids(0));
-  if (first == workers_.end()) return;
-  const std::string kind = DeviceKindName(first->second.info.device());
-  int idle = 0;
-  for (const auto& [wid, w] : workers_) {
-    if (w.info.state() == v1::WORKER_STATE_IDLE && DeviceKindName(w.info.device()) == kind &&
-        !r.excluded_workers.count(WorkerKey(w.info))) {
-      ++idle;
-    }
-  }
+  const WorkerRecord* first = registry_.Find(j.worker_ids(0));
+  if (first == nullptr) return;
+  const int idle = registry_.IdleOfKind(DeviceKindName(first->info.device()), r.excluded_workers);
   const int grown = LargestWorld(r, j.workers() + 1, std::min(want, j.workers() + idle));
   if (grown == 0) return;
   const std::string why =
@@ -149,37 +142,13 @@ void CoordinatorCore::GrowAtCheckpoint(JobRecord& r, int64_t step) {
 
 // ---- scheduling --------------------------------------------------------------
 
-// First come, first served, restarting jobs first, with one exception: a job
-// that asks for more workers of one device kind than are registered at all
-// does not hold the queue (it would wait for workers that may never come, as
-// Slurm's backfill lets smaller jobs pass a job that cannot start). It starts
-// ahead of later jobs once enough workers registered and are idle.
 void CoordinatorCore::Schedule() {
-  for (size_t i = 0; i < queue_.size();) {
-    if (queue_[i].too_few_at == registry_version_) {
-      ++i;  // as it was: too few registered
-      continue;
-    }
-    switch (TryStart(queue_[i].id)) {
-      case StartOutcome::kStarted:
-        queue_.erase(queue_.begin() + i);
-        break;
-      case StartOutcome::kTooFewRegistered:
-        queue_[i++].too_few_at = registry_version_;  // the jobs behind it may start
-        break;
-      case StartOutcome::kWaitsForIdle:
-        return;  // nobody overtakes it
-    }
-  }
+  scheduler_.Run(registry_.version(), [this](const std::string& id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return TryStart(id);  // under mu_, which Schedule's caller holds
+  });
 }
 
-void CoordinatorCore::Dequeue(const std::string& id) {
-  queue_.erase(std::remove_if(queue_.begin(), queue_.end(), [&](const QueuedJob& q) { return q.id == id; }),
-               queue_.end());
-}
-
-CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
-  ++start_attempts_;
+Scheduler::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
   JobRecord& r = jobs_.at(id);
   v1::Job& j = JobOf(r);
   const bool restarting = j.state() == v1::JOB_STATE_RESTARTING;
@@ -191,35 +160,22 @@ CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
   // A restarting job's message keeps why it restarts.
   const std::string doing = restarting ? absl::StrCat(r.restart_reason, "; waiting") : "waiting";
   if (restarting) {
-    for (const auto& [wid, w] : workers_) {
-      if (w.info.job_id() == id) {
-        j.set_message(absl::StrFormat("%s for %s on %s to stop its last attempt", doing,
-                                      w.info.rank() >= 0 ? absl::StrCat("rank ", w.info.rank()) : "a worker",
-                                      w.info.host()));
-        return StartOutcome::kWaitsForIdle;
-      }
+    if (const WorkerRecord* w = registry_.AnyOnJob(id)) {
+      j.set_message(absl::StrFormat("%s for %s on %s to stop its last attempt", doing,
+                                    w->info.rank() >= 0 ? absl::StrCat("rank ", w->info.rank()) : "a worker",
+                                    w->info.host()));
+      return Scheduler::StartOutcome::kWaitsForIdle;
     }
   }
-  // A job's ranks share one device kind: NCCL and Gloo ranks cannot form
-  // one group. CUDA is preferred where enough of both are idle.
-  std::map<std::string, std::vector<WorkerRecord*>> idle_by_kind;
-  std::map<std::string, int> registered_by_kind;
-  for (auto& [wid, w] : workers_) {
-    const std::string kind = DeviceKindName(w.info.device());
-    ++registered_by_kind[kind];
-    if (w.info.state() == v1::WORKER_STATE_IDLE && !r.excluded_workers.count(WorkerKey(w.info))) {
-      idle_by_kind[kind].push_back(&w);
-    }
+  WorkerRegistry::Census census = registry_.Count(r.excluded_workers);
+  Scheduler::Placement place = Scheduler::Place(
+      census, least, want, [&](int lo, int hi) ABSL_NO_THREAD_SAFETY_ANALYSIS { return LargestWorld(r, lo, hi); });
+  if (place.world > 0) {
+    StartOn(r, std::move(place.workers), place.world);
+    return Scheduler::StartOutcome::kStarted;
   }
-  for (const char* kind : {"cuda", "cpu"}) {
-    auto it = idle_by_kind.find(kind);
-    if (it == idle_by_kind.end()) continue;
-    const int world = LargestWorld(r, least, std::min<int>(want, it->second.size()));
-    if (world > 0) {
-      StartOn(r, std::move(it->second), world);
-      return StartOutcome::kStarted;
-    }
-  }
+  const auto& idle_by_kind = census.idle_by_kind;
+  const auto& registered_by_kind = census.registered_by_kind;
   int most = 0, idle_most = 0;
   std::string registered, idle;
   for (const auto& [kind, n] : registered_by_kind) {
@@ -237,11 +193,28 @@ CoordinatorCore::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
     j.set_message(absl::StrFormat("%s for %s workers of one device kind (registered: %s); later jobs that fit start "
                                   "ahead of it",
                                   doing, what, registered.empty() ? "none" : registered));
-    return StartOutcome::kTooFewRegistered;
+    return Scheduler::StartOutcome::kTooFewRegistered;
   }
   j.set_message(absl::StrFormat("%s for %s idle workers of one device kind (idle: %s)", doing, what,
                                 idle.empty() ? "none" : idle));
-  return StartOutcome::kWaitsForIdle;
+  return Scheduler::StartOutcome::kWaitsForIdle;
+}
+
+void CoordinatorCore::CloseLastAttempt(JobRecord& r, int64_t first_step) {
+  v1::Job& j = JobOf(r);
+  // Saves the last attempt left half-written are no checkpoints; its ranks
+  // have all stopped (TryStart waited for them).
+  committer_.DropReports(j.id());
+  committer_.RemoveInterruptedSaves(j, INT64_MAX);
+  v1::Attempt& last = *j.mutable_attempts(j.attempts_size() - 1);
+  const int64_t ran = last.last_step() - last.first_step();
+  const double seconds = (last.ended_unix_ms() - last.started_unix_ms()) / 1e3;
+  if (ran > 0 && last.last_step() > first_step) {
+    last.set_lost_seconds(seconds * static_cast<double>(last.last_step() - std::max(first_step, last.first_step())) /
+                          static_cast<double>(ran));
+  }
+  const double down = (absl::ToUnixMillis(Now()) - last.ended_unix_ms()) / 1e3;
+  if (options_.events.job_restarted) options_.events.job_restarted(last.lost_seconds() + std::max(0.0, down));
 }
 
 void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int world) {
@@ -263,21 +236,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
     if (m.ok()) first_step = m->step;
   }
   const bool restart = j.attempts_size() > 0;
-  if (restart) {
-    // Saves the last attempt left half-written are no checkpoints; its ranks
-    // have all stopped (TryStart waited for them).
-    r.ckpt_reports.clear();
-    RemoveInterruptedSaves(r, INT64_MAX);
-    v1::Attempt& last = *j.mutable_attempts(j.attempts_size() - 1);
-    const int64_t ran = last.last_step() - last.first_step();
-    const double seconds = (last.ended_unix_ms() - last.started_unix_ms()) / 1e3;
-    if (ran > 0 && last.last_step() > first_step) {
-      last.set_lost_seconds(seconds * static_cast<double>(last.last_step() - std::max(first_step, last.first_step())) /
-                            static_cast<double>(ran));
-    }
-    const double down = (absl::ToUnixMillis(Now()) - last.ended_unix_ms()) / 1e3;
-    if (options_.events.job_restarted) options_.events.job_restarted(last.lost_seconds() + std::max(0.0, down));
-  }
+  if (restart) CloseLastAttempt(r, first_step);
   if (r.config.parallelism.auto_strategy) PickStrategy(r, idle, world);
   j.clear_worker_ids();
   RevokeStoreAccess(r);
@@ -287,9 +246,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   const std::string spec = EncodeJobConfig(r.config);  // with the attempt's strategy (PickStrategy)
   for (int rank = 0; rank < world; ++rank) {
     WorkerRecord* w = idle[rank];
-    w->info.set_state(v1::WORKER_STATE_BUSY);
-    w->info.set_job_id(j.id());
-    w->info.set_rank(rank);
+    WorkerRegistry::Assign(*w, j.id(), rank);
     j.add_worker_ids(w->info.worker_id());
     v1::CoordinatorMessage m;
     v1::Assignment* a = m.mutable_start();
@@ -302,7 +259,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
     a->set_credential(NewCredential());
     a->set_attempt(j.attempts_size() + 1);  // the Attempt added below
     r.credentials[rank] = a->credential();
-    credential_jobs_[a->credential()] = j.id();
+    rendezvous_.Grant(a->credential(), j.id());
     w->channel->Send(m);
   }
   v1::Attempt* a = j.add_attempts();

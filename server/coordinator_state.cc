@@ -105,7 +105,7 @@ absl::Status CoordinatorCore::Recover(std::vector<std::string>* problems) {
     } else if (j.state() == v1::JOB_STATE_RESTARTING) {
       Restart(it->second, j.message());  // a repeat: restarts its clocks and queues it
     } else if (j.state() == v1::JOB_STATE_PENDING) {
-      queue_.push_back({id});
+      scheduler_.Enqueue(id);
     }
     if (j.state() == v1::JOB_STATE_RESTARTING) {
       // Its workers reconnect within their backoff: until then only all of
