@@ -295,7 +295,7 @@ struct Args {
   int workers = 0, page_size = 100, log_rank = -1;
   bool follow = false, skip_local_check = false, history = false, delete_checkpoints = false, follow_logs = false;
   double save_timeout_s = 600;
-  std::string export_format = "nanogpt", export_dtype = "fp32", max_shard_size = "5GB";
+  std::string export_format = "nanogpt", export_dtype = "fp32", max_shard_size = "5GB", tokenizer_dir;
   bool merge = false, overwrite = false;
   PlanFlags plan;
 };
@@ -375,6 +375,9 @@ CLI::App* AddCheckpointCommands(CLI::App& app, Args& a) {
   exp->add_option("--dtype", a.export_dtype, "hf, peft: fp32 or bf16 (default fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   exp->add_flag("--merge", a.merge, "hf, of a LoRA checkpoint: the base with the adapters merged in");
+  exp->add_option("--tokenizer", a.tokenizer_dir,
+                  "hf: copy the tokenizer and generation_config.json from DIR (default: the model directory the job "
+                  "started from, if still there)");
   exp->add_flag("--overwrite", a.overwrite,
                 "hf, peft: export into a folder that has files, removing the weights and configs there first");
   exp->add_option("--max-shard-size", a.max_shard_size,
@@ -386,13 +389,30 @@ CLI::App* AddCheckpointCommands(CLI::App& app, Args& a) {
 absl::Status Export(const Args& a) {
   const StoredDType dtype = a.export_dtype == "bf16" ? StoredDType::kBF16 : StoredDType::kF32;
   if (a.merge && a.export_format != "hf") return absl::InvalidArgumentError("--merge needs --format hf");
+  if (!a.tokenizer_dir.empty() && a.export_format != "hf") {
+    return absl::InvalidArgumentError("--tokenizer needs --format hf");
+  }
   if (a.export_format == "hf") {
     HfExportOptions options;
     options.dtype = dtype;
     options.merge = a.merge;
     options.overwrite = a.overwrite;
     SL_ASSIGN_OR_RETURN(options.max_shard_bytes, ParseByteSize(a.max_shard_size, "--max-shard-size"));
-    SL_RETURN_IF_ERROR(ExportHf(a.step_dir, a.out_file, options));
+    options.tokenizer_dir = a.tokenizer_dir;
+    SL_ASSIGN_OR_RETURN(HfExportReport report, ExportHf(a.step_dir, a.out_file, options));
+    if (a.o.json) {
+      std::cout << Dump({{"path", a.out_file},
+                         {"tokenizer_files", report.copied},
+                         {"tokenizer_from", report.tokenizer_from.empty() ? Json(nullptr) : Json(report.tokenizer_from)}})
+                << std::endl;
+    } else if (report.copied.empty()) {
+      std::cout << "wrote " << Printable(a.out_file) << "; no tokenizer copied (" << Printable(report.no_tokenizer)
+                << "): pass --tokenizer DIR for one that generates" << std::endl;
+    } else {
+      std::cout << "wrote " << Printable(a.out_file) << " with the tokenizer and generation settings of "
+                << Printable(report.tokenizer_from) << " (" << report.copied.size() << " files)" << std::endl;
+    }
+    return absl::OkStatus();
   } else if (a.export_format == "peft") {
     SL_RETURN_IF_ERROR(ExportPeft(a.step_dir, a.out_file, dtype, a.overwrite));
   } else {

@@ -236,9 +236,42 @@ absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite) {
   return absl::OkStatus();
 }
 
+// The folder the job's model came from, where the manifest records one.
+std::string SourceModelDir(const CheckpointManifest& m) {
+  if (!m.model.hf_dir.empty()) return m.model.hf_dir;
+  return m.lora.enabled ? LoraBaseModel(m).hf_dir : "";
+}
+
+// Copies whichever kTokenizerFiles `from` holds into `out_dir`.
+absl::StatusOr<HfExportReport> CopyTokenizer(const std::string& from, bool given, const std::string& out_dir) {
+  HfExportReport report;
+  struct stat st;
+  if (from.empty() || ::stat(from.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    if (given) return absl::NotFoundError(absl::StrCat("--tokenizer ", Shown(from, 256), ": no such directory"));
+    report.no_tokenizer = from.empty() ? "the job did not start from a model directory"
+                                       : absl::StrCat("its model directory ", Shown(from, 256), " is gone");
+    return report;
+  }
+  for (const char* name : kTokenizerFiles) {
+    const std::string path = from + "/" + name;
+    if (::stat(path.c_str(), &st) != 0) continue;
+    SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, "tokenizer file"));
+    SL_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/" + name, text));
+    report.copied.push_back(name);
+  }
+  if (report.copied.empty()) {
+    if (given) return absl::NotFoundError(absl::StrCat("--tokenizer ", Shown(from, 256), ": no tokenizer files there"));
+    report.no_tokenizer = absl::StrCat("its model directory ", Shown(from, 256), " holds no tokenizer files");
+  } else {
+    report.tokenizer_from = from;
+  }
+  return report;
+}
+
 }  // namespace
 
-absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, const HfExportOptions& options) {
+absl::StatusOr<HfExportReport> ExportHf(const std::string& step_dir, const std::string& out_dir,
+                                        const HfExportOptions& options) {
   SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
   const ModelConfig& m = ckpt->manifest().model;
   SL_ASSIGN_OR_RETURN(UnitValues values, UnitValues::Open(ckpt.get(), options.merge, step_dir));
@@ -283,9 +316,13 @@ absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, c
     const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     SL_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
   }
+  const bool given = !options.tokenizer_dir.empty();
+  SL_ASSIGN_OR_RETURN(HfExportReport report,
+                      CopyTokenizer(given ? options.tokenizer_dir : SourceModelDir(ckpt->manifest()), given, out_dir));
   // config.json last: a directory with it is complete.
-  return WriteFileAtomically(out_dir + "/config.json",
-                             HfConfigJson(m, options.dtype == StoredDType::kF32 ? "float32" : "bfloat16"));
+  SL_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/config.json",
+                                         HfConfigJson(m, options.dtype == StoredDType::kF32 ? "float32" : "bfloat16")));
+  return report;
 }
 
 absl::Status ExportModel(const std::string& step_dir, const std::string& out_path) {

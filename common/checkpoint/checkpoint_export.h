@@ -27,11 +27,20 @@
 // With `overwrite` the files a loader reads (weights, indexes, config.json,
 // adapter_config.json, generation_config.json) are removed first and any
 // other file is kept. ExportModel replaces its one file atomically.
+//
+// So that the exported model generates as its source did, ExportHf's
+// config.json declares the source config.json's bos, eos and pad token ids
+// (the manifest records them), and the tokenizer and generation settings
+// (kTokenizerFiles: tokenizer.json, tokenizer_config.json, ...,
+// generation_config.json) are copied beside the weights from `tokenizer_dir`,
+// or where that is empty from the model directory the job started from (the
+// manifest's [model] hf_dir, a LoRA job's base), if it is still there.
 #pragma once
 
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/checkpoint/checkpoint_manifest.h"
@@ -56,13 +65,31 @@ class CheckpointReader {
 
 absl::Status ExportModel(const std::string& step_dir, const std::string& out_path);
 
+// The files of a tokenizer and of generation settings that transformers'
+// save_pretrained writes beside a model.
+inline constexpr const char* kTokenizerFiles[] = {
+    "tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json",          "merges.txt",            "added_tokens.json",       "chat_template.jinja",
+    "chat_template.json",  "generation_config.json"};
+
 struct HfExportOptions {
   StoredDType dtype = StoredDType::kF32;
   int64_t max_shard_bytes = int64_t{5} << 30;  // transformers' default, 5 GB
   bool merge = false;                           // LoRA: base + adapters
   bool overwrite = false;                       // see below
+  std::string tokenizer_dir;                    // empty: the source model directory
 };
-absl::Status ExportHf(const std::string& step_dir, const std::string& out_dir, const HfExportOptions& options);
+// What an hf export wrote besides the weights: the tokenizer files it copied
+// and from where (empty with nothing copied), or why none were.
+struct HfExportReport {
+  std::vector<std::string> copied;
+  std::string tokenizer_from;
+  std::string no_tokenizer;  // set where nothing was copied: why
+};
+// A `tokenizer_dir` that is given but holds none of kTokenizerFiles is an
+// error naming it; a source directory that is gone is only reported.
+absl::StatusOr<HfExportReport> ExportHf(const std::string& step_dir, const std::string& out_dir,
+                                        const HfExportOptions& options);
 
 absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype,
                         bool overwrite = false);
