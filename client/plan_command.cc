@@ -71,6 +71,10 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
       ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--micro-batch", f->micro_batch, "sequences per rank per forward (default: the job file's, else 1)")
       ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--grad-accumulation", f->grad_accumulation,
+                  "over several micro-batches: sharded (reduce each) or unsharded (hold whole gradients); default: "
+                  "the job file's, else sharded")
+      ->check(CLI::IsMember({"sharded", "unsharded"}));
   cmd->add_option("--shard-group", f->shard_group, "hybrid shard group size (default: --gpus-per-node)")
       ->check(CLI::Range(1, kMaxRanks));
   cmd->add_option("--dtype", f->dtype, "parameter dtype, bf16 or fp32 (default: the job file's, else bf16)")
@@ -154,6 +158,10 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
   if (f.workers > 0) in.cluster.workers = f.workers;
   if (f.batch > 0) in.batch_size = f.batch;
   if (f.micro_batch > 0) in.micro_batch_size = f.micro_batch;
+  if (!f.grad_accumulation.empty()) {
+    in.grad_accumulation =
+        f.grad_accumulation == "unsharded" ? GradAccumulation::kUnsharded : GradAccumulation::kSharded;
+  }
   if (f.shard_group > 0) in.shard_group_size = f.shard_group;
   if (!f.dtype.empty()) {
     in.param_dtype = f.dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;

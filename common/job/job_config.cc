@@ -27,6 +27,10 @@ absl::StatusOr<Strategy> ParseStrategy(const std::string& s) {
       " (expected no_shard, zero1, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2)"));
 }
 
+const char* GradAccumulationName(GradAccumulation g) {
+  return g == GradAccumulation::kSharded ? "sharded" : "unsharded";
+}
+
 const char* LoraBaseName(LoraBase b) { return b == LoraBase::kSharded ? "sharded" : "replicated"; }
 
 bool ShardsParams(Strategy s) { return s == Strategy::kFullShard || s == Strategy::kHybridShard; }

@@ -78,8 +78,22 @@ struct DataConfig {
   TokenSource train;  // [data] path, mask_path
   TokenSource val;    // [data] val_path, val_mask_path
 };
+// How the strategies that shard gradients (shard_grad_op, full_shard and
+// the hybrids) accumulate them over a step's micro-batches:
+//   kSharded    each micro-batch's gradients are reduce-scattered as backward
+//               produces them and added into the gradient shard, in
+//               reduce_dtype: a rank never holds more than the units in
+//               flight unsharded (FSDP2's default, DeepSpeed ZeRO-2/3);
+//   kUnsharded  they accumulate unsharded and are reduced once, after the
+//               last micro-batch: less communication, P x param bytes more
+//               memory per rank (FSDP2's set_requires_gradient_sync(False)).
+// The other strategies keep whole gradients anyway and reduce once.
+enum class GradAccumulation { kSharded, kUnsharded };
+const char* GradAccumulationName(GradAccumulation g);
+
 struct TrainConfig {
   int steps = 200, batch_size = 32, micro_batch_size = 8;
+  GradAccumulation grad_accumulation = GradAccumulation::kSharded;  // [train] grad_accumulation
   uint64_t seed = 1337;
   // Validation loss every eval_interval steps and after the last (0: never),
   // over the first eval_batches global batches of [data] val_path (synthetic

@@ -177,6 +177,11 @@ absl::StatusOr<DataFormat> ParseDataFormat(const std::string& s) {
   if (s == "synthetic") return DataFormat::kSynthetic;
   return absl::InvalidArgumentError(absl::StrCat("unknown format ", Quoted(s), " (expected llmc, text or synthetic)"));
 }
+absl::StatusOr<GradAccumulation> ParseGradAccumulation(const std::string& s) {
+  if (s == "sharded") return GradAccumulation::kSharded;
+  if (s == "unsharded") return GradAccumulation::kUnsharded;
+  return absl::InvalidArgumentError(absl::StrCat("unknown value ", Quoted(s), " (expected sharded or unsharded)"));
+}
 absl::StatusOr<LoraBase> ParseLoraBase(const std::string& s) {
   if (s == "sharded") return LoraBase::kSharded;
   if (s == "replicated") return LoraBase::kReplicated;
@@ -268,6 +273,7 @@ void ReadDataAndTraining(SectionReaders& r, JobConfig& c) {
   train.Int("max_nonfinite_skips", &c.train.max_nonfinite_skips, 0, kMaxInt);
   train.Int("batch_size", &c.train.batch_size, 1, 1 << 24);
   train.Int("micro_batch_size", &c.train.micro_batch_size, 1, 1 << 24);
+  train.Enum<GradAccumulation>("grad_accumulation", &c.train.grad_accumulation, ParseGradAccumulation);
   train.Int("seed", &c.train.seed, 0, std::numeric_limits<int64_t>::max());
   train.Int("eval_interval", &c.train.eval_interval, 0, kMaxInt);
   train.Int("eval_batches", &c.train.eval_batches, 1, 1 << 20);

@@ -29,6 +29,7 @@ SHARDLINE_WIRE_ENUM(DType, DType::kBFloat16)
 SHARDLINE_WIRE_ENUM(BackwardPrefetch, BackwardPrefetch::kNone)
 SHARDLINE_WIRE_ENUM(DataFormat, DataFormat::kSynthetic)
 SHARDLINE_WIRE_ENUM(LoraBase, LoraBase::kReplicated)
+SHARDLINE_WIRE_ENUM(GradAccumulation, GradAccumulation::kUnsharded)
 #undef SHARDLINE_WIRE_ENUM
 
 // One line per struct: every field, in declaration order. A field added to a
@@ -42,7 +43,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, family, n_layer, n_head, n_embd,
                                    rope_original_max_position, max_position_embeddings, special_token_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TokenSource, paths, mask_paths)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataConfig, format, train, val)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, steps, batch_size, micro_batch_size, seed, eval_interval,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, steps, batch_size, micro_batch_size, grad_accumulation, seed,
+                                   eval_interval,
                                    eval_batches, log_interval, max_nonfinite_skips)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimizerConfig, lr, min_lr, warmup_steps, betas, eps, weight_decay, grad_clip)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelismConfig, strategy, auto_strategy, shard_group_size)

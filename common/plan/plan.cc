@@ -143,6 +143,7 @@ PlanInput PlanInputForJob(const JobConfig& c, int workers) {
   in.model = c.model;
   in.batch_size = c.train.batch_size;
   in.micro_batch_size = c.train.micro_batch_size;
+  in.grad_accumulation = c.train.grad_accumulation;
   in.param_dtype = c.precision.param_dtype;
   in.reduce_dtype = c.precision.reduce_dtype;
   in.max_inflight_all_gathers = c.prefetch.max_inflight_all_gathers;
@@ -242,7 +243,15 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
   const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
   if (ShardsParams(s)) sp.transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
   if (base_sharded) sp.transient_bytes += p * (f.embed + f.head + live_blocks * f.block);
-  if (ShardsGrads(s)) sp.transient_bytes += p * (t.embed + 2 * t.block);  // unsharded grads before reduction
+  // Unsharded gradients: under sharded accumulation (or one micro-batch)
+  // the unit in compute and the one being reduced; under unsharded
+  // accumulation every unit's, held across the micro-batches.
+  const bool hold_grads = ShardsGrads(s) && x.micro_batches > 1 && in.grad_accumulation == GradAccumulation::kUnsharded;
+  if (hold_grads) {
+    sp.transient_bytes += p * (t.embed + t.head + m.n_layer * t.block);
+  } else if (ShardsGrads(s)) {
+    sp.transient_bytes += p * (t.embed + 2 * t.block);
+  }
   const double acts = m.n_layer * layer_act + head_act;
   const double acts_checkpointed = m.n_layer * layer_input + layer_act + head_act;
   const double held = static_cast<double>(sp.state_bytes) + static_cast<double>(sp.transient_bytes);
@@ -282,6 +291,11 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
     add(comm::RingAllGatherBytes(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
   }
   if (g > 1) {
+    // Sharded accumulation reduce-scatters every micro-batch; all but the
+    // last hide behind the next micro-batch's compute.
+    if (ShardsGrads(s) && in.grad_accumulation == GradAccumulation::kSharded && x.micro_batches > 1) {
+      add(static_cast<double>(x.micro_batches - 1) * comm::RingReduceScatterBytes(full_p * r, g), shard_bw, true);
+    }
     // Reductions run during backward; the embedding's comes last (tied head).
     add(comm::RingReduceScatterBytes((full_p - embed) * r, g), shard_bw, true);
     add(comm::RingReduceScatterBytes(embed * r, g), shard_bw, false);

@@ -46,6 +46,10 @@ struct PlanInput {
   ModelConfig model;
   int batch_size = 0;        // global, in sequences; 0 = one micro-batch per rank
   int micro_batch_size = 1;  // sequences per rank per forward
+  // Over several micro-batches, where gradients are sharded: sharded (each
+  // micro-batch reduce-scattered, micro-batches x the reduce-scatter bytes)
+  // or unsharded (every unit's whole gradient held until the last one).
+  GradAccumulation grad_accumulation = GradAccumulation::kSharded;
   DType param_dtype = DType::kBFloat16, reduce_dtype = DType::kFloat32;
   int max_inflight_all_gathers = 2;
   int shard_group_size = 0;  // hybrid strategies; 0 = gpus_per_node

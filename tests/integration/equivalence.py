@@ -2,7 +2,10 @@
 loopback), 10 steps of a tiny GPT in fp32 with 2 micro-batches per rank,
 clipping, warmup and cosine end within 2e-5 (max abs) of the single-process
 run's parameters, with per-step losses within 1e-6 relative. The bytes each
-rank sent, by collective, must equal the ring formulas.
+rank sent, by collective, must equal the ring formulas. Strategies that shard
+gradients run twice, with sharded and with unsharded accumulation over the
+micro-batches; on an 8-layer model with 4 micro-batches the second holds the
+whole gradient and the first at least half of it less.
 
     equivalence.py STRATEGY [--checkpointing] [--prefetch none|post] [--model llama3|qwen2|qwen3]
 
@@ -44,25 +47,45 @@ def main():
     checks.check(ref_losses[-1] < ref_losses[0], "reference loss falls",
                  f"{ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
     worst_param, worst_loss = 0.0, 0.0
+    # Where gradients are sharded, both ways of accumulating them over the
+    # micro-batches (job_config.h GradAccumulation) equal one process.
+    modes = ["sharded", "unsharded"] if args.strategy in formulas.SHARDS_GRADS else ["sharded"]
     for world in [int(w) for w in args.worlds.split(",")]:
-        cfg = config(args.strategy, world, **extra)
-        out, ranks = harness.run(cfg, world)
-        params = harness.load_params(out)
-        diff = max(float(np.max(np.abs(params[k] - ref_params[k]))) for k in ref_params)
-        losses = [s["loss"] for s in ranks[0]["steps"]]
-        rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-        worst_param, worst_loss = max(worst_param, diff), max(worst_loss, rel)
-        name = f"{args.strategy} N={world}"
-        checks.check(diff <= PARAM_TOL, f"{name} params", f"max abs diff {diff:.3e} (tol {PARAM_TOL})")
-        checks.check(rel <= LOSS_TOL, f"{name} losses", f"max rel diff {rel:.3e} (tol {LOSS_TOL})")
-        # Every rank's loss agrees (they all-reduce it).
-        checks.check(all(r["steps"][-1]["loss"] == ranks[0]["steps"][-1]["loss"] for r in ranks),
-                     f"{name} ranks agree on the loss")
-        expected = formulas.comm_bytes(cfg, world, cfg["train"]["steps"])
-        for r in ranks:
-            got = {(c, op): r["comm"][c][op]["bytes"] for (c, op) in expected}
-            checks.check(got == expected, f"{name} rank {r['rank']} bytes per collective",
-                         "" if got == expected else f"got {got} expected {expected}")
+        for mode in modes:
+            cfg = config(args.strategy, world, train__grad_accumulation=mode, **extra)
+            out, ranks = harness.run(cfg, world)
+            params = harness.load_params(out)
+            diff = max(float(np.max(np.abs(params[k] - ref_params[k]))) for k in ref_params)
+            losses = [s["loss"] for s in ranks[0]["steps"]]
+            rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+            worst_param, worst_loss = max(worst_param, diff), max(worst_loss, rel)
+            name = f"{args.strategy} N={world}" + (f" ({mode} accumulation)" if len(modes) > 1 else "")
+            checks.check(diff <= PARAM_TOL, f"{name} params", f"max abs diff {diff:.3e} (tol {PARAM_TOL})")
+            checks.check(rel <= LOSS_TOL, f"{name} losses", f"max rel diff {rel:.3e} (tol {LOSS_TOL})")
+            # Every rank's loss agrees (they all-reduce it).
+            checks.check(all(r["steps"][-1]["loss"] == ranks[0]["steps"][-1]["loss"] for r in ranks),
+                         f"{name} ranks agree on the loss")
+            expected = formulas.comm_bytes(cfg, world, cfg["train"]["steps"])
+            for r in ranks:
+                got = {(c, op): r["comm"][c][op]["bytes"] for (c, op) in expected}
+                checks.check(got == expected, f"{name} rank {r['rank']} bytes per collective",
+                             "" if got == expected else f"got {got} expected {expected}")
+    if len(modes) > 1:
+        # Gradient memory, on a deeper model with 4 micro-batches at N = 2:
+        # unsharded accumulation holds every unit's whole gradient across
+        # the micro-batches; sharded holds the shard plus the units in flight
+        # (one reduction at a time), below that.
+        peak = {}
+        for mode in modes:
+            cfg = config(args.strategy, 2, micro_batches=4, train__grad_accumulation=mode, train__steps=2)
+            cfg["model"]["n_layer"] = 8
+            _, ranks = harness.run(cfg, 2)
+            peak[mode] = max(r["memory"]["peak_grads"] for r in ranks)
+        full = sum(formulas.unit_sizes(cfg["model"])) * 4
+        checks.check(peak["unsharded"] >= full and peak["sharded"] < peak["unsharded"] - full // 2,
+                     f"{args.strategy} N=2 gradient memory: unsharded accumulation holds the whole gradient, "
+                     "sharded at least half of it less",
+                     f"peak grads {peak['sharded']} B sharded, {peak['unsharded']} B unsharded, whole {full} B")
     print(f"WORST {args.strategy}: params max abs {worst_param:.3e}, losses max rel {worst_loss:.3e}")
     checks.finish()
 

@@ -99,6 +99,10 @@ def comm_bytes(cfg, world, steps):
     if lora and cfg["lora"].get("base", "sharded") == "sharded":
         ag += micro * gathers_per_micro([padded(n, G) for n in unit_sizes(cfg["model"])], p, G)
     rs = sum(ring(s * r, G) for s in sizes)
+    # Sharded accumulation (the default where gradients are sharded): every
+    # micro-batch is reduce-scattered; the all-reduce across replicas is once.
+    if strategy in SHARDS_GRADS and cfg["train"].get("grad_accumulation", "sharded") == "sharded":
+        rs *= micro
     # grad norm, then loss + save vote (fp64)
     shard_ar = ring_all_reduce(8, 8, G) + ring_all_reduce(16, 8, G) if G > 1 else 0
     rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(16, 8, R)) if R > 1 else 0

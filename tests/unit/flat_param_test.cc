@@ -160,7 +160,7 @@ TEST(FlatParamLifeCycle, PersistentParamsStayUnsharded) {
 // Two units' gradients reduced under a hybrid strategy while neither
 // reduce-scatter reports Done (the watchdog has not polled yet): the order in
 // which a rank issues collectives must not depend on that timing.
-std::vector<std::string> ReductionOrder(bool ordered_on_device) {
+std::vector<std::string> ReductionOrder(bool ordered_on_device, int micro_batches = 1) {
   std::vector<std::string> log;
   RecordingGroup shard("shard", ordered_on_device, &log), replicate("replicate", ordered_on_device, &log);
   auto device = *Device::Open("cpu");
@@ -176,10 +176,16 @@ std::vector<std::string> ReductionOrder(bool ordered_on_device) {
     units.back()->EnsureGrad();
   }
   GradReduction reduction(&shard, &replicate, &waiter, &ledger);
-  reduction.Start(units[0].get());
-  EXPECT_TRUE(reduction.Pump(/*wait_all=*/false).ok());
-  reduction.Start(units[1].get());
-  EXPECT_TRUE(reduction.Pump(/*wait_all=*/true).ok());
+  // Two micro-batches under sharded accumulation: the first only
+  // reduce-scatters, the last adds and all-reduces.
+  for (int micro = 0; micro < micro_batches; ++micro) {
+    const bool last = micro == micro_batches - 1;
+    for (auto& u : units) u->EnsureGrad();
+    EXPECT_TRUE(reduction.Start(units[0].get(), micro > 0, last).ok());
+    EXPECT_TRUE(reduction.Pump(/*wait_all=*/false).ok());
+    EXPECT_TRUE(reduction.Start(units[1].get(), micro > 0, last).ok());
+    EXPECT_TRUE(reduction.Pump(/*wait_all=*/true).ok());
+  }
   return log;
 }
 
@@ -188,6 +194,15 @@ TEST(GradReduction, OnTheDeviceEachAllReduceFollowsItsReduceScatterAtOnce) {
   // of issue is the order of execution; RS1 RS2 AR1 on one rank against
   // RS1 AR1 RS2 on another is a wait cycle once four ranks form two groups.
   EXPECT_EQ(ReductionOrder(true), (std::vector<std::string>{"shard RS", "replicate AR", "shard RS", "replicate AR"}));
+}
+
+TEST(GradReduction, ShardedAccumulationAllReducesOnlyAfterTheLastMicroBatch) {
+  // Earlier micro-batches only reduce-scatter (their shards are summed);
+  // the replicate groups all-reduce the sum once, in the same fixed order.
+  const std::vector<std::string> want = {"shard RS", "shard RS", "shard RS", "replicate AR", "shard RS", "replicate AR"};
+  EXPECT_EQ(ReductionOrder(true, 2), want);
+  EXPECT_EQ(ReductionOrder(false, 2),
+            (std::vector<std::string>{"shard RS", "shard RS", "shard RS", "shard RS", "replicate AR", "replicate AR"}));
 }
 
 TEST(GradReduction, OnTheHostEachAllReduceWaitsForItsReduceScatter) {

@@ -7,21 +7,52 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 namespace shardline {
 namespace {
 
-// A field added to one of these structs must be added to job_wire.cc's list
-// too, or workers run it at its default. Each size below is the struct's on
-// this platform (x86-64, libstdc++) when the list was last brought up to
-// date: a new field of any type but a bool that fits in padding changes it
-// and stops this test from compiling until both are updated.
-static_assert(sizeof(ModelConfig) == 304 && sizeof(TokenSource) == 48 && sizeof(DataConfig) == 104 &&
-                  sizeof(TrainConfig) == 40 && sizeof(OptimizerConfig) == 64 && sizeof(ParallelismConfig) == 12 &&
-                  sizeof(PrecisionConfig) == 16 && sizeof(MemoryConfig) == 2 && sizeof(PrefetchConfig) == 12 &&
-                  sizeof(LoraConfig) == 168 && sizeof(CheckpointConfig) == 56 && sizeof(RestartConfig) == 16 &&
-                  sizeof(JobConfig) == 840,
-              "a JobConfig struct changed: bring common/job/job_wire.cc's field lists and these sizes up to date");
+// How many fields an aggregate has: the most initializers T{...} takes.
+struct AnyField {
+  template <typename U>
+  operator U() const;
+};
+template <typename T, typename... A>
+constexpr auto Braces(int) -> decltype(T{std::declval<A>()...}, true) {
+  return true;
+}
+template <typename T, typename... A>
+constexpr bool Braces(...) {
+  return false;
+}
+template <typename T, typename... A>
+constexpr size_t FieldCount() {
+  if constexpr (Braces<T, A..., AnyField>(0)) {
+    return FieldCount<T, A..., AnyField>();
+  } else {
+    return sizeof...(A);
+  }
+}
+
+// A field added to one of JobConfig's structs must be added to job_wire.cc's
+// list too, or workers run it at its default: each struct's encoded object
+// has as many keys as the struct has fields.
+TEST(JobWire, EveryStructsEveryFieldIsEncoded) {
+  const nlohmann::json j = nlohmann::json::parse(EncodeJobConfig(JobConfig()));
+  EXPECT_EQ(j.size(), FieldCount<JobConfig>());
+  EXPECT_EQ(j.at("model").size(), FieldCount<ModelConfig>());
+  EXPECT_EQ(j.at("data").size(), FieldCount<DataConfig>());
+  EXPECT_EQ(j.at("data").at("train").size(), FieldCount<TokenSource>());
+  EXPECT_EQ(j.at("train").size(), FieldCount<TrainConfig>());
+  EXPECT_EQ(j.at("optimizer").size(), FieldCount<OptimizerConfig>());
+  EXPECT_EQ(j.at("parallelism").size(), FieldCount<ParallelismConfig>());
+  EXPECT_EQ(j.at("precision").size(), FieldCount<PrecisionConfig>());
+  EXPECT_EQ(j.at("memory").size(), FieldCount<MemoryConfig>());
+  EXPECT_EQ(j.at("prefetch").size(), FieldCount<PrefetchConfig>());
+  EXPECT_EQ(j.at("lora").size(), FieldCount<LoraConfig>());
+  EXPECT_EQ(j.at("checkpoint").size(), FieldCount<CheckpointConfig>());
+  EXPECT_EQ(j.at("restart").size(), FieldCount<RestartConfig>());
+}
 
 // Every field away from its default, so that one the wire drops shows.
 JobConfig EveryFieldSet() {
@@ -45,7 +76,7 @@ JobConfig EveryFieldSet() {
   c.data.format = DataFormat::kLlmc;
   c.data.train = {{"/d/a-*.bin", "/d/b.bin"}, {"/d/a.mask"}};
   c.data.val = {{"/d/val.bin"}, {"/d/val.mask"}};
-  c.train = {17, 12, 3, 0xFFFFFFFFFFFFFFF1ull, 5, 4, 2, 3};
+  c.train = {17, 12, 3, GradAccumulation::kUnsharded, 0xFFFFFFFFFFFFFFF1ull, 5, 4, 2, 3};
   c.optimizer = {3e-4, 1e-5, 7, {0.8, 0.99}, 1e-7, 0.01, 0.5};
   c.parallelism = {Strategy::kHybridShardZero2, true, 2};
   c.precision = {DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, true};

@@ -242,5 +242,62 @@ TEST(Plan, BytesAtTheBoundsSaturateInsteadOfWrapping) {
   for (double n : {1e300, std::nan("")}) EXPECT_GE(ModelForParams(n, 50304, 1024).n_layer, 1);
 }
 
+// Gradient accumulation over micro-batches (issue 26): sharded accumulation
+// keeps memory flat and reduce-scatters every micro-batch; unsharded holds
+// every unit's whole gradient (P x param bytes) and reduces once.
+TEST(Plan, MicroBatchesCountBothWaysOfAccumulatingGradients) {
+  PlanInput in;
+  in.model = ModelForParams(7e9, 32000, 4096, "llama");
+  in.cluster.workers = 8;
+  in.cluster.gpus_per_node = 8;
+  in.cluster.device_memory_bytes = 80e9;
+  in.micro_batch_size = 1;
+  auto plan_at = [&](int micro, GradAccumulation g) {
+    PlanInput x = in;
+    x.batch_size = 8 * micro;
+    x.grad_accumulation = g;
+    absl::StatusOr<Plan> p = MakePlan(x);
+    EXPECT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->micro_batches, micro);
+    return Of(*p, Strategy::kFullShard);
+  };
+  const StrategyPlan one = plan_at(1, GradAccumulation::kSharded);
+  const StrategyPlan sharded = plan_at(4, GradAccumulation::kSharded);
+  const StrategyPlan unsharded = plan_at(4, GradAccumulation::kUnsharded);
+  EXPECT_EQ(plan_at(1, GradAccumulation::kUnsharded).transient_bytes, one.transient_bytes);  // one micro-batch: alike
+  // Memory: flat in the micro-batches when sharded; unsharded adds the
+  // whole gradient in bf16 less the two units sharded holds in flight.
+  EXPECT_EQ(sharded.transient_bytes, one.transient_bytes);
+  EXPECT_EQ(sharded.grads_bytes, one.grads_bytes);
+  const double whole_bf16 = 2.0 * model::NumParams(in.model);
+  EXPECT_GT(unsharded.transient_bytes - sharded.transient_bytes, 0.9 * whole_bf16);
+  EXPECT_LT(unsharded.transient_bytes - sharded.transient_bytes, whole_bf16 + 1e6);
+  // Communication: three more reduce-scatters of the whole gradient (fp32 by
+  // default) when sharded, over 8 ranks.
+  const double rs = 4.0 * model::NumParams(in.model) * 7 / 8;
+  EXPECT_NEAR(static_cast<double>(sharded.comm_bytes - unsharded.comm_bytes), 3 * rs, 0.01 * rs);
+}
+
+// The 70B full fine-tune on 64 GPUs at batch 256 (4 micro-batches a rank):
+// it does not fit when gradients accumulate unsharded.
+TEST(Plan, SeventyBillionWithUnshardedAccumulationDoesNotFit) {
+  PlanInput in;
+  in.model = ModelForParams(7e10, 128256, 4096, "llama");
+  in.cluster.workers = 64;
+  in.cluster.gpus_per_node = 8;
+  in.cluster.device_memory_bytes = 80e9;
+  in.batch_size = 256;
+  in.micro_batch_size = 1;
+  in.grad_accumulation = GradAccumulation::kUnsharded;
+  absl::StatusOr<Plan> unsharded = MakePlan(in);
+  ASSERT_TRUE(unsharded.ok()) << unsharded.status();
+  const StrategyPlan& u = Of(*unsharded, Strategy::kFullShard);
+  EXPECT_FALSE(u.fits || u.fits_checkpointed) << "140 GB of bf16 gradients per rank";
+  in.grad_accumulation = GradAccumulation::kSharded;
+  absl::StatusOr<Plan> sharded = MakePlan(in);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  EXPECT_TRUE(Of(*sharded, Strategy::kFullShard).fits_checkpointed);
+}
+
 }  // namespace
 }  // namespace shardline

@@ -85,6 +85,8 @@ absl::Status Engine::Init() {
     }
   }
   reduction_ = std::make_unique<GradReduction>(comms_.shard.get(), comms_.replicate.get(), &waiter_, &ledger_);
+  reduce_every_micro_ = ShardsGrads(config_.parallelism.strategy) &&
+                        config_.train.grad_accumulation == GradAccumulation::kSharded;
   init_peak_ = ledger_.peak();
   return device_->Synchronize(waiter_.timeout());
 }
@@ -234,7 +236,7 @@ absl::Status Engine::Backward(int u, at::Tensor* grad) {
   return absl::OkStatus();
 }
 
-absl::Status Engine::BackwardUnits(bool final_micro) {
+absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
   const ModelConfig& m = config_.model;
   const int U = static_cast<int>(units_.size());
   at::Tensor grad;
@@ -249,12 +251,17 @@ absl::Status Engine::BackwardUnits(bool final_micro) {
     SL_RETURN_IF_ERROR(Backward(u, &grad));
     if (bp == BackwardPrefetch::kPost && u - 1 >= 1) Prefetch(u - 1);
     if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(unit.Reshard());
-    // The last micro-batch reduces each unit as soon as its gradient is
-    // complete; earlier ones accumulate locally (no communication).
-    // (The embed unit comes last, after the tied lm_head added to wte.)
-    if (final_micro) {
-      if (FlatParam* f = unit.trainable()) reduction_->Start(f);
-      SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false));
+    // A unit is reduced as soon as its gradient is complete: in every
+    // micro-batch under sharded accumulation, else in the last one only
+    // (earlier ones accumulate unsharded, with no communication). (The
+    // embed unit comes last, after the tied lm_head added to wte.)
+    if (final_micro || reduce_every_micro_) {
+      if (FlatParam* f = unit.trainable()) {
+        SL_RETURN_IF_ERROR(reduction_->Start(f, /*accumulate=*/reduce_every_micro_ && micro > 0, final_micro));
+      }
+      // Sharded accumulation keeps one reduction in flight, so that a
+      // rank's gradient memory stays near two units whatever the model.
+      SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, reduce_every_micro_ ? 1 : SIZE_MAX));
     }
   }
   for (int u = 0; u < last; ++u) TrackActivation(units_[u].Take().output, false);  // (no backward ran)
@@ -262,7 +269,7 @@ absl::Status Engine::BackwardUnits(bool final_micro) {
   return units_[model::HeadUnit(m)].Reshard();
 }
 
-absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, bool final_micro,
+absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, int micro, bool final_micro,
                                      at::Tensor* loss) {
   {
     // (`out` shares the head's output storage: gone before backward frees it.)
@@ -270,7 +277,11 @@ absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, b
     // Summed on the device; the host reads the loss once, at the step's end.
     *loss = *loss + out.to(at::kDouble);
   }
-  return BackwardUnits(final_micro);
+  // Under sharded accumulation the previous micro-batch's reductions read
+  // the full gradients this backward would accumulate into: they end (and
+  // free them) first, having overlapped this forward.
+  if (reduce_every_micro_ && micro > 0) SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/true));
+  return BackwardUnits(micro, final_micro);
 }
 
 // ---- norm, optimizer, step ----------------------------------------------
@@ -335,7 +346,7 @@ absl::StatusOr<at::Tensor> Engine::ForwardBackwardAll(int64_t step) {
   for (int mb = 0; mb < micro; ++mb) {
     at::Tensor x, y;
     data_->Batch(step, t.batch_size, rank_ * per_rank + mb * t.micro_batch_size, t.micro_batch_size, &x, &y);
-    SL_RETURN_IF_ERROR(ForwardBackward(device_->FromHost(x), device_->FromHost(y), mb == micro - 1, &loss));
+    SL_RETURN_IF_ERROR(ForwardBackward(device_->FromHost(x), device_->FromHost(y), mb, mb == micro - 1, &loss));
   }
   SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/true));
   return loss;

@@ -179,7 +179,8 @@ class Engine {
   // Forward and backward of every micro-batch of `step` and the gradient
   // reduction; returns this rank's summed loss as a device scalar (fp64).
   absl::StatusOr<at::Tensor> ForwardBackwardAll(int64_t step);
-  absl::Status ForwardBackward(const at::Tensor& x, const at::Tensor& y, bool final_micro, at::Tensor* loss);
+  absl::Status ForwardBackward(const at::Tensor& x, const at::Tensor& y, int micro, bool final_micro,
+                               at::Tensor* loss);
   // The one forward schedule: for each unit in order, unshard and wait,
   // prefetch the next, compute, reshard what no backward needs. Returns the
   // head's output without its graph: the scaled loss sum, or the logits.
@@ -189,7 +190,7 @@ class Engine {
   at::Tensor UnitOutput(int u, const at::Tensor& h, const ForwardPass& pass) const;
   // Backward of every unit in reverse order (after ForwardUnits' training
   // pass); the last micro-batch starts each unit's gradient reduction.
-  absl::Status BackwardUnits(bool final_micro);
+  absl::Status BackwardUnits(int micro, bool final_micro);
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
@@ -229,6 +230,9 @@ class Engine {
   int64_t init_peak_ = 0;
   int64_t tensor_peak_ = 0, reserved_peak_ = 0;
   double loss_scale_ = 0;
+  // Sharded gradient accumulation (GradAccumulation::kSharded under a
+  // strategy that shards gradients): every micro-batch is reduced.
+  bool reduce_every_micro_ = false;
 };
 
 }  // namespace shardline

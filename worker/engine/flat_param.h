@@ -141,6 +141,9 @@ class FlatParam {
   const at::Tensor& master() const { return master_; }
   const at::Tensor& grad_shard() const { return grad_shard_; }
   const AdamWState* optimizer() const { return optimizer_.get(); }
+  // Sharded gradient accumulation: a later micro-batch's reduced shard
+  // (reduce dtype) added to grad_shard on the compute stream.
+  void AddToGradShard(const at::Tensor& reduced) { grad_shard_.add_(reduced); }
 
   const at::Tensor& unsharded() const { return unsharded_; }
   const at::Tensor& grad_full() const { return grad_full_; }

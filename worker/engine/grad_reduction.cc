@@ -4,33 +4,54 @@
 
 namespace shardline {
 
-void GradReduction::Start(FlatParam* unit) {
+absl::Status GradReduction::Start(FlatParam* unit, bool accumulate, bool last) {
   Pending p;
   p.unit = unit;
+  p.last = last;
   at::Tensor src = unit->grad_full();
   if (src.scalar_type() != unit->grad_shard().scalar_type()) {
     p.cast = src.to(unit->grad_shard().scalar_type());
     ledger_->Add(MemKind::kGrads, p.cast.nbytes());
     src = p.cast;
   }
-  p.reduce_scatter = shard_->ReduceScatter(unit->grad_shard(), src);
-  // On the device, the all-reduce follows the reduce-scatter on the same
-  // stream, issued now: every rank issues RS1 AR1 RS2 AR2 ... whatever the
-  // timing (communicator.h, ordered_on_device).
-  if (replicate_->size() > 1 && replicate_->ordered_on_device()) {
+  at::Tensor out = unit->grad_shard();
+  if (accumulate) {
+    p.scratch = at::empty_like(out);
+    ledger_->Add(MemKind::kGrads, p.scratch.nbytes());
+    out = p.scratch;
+  }
+  p.reduce_scatter = shard_->ReduceScatter(out, src);
+  // On the device, everything after the reduce-scatter is issued now, in
+  // the same order on every rank whatever the timing (communicator.h,
+  // ordered_on_device): the add on the compute stream once the scatter is
+  // done, then the all-reduce, which each op orders after the compute stream.
+  if (shard_->ordered_on_device() && accumulate) {
+    SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.reduce_scatter));
+    unit->AddToGradShard(p.scratch);
+  }
+  if (last && replicate_->size() > 1 && replicate_->ordered_on_device()) {
     p.all_reduce = replicate_->AllReduce(unit->grad_shard());
   }
   pending_.push_back(std::move(p));
+  return absl::OkStatus();
 }
 
-absl::Status GradReduction::Pump(bool wait_all) {
+absl::Status GradReduction::Pump(bool wait_all, size_t max_in_flight) {
+  size_t in_flight = 0;
+  for (const Pending& p : pending_) in_flight += p.scattered ? 0 : 1;
   for (Pending& p : pending_) {
     if (p.scattered) continue;
-    if (!wait_all && !p.reduce_scatter->Done()) break;
+    if (!wait_all && in_flight <= max_in_flight && !p.reduce_scatter->Done()) break;
+    --in_flight;
     // The compute stream waits before the buffers are freed: their memory
     // then goes only to work ordered after the reduce-scatter.
     SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.reduce_scatter));
     p.scattered = true;
+    if (p.scratch.defined()) {
+      if (!shard_->ordered_on_device()) p.unit->AddToGradShard(p.scratch);  // (on the device: added in Start)
+      ledger_->Sub(MemKind::kGrads, p.scratch.nbytes());
+      p.scratch = at::Tensor();
+    }
     if (p.cast.defined()) {
       ledger_->Sub(MemKind::kGrads, p.cast.nbytes());
       p.cast = at::Tensor();
@@ -39,7 +60,7 @@ absl::Status GradReduction::Pump(bool wait_all) {
     // On the host (Gloo), the all-reduce may start only once the shard holds
     // the reduce-scatter's result; the replicate communicator has its own
     // connections, so its ops need only keep their order among themselves.
-    if (replicate_->size() > 1 && !p.all_reduce) p.all_reduce = replicate_->AllReduce(p.unit->grad_shard());
+    if (p.last && replicate_->size() > 1 && !p.all_reduce) p.all_reduce = replicate_->AllReduce(p.unit->grad_shard());
   }
   if (!wait_all) return absl::OkStatus();
   for (Pending& p : pending_) {

@@ -7,11 +7,20 @@
 // after the unit's reduce-scatter, on the same stream; on a host backend
 // (Gloo) once that reduce-scatter finished, oldest first.
 //
-// Memory: the cast copy lives until its reduce-scatter finished; a unit's
-// full gradient is freed then too, unless the strategy keeps it (ZeRO 0-1).
+// Over several micro-batches (GradAccumulation::kSharded) every micro-batch
+// is reduced: the first reduce-scatters into grad_shard, each later one into
+// a scratch shard that is then added to it, and only the last micro-batch's
+// reduction all-reduces the sum across replicate groups. On a device-ordered
+// backend the compute stream waits for such a reduce-scatter, adds, and the
+// all-reduce (ordered after the compute stream) follows, all issued in Start.
+//
+// Memory: the cast copy and the scratch shard live until their
+// reduce-scatter finished; a unit's full gradient is freed then too, unless
+// the strategy keeps it (ZeRO 0-1).
 // Not thread-safe: the engine's step thread drives it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -29,18 +38,27 @@ class GradReduction {
                 MemoryLedger* ledger)
       : shard_(shard), replicate_(replicate), waiter_(waiter), ledger_(ledger) {}
 
-  // Starts reducing `unit`'s full gradient into its grad_shard.
-  void Start(FlatParam* unit);
+  // Starts reducing `unit`'s full gradient into its grad_shard: replacing
+  // what grad_shard holds, or with `accumulate` adding to it; `last` (the
+  // step's last reduction of this unit) also all-reduces it across replicate
+  // groups. An error is a failed device-side wait (device backends only).
+  absl::Status Start(FlatParam* unit, bool accumulate, bool last);
   // Advances reductions in order: without `wait_all`, only those already
   // done (no waiting); with it, every one, after which grad_shard of every
   // started unit holds the reduced gradient for the compute stream.
-  absl::Status Pump(bool wait_all);
+  // `max_in_flight` bounds the reductions left unfinished (the oldest are
+  // waited for first): each holds a unit's whole gradient, so this bounds
+  // the gradient memory of a backward to that many units plus the one in
+  // compute, as FSDP2 keeps one reduce-scatter in flight.
+  absl::Status Pump(bool wait_all, size_t max_in_flight = SIZE_MAX);
 
  private:
   struct Pending {
     FlatParam* unit = nullptr;
     std::shared_ptr<comm::Work> reduce_scatter;
-    at::Tensor cast;  // reduce-dtype copy of the gradient, alive until the op ends
+    at::Tensor cast;     // reduce-dtype copy of the gradient, alive until the op ends
+    at::Tensor scratch;  // accumulate: the reduce-scatter's output, added to grad_shard
+    bool last = false;   // all-reduce across replicate groups after the reduce-scatter
     bool scattered = false;
     std::shared_ptr<comm::Work> all_reduce;  // across replicate groups
   };
