@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/command_line.h"
+#include "client/export_command.h"
 #include "client/plan_command.h"
 #include "client/render.h"
 #include "common/base/build_info.h"
@@ -120,22 +121,6 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int 
   SL_RETURN_IF_ERROR(CheckJobFiles(cfg, path));
   req.set_workers(w);
   return req;
-}
-
-// "5GB", "500MB", "20KB" or "4096" (bytes; powers of 1000, as transformers).
-absl::StatusOr<int64_t> ParseByteSize(const std::string& text, const std::string& flag) {
-  size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  const std::string unit = text.substr(digits);
-  int64_t scale = 0;
-  if (unit.empty() || unit == "B") scale = 1;
-  if (unit == "KB") scale = 1000;
-  if (unit == "MB") scale = 1000 * 1000;
-  if (unit == "GB") scale = 1000 * 1000 * 1000;
-  if (digits == 0 || digits > 9 || scale == 0 || std::stoll(text.substr(0, digits)) < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, " ", Quoted(text), ": expected a size such as 5GB, 500MB or 20KB"));
-  }
-  return std::stoll(text.substr(0, digits)) * scale;
 }
 
 absl::StatusOr<v1::Job> FetchJob(const Client& c, const std::string& id, bool history = false) {
@@ -291,12 +276,11 @@ absl::StatusOr<v1::CheckpointInfo> SaveNow(const Client& c, const std::string& j
 // Every flag of every command, as the parse fills them.
 struct Args {
   Options o;
-  std::string file, job, from, strategy, step_dir, out_file, shell;
+  std::string file, job, from, strategy, shell;
   int workers = 0, page_size = 100, log_rank = -1;
   bool follow = false, skip_local_check = false, history = false, delete_checkpoints = false, follow_logs = false;
   double save_timeout_s = 600;
-  std::string export_format = "nanogpt", export_dtype = "fp32", max_shard_size = "5GB", tokenizer_dir;
-  bool merge = false, overwrite = false;
+  ExportFlags export_flags;
   PlanFlags plan;
 };
 
@@ -366,62 +350,10 @@ CLI::App* AddCheckpointCommands(CLI::App& app, Args& a) {
       ->check(CLI::Range(1.0, 86400.0));
   auto* list = ckpt->add_subcommand("list", "a job's committed checkpoints");
   for (auto* sc : {save, list}) sc->add_option("JOB", a.job)->required();
-  auto* exp = ckpt->add_subcommand("export", "write a checkpoint's model for other tools (no coordinator needed)");
-  exp->add_option("STEP_DIR", a.step_dir)->required();
-  exp->add_option("--out", a.out_file, "nanogpt: the .safetensors file to write; hf, peft: the directory")->required();
-  exp->add_option("--format", a.export_format, "nanogpt (one file, the engine's names), hf (a transformers "
-                                               "directory) or peft (a LoRA checkpoint's adapters)")
-      ->check(CLI::IsMember({"nanogpt", "hf", "peft"}));
-  exp->add_option("--dtype", a.export_dtype, "hf, peft: fp32 or bf16 (default fp32)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
-  exp->add_flag("--merge", a.merge, "hf, of a LoRA checkpoint: the base with the adapters merged in");
-  exp->add_option("--tokenizer", a.tokenizer_dir,
-                  "hf: copy the tokenizer and generation_config.json from DIR (default: the model directory the job "
-                  "started from, if still there)");
-  exp->add_flag("--overwrite", a.overwrite,
-                "hf, peft: export into a folder that has files, removing the weights and configs there first");
-  exp->add_option("--max-shard-size", a.max_shard_size,
-                  "hf: the largest weight file, as transformers writes it: 5GB, 500MB, 20KB (default 5GB)");
+  AddExportOptions(ckpt->add_subcommand("export", "write a checkpoint's model for other tools (no coordinator "
+                                                   "needed)"),
+                   &a.export_flags);
   return ckpt;
-}
-
-// `ckpt export`: local, reads the shard files one unit at a time.
-absl::Status Export(const Args& a) {
-  const StoredDType dtype = a.export_dtype == "bf16" ? StoredDType::kBF16 : StoredDType::kF32;
-  if (a.merge && a.export_format != "hf") return absl::InvalidArgumentError("--merge needs --format hf");
-  if (!a.tokenizer_dir.empty() && a.export_format != "hf") {
-    return absl::InvalidArgumentError("--tokenizer needs --format hf");
-  }
-  if (a.export_format == "hf") {
-    HfExportOptions options;
-    options.dtype = dtype;
-    options.merge = a.merge;
-    options.overwrite = a.overwrite;
-    SL_ASSIGN_OR_RETURN(options.max_shard_bytes, ParseByteSize(a.max_shard_size, "--max-shard-size"));
-    options.tokenizer_dir = a.tokenizer_dir;
-    SL_ASSIGN_OR_RETURN(HfExportReport report, ExportHf(a.step_dir, a.out_file, options));
-    if (a.o.json) {
-      std::cout << Dump({{"path", a.out_file},
-                         {"tokenizer_files", report.copied},
-                         {"tokenizer_from", report.tokenizer_from.empty() ? Json(nullptr) : Json(report.tokenizer_from)}})
-                << std::endl;
-    } else if (report.copied.empty()) {
-      std::cout << "wrote " << Printable(a.out_file) << "; no tokenizer copied (" << Printable(report.no_tokenizer)
-                << "): pass --tokenizer DIR for one that generates" << std::endl;
-    } else {
-      std::cout << "wrote " << Printable(a.out_file) << " with the tokenizer and generation settings of "
-                << Printable(report.tokenizer_from) << " (" << report.copied.size() << " files)" << std::endl;
-    }
-    return absl::OkStatus();
-  } else if (a.export_format == "peft") {
-    SL_RETURN_IF_ERROR(ExportPeft(a.step_dir, a.out_file, dtype, a.overwrite));
-  } else {
-    if (a.export_dtype != "fp32") return absl::InvalidArgumentError("--dtype bf16 needs --format hf or peft");
-    SL_RETURN_IF_ERROR(ExportModel(a.step_dir, a.out_file));
-  }
-  std::cout << (a.o.json ? Dump({{"path", a.out_file}}) : "wrote " + a.out_file)
-            << std::endl;
-  return absl::OkStatus();
 }
 
 // A new job: its id (as JSON with --json), then, with --follow, its progress.
@@ -623,7 +555,7 @@ int main(int argc, char** argv) {
   } else if (cmd == "plan") {
     s = RunPlan(a.plan, a.o.json);  // local arithmetic
   } else if (cmd == "ckpt export") {
-    s = Export(a);
+    s = RunExport(a.export_flags, a.o.json);
   } else {
     s = RunRemote(cmd, a);
   }
