@@ -13,6 +13,7 @@
 // the gradients of step 0 and writes weights, batch, loss, gradients and the
 // engine's logits of the batch (Engine::Logits: its own forward schedule).
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -197,7 +198,20 @@ absl::Status WriteRankReport(const Engine& engine, const Flags& f, const Json& s
   return WriteFileAtomically(absl::StrCat(f.out, "/rank-", f.rank, ".json"), report.dump() + "\n");
 }
 
+// --out is written after the last step: a folder that cannot take files
+// is refused before the first, naming it (issue 27), not after hours.
+absl::Status CheckOutputFolder(const std::string& out) {
+  absl::Status made = MakeDirs(out);
+  if (!made.ok()) return absl::Status(made.code(), absl::StrCat("--out: ", made.message()));
+  const std::string probe = absl::StrCat(out, "/.shardline-write-test-", ::getpid());
+  absl::Status wrote = WriteFileAtomically(probe, "");
+  if (!wrote.ok()) return absl::Status(wrote.code(), absl::StrCat("--out ", out, ": not writable: ", wrote.message()));
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status Run(const Flags& f) {
+  if (!f.out.empty()) SL_RETURN_IF_ERROR(CheckOutputFolder(f.out));
   SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.config, "job file"));
   // Paths in the job file are taken as given (relative to the working directory).
   SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobSpec(text, f.config, ""));

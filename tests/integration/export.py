@@ -65,6 +65,19 @@ def main():
     checks.check(abs(ours - reported) / reported < 1e-5, "PyTorch's loss from the export matches the engine's",
                  f"{ours:.6f} vs {reported:.6f}")
 
+    # --out is checked before the first step: under a file, refused at once
+    # naming it, with no step run (it trained every step, then failed).
+    blocker = os.path.join(ckpt, "a-file")
+    open(blocker, "w").close()
+    job = os.path.join(ckpt, "out-check.toml")
+    harness.write_toml(harness.config("no_shard", 1, train__steps=2), job)
+    r = subprocess.run([harness.TRAIN, "--config", job, "--out", os.path.join(blocker, "out")], capture_output=True,
+                       text=True, timeout=60)
+    c_err = r.stderr.strip()
+    checks.check(r.returncode != 0 and r.stdout == "" and "--out" in c_err and blocker in c_err and
+                 len(c_err.splitlines()) == 1, "shardline-train --out that cannot be written: refused before a step",
+                 c_err)
+
     # init_from, with wte under either of its tied names.
     only_head = {k: v for k, v in state.items() if k != "transformer.wte.weight"}
     alt = os.path.join(ckpt, "lm_head_only.safetensors")
