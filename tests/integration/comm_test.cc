@@ -1,6 +1,7 @@
 // GlooCommunicator: results and bytes of every collective at N = 3 (sizes
 // that do not divide), fp32 and bf16; a hung peer fails the op within its
-// deadline naming the op and the peer it waited on; a peer process killed
+// deadline naming the op and the peer it waited on, the barrier and a small
+// all-reduce naming the link; a peer process killed
 // with SIGKILL fails the next collective naming the op and the peer's rank;
 // an aborted communicator stays so; Abort from another thread ends a ring
 // step that waits.
@@ -37,6 +38,9 @@ void OnRanks(int n, const GlooOptions& o, const std::function<void(int, Communic
   for (auto& t : threads) t.join();
 }
 
+// Past the ring's 64 KiB in fp32 and bf16: Gloo's own all-reduce.
+constexpr int64_t kBigAllReduce = 40000;
+
 TEST(GlooCommunicator, CollectivesAndBytesAtThreeRanks) {
   constexpr int n = 3;
   for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
@@ -53,9 +57,14 @@ TEST(GlooCommunicator, CollectivesAndBytesAtThreeRanks) {
       ASSERT_TRUE(c.ReduceScatter(rs_out, rs_in)->Wait(absl::Seconds(10)).ok());
       for (int64_t i = 0; i < chunk; ++i) EXPECT_EQ(rs_out[i].item<float>(), (r * chunk + i) * 6.0f);
 
+      // On the ring (up to 64 KiB), then on Gloo's own all-reduce.
       at::Tensor ar = at::full({7}, r + 1.0, at::TensorOptions().dtype(dt));  // 7 does not divide by 3
       ASSERT_TRUE(c.AllReduce(ar)->Wait(absl::Seconds(10)).ok());
       EXPECT_TRUE(ar.eq(6.0).all().item<bool>());
+      at::Tensor big = at::arange(kBigAllReduce, at::TensorOptions().dtype(at::kFloat)).remainder(7).mul(r + 1).to(dt);
+      at::Tensor want = big.to(at::kFloat).div(r + 1).mul(6.0);
+      ASSERT_TRUE(c.AllReduce(big)->Wait(absl::Seconds(10)).ok());
+      EXPECT_TRUE(big.to(at::kFloat).equal(want));  // sums of small integers: exact in bf16 too
 
       at::Tensor b = at::full({4}, r == 2 ? 9.0 : 0.0, at::TensorOptions().dtype(dt));
       ASSERT_TRUE(c.Broadcast(b, 2)->Wait(absl::Seconds(10)).ok());
@@ -66,9 +75,12 @@ TEST(GlooCommunicator, CollectivesAndBytesAtThreeRanks) {
       const CommStats s = c.Stats();
       EXPECT_EQ(s.of(Op::kAllGather).bytes_sent, (n - 1) * chunk * e);      // (n-1)/n of the output
       EXPECT_EQ(s.of(Op::kReduceScatter).bytes_sent, (n - 1) * chunk * e);  // (n-1)/n of the input
-      EXPECT_EQ(s.of(Op::kAllReduce).bytes_sent, 2 * (n - 1) * 3 * e);      // 7 padded to 9
-      EXPECT_EQ(s.of(Op::kAllReduce).bytes_sent, RingAllReduceBytes(7 * e, e, n));
-      EXPECT_EQ(s.last_completed_seq, 5);
+      EXPECT_EQ(s.of(Op::kAllReduce).bytes_sent,
+                2 * (n - 1) * 3 * e + RingAllReduceBytes(kBigAllReduce * e, e, n));  // 7 padded to 9
+      EXPECT_EQ(s.of(Op::kAllReduce).bytes_sent,
+                RingAllReduceBytes(7 * e, e, n) + RingAllReduceBytes(kBigAllReduce * e, e, n));
+      EXPECT_EQ(s.of(Op::kBarrier).bytes_sent, n - 1);  // one byte per rank, around the ring
+      EXPECT_EQ(s.last_completed_seq, 6);
     });
   }
 }
@@ -101,6 +113,32 @@ TEST(GlooCommunicator, HungPeerFailsWithinTheDeadlineNamingTheOp) {
     EXPECT_EQ(next.code(), absl::StatusCode::kAborted) << next;
     EXPECT_NE(std::string(next.message()).find("aborted"), std::string::npos);
   });
+}
+
+// The ops of every step besides all-gather and reduce-scatter (the barrier,
+// the loss and grad-norm all-reduces) name the link they waited on, so that
+// the coordinator can blame a cut link whichever op met it first. Rank 0
+// receives from the hung rank 2 at the first step of each.
+TEST(GlooCommunicator, ABarrierAndASmallAllReduceNameTheLinkTheyWaitedOn) {
+  GlooOptions o;
+  o.op_timeout = absl::Seconds(1);
+  for (const bool barrier : {true, false}) {
+    OnRanks(3, o, [&](int r, Communicator& c) {
+      if (r == 2) {
+        absl::SleepFor(absl::Seconds(2));  // never joins
+        return;
+      }
+      absl::Status s = (barrier ? c.Barrier() : c.AllReduce(at::ones({3}, at::kDouble)))->Wait(absl::Seconds(30));
+      ASSERT_FALSE(s.ok());
+      const std::optional<LinkFault> link = LinkFaultOf(s);
+      ASSERT_TRUE(link.has_value()) << (barrier ? "barrier: " : "all_reduce: ") << s;
+      if (r == 0) {
+        EXPECT_EQ(link->from, 2) << s;
+        EXPECT_EQ(link->to, 0) << s;
+        EXPECT_EQ(link->step, 0) << s;
+      }
+    });
+  }
 }
 
 // A job being stopped: Abort from another thread ends a ring step that waits

@@ -122,8 +122,9 @@ class Communicator {
   // From any thread: aborts the communicator with `why` (status() says it
   // from then on), fails every later op at once and ends the wait of the op
   // in progress as soon as the backend can: NCCL at once (ncclCommAbort);
-  // Gloo at once in a ring step of all-gather and reduce-scatter, and by the
-  // deadline in Gloo's own all-reduce, broadcast and barrier. For a job being
+  // Gloo at once in a ring step (all-gather, reduce-scatter, barrier, a small
+  // all-reduce), and by the deadline in Gloo's own large all-reduce and
+  // broadcast. For a job being
   // stopped: a peer that failed can leave this rank waiting on a connection
   // that stays open, and a rank must not sit out the collective timeout then.
   virtual void Abort(const absl::Status& why) = 0;

@@ -28,6 +28,15 @@ std::string FirstLine(const std::exception& e) {
   return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
+// All-reduces up to this size run on the ring (RingAllReduce), larger ones
+// on Gloo's segmented all-reduce. Every all-reduce of a full_shard step is a
+// few scalars; below 64 KiB a collective is latency-bound at any link speed
+// of interest (0.5 ms at 1 Gbit/s), so both take the same 2(n-1) rounds.
+constexpr int64_t kRingAllReduceMaxBytes = 64 << 10;
+// Ring steps of one op are tagged seq * kTagsPerOp + step; an all-reduce takes
+// 2(n-1) steps, so a group has at most kTagsPerOp / 2 ranks.
+constexpr int64_t kTagsPerOp = 1024;
+
 std::chrono::milliseconds Remaining(absl::Time deadline) {
   const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
   return std::chrono::milliseconds(std::max<int64_t>(ms, 1));
@@ -128,7 +137,7 @@ class GlooCommunicator : public Communicator {
     return Enqueue(Op::kAllGather, in, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
       return OnHost(OpLabel(Op::kAllGather, seq), [&] {
         HostView o(out, /*read=*/false), i(in, /*read=*/true);
-        SL_RETURN_IF_ERROR(RingAllGather(o.host(), i.host(), seq, deadline, sent));
+        SL_RETURN_IF_ERROR(RingAllGather(Op::kAllGather, o.host(), i.host(), seq, /*first_step=*/0, deadline, sent));
         o.WriteBack();
         return absl::OkStatus();
       });
@@ -140,7 +149,7 @@ class GlooCommunicator : public Communicator {
         // Staged, `out` may alias a chunk of `in` on the device but not on
         // the host; the write-back restores the aliasing's meaning.
         HostView o(out, /*read=*/false), i(in, /*read=*/true);
-        SL_RETURN_IF_ERROR(RingReduceScatter(o.host(), i.host(), seq, deadline, sent));
+        SL_RETURN_IF_ERROR(RingReduceScatter(Op::kReduceScatter, o.host(), i.host(), seq, /*first_step=*/0, deadline, sent));
         o.WriteBack();
         return absl::OkStatus();
       });
@@ -150,7 +159,9 @@ class GlooCommunicator : public Communicator {
     return Enqueue(Op::kAllReduce, inout, [this, inout](int64_t seq, absl::Time deadline, int64_t* sent) {
       return OnHost(OpLabel(Op::kAllReduce, seq), [&] {
         HostView t(inout, /*read=*/true);
-        SL_RETURN_IF_ERROR(NativeAllReduce(t.host(), seq, deadline, sent));
+        SL_RETURN_IF_ERROR(inout.nbytes() <= kRingAllReduceMaxBytes
+                               ? RingAllReduce(t.host(), seq, deadline, sent)
+                               : NativeAllReduce(t.host(), seq, deadline, sent));
         t.WriteBack();
         return absl::OkStatus();
       });
@@ -172,12 +183,15 @@ class GlooCommunicator : public Communicator {
       });
     });
   }
+  // A ring all-gather of one byte per rank: a rank has what every other one
+  // sent after entering the barrier, and a link that fails is named.
   std::shared_ptr<Work> Barrier() override {
-    return Enqueue(Op::kBarrier, at::Tensor(), [this](int64_t seq, absl::Time deadline, int64_t*) {
+    return Enqueue(Op::kBarrier, at::Tensor(), [this](int64_t seq, absl::Time deadline, int64_t* sent) {
       if (size_ == 1) return absl::OkStatus();
-      c10d::BarrierOptions o;
-      o.timeout = Remaining(deadline);
-      return RunGloo(Op::kBarrier, seq, deadline, [&] { return pg_->barrier(o); });
+      return OnHost(OpLabel(Op::kBarrier, seq), [&] {
+        at::Tensor all = at::zeros({size_}, at::TensorOptions().dtype(at::kByte));
+        return RingAllGather(Op::kBarrier, all, all.narrow(0, rank_, 1), seq, /*first_step=*/0, deadline, sent);
+      });
     });
   }
 
@@ -338,8 +352,6 @@ class GlooCommunicator : public Communicator {
     return absl::OkStatus();
   }
 
-  // One ring step: send `send` to the right neighbour while receiving `recv`
-  // from the left one, both within the op's deadline.
   // The job rank of group rank `r` (GlooOptions.job_ranks).
   int JobRank(int r) const {
     return r >= 0 && r < static_cast<int>(options_.job_ranks.size()) ? options_.job_ranks[r] : r;
@@ -349,10 +361,12 @@ class GlooCommunicator : public Communicator {
     return WithLinkFault(std::move(s), LinkFault{JobRank(from), JobRank(to), seq, step});
   }
 
+  // One ring step: send `send` to the right neighbour while receiving `recv`
+  // from the left one, both within the op's deadline.
   absl::Status Exchange(Op op, int64_t seq, int step, const at::Tensor& send, const at::Tensor& recv,
                         absl::Time deadline, int64_t* sent) {
     const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
-    const uint32_t tag = static_cast<uint32_t>((seq * 1024 + step) & 0x7fffffff);
+    const uint32_t tag = static_cast<uint32_t>((seq * kTagsPerOp + step) & 0x7fffffff);
     std::vector<at::Tensor> s{send}, r{recv};
     c10::intrusive_ptr<c10d::Work> rw, sw;
     try {
@@ -413,10 +427,10 @@ class GlooCommunicator : public Communicator {
   }
 
   // out = [chunk_0 .. chunk_{n-1}], chunk_rank = in. Step s forwards the chunk
-  // that arrived in step s-1 (initially our own) to the right.
-  absl::Status RingAllGather(at::Tensor out, const at::Tensor& in, int64_t seq, absl::Time deadline,
-                             int64_t* sent) {
-    constexpr Op op = Op::kAllGather;
+  // that arrived in step s-1 (initially our own) to the right. Steps are
+  // numbered from first_step: within one op each ring step has its own tag.
+  absl::Status RingAllGather(Op op, at::Tensor out, const at::Tensor& in, int64_t seq, int first_step,
+                             absl::Time deadline, int64_t* sent) {
     const int n = size_;
     const int64_t c = out.numel() / n;
     if (in.numel() != c || out.numel() != c * n) {
@@ -426,7 +440,7 @@ class GlooCommunicator : public Communicator {
     auto chunk = [&](int i) { return out.narrow(0, ((i % n) + n) % n * c, c); };
     if (in.data_ptr() != chunk(rank_).data_ptr()) chunk(rank_).copy_(in);
     for (int s = 0; s < n - 1; ++s) {
-      absl::Status st = Exchange(op, seq, s, chunk(rank_ - s), chunk(rank_ - s - 1), deadline, sent);
+      absl::Status st = Exchange(op, seq, first_step + s, chunk(rank_ - s), chunk(rank_ - s - 1), deadline, sent);
       if (!st.ok()) return st;
     }
     return absl::OkStatus();
@@ -435,9 +449,8 @@ class GlooCommunicator : public Communicator {
   // After n-1 steps chunk `rank` of `in` holds the sum of every rank's chunk
   // `rank`: step s sends the partial sum of chunk rank-s-1 to the right and
   // adds what arrives from the left into chunk rank-s-2. `in` is scratch.
-  absl::Status RingReduceScatter(at::Tensor out, at::Tensor in, int64_t seq, absl::Time deadline,
-                                 int64_t* sent) {
-    constexpr Op op = Op::kReduceScatter;
+  absl::Status RingReduceScatter(Op op, at::Tensor out, at::Tensor in, int64_t seq, int first_step,
+                                 absl::Time deadline, int64_t* sent) {
     const int n = size_;
     if (in.numel() != out.numel() * n) {
       return absl::InvalidArgumentError(absl::StrCat(OpLabel(op, seq), ": input holds ", in.numel(),
@@ -447,7 +460,7 @@ class GlooCommunicator : public Communicator {
     auto chunk = [&](int i) { return in.narrow(0, ((i % n) + n) % n * c, c); };
     at::Tensor tmp = n > 1 ? at::empty({c}, in.options()) : at::Tensor();
     for (int s = 0; s < n - 1; ++s) {
-      absl::Status st = Exchange(op, seq, s, chunk(rank_ - s - 1), tmp, deadline, sent);
+      absl::Status st = Exchange(op, seq, first_step + s, chunk(rank_ - s - 1), tmp, deadline, sent);
       if (!st.ok()) return st;
       chunk(rank_ - s - 2).add_(tmp);
     }
@@ -456,13 +469,30 @@ class GlooCommunicator : public Communicator {
     return absl::OkStatus();
   }
 
-  // All-reduce is Gloo's own (c10d's allreduce: a ring reduce-scatter and
+  // A small all-reduce (the loss, the grad norm, a small replica's
+  // gradients) is the ring's reduce-scatter then all-gather of the tensor
+  // padded to n chunks: the bytes of RingAllReduceBytes, the 2(n-1) rounds of
+  // Gloo's own, and a failed link named like any ring step's.
+  absl::Status RingAllReduce(at::Tensor inout, int64_t seq, absl::Time deadline, int64_t* sent) {
+    if (size_ == 1 || inout.numel() == 0) return absl::OkStatus();
+    const int64_t elems = inout.numel(), chunk = (elems + size_ - 1) / size_;
+    at::Tensor padded = at::zeros({chunk * size_}, inout.options());
+    padded.narrow(0, 0, elems).copy_(inout.reshape({-1}));
+    at::Tensor mine = padded.narrow(0, rank_ * chunk, chunk);
+    SL_RETURN_IF_ERROR(RingReduceScatter(Op::kAllReduce, mine, padded, seq, /*first_step=*/0, deadline, sent));
+    SL_RETURN_IF_ERROR(RingAllGather(Op::kAllReduce, padded, mine, seq, /*first_step=*/size_ - 1, deadline, sent));
+    inout.copy_(padded.narrow(0, 0, elems).view(inout.sizes()));
+    return absl::OkStatus();
+  }
+
+  // A large all-reduce is Gloo's own (c10d's allreduce: a ring reduce-scatter and
   // all-gather, cut into segments so the sums of one segment overlap the
   // transfer of the next). Our unsegmented ring ran 2(n-1) blocking rounds
   // with every add after its receive and cost 10-35% more at 4-64 MB
   // (bench/collective_bench); all-gather and reduce-scatter stay ours, where
   // c10d's are slower (reduce-scatter is an all-reduce plus a slice there).
-  // c10d reports no byte counts: the ring's are counted by its formula.
+  // c10d reports no byte counts: the ring's are counted by its formula. Its
+  // error names no peer, so a link that fails here is not blamed by name.
   absl::Status NativeAllReduce(at::Tensor inout, int64_t seq, absl::Time deadline, int64_t* sent) {
     if (size_ == 1) return absl::OkStatus();
     std::vector<at::Tensor> ts{inout};
@@ -497,6 +527,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("group ", group_name, ": rank ", rank,
                                                    " is outside a group of size ", size));
+  }
+  if (size > kTagsPerOp / 2) {
+    return absl::InvalidArgumentError(absl::StrCat("group ", group_name, ": ", size,
+                                                   " ranks; a Gloo group has at most ", kTagsPerOp / 2));
   }
   try {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(group_name, store);

@@ -5,8 +5,10 @@
 // send/recv, so that reduce-scatter moves (n-1)/n of the buffer per rank
 // (c10d's Gloo reduce-scatter is an all-reduce followed by a slice) and so
 // that every ring step waits with the op's deadline and knows which peer it
-// waits for. All-reduce, broadcast and barrier use Gloo's own algorithms
-// (its segmented ring all-reduce beats an unsegmented one; see the .cc).
+// waits for. The barrier and an all-reduce up to 64 KiB run on the same
+// ring; a larger all-reduce and broadcast use Gloo's own algorithms (its
+// segmented ring all-reduce beats an unsegmented one; see the .cc), whose
+// errors name no peer. A group has at most 512 ranks (ring steps are tags).
 //
 // Ops run on one communication thread per communicator, in call order, so a
 // prefetched all-gather overlaps the caller's compute.
