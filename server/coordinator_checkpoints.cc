@@ -37,6 +37,9 @@ absl::Status CoordinatorCore::ReportCheckpoint(const v1::CheckpointReport& repor
   s = committer_.Commit(JobOf(r), r.config, report.step(), RecorderOf(r));
   if (s.ok()) Notify(r);
   if (options_.events.checkpoint_committed) options_.events.checkpoint_committed(Now() - t0, s.ok());
+  Log(s.ok() ? "checkpoint_committed" : "checkpoint_failed",
+      {{"job", report.job_id()}, {"step", report.step()}, {"seconds", absl::ToDoubleSeconds(Now() - t0)},
+       {"error", s.ok() ? "" : std::string(s.message())}});
   committer_.EndStep(report.job_id(), report.step());
   if (!s.ok()) {
     // The coordinator's own failure (a full disk, a read-only directory) is

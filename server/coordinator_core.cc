@@ -64,6 +64,8 @@ absl::Status CoordinatorCore::Transition(JobRecord& r, v1::JobState state, const
   absl::StatusOr<bool> changes = CheckJobTransition(j.state(), state);
   if (!changes.ok()) return absl::Status(changes.status().code(), absl::StrCat("job ", j.id(), ": ", changes.status().message()));
   if (!*changes) return absl::OkStatus();  // a repeat changes nothing
+  Log("job_state", {{"job", j.id()}, {"from", JobStateName(j.state())}, {"to", JobStateName(state)},
+                    {"attempt", j.attempts_size()}, {"message", message}});
   j.set_state(state);
   if (state == v1::JOB_STATE_RUNNING || state == v1::JOB_STATE_RESTARTING) {
     active_.insert(j.id());
@@ -89,6 +91,8 @@ absl::StatusOr<v1::Registered> CoordinatorCore::RegisterWorker(v1::WorkerInfo in
   const bool proven = !running.empty() && ClaimHolds(running, info.rank(), info.claim_credential());
   WorkerRecord& w = registry_.Add(std::move(info), channel, Now());
   const std::string id = w.info.worker_id();
+  Log("worker_joined", {{"worker", id}, {"host", w.info.host()}, {"device", w.info.device()},
+                        {"running", running}});
   if (!running.empty()) {
     // It still runs a job this coordinator no longer has running (its
     // session dropped, or the coordinator restarted): stop it; the worker
@@ -162,6 +166,9 @@ void CoordinatorCore::LoseWorker(const std::string& id, const std::string& why) 
   if (!gone) return;
   const v1::WorkerInfo& info = *gone;
   if (options_.events.worker_lost) options_.events.worker_lost();
+  const bool busy = info.state() == v1::WORKER_STATE_BUSY;
+  Log("worker_lost", {{"worker", id}, {"host", info.host()}, {"why", why}, {"job", busy ? info.job_id() : ""},
+                      {"rank", busy ? info.rank() : -1}});
   if (info.state() != v1::WORKER_STATE_BUSY) return;
   RemoveSavesOfEndedJob(info.job_id());
   auto j = jobs_.find(info.job_id());

@@ -37,6 +37,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -44,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/job/job_config.h"
+#include "nlohmann/json.hpp"
 #include "server/checkpoint_committer.h"
 #include "server/job_logs.h"
 #include "server/rendezvous_store.h"
@@ -68,6 +70,10 @@ struct CoreEvents {
   // An attempt started after an earlier one ended: the seconds the restart
   // cost (the last attempt's steps computed again, plus the time between).
   std::function<void(double lost_seconds)> job_restarted;
+  // One line of the coordinator's log (EventLog::Emit): a job submitted or
+  // changing state (a restart, a cancel), a worker joining or lost, a
+  // checkpoint committed or not.
+  std::function<void(std::string_view event, nlohmann::ordered_json fields)> log;
 };
 
 struct CoordinatorOptions {
@@ -340,6 +346,10 @@ class CoordinatorCore {
   // unreadable record (FailedPrecondition).
   absl::Status PersistOrError(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A line of the coordinator's log (CoreEvents::log), if it has one.
+  void Log(std::string_view event, nlohmann::ordered_json fields) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.events.log) options_.events.log(event, std::move(fields));
+  }
   // Moves r to `state` by the one transition table (common/state/job_state.h),
   // persists and notifies; a repeat is a no-op, an illegal transition an
   // error that changes nothing. A final state, or RESTARTING, ends the

@@ -123,6 +123,8 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
     return absl::Status(saved.code(), absl::StrCat("job not accepted: the coordinator could not save its state: ",
                                                    saved.message()));
   }
+  Log("job_submitted", {{"job", id}, {"name", cfg->name}, {"owner", owner}, {"workers", workers},
+                        {"strategy", j.strategy()}, {"steps", j.steps()}, {"resume_from", req.resume_from()}});
   jobs_.emplace(id, std::move(r));
   scheduler_.Enqueue(id);
   Schedule();

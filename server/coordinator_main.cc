@@ -4,6 +4,13 @@
 //                       [--lost-after-missed N] [--stall-after SECONDS]
 //                       [--keep-finished-jobs N] [--keep-finished-hours H]
 //                       [--metrics-port P | --metrics-listen HOST:PORT] [--metrics-token-file F]
+//                       [--log-format text|json]
+//
+// Logs one line on stderr per event an operator acts on (EventLog): start
+// and stop, each job submitted and each change of a job's state (with the
+// attempt and the reason: a restart, a cancel, a failure), each worker that
+// joins or is lost, each checkpoint committed or not, token reloads. As
+// text, or as one JSON object per line for log collectors.
 //
 // Token files hold one accepted token per line: --token-file the users',
 // --worker-token-file the workers', --metrics-token-file the scrapers'.
@@ -46,6 +53,7 @@
 #include "server/coordinator_core.h"
 #include "server/coordinator_metrics.h"
 #include "server/coordinator_service.h"
+#include "server/event_log.h"
 
 namespace {
 
@@ -85,6 +93,7 @@ struct Flags {
   int heartbeat_ms = 1000, lost_after_missed = 3, metrics_port = 9400, keep_finished_jobs = 1000;
   double stall_after_s = 10, keep_finished_hours = 0, restart_settle_s = 3;
   bool metrics_port_given = false;
+  std::string log_format = "text";
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -121,6 +130,9 @@ void AddFlags(CLI::App& app, Flags& f) {
                                    "(default 9400, any free port if it is taken; 0: any free port; -1: off)")
                         ->check(CLI::Range(-1, 65535));
   app.add_option("--metrics-listen", f.metrics_listen, "serve Prometheus /metrics on HOST:PORT")->excludes(port_flag);
+  app.add_option("--log-format", f.log_format,
+                 "the log on stderr, one line per job state change, worker joined or lost, checkpoint: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
   port_flag->each([&f](const std::string&) { f.metrics_port_given = true; });
 }
 
@@ -208,19 +220,19 @@ std::unique_ptr<grpc::Server> StartServer(const Flags& f, std::shared_ptr<grpc::
 // Waits for SIGINT or SIGTERM (the signal's number); a SIGHUP reads the
 // token files again, keeping those in force if one no longer reads.
 int WaitForStop(const sigset_t& signals, const Flags& f, shardline::CoordinatorService& service,
-                shardline::metrics::MetricsServer* metrics_server) {
+                shardline::metrics::MetricsServer* metrics_server, shardline::EventLog& log) {
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
     absl::StatusOr<shardline::AcceptedTokens> rpc = f.tokens.ReadRpcTokens();
     absl::StatusOr<std::vector<std::string>> scrape = f.tokens.ReadMetricsTokens();
     if (!rpc.ok() || !scrape.ok()) {
-      std::cerr << "shardline-coordinator: SIGHUP: keeping the tokens in force: "
-                << (!rpc.ok() ? rpc.status() : scrape.status()).message() << std::endl;
+      log.Emit("tokens_kept", {{"signal", "SIGHUP"},
+                               {"error", std::string((!rpc.ok() ? rpc.status() : scrape.status()).message())}});
       continue;
     }
     service.SetTokens(*std::move(rpc));
     if (metrics_server) metrics_server->SetBearerTokens(*std::move(scrape));
-    std::cerr << "shardline-coordinator: SIGHUP: token files read again" << std::endl;
+    log.Emit("tokens_reloaded", {{"signal", "SIGHUP"}});
   }
   return sig;
 }
@@ -257,9 +269,15 @@ int main(int argc, char** argv) {
   if (!creds.ok()) return Fail(creds.status());
   auto store = shardline::StateStore::Open(f.state_dir);
   if (!store.ok()) return Fail(store.status());
+  shardline::LogFormat log_format = shardline::LogFormat::kText;
+  shardline::ParseLogFormat(f.log_format, &log_format);  // the flag's check admits only the two
+  shardline::EventLog event_log(log_format, stderr);  // outlives the core, which writes to it
   shardline::CoordinatorOptions options = CoreOptions(f);
   shardline::CoordinatorMetrics metrics;
   options.events = metrics.Events();
+  options.events.log = [&event_log](std::string_view event, nlohmann::ordered_json fields) {
+    event_log.Emit(event, std::move(fields));
+  };
   shardline::CoordinatorCore core(store->get(), options);
   auto metrics_server = StartMetrics(f, metrics, core, *std::move(metrics_tokens));
   if (!metrics_server.ok()) return Fail(metrics_server.status());
@@ -267,13 +285,16 @@ int main(int argc, char** argv) {
   // the other jobs serve (CoordinatorCore::Recover).
   std::vector<std::string> unreadable;
   if (absl::Status s = core.Recover(&unreadable); !s.ok()) return Fail(s);
-  for (const std::string& line : unreadable) std::cerr << "shardline-coordinator: " << line << std::endl;
+  for (const std::string& line : unreadable) event_log.Emit("state_row_unreadable", {{"detail", line}});
   shardline::CoordinatorService service(&core, *std::move(tokens));
   int port = 0;
   std::unique_ptr<grpc::Server> server = StartServer(f, *creds, &service, metrics, &port);
   if (!server || port == 0) return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", f.listen)));
   const std::string host = f.listen.substr(0, f.listen.rfind(':'));
   std::cout << "listening on " << host << ":" << port << std::endl;
+  event_log.Emit("coordinator_started", {{"listen", absl::StrCat(host, ":", port)},
+                                         {"state_dir", f.state_dir},
+                                         {"version", shardline::kVersion}});
   if (*metrics_server) std::cout << "metrics on port " << (*metrics_server)->port() << std::endl;
 
   std::atomic<bool> running{true};
@@ -286,8 +307,8 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
-  const int sig = WaitForStop(signals, f, service, metrics_server->get());
-  std::cerr << "shardline-coordinator: stopping on signal " << sig << std::endl;
+  const int sig = WaitForStop(signals, f, service, metrics_server->get(), event_log);
+  event_log.Emit("coordinator_stopping", {{"signal", sig}});
   running = false;
   ticker.join();
   // Pending store waits are answered first: the server's shutdown waits for

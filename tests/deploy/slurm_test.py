@@ -389,7 +389,7 @@ def main():
         checks.check(gone, "no coordinator or worker left after the Slurm job", str(cluster.steps_left()))
         coordinator_log = read(os.path.join(work, f"shardline-{jid}", "coordinator.log"))
         forced = re.findall(r"^srun: .*(?:Killed|forcing job termination|error).*$", out, re.M)
-        checks.check("stopping on signal 15" in coordinator_log and not forced,
+        checks.check("coordinator_stopping signal=15" in coordinator_log and not forced,
                      "the steps end by SIGTERM to their tasks (the programs' own stop, not Slurm's SIGKILL)",
                      " | ".join(forced[:3]))
 

@@ -439,14 +439,14 @@ def check_live(checks, base, units, envs):
 
         # ExecReload, as systemctl reload runs it.
         def reload():
-            n = sum("token files read again" in l for l in coord.lines)
+            n = sum("tokens_reloaded" in l for l in coord.lines)
             argv = command_line(last(units[COORDINATOR_UNIT], "ExecReload"), {}, {"MAINPID": str(coord.p.pid)})
             argv[0] = shutil.which("kill") or argv[0]
             subprocess.run(argv, check=True, timeout=10)
             deadline = time.time() + 10
-            while time.time() < deadline and sum("token files read again" in l for l in coord.lines) == n:
+            while time.time() < deadline and sum("tokens_reloaded" in l for l in coord.lines) == n:
                 time.sleep(0.1)
-            return sum("token files read again" in l for l in coord.lines) > n
+            return sum("tokens_reloaded" in l for l in coord.lines) > n
 
         with open(os.path.join(etc, "user-tokens"), "a") as f:  # appending keeps owner and mode
             f.write(user_new + "\n")

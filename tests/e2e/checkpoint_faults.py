@@ -36,7 +36,7 @@ def kill_during_prune(c):
     except subprocess.TimeoutExpired:
         code = None
     c.check(code == -9, "mid-prune: the coordinator killed itself (SIGKILL) during the prune after step 4",
-            cl.coordinator.stderr.read().strip()[-200:] if code is not None else "still running")
+            cl.coordinator_log().strip()[-200:] if code is not None else "still running")
     root = os.path.join(cl.dir, "ckpt", job)
     print(f"on disk after the kill: {sorted(os.listdir(root))}", flush=True)
     cl.start_coordinator()  # the same port and --state-dir

@@ -98,7 +98,13 @@ class Cluster:
         self.worker_token_file = self.secret_file("worker-token", worker_token) if worker_token else None
         self.workers = {}
         self.port = 0
+        self.coordinator_log_path = os.path.join(self.dir, "coordinator.log")
         self.start_coordinator()
+
+    def coordinator_log(self):
+        """The coordinator's stderr so far, over all its starts."""
+        with open(self.coordinator_log_path) as f:
+            return f.read()
 
     def secret_file(self, name, text, mode=0o600):
         """A file under the cluster's directory holding `text` and a newline."""
@@ -115,12 +121,16 @@ class Cluster:
             args += ["--token-file", self.token_file]
         if self.worker_token_file:
             args += ["--worker-token-file", self.worker_token_file]
-        self.coordinator = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Its log (stderr) in a file, every start appended: a pipe nobody
+        # reads would fill.
+        with open(self.coordinator_log_path, "a") as log:
+            self.coordinator = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
         _procs.append(self.coordinator)
         line = self.coordinator.stdout.readline()
         m = re.match(r"listening on (\S+):(\d+)", line)
         if not m:
-            raise RuntimeError(f"coordinator did not start: {line} {self.coordinator.stderr.read()}")
+            self.coordinator.wait(timeout=10)
+            raise RuntimeError(f"coordinator did not start: {line} {self.coordinator_log()[-500:]}")
         self.port = int(m.group(2))
         self.address = f"127.0.0.1:{self.port}"
 

@@ -2,7 +2,9 @@
 SUCCEEDED with the loss falling; cancel; a job asking for more workers than
 are idle waits and starts when one joins; kill -9 of a worker mid-job fails
 the job within 10 s naming the rank, and the other workers are idle again;
-kill -9 and restart of the coordinator keeps the job list."""
+kill -9 and restart of the coordinator keeps the job list; the coordinator's
+log (--log-format json) has one JSON line per worker joined or lost and per
+job submitted or changing state, with the reason; SIGTERM is logged."""
 import json
 import signal
 import subprocess
@@ -13,7 +15,7 @@ from cluster import Checks, Cluster, job_file, wait_for
 
 def main():
     c = Checks()
-    cl = Cluster()
+    cl = Cluster(coordinator_args=["--log-format", "json"])
     for h in ("host-a", "host-b"):
         cl.add_worker(h)
     cl.wait_workers(2)
@@ -76,6 +78,7 @@ def main():
     c.check("rank 1" in msg and rank1 in msg, "failure names the rank and host", msg)
     cl.wait_workers(2, timeout=15)
     c.check(True, "the other workers are idle again")
+    check_log(c, cl, job_id, long_id, victim, rank1)
 
     # 5. kill -9 and restart of the coordinator keeps the job list.
     before = {j["id"]: j["state"] for j in cl.ctl_json("jobs")["jobs"]}
@@ -125,7 +128,33 @@ def main():
     c.check(time.time() - t0 < 5 and code == 0, "the coordinator stops within 5 s of SIGTERM with a store wait pending",
             f"{time.time() - t0:.1f}s, exit code {code}")
     stopped.send_signal(signal.SIGCONT)
+    c.check("coordinator_stopping signal=15" in cl2.coordinator_log(), "the stop is logged (text form)",
+            cl2.coordinator_log().strip()[-200:])
     c.finish()
+
+
+def check_log(c, cl, learn, cancelled, victim, victim_host):
+    """What an operator reads in the coordinator's log of sections 1-4."""
+    raw = [l for l in cl.coordinator_log().splitlines() if l.strip()]
+    try:
+        log = [json.loads(l) for l in raw]
+    except ValueError as e:
+        c.check(False, "every line of the log is JSON", f"{e}: {raw[:3]}")
+        return
+    c.check(all(l.get("time", "").endswith("Z") and l.get("event") for l in log), "each line has its time and event")
+
+    def has(event, **fields):
+        return any(l["event"] == event and all(l.get(k) == v for k, v in fields.items()) for l in log)
+    c.check(has("coordinator_started") and has("worker_joined", host="host-a") and has("worker_joined", host="host-b"),
+            "start and the workers joining are logged")
+    c.check(has("job_submitted", job=learn, name="learn", workers=2), "the submit is logged")
+    states = [l["to"] for l in log if l["event"] == "job_state" and l["job"] == learn]
+    c.check(states == ["RUNNING", "SUCCEEDED"], "each state change of a job, once", str(states))
+    c.check(has("job_state", job=cancelled, to="CANCELLED", message="cancelled by the user"), "the cancel is logged")
+    c.check(has("worker_lost", host=victim_host, job=victim, rank=1), "the lost worker is logged with its job and rank")
+    failed = [l for l in log if l["event"] == "job_state" and l["job"] == victim and l["to"] == "FAILED"]
+    c.check(failed and "rank 1" in failed[0]["message"], "the failure is logged with its reason",
+            failed[0]["message"] if failed else "")
 
 
 if __name__ == "__main__":
