@@ -116,7 +116,7 @@ def torch_rank(a):
     from nanogpt import lr_at
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world)
+    dist.init_process_group("gloo", init_method=f"tcp://{a.master}:{a.port}", rank=a.rank, world_size=a.world)
     m = model_config(a.model, a.seq)
     model, blocks, loss_of = torch_model(a.model, m)
     for p in model.parameters():
@@ -211,6 +211,7 @@ def main():
     # one PyTorch rank
     ap.add_argument("--torch-rank", type=int, default=-1)
     ap.add_argument("--world", type=int, default=1)
+    ap.add_argument("--master", default="127.0.0.1", help="rank 0's address (its TCP store)")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--strategy", default="no_shard")

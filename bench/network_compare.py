@@ -1,0 +1,221 @@
+"""Shardline against PyTorch FSDP2 where the network is the bottleneck: ranks on
+emulated hosts (tests/hosts.py: one network namespace per host on a bridge)
+whose egress is shaped to a known bandwidth (tc tbf), side by side in one run.
+
+Placements:
+    4x1   4 hosts, one rank each: every collective crosses the links.
+    2x2   2 hosts, two ranks each: hybrid_shard's shard groups are the hosts
+          (ranks 0,1 and 2,3 talk over their host's loopback), only the
+          all-reduce across replicas crosses the link; full_shard's ring
+          crosses it in every collective.
+
+Both sides train the same model on the same tokens with the same global batch,
+AdamW and clipping (bench/torch_compare.py's peers: FSDP2 fully_shard per
+block, HSDP on a (replicate, shard) mesh; Gloo over the hosts' eth0), one
+intra-op thread per rank (the machine's cores are shared by every rank).
+Every (placement, strategy, bandwidth) runs `--repeats` times, Shardline and
+PyTorch alternating, and the table gives medians with the spread [min, max].
+
+Columns:
+    sl_tok/s, pt_tok/s   tokens/s over the timed steps (the first is a warm-up)
+    ratio                median of the per-repeat ratios sl/pt
+    comm                 seconds per step Shardline's collectives ran (its
+                         communication threads; what the link forces)
+    exposed              seconds per step its step thread waited on them
+    compute              step - exposed
+    bound                max(0, comm - compute) + 10% of the step: issue 26's
+                         goal for `exposed`
+    sl_rss, pt_rss       peak RSS of the largest rank, MiB
+
+Needs root (network namespaces). Usage:
+    .venv/bin/python bench/network_compare.py [--model gpt|llama100m] [--lora R]
+        [--points 4x1:full_shard,2x2:full_shard,2x2:hybrid_shard] [--mbits 100,300,1000]
+        [--repeats 3] [--steps 4] [--batch 8] [--seq T] [--save bench/results/FILE.md]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+
+import harness  # noqa: E402
+import hosts as emulated  # noqa: E402
+import torch_compare  # noqa: E402
+
+PLACEMENTS = {"4x1": (4, 1), "2x2": (2, 2)}  # hosts x ranks per host
+PORT = 29500  # every host is its own namespace: a fixed port is free on each
+TIMEOUT = 3600
+
+
+def rank_hosts(hs, per_host):
+    """Rank r's host: consecutive ranks share a host."""
+    return [hs[r // per_host] for r in range(len(hs) * per_host)]
+
+
+def wait_all(procs, what):
+    errors = []
+    deadline = time.time() + TIMEOUT
+    for r, p in enumerate(procs):
+        try:
+            _, err = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{what}: rank {r} did not finish within {TIMEOUT}s")
+        if p.returncode != 0:
+            last = err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
+            errors.append(f"rank {r}: {last}")
+    if errors:
+        raise RuntimeError(f"{what}: " + "; ".join(errors))
+
+
+def run_shardline(ranks, cfg, steps):
+    """Per-step (seconds, exposed, comm) of rank 0 and every rank's peak RSS."""
+    world = len(ranks)
+    out = tempfile.mkdtemp(prefix="net-compare-sl-")
+    path = os.path.join(out, "job.toml")
+    harness.write_toml(cfg, path)
+    procs = [h.popen([harness.TRAIN, "--config", path, "--rank", str(r), "--world", str(world),
+                      "--store-host", ranks[0].address, "--store-port", str(PORT), "--interface", h.interface,
+                      "--threads", "1", "--out", out, "--timeout", "600"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for r, h in enumerate(ranks)]
+    wait_all(procs, "shardline")
+    reports = [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(world)]
+    timed = reports[0]["steps"][1:]
+    step = sum(s["seconds"] for s in timed) / len(timed)
+    exposed = sum(s["exposed_comm_seconds"] for s in timed) / len(timed)
+    # The communication threads' seconds per step (the warm-up's included),
+    # less the fp32 gather of the trained parameters for params.safetensors
+    # after the last step, at the all-gathers' measured seconds per byte.
+    ops = reports[0]["comm"]
+    g = reports[0]["shard_group_size"]
+    total = sum(op["seconds"] for c in ops.values() for op in c.values())
+    ag = ops["shard"]["all_gather"]
+    final_gather = sum(u["shard"] for u in reports[0]["units"]) * (g - 1) * 4
+    comm = (total - ag["seconds"] * final_gather / max(1, ag["bytes"])) / steps
+    return {"step": step, "exposed": exposed, "comm": comm,
+            "rss": max(r["memory"]["peak_rss"] for r in reports), "loss": reports[0]["steps"][-1]["loss"]}
+
+
+def run_torch(ranks, a, strategy, data):
+    world = len(ranks)
+    out = tempfile.mkdtemp(prefix="net-compare-pt-")
+    env = dict(os.environ, GLOO_SOCKET_IFNAME=ranks[0].interface, OMP_NUM_THREADS="1")
+    procs = [h.popen([sys.executable, torch_compare.__file__, "--torch-rank", str(r), "--world", str(world),
+                      "--master", ranks[0].address, "--port", str(PORT), "--threads", "1",
+                      "--strategy", strategy, "--steps", str(a.steps), "--batch", str(a.batch), "--data", data,
+                      "--out", out, "--model", a.model, "--seq", str(a.seq), "--lora", str(a.lora)],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+             for r, h in enumerate(ranks)]
+    wait_all(procs, "pytorch")
+    reports = [json.load(open(os.path.join(out, f"torch-{r}.json"))) for r in range(world)]
+    times = reports[0]["times"][1:]
+    return {"step": sum(times) / len(times), "rss": max(r["peak_rss"] for r in reports),
+            "loss": reports[0]["losses"][-1]}
+
+
+def shardline_config(a, strategy, world, per_host, model, data):
+    cfg = harness.small_gpt_config(strategy, world, a.steps, a.batch)
+    cfg["model"] = dict(model)
+    cfg["data"] = {"format": "llmc", "path": data}
+    cfg["optimizer"]["warmup_steps"] = 2
+    if strategy.startswith("hybrid"):
+        cfg["parallelism"]["shard_group_size"] = per_host if per_host > 1 else world // 2
+    if a.lora:
+        cfg["lora"] = {"rank": a.lora, "alpha": 2 * a.lora, "target_modules": "all-linear", "base": "sharded"}
+    return cfg
+
+
+def spread(values, fmt):
+    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def failed_row(placement, strategy, mbit, sl, pt, why):
+    return (f"| {placement} | {strategy} | {mbit} | {len(sl)} runs | {len(pt)} runs | failed: {why[:160]} |"
+            + " |" * 9)
+
+
+def row(placement, strategy, mbit, tokens, sl, pt):
+    mib = 1 << 20
+    sl_tps = [tokens / s["step"] for s in sl]
+    pt_tps = [tokens / p["step"] for p in pt]
+    ratio = [x / y for x, y in zip(sl_tps, pt_tps)]
+    step = statistics.median(s["step"] for s in sl)
+    comm = statistics.median(s["comm"] for s in sl)
+    exposed = statistics.median(s["exposed"] for s in sl)
+    compute = step - exposed
+    bound = max(0.0, comm - compute) + 0.1 * step
+    return (f"| {placement} | {strategy} | {mbit} | {spread(sl_tps, '{:.0f}')} | {spread(pt_tps, '{:.0f}')} | "
+            f"{spread(ratio, '{:.2f}')} | {comm:.2f} | {exposed:.2f} | {compute:.2f} | {bound:.2f} | "
+            f"{'yes' if exposed <= bound else 'NO'} | {statistics.median(s['rss'] for s in sl) / mib:.0f} | "
+            f"{statistics.median(p['rss'] for p in pt) / mib:.0f} | {sl[-1]['loss']:.4f} | {pt[-1]['loss']:.4f} |")
+
+
+HEADER = ("| placement | strategy | Mbit/s | sl_tok/s | pt_tok/s | ratio | comm s | exposed s | compute s | bound s | "
+          "within | sl_rss MiB | pt_rss MiB | sl_loss | pt_loss |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt", choices=["gpt", "llama100m"])
+    ap.add_argument("--lora", type=int, default=0)
+    ap.add_argument("--points", default="4x1:full_shard,2x2:full_shard,2x2:hybrid_shard",
+                    help="placement:strategy pairs")
+    ap.add_argument("--mbits", default="100,300,1000")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=0)
+    ap.add_argument("--save", default="", help="also write the table (markdown) to this file")
+    a = ap.parse_args()
+    why = emulated.available()
+    if why:
+        sys.exit(f"network_compare: emulated hosts unavailable: {why}")
+    import torch
+    model = torch_compare.model_config(a.model, a.seq)
+    T = model["block_size"]
+    work = tempfile.mkdtemp(prefix="net-compare-")
+    data = os.path.join(work, "tokens.bin")
+    torch_compare.write_tokens(data, a.steps * a.batch * T * 2 + 1, model["vocab_size"])
+    lora = f", LoRA r={a.lora} (base sharded; PEFT on the PyTorch side)" if a.lora else ""
+    title = (f"# network_compare: {a.model}{lora}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed "
+             f"steps after 1 warm-up, {a.repeats} repeats (median [min-max]), {os.cpu_count()} cores shared by "
+             f"every rank, 1 thread per rank; torch {torch.__version__}; egress of every host shaped with tc tbf")
+    lines = [title, "", HEADER]
+    print("\n".join(lines), flush=True)
+    for mbit in [int(m) for m in a.mbits.split(",")]:
+        for point in a.points.split(","):
+            placement, strategy = point.split(":")
+            n_hosts, per_host = PLACEMENTS[placement]
+            world = n_hosts * per_host
+            sl, pt = [], []
+            try:
+                for _ in range(a.repeats):
+                    with emulated.Hosts(n_hosts) as hs:
+                        for h in hs:
+                            hs.limit_egress(h, mbit)
+                        ranks = rank_hosts(hs, per_host)
+                        cfg = shardline_config(a, strategy, world, per_host, model, data)
+                        sl.append(run_shardline(ranks, cfg, a.steps))
+                        pt.append(run_torch(ranks, a, strategy, data))
+                line = row(placement, strategy, mbit, a.batch * T, sl, pt)
+            except RuntimeError as e:  # one side failed: say so, go on with the next point
+                line = failed_row(placement, strategy, mbit, sl, pt, str(e))
+            lines.append(line)
+            print(line, flush=True)
+            if a.save:  # after every row: a long run that stops keeps what it measured
+                with open(a.save, "w") as f:
+                    f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
