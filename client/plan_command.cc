@@ -59,7 +59,7 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
       ->check(CLI::Range(1, kMaxRanks));
   cmd->add_option("--gpus-per-node", f->cluster.gpus_per_node, "devices per node (hybrid groups stay in a node)")
       ->check(CLI::Range(1, kMaxRanks));
-  cmd->add_option("--gpu-memory", f->cluster.device_memory_bytes, "bytes of memory per device (e.g. 80e9)")
+  cmd->add_option("--gpu-memory", f->cluster.device_memory_bytes, "bytes of memory per device, decimal (80e9 is 80 GB, 74.5 GiB)")
       ->check(Within(1, 1e15));
   cmd->add_option("--intra-bw", f->cluster.intra_node_bw, "bytes/s per rank inside a node (bus bandwidth)")
       ->check(Within(1, 1e15));

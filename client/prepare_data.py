@@ -19,7 +19,8 @@ Each record's tokens are followed by the tokenizer's end-of-sequence token
 (chat templates that end turns themselves are left as they are). Writes
 PREFIX_train_000000.bin (+ .mask) and so on, shards of at most --shard-tokens
 tokens, and PREFIX_val_*.bin for a --val-fraction of the records (chosen by
---seed). Token files are llm.c's GPT-2 format (uint16) for vocabularies up to
+--seed); a .txt file, one document, is split instead: its last --val-fraction
+of tokens go to val. Token files are llm.c's GPT-2 format (uint16) for vocabularies up to
 65,536, else its Llama 3 format (uint32). Masks: a 256 x int32 header (magic
 20240905, version 1, count), then one byte per token, 1 where the token counts
 as a target. The job file then names them:
@@ -175,11 +176,18 @@ def main(argv=None):
         writers = {s: ShardWriter(a.out, s, a.shard_tokens, kind, masked) for s in ("train", "val")}
         rng = random.Random(a.seed)
         counted = 0
+        one_document = a.input.endswith(".txt")
         for where, rec in records(a.input, a.format):
             ids, mask = tokens_of(tok, a.format, where, rec, eos)
             if any(t >= vocab or t < 0 for t in ids):
                 raise InputError(f"{where}: a token id outside the tokenizer's {vocab}")
             counted += sum(mask)
+            if one_document and a.val_fraction > 0:
+                # One record: drawing it for val would send all or nothing.
+                cut = len(ids) - int(round(len(ids) * a.val_fraction))
+                writers["train"].add(ids[:cut], mask[:cut])
+                writers["val"].add(ids[cut:], mask[cut:])
+                continue
             writers["val" if rng.random() < a.val_fraction else "train"].add(ids, mask)
         for w in writers.values():
             w.flush()

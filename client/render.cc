@@ -2,8 +2,10 @@
 
 #include "common/base/json_object.h"
 #include "common/base/quoted.h"
+#include "common/job/job_config.h"
 #include "common/state/job_state.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +83,12 @@ Json JobObject(const v1::Job& j) {
               {"strategy_reason", j.strategy_reason()},
               {"measured_bus_bandwidth", FiniteOrNull(j.measured_bus_bandwidth())},
               {"goodput", FiniteOrNull(JobGoodput(j, absl::ToUnixMillis(absl::Now())))},
+              {"epoch", FiniteOrNull(EpochAt(j.step(), j.batch_size(), j.sequences_per_epoch()))},
+              {"sequences_per_epoch", j.sequences_per_epoch()},
+              {"resumed_from", j.resume_from().empty() && j.resumed_from_job().empty()
+                                   ? Json(nullptr)
+                                   : Json{{"job", j.resumed_from_job()}, {"step", j.resumed_from_step()},
+                                          {"path", j.resume_from()}}},
               {"attempts", Json::array()}};
   for (const auto& r : j.ranks()) out["ranks"].push_back(RankObject(r));
   for (const auto& a : j.attempts()) out["attempts"].push_back(AttemptObject(a));
@@ -104,13 +112,26 @@ Json WorkerObject(const v1::WorkerInfo& w) {
           {"collective_address", w.collective_address()}};
 }
 
+bool HasReportedStep(const v1::Job& j) { return j.step() > 0 && j.tokens_per_second() > 0; }
+
 std::string JobsTable(const std::vector<v1::Job>& jobs) {
-  std::string out = absl::StrFormat("%-10s %-16s %-10s %-13s %-9s %-7s %s\n", "ID", "NAME", "STATE", "STEP",
-                                    "LOSS", "WORKERS", "MESSAGE");
+  // Each column as wide as its widest cell (a long name, a step count of a
+  // million steps), the message last and unpadded.
+  std::vector<std::vector<std::string>> rows = {{"ID", "NAME", "STATE", "STEP", "LOSS", "WORKERS", "FROM", "MESSAGE"}};
   for (const auto& j : jobs) {
-    absl::StrAppendFormat(&out, "%-10s %-16s %-10s %-13s %-9s %-7d %s\n", Printable(j.id()), Printable(j.name()),
-                          JobStateName(j.state()), absl::StrCat(j.step(), "/", j.steps()),
-                          j.step() ? absl::StrFormat("%.4f", j.loss()) : "-", j.workers(), Printable(j.message()));
+    rows.push_back({Printable(j.id()), Printable(j.name()), JobStateName(j.state()),
+                    absl::StrCat(j.step(), "/", j.steps()), HasReportedStep(j) ? absl::StrFormat("%.4f", j.loss()) : "-",
+                    absl::StrCat(j.workers()), j.resumed_from_job().empty() ? "-" : Printable(j.resumed_from_job()),
+                    Printable(j.message())});
+  }
+  std::vector<size_t> width(rows[0].size() - 1, 0);
+  for (const auto& r : rows) {
+    for (size_t c = 0; c < width.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  }
+  std::string out;
+  for (const auto& r : rows) {
+    for (size_t c = 0; c < width.size(); ++c) absl::StrAppend(&out, r[c], std::string(width[c] - r[c].size() + 1, ' '));
+    absl::StrAppend(&out, r.back(), "\n");
   }
   return out;
 }
@@ -150,12 +171,25 @@ void AppendHistory(const v1::Job& j, std::string* out) {
 }  // namespace
 
 std::string JobDetails(const v1::Job& j) {
+  const bool reported = HasReportedStep(j);
   std::string out = absl::StrFormat(
-      "job       %s (%s)\nstate     %s\nstep      %d/%d\nloss      %.4f\ntokens/s  %.0f\nlr        %.3g\n"
+      "job       %s (%s)\nstate     %s\nstep      %d/%d\nloss      %s\ntokens/s  %s\nlr        %.3g\n"
       "grad norm %.4f\nworkers   %d (%s) %s\nmessage   %s\n",
-      Printable(j.id()), Printable(j.name()), JobStateName(j.state()), j.step(), j.steps(), j.loss(),
-      j.tokens_per_second(), j.lr(), j.grad_norm(), j.workers(), Printable(j.strategy()),
-      Printable(absl::StrJoin(j.worker_ids(), ",")), Printable(j.message()));
+      Printable(j.id()), Printable(j.name()), JobStateName(j.state()), j.step(), j.steps(),
+      reported ? absl::StrFormat("%.4f", j.loss()) : "-", reported ? absl::StrFormat("%.0f", j.tokens_per_second()) : "-",
+      j.lr(), j.grad_norm(), j.workers(), Printable(j.strategy()), Printable(absl::StrJoin(j.worker_ids(), ",")),
+      Printable(j.message()));
+  if (const double epoch = EpochAt(j.step(), j.batch_size(), j.sequences_per_epoch()); !std::isnan(epoch)) {
+    absl::StrAppendFormat(&out, "epoch     %.2f (%d sequences per epoch; %s)\n", epoch, j.sequences_per_epoch(),
+                          epoch > 1 ? absl::StrFormat("the data wrapped %d time%s", static_cast<int64_t>(epoch),
+                                                      epoch >= 2 ? "s" : "")
+                                    : "the first pass");
+  }
+  if (!j.resume_from().empty() || !j.resumed_from_job().empty()) {
+    absl::StrAppendFormat(&out, "resumed   from %s at step %d (%s)\n",
+                          j.resumed_from_job().empty() ? "a checkpoint of no known job" : Printable(j.resumed_from_job()),
+                          j.resumed_from_step(), Printable(j.resume_from()));
+  }
   if (j.has_val_loss()) absl::StrAppendFormat(&out, "val loss  %.4f (after step %d)\n", j.val_loss(), j.val_step());
   if (!j.strategy_reason().empty()) absl::StrAppend(&out, "strategy  ", Printable(j.strategy_reason()), "\n");
   if (!j.stalled().empty()) absl::StrAppend(&out, "STALLED   ", Printable(j.stalled()), "\n");
@@ -233,9 +267,12 @@ std::string ProgressLine(const v1::Job& j, double eta) {
     const int64_t s = static_cast<int64_t>(eta + 0.5);
     eta_s = absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
   }
+  // A resumed job starts at its checkpoint's step with nothing measured yet.
+  const bool reported = HasReportedStep(j);
   return absl::StrFormat("[%s] step %d/%d  loss %s  %s tok/s  ETA %s  %s", bar, j.step(), j.steps(),
-                         j.step() ? absl::StrFormat("%.4f", j.loss()) : "-",
-                         j.step() ? absl::StrFormat("%.0f", j.tokens_per_second()) : "-", eta_s, JobStateName(j.state()));
+                         reported ? absl::StrFormat("%.4f", j.loss()) : "-",
+                         reported ? absl::StrFormat("%.0f", j.tokens_per_second()) : "-", eta_s,
+                         JobStateName(j.state()));
 }
 
 }  // namespace shardline::ctl

@@ -18,6 +18,9 @@ Json JobObject(const v1::Job& j);
 Json WorkerObject(const v1::WorkerInfo& w);
 Json ShardsObject(const v1::Ownership& o);
 
+// A step of the job's running attempt was measured: a resumed job starts at
+// its checkpoint's step with no loss or rate yet, shown as "-".
+bool HasReportedStep(const v1::Job& j);
 std::string JobsTable(const std::vector<v1::Job>& jobs);
 std::string JobDetails(const v1::Job& j);
 std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers);

@@ -28,9 +28,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/command_line.h"
+#include "client/coordinator_client.h"
 #include "client/export_command.h"
 #include "client/plan_command.h"
 #include "client/render.h"
+#include "client/tensorboard_events.h"
 #include "common/base/build_info.h"
 #include "common/base/file_util.h"
 #include "common/base/quoted.h"
@@ -46,61 +48,6 @@
 
 namespace shardline::ctl {
 namespace {
-
-
-struct Options {
-  std::string coordinator, token_file, tls_ca;
-  bool json = false;
-};
-
-class Client {
- public:
-  static absl::StatusOr<Client> Connect(const Options& o) {
-    Client c;
-    c.json_ = o.json;
-    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-    if (!o.tls_ca.empty()) {
-      grpc::SslCredentialsOptions ssl;
-      SL_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFileToString(o.tls_ca, "CA certificate"));
-      creds = grpc::SslCredentials(ssl);
-    }
-    if (!o.token_file.empty()) {
-      SL_ASSIGN_OR_RETURN(c.token_, ReadTokenFile(o.token_file));
-    }
-    c.token_file_ = o.token_file;
-    c.stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(o.coordinator, creds));
-    c.address_ = o.coordinator;
-    return c;
-  }
-
-  // Every call has a deadline; `watch` gets a long one (jobs run for days).
-  void Prepare(grpc::ClientContext* ctx, absl::Duration deadline = absl::Seconds(15)) const {
-    ctx->set_deadline(std::chrono::system_clock::now() +
-                      std::chrono::milliseconds(absl::ToInt64Milliseconds(deadline)));
-    if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
-  }
-  absl::Status Check(const grpc::Status& s) const {
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      return absl::UnavailableError(absl::StrCat("coordinator ", address_, " unavailable: ", s.error_message()));
-    }
-    // Say where a token comes from, or which one was refused.
-    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-      return absl::UnauthenticatedError(absl::StrCat(
-          "coordinator ", address_, ": ", s.error_message(),
-          token_.empty() ? "; shardctl sent none: pass --token-file FILE or set SHARDLINE_TOKEN_FILE"
-                         : absl::StrCat("; sent the token of ", Printable(token_file_))));
-    }
-    return FromGrpcStatus(s);
-  }
-
-  v1::Coordinator::Stub* stub() const { return stub_.get(); }
-  bool json() const { return json_; }
-
- private:
-  std::shared_ptr<v1::Coordinator::Stub> stub_;
-  std::string token_, token_file_, address_;
-  bool json_ = false;
-};
 
 // The checks the coordinator will make, done before anything is sent.
 // With `local_check` false the file goes to the coordinator as it is (to
@@ -123,16 +70,6 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int 
   return req;
 }
 
-absl::StatusOr<v1::Job> FetchJob(const Client& c, const std::string& id, bool history = false) {
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  v1::GetJobRequest r;
-  r.set_job_id(id);
-  r.set_history(history);
-  v1::Job j;
-  SL_RETURN_IF_ERROR(c.Check(c.stub()->GetJob(&ctx, r, &j)));
-  return j;
-}
 
 // The spec of `old` for a resume: another strategy, validated for `workers`.
 absl::StatusOr<v1::SubmitJobRequest> PrepareResume(const Client& c, const std::string& id, const std::string& from,
@@ -276,7 +213,7 @@ absl::StatusOr<v1::CheckpointInfo> SaveNow(const Client& c, const std::string& j
 // Every flag of every command, as the parse fills them.
 struct Args {
   Options o;
-  std::string file, job, from, strategy, shell;
+  std::string file, job, from, strategy, shell, tensorboard_dir;
   int workers = 0, page_size = 100, log_rank = -1;
   bool follow = false, skip_local_check = false, history = false, delete_checkpoints = false, follow_logs = false;
   double save_timeout_s = 600;
@@ -320,7 +257,10 @@ void AddJobCommands(CLI::App& app, Args& a) {
       ->add_option("--page-size", a.page_size, "jobs fetched per call (1..1000, default 100)")
       ->check(CLI::Range(1, 1000));  // the coordinator's bound, refused before any call
   auto* status = app.add_subcommand("status", "show one job");
-  status->add_flag("--history", a.history, "also its per-step history (loss, lr, grad norm, tokens/s, val loss)");
+  status->add_flag("--history", a.history,
+                   "also its per-step history (loss, lr, grad norm, tokens/s, val loss), across the jobs it resumed from");
+  status->add_option("--tensorboard", a.tensorboard_dir,
+                     "write that history as a TensorBoard events file into DIR (implies --history)");
   auto* watch = app.add_subcommand("watch", "follow a job with a progress bar until it ends");
   auto* cancel = app.add_subcommand("cancel", "cancel a job");
   auto* del = app.add_subcommand("delete", "forget a job that has ended");
@@ -412,8 +352,15 @@ absl::Status Delete(const Client& c, const Args& a) {
 // `status` and `cancel` print the job they got back.
 absl::Status StatusOrCancel(const Client& c, const Args& a, bool cancel) {
   v1::Job j;
+  std::string note;
   if (!cancel) {
-    SL_ASSIGN_OR_RETURN(j, FetchJob(c, a.job, a.history));
+    const bool history = a.history || !a.tensorboard_dir.empty();
+    SL_ASSIGN_OR_RETURN(j, FetchJob(c, a.job, history));
+    if (history) PrependLineage(c, j, &note);
+    if (!a.tensorboard_dir.empty()) {
+      SL_ASSIGN_OR_RETURN(const std::string events, WriteTensorBoardEvents(a.tensorboard_dir, j));
+      std::cerr << "shardctl: wrote " << j.history_size() << " steps to " << events << std::endl;
+    }
   } else {
     grpc::ClientContext ctx;
     c.Prepare(&ctx);
@@ -422,6 +369,7 @@ absl::Status StatusOrCancel(const Client& c, const Args& a, bool cancel) {
     SL_RETURN_IF_ERROR(c.Check(c.stub()->CancelJob(&ctx, r, &j)));
   }
   std::cout << (a.o.json ? Dump(JobObject(j)) + "\n" : JobDetails(j));
+  if (!note.empty()) std::cerr << "shardctl: " << note << std::endl;
   return absl::OkStatus();
 }
 

@@ -67,6 +67,14 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   int workers = 0;
   auto cfg = ParseAndValidate(req, &workers);
   if (!cfg.ok()) return cfg.status();
+  // The lineage of a resume (file I/O: before the lock); ParseAndValidate
+  // read the manifest already, so it reads.
+  std::string parent;
+  int64_t parent_step = 0;
+  if (!req.resume_from().empty()) {
+    if (absl::StatusOr<CheckpointManifest> m = ReadManifest(req.resume_from()); m.ok()) parent_step = m->step;
+    if (absl::StatusOr<std::string> p = JobOfCheckpoint(req.resume_from()); p.ok()) parent = *p;
+  }
   absl::MutexLock lock(&mu_);
   if (scheduler_.size() >= options_.max_queued_jobs) {
     return absl::ResourceExhaustedError(absl::StrCat("the queue already holds ", scheduler_.size(),
@@ -109,11 +117,15 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   j.set_workers(workers);
   j.set_requested_workers(workers);
   j.set_steps(cfg->train.steps);
+  j.set_sequences_per_epoch(cfg->train.sequences_per_epoch);
+  j.set_batch_size(cfg->train.batch_size);
   j.set_strategy(StrategyName(cfg->parallelism.strategy));
   j.set_created_unix_ms(NowMs());
   j.set_message(absl::StrFormat("waiting for %d idle workers", workers));
   j.set_base_dir(req.base_dir());
   j.set_resume_from(req.resume_from());
+  j.set_resumed_from_job(parent);
+  j.set_resumed_from_step(parent_step);
   j.set_owner(owner);
   j.set_base_digest(cfg->lora.base_digest);
   j.set_checkpoint_root(root + "/" + id);
@@ -124,7 +136,8 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
                                                    saved.message()));
   }
   Log("job_submitted", {{"job", id}, {"name", cfg->name}, {"owner", owner}, {"workers", workers},
-                        {"strategy", j.strategy()}, {"steps", j.steps()}, {"resume_from", req.resume_from()}});
+                        {"strategy", j.strategy()}, {"steps", j.steps()}, {"resume_from", req.resume_from()},
+                        {"resumed_from_job", parent}});
   jobs_.emplace(id, std::move(r));
   scheduler_.Enqueue(id);
   Schedule();

@@ -310,6 +310,7 @@ void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*
     j.set_strategy_reason(absl::StrCat("auto: full_shard (the planner failed: ", choice.status().message(), ")"));
   } else {
     r.config.parallelism.strategy = choice->strategy;
+    r.config.train.grad_accumulation = choice->grad_accumulation;  // the job's own unless left to auto
     j.set_strategy_reason(choice->why);
   }
   j.set_strategy(StrategyName(r.config.parallelism.strategy));

@@ -157,6 +157,7 @@ Json StepObject(const StepResult& r) {
           {"loss", FiniteOrNull(r.loss)},
           {"grad_norm", FiniteOrNull(r.grad_norm)},
           {"lr", FiniteOrNull(r.lr)},
+          {"epoch", FiniteOrNull(r.epoch)},
           {"seconds", r.seconds},
           {"exposed_comm_seconds", r.exposed_comm_seconds},
           {"tokens_per_s", FiniteOrNull(r.tokens / r.seconds)},

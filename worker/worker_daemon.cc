@@ -394,9 +394,10 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
     if (a.rank() == 0) history.Append(r, a.world_size());
     const int every = config.train.log_interval;
     if (every > 0 && ((r.step + 1) % every == 0 || r.step + 1 == config.train.steps)) {
-      Log(a, absl::StrFormat("step %d/%d: loss %.4f, lr %.3g, grad norm %.4f, %.0f tokens/s%s", r.step + 1,
+      Log(a, absl::StrFormat("step %d/%d: loss %.4f, lr %.3g, grad norm %.4f, %.0f tokens/s%s%s", r.step + 1,
                              config.train.steps, r.loss, r.lr, r.grad_norm, r.tokens / r.seconds,
-                             std::isnan(r.val_loss) ? "" : absl::StrFormat(", val loss %.4f", r.val_loss)));
+                             std::isnan(r.val_loss) ? "" : absl::StrFormat(", val loss %.4f", r.val_loss),
+                             std::isnan(r.epoch) ? "" : absl::StrFormat(", epoch %.2f", r.epoch)));
     }
     metrics.OnStep(r, engine.Memory());
     v1::WorkerMessage m;

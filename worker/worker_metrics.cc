@@ -40,6 +40,8 @@ WorkerMetrics::WorkerMetrics()
                                    "Mean loss over the validation batches at the latest evaluation.")),
       nonfinite_loss_(registry_->AddCounter("shardline_loss_nonfinite_steps_total", "Steps whose loss was NaN or Inf.")),
       lr_(registry_->AddGauge("shardline_learning_rate", "Learning rate of the last step.")),
+      epoch_(registry_->AddGauge("shardline_epoch",
+                                 "Passes over the training data so far (1.5: it wrapped once); absent for synthetic data.")),
       grad_norm_(registry_->AddGauge("shardline_grad_norm", "Global gradient norm of the last step, before clipping.")),
       mfu_(registry_->AddGauge("shardline_mfu_ratio",
                               "Model FLOPs utilisation of the last step: (6N + 12*L*H*Q*T) x tokens/s per device "
@@ -67,7 +69,8 @@ WorkerMetrics::WorkerMetrics()
       ckpt_failures_(registry_->AddCounter("shardline_checkpoint_failures_total",
                                           "Checkpoint saves of this rank that failed.")) {
   job_families_ = {&step_seconds_,       &exposed_comm_seconds_, &tokens_,         &step_,
-                   &loss_,               &val_loss_,             &nonfinite_loss_,       &lr_,             &grad_norm_,
+                   &loss_,               &val_loss_,             &nonfinite_loss_,       &lr_,             &epoch_,
+                   &grad_norm_,
                    &mfu_,                &flops_per_token_,      &peak_flops_,     &collective_seconds_,
                    &collective_bytes_,   &collective_failures_,  &last_seq_gauge_, &memory_,
                    &ckpt_seconds_,       &ckpt_bytes_,           &ckpt_failures_};
@@ -152,6 +155,7 @@ void WorkerMetrics::OnStep(const StepResult& r, const MemoryReport& m) {
   if (!std::isnan(r.val_loss)) val_loss_.Add(l).Set(r.val_loss);
   if (!std::isfinite(r.loss)) nonfinite_loss_.Add(l).Increment();
   lr_.Add(l).Set(r.lr);
+  if (!std::isnan(r.epoch)) epoch_.Add(l).Set(r.epoch);
   grad_norm_.Add(l).Set(r.grad_norm);
   if (r.seconds > 0) mfu_.Add(l).Set(flops_per_token_value_ * my_tokens / r.seconds / peak_flops_value_);
   auto set = [&](const char* kind, int64_t bytes) {

@@ -61,6 +61,7 @@ class WorkerMetrics {
   metrics::Family<metrics::Gauge>& val_loss_;
   metrics::Family<metrics::Counter>& nonfinite_loss_;
   metrics::Family<metrics::Gauge>& lr_;
+  metrics::Family<metrics::Gauge>& epoch_;
   metrics::Family<metrics::Gauge>& grad_norm_;
   metrics::Family<metrics::Gauge>& mfu_;
   metrics::Family<metrics::Gauge>& flops_per_token_;

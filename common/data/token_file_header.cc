@@ -1,4 +1,4 @@
-#include "worker/data/token_file_header.h"
+#include "common/data/token_file_header.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,7 @@
 #include "common/job/job_config.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/quoted.h"
 
@@ -29,6 +31,22 @@ absl::StatusOr<Strategy> ParseStrategy(const std::string& s) {
 
 const char* GradAccumulationName(GradAccumulation g) {
   return g == GradAccumulation::kSharded ? "sharded" : "unsharded";
+}
+
+double EpochAt(int64_t completed_steps, int64_t batch_size, int64_t sequences_per_epoch) {
+  if (sequences_per_epoch <= 0) return std::numeric_limits<double>::quiet_NaN();
+  return static_cast<double>(completed_steps) * static_cast<double>(batch_size) /
+         static_cast<double>(sequences_per_epoch);
+}
+
+const char* LrScheduleName(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::kCosine: return "cosine";
+    case LrSchedule::kLinear: return "linear";
+    case LrSchedule::kConstant: return "constant";
+    case LrSchedule::kWsd: return "wsd";
+  }
+  return "?";
 }
 
 const char* LoraBaseName(LoraBase b) { return b == LoraBase::kSharded ? "sharded" : "replicated"; }

@@ -91,9 +91,25 @@ struct DataConfig {
 enum class GradAccumulation { kSharded, kUnsharded };
 const char* GradAccumulationName(GradAccumulation g);
 
+// Passes over the training data after `completed_steps` global steps of
+// `batch_size` sequences (1.5: the data wrapped once, half way through the
+// second pass); NaN where its length is not known (synthetic data).
+double EpochAt(int64_t completed_steps, int64_t batch_size, int64_t sequences_per_epoch);
+
 struct TrainConfig {
   int steps = 200, batch_size = 32, micro_batch_size = 8;
+  // [train] epochs instead of steps (> 0; never both): ResolveJobSpec sets
+  // steps = ceil(epochs x sequences_per_epoch / batch_size).
+  double epochs = 0;
+  // Resolved, never a key: the training stream's sequences, floor((tokens -
+  // 1) / block_size), where the data is on disk (0: synthetic). Step s reads
+  // past s x batch_size of them: epoch s x batch_size / sequences_per_epoch.
+  int64_t sequences_per_epoch = 0;
   GradAccumulation grad_accumulation = GradAccumulation::kSharded;  // [train] grad_accumulation
+  // Resolved, never a key: strategy = "auto" and the file names no
+  // grad_accumulation, so the coordinator weighs both modes with the
+  // strategies (common/plan/strategy_choice.h) and sets grad_accumulation.
+  bool auto_grad_accumulation = false;
   uint64_t seed = 1337;
   // Validation loss every eval_interval steps and after the last (0: never),
   // over the first eval_batches global batches of [data] val_path (synthetic
@@ -108,9 +124,25 @@ struct TrainConfig {
   // next one fails the job naming the step. 0: the first fails it.
   int max_nonfinite_skips = 0;
 };
+// [optimizer] schedule: the learning rate at 0-based step s of T, warmup W.
+//   kCosine    nanoGPT's: lr (s+1)/(W+1) while s < W, then a half cosine
+//              from lr to min_lr over the remaining T - W steps (the default).
+//   kLinear    transformers' get_linear_schedule_with_warmup: lr s/W while
+//              s < W, then lr (T-s)/(T-W), here from lr down towards min_lr
+//              (the same at min_lr = 0).
+//   kConstant  transformers' get_constant_schedule_with_warmup: lr s/W, then
+//              lr (min_lr unused).
+//   kWsd       transformers' get_wsd_schedule (linear warmup, cosine decay,
+//              min_lr_ratio = min_lr / lr): warmup, lr for T - W - D steps,
+//              then a half cosine to min_lr over the last D = decay_steps.
+enum class LrSchedule { kCosine, kLinear, kConstant, kWsd };
+const char* LrScheduleName(LrSchedule s);
+
 struct OptimizerConfig {
   double lr = 6e-4, min_lr = 6e-5;
   int warmup_steps = 20;
+  LrSchedule schedule = LrSchedule::kCosine;
+  int decay_steps = 0;  // kWsd only: the decay phase's length
   std::array<double, 2> betas{0.9, 0.95};
   double eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;  // grad_clip 0 disables
 };

@@ -182,6 +182,13 @@ absl::StatusOr<GradAccumulation> ParseGradAccumulation(const std::string& s) {
   if (s == "unsharded") return GradAccumulation::kUnsharded;
   return absl::InvalidArgumentError(absl::StrCat("unknown value ", Quoted(s), " (expected sharded or unsharded)"));
 }
+absl::StatusOr<LrSchedule> ParseLrSchedule(const std::string& s) {
+  for (LrSchedule v : {LrSchedule::kCosine, LrSchedule::kLinear, LrSchedule::kConstant, LrSchedule::kWsd}) {
+    if (s == LrScheduleName(v)) return v;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown schedule ", Quoted(s), " (expected cosine, linear, constant or wsd)"));
+}
 absl::StatusOr<LoraBase> ParseLoraBase(const std::string& s) {
   if (s == "sharded") return LoraBase::kSharded;
   if (s == "replicated") return LoraBase::kReplicated;
@@ -270,6 +277,13 @@ void ReadDataAndTraining(SectionReaders& r, JobConfig& c) {
   data.StringList("val_mask_path", &c.data.val.mask_paths);
   TableReader& train = r["train"];
   train.Int("steps", &c.train.steps, 1, kMaxInt);
+  train.Double("epochs", &c.train.epochs);
+  const std::set<std::string> train_keys = train.Present();
+  if (train_keys.count("steps") && train_keys.count("epochs")) {
+    train.Fail(train.Where("epochs") + ": give steps or epochs, not both");
+  } else if (train_keys.count("epochs") && !(c.train.epochs > 0 && c.train.epochs <= 1e6)) {
+    train.Fail(absl::StrCat(train.Where("epochs"), " = ", c.train.epochs, " must lie in (0, 1e6]"));
+  }
   train.Int("max_nonfinite_skips", &c.train.max_nonfinite_skips, 0, kMaxInt);
   train.Int("batch_size", &c.train.batch_size, 1, 1 << 24);
   train.Int("micro_batch_size", &c.train.micro_batch_size, 1, 1 << 24);
@@ -282,6 +296,8 @@ void ReadDataAndTraining(SectionReaders& r, JobConfig& c) {
   opt.Double("lr", &c.optimizer.lr);
   opt.Double("min_lr", &c.optimizer.min_lr);
   opt.Int("warmup_steps", &c.optimizer.warmup_steps, 0, kMaxInt);
+  opt.Enum<LrSchedule>("schedule", &c.optimizer.schedule, ParseLrSchedule);
+  opt.Int("decay_steps", &c.optimizer.decay_steps, 0, kMaxInt);
   opt.DoublePair("betas", &c.optimizer.betas);
   opt.Double("eps", &c.optimizer.eps);
   opt.Double("weight_decay", &c.optimizer.weight_decay);
@@ -357,6 +373,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   JobConfig c;
   absl::Status s = ReadSections(root, source, c);
   if (!s.ok()) return s;
+  const toml::table* train = root["train"].as_table();
+  c.train.auto_grad_accumulation = c.parallelism.auto_strategy && !(train && train->contains("grad_accumulation"));
   return c;
 }
 

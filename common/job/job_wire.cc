@@ -30,6 +30,7 @@ SHARDLINE_WIRE_ENUM(BackwardPrefetch, BackwardPrefetch::kNone)
 SHARDLINE_WIRE_ENUM(DataFormat, DataFormat::kSynthetic)
 SHARDLINE_WIRE_ENUM(LoraBase, LoraBase::kReplicated)
 SHARDLINE_WIRE_ENUM(GradAccumulation, GradAccumulation::kUnsharded)
+SHARDLINE_WIRE_ENUM(LrSchedule, LrSchedule::kWsd)
 #undef SHARDLINE_WIRE_ENUM
 
 // One line per struct: every field, in declaration order. A field added to a
@@ -43,10 +44,12 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, family, n_layer, n_head, n_embd,
                                    rope_original_max_position, max_position_embeddings, special_token_ids)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TokenSource, paths, mask_paths)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataConfig, format, train, val)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, steps, batch_size, micro_batch_size, grad_accumulation, seed,
-                                   eval_interval,
-                                   eval_batches, log_interval, max_nonfinite_skips)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimizerConfig, lr, min_lr, warmup_steps, betas, eps, weight_decay, grad_clip)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, steps, batch_size, micro_batch_size, epochs, sequences_per_epoch,
+                                   grad_accumulation, auto_grad_accumulation, seed, eval_interval, eval_batches,
+                                   log_interval,
+                                   max_nonfinite_skips)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimizerConfig, lr, min_lr, warmup_steps, schedule, decay_steps, betas, eps,
+                                   weight_decay, grad_clip)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelismConfig, strategy, auto_strategy, shard_group_size)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PrecisionConfig, param_dtype, reduce_dtype, buffer_dtype, allow_tf32)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryConfig, activation_checkpointing, cpu_offload)

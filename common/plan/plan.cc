@@ -393,12 +393,14 @@ std::string PlanTable(const Plan& p) {
       "per rank)\n\n",
       static_cast<double>(p.params), static_cast<double>(p.trainable_params), p.flops_per_token, p.tokens_per_step,
       p.micro_batches);
-  absl::StrAppendFormat(&out, "%-19s %3s %9s %9s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %9s %s\n", "strategy", "G",
+  absl::StrAppend(&out, "memory per rank and comm (sent per rank per step) in GiB, 2^30 bytes; times in seconds; "
+                       "grp: the shard group\n");
+  absl::StrAppendFormat(&out, "%-19s %3s %9s %9s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %9s %s\n", "strategy", "grp",
                         "state", "params", "grads", "master", "optim", "transnt", "acts", "acts_ckpt", "comm",
                         "comp_s", "exp_cm_s", "step_s", "step_ckpt", "fits");
   for (const auto& s : p.strategies) {
     absl::StrAppendFormat(
-        &out, "%-19s %3d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %7.2fG %8.3f %8.3f %8.3f %9.3f %s\n",
+        &out, "%-19s %3d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %8.3f %8.3f %8.3f %9.3f %s\n",
         StrategyName(s.strategy), s.shard_group, s.state_bytes / gib, s.params_bytes / gib, s.grads_bytes / gib,
         s.master_bytes / gib, s.optimizer_bytes / gib, s.transient_bytes / gib, s.activation_bytes / gib,
         s.activation_bytes_checkpointed / gib, s.comm_bytes / gib, s.compute_s, s.exposed_comm_s, s.step_s,

@@ -1,16 +1,12 @@
 #include "common/plan/strategy_choice.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/plan/plan.h"
 
 namespace shardline {
-namespace {
-
-bool Candidate(Strategy s) { return !IsHybrid(s); }
-
-}  // namespace
 
 absl::StatusOr<StrategyChoice> ChooseStrategy(const JobConfig& c, const AttemptCluster& a) {
   PlanInput in = PlanInputForJob(c, a.world);
@@ -27,37 +23,54 @@ absl::StatusOr<StrategyChoice> ChooseStrategy(const JobConfig& c, const AttemptC
     s.flops = 5e10;
     s.memory_bw = 10e9;
   }
-  absl::StatusOr<Plan> plan = MakePlan(in);
-  if (!plan.ok()) return plan.status();
   const bool ckpt = c.memory.activation_checkpointing;
-  const StrategyPlan* best = nullptr;
-  const StrategyPlan* smallest = nullptr;
-  for (const StrategyPlan& p : plan->strategies) {
-    if (!Candidate(p.strategy)) continue;
-    const int64_t peak = ckpt ? p.peak_bytes_checkpointed : p.peak_bytes;
-    if (!smallest || peak < (ckpt ? smallest->peak_bytes_checkpointed : smallest->peak_bytes)) smallest = &p;
-    const bool fits = ckpt ? p.fits_checkpointed : p.fits;
-    const double step = ckpt ? p.step_s_checkpointed : p.step_s;
-    if (fits && (!best || step < (ckpt ? best->step_s_checkpointed : best->step_s))) best = &p;
+  std::vector<GradAccumulation> modes = {c.train.grad_accumulation};
+  if (c.train.auto_grad_accumulation) modes = {GradAccumulation::kSharded, GradAccumulation::kUnsharded};
+  struct Candidate {
+    StrategyPlan plan;
+    GradAccumulation mode;
+    int64_t peak() const { return plan.peak_bytes; }
+  };
+  std::vector<Candidate> candidates;
+  for (GradAccumulation mode : modes) {
+    in.grad_accumulation = mode;
+    absl::StatusOr<Plan> plan = MakePlan(in);
+    if (!plan.ok()) return plan.status();
+    for (StrategyPlan& p : plan->strategies) {
+      if (IsHybrid(p.strategy)) continue;  // needs a shard group
+      // The mode means nothing where gradients are whole anyway.
+      if (mode != modes.front() && !ShardsGrads(p.strategy)) continue;
+      if (ckpt) {  // the job's own setting decides which figures count
+        p.peak_bytes = p.peak_bytes_checkpointed, p.fits = p.fits_checkpointed, p.step_s = p.step_s_checkpointed;
+      }
+      candidates.push_back({p, mode});
+    }
+  }
+  const Candidate* best = nullptr;
+  const Candidate* smallest = nullptr;
+  for (const Candidate& k : candidates) {
+    if (!smallest || k.peak() < smallest->peak()) smallest = &k;
+    if (k.plan.fits && (!best || k.plan.step_s < best->plan.step_s)) best = &k;
   }
   if (!smallest) return absl::InternalError("the planner returned no strategy");
   const std::string bandwidth =
       a.measured_bus_bandwidth > 0 ? absl::StrFormat("%.3g GB/s measured", a.measured_bus_bandwidth / 1e9)
                                    : absl::StrFormat("%.3g GB/s assumed until measured", bw / 1e9);
+  const Candidate& pick = best ? *best : *smallest;
   StrategyChoice out;
+  out.strategy = pick.plan.strategy;
+  out.grad_accumulation = pick.mode;
+  const std::string mode = c.train.auto_grad_accumulation && ShardsGrads(pick.plan.strategy)
+                               ? absl::StrFormat(" with %s gradient accumulation", GradAccumulationName(pick.mode))
+                               : "";
   if (best) {
-    out.strategy = best->strategy;
     out.why = absl::StrFormat(
-        "auto: %s, the fastest that fits: %.3g s/step predicted, %.3g of %.3g GB per rank, at %d ranks and %s",
-        StrategyName(best->strategy), ckpt ? best->step_s_checkpointed : best->step_s,
-        (ckpt ? best->peak_bytes_checkpointed : best->peak_bytes) / 1e9, s.device_memory_bytes / 1e9, a.world,
-        bandwidth);
+        "auto: %s%s, the fastest that fits: %.3g s/step predicted, %.3g of %.3g GB per rank, at %d ranks and %s",
+        StrategyName(pick.plan.strategy), mode, pick.plan.step_s, pick.peak() / 1e9, s.device_memory_bytes / 1e9,
+        a.world, bandwidth);
   } else {
-    out.strategy = smallest->strategy;
-    out.why = absl::StrFormat("auto: %s, the least memory, though none is predicted to fit: %.3g of %.3g GB per rank",
-                              StrategyName(smallest->strategy),
-                              (ckpt ? smallest->peak_bytes_checkpointed : smallest->peak_bytes) / 1e9,
-                              s.device_memory_bytes / 1e9);
+    out.why = absl::StrFormat("auto: %s%s, the least memory, though none is predicted to fit: %.3g of %.3g GB per rank",
+                              StrategyName(pick.plan.strategy), mode, pick.peak() / 1e9, s.device_memory_bytes / 1e9);
   }
   return out;
 }

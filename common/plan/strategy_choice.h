@@ -8,7 +8,9 @@
 //
 // Only the strategies that need no shard group are candidates (no_shard,
 // zero1, shard_grad_op, full_shard); the job's own activation checkpointing
-// setting is kept. Pure arithmetic; thread-compatible.
+// setting is kept. Where the job file leaves [train] grad_accumulation to
+// it, each candidate is weighed in both modes. Pure arithmetic;
+// thread-compatible.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,10 @@ struct AttemptCluster {
 
 struct StrategyChoice {
   Strategy strategy = Strategy::kFullShard;
+  // The job's own, or where TrainConfig.auto_grad_accumulation lets it the
+  // faster of the two modes that fits (unsharded: less communication, more
+  // memory; it matters only with several micro-batches).
+  GradAccumulation grad_accumulation = GradAccumulation::kSharded;
   std::string why;  // one line for Job.message and shardctl status
 };
 

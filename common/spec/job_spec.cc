@@ -2,12 +2,16 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/quoted.h"
+#include "common/data/token_count.h"
 #include "common/job/job_file.h"
 #include "common/model/hf_config.h"
 #include "common/model/lora_adapter.h"
@@ -28,6 +32,43 @@ void ResolvePaths(JobConfig& c, const std::string& base_dir) {
   c.lora.init_from = ResolveJobPath(base_dir, c.lora.init_from);
 }
 
+// The stream's size where it is on disk; then steps from [train] epochs.
+// Missing files are left to CheckJobFiles (a spec resolves before its
+// files exist, as shardctl plan resolves it).
+absl::Status ResolveEpochs(JobConfig& c, const std::string& source) {
+  TrainConfig& t = c.train;
+  t.sequences_per_epoch = 0;
+  if (c.data.format == DataFormat::kSynthetic) {
+    if (t.epochs > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": [train] epochs: synthetic data is an endless stream; give [train] steps or data files"));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<std::string>> files = ExpandDataPaths(c.data.train.paths, "", "[data] path");
+  absl::StatusOr<int64_t> tokens = files.ok() ? CountTokens(c.data.format, *files) : files.status();
+  if (!tokens.ok()) {
+    if (t.epochs > 0) {
+      return absl::Status(tokens.status().code(),
+                          absl::StrCat(source, ": [train] epochs needs the data's size: ", tokens.status().message()));
+    }
+    return absl::OkStatus();
+  }
+  if (c.model.block_size > 0) t.sequences_per_epoch = std::max<int64_t>(0, (*tokens - 1) / c.model.block_size);
+  if (t.epochs <= 0) return absl::OkStatus();
+  if (t.sequences_per_epoch == 0 || t.batch_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": [train] epochs: the data holds ", *tokens,
+                                                   " tokens, not one sequence of block_size + 1"));
+  }
+  const double steps = std::ceil(t.epochs * static_cast<double>(t.sequences_per_epoch) / t.batch_size);
+  if (steps > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": [train] epochs = ", t.epochs, " is ", steps,
+                                                   " steps of batch_size ", t.batch_size, ", more than 2^31 - 1"));
+  }
+  t.steps = std::max(1, static_cast<int>(steps));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<JobConfig> ResolveJobSpec(const std::string& toml_text, const std::string& source,
@@ -37,6 +78,7 @@ absl::StatusOr<JobConfig> ResolveJobSpec(const std::string& toml_text, const std
   ResolvePaths(*c, base_dir);
   absl::Status s = ApplyHfConfig(*c, source);
   if (s.ok()) s = ApplyPeftConfig(*c, source);
+  if (s.ok()) s = ResolveEpochs(*c, source);
   if (!s.ok()) return s;
   return c;
 }

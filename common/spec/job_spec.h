@@ -22,8 +22,11 @@ namespace shardline {
 // [data] path and pattern) made absolute against `base_dir`, the job file's
 // folder (the working directory where empty), here and nowhere else; then
 // [model] hf_dir's config.json (ApplyHfConfig) and [lora] init_from's
-// adapter_config.json (ApplyPeftConfig) applied. [checkpoint] dir is left as
-// written: the coordinator places it (coordinator_jobs.cc).
+// adapter_config.json (ApplyPeftConfig) applied; then the training stream's
+// length from its files' headers (TrainConfig.sequences_per_epoch; left 0
+// where they do not read yet, for CheckJobFiles to name) and [train] epochs
+// turned into steps. [checkpoint] dir is left as written: the coordinator
+// places it (coordinator_jobs.cc).
 absl::StatusOr<JobConfig> ResolveJobSpec(const std::string& toml_text, const std::string& source,
                                          const std::string& base_dir);
 

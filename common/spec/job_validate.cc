@@ -146,6 +146,16 @@ absl::Status ValidateTraining(const JobConfig& c, int world, const std::string& 
   if (!(o.lr >= 0)) return bad("optimizer", "lr must be >= 0");
   if (!(o.min_lr >= 0)) return bad("optimizer", "min_lr must be >= 0");
   if (o.warmup_steps < 0) return bad("optimizer", "warmup_steps must be >= 0");
+  if (o.schedule == LrSchedule::kWsd) {
+    if (o.decay_steps < 1 || o.decay_steps > t.steps - o.warmup_steps) {
+      return bad("optimizer", absl::StrCat("schedule = \"wsd\" needs decay_steps in [1, steps - warmup_steps = ",
+                                           t.steps - o.warmup_steps, "], not ", o.decay_steps));
+    }
+    if (!(o.min_lr <= o.lr)) return bad("optimizer", "schedule = \"wsd\" decays to min_lr, which must be <= lr");
+  } else if (o.decay_steps != 0) {
+    return bad("optimizer", absl::StrCat("decay_steps is for schedule = \"wsd\", not \"",
+                                         LrScheduleName(o.schedule), "\""));
+  }
   for (double b : o.betas) {
     if (!(b >= 0 && b < 1)) return bad("optimizer", "betas must lie in [0, 1)");
   }

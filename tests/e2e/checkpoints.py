@@ -1,8 +1,10 @@
 """Checkpoints through the cluster: a job saving every 5 steps with
 keep_latest = 2 leaves exactly its two newest committed checkpoints (each a
 manifest plus one shard file per rank); `resume` at another world size and
-strategy continues the loss curve; `ckpt save` on a running job commits a
-checkpoint; resuming from a directory without a manifest is refused."""
+strategy continues the loss curve, names the job it came from, and
+`status --history` (and `--tensorboard`, read by TensorBoard's own reader)
+runs across both; `ckpt save` on a running job commits a checkpoint;
+resuming from a directory without a manifest is refused."""
 import json
 import os
 import time
@@ -10,6 +12,24 @@ import time
 from cluster import Checks, Cluster, job_file, wait_for
 
 CKPT = '\n[checkpoint]\ndir = "ckpt"\ninterval = 5\nkeep_latest = 2\n'
+
+
+def check_tensorboard(c, cl, job, losses):
+    """status --tensorboard DIR: TensorBoard's own reader finds every step's
+    loss (simple_value is a float32: within its rounding, 2^-24 relative)."""
+    from tensorboard.backend.event_processing import event_accumulator
+    tb = os.path.join(cl.dir, "tb")
+    rc, _, err = cl.ctl("status", job, "--tensorboard", tb)
+    acc = event_accumulator.EventAccumulator(tb)
+    acc.Reload()
+    tags = acc.Tags().get("scalars", [])
+    got = {e.step: e.value for e in acc.Scalars("shardline/loss")} if "shardline/loss" in tags else {}
+    c.check(rc == 0 and sorted(got) == sorted(losses) and
+            all(abs(got[s] - l) <= 2 ** -24 * abs(l) for s, l in losses.items()),
+            "status --tensorboard writes every step's loss, as TensorBoard reads it",
+            f"{len(got)} of {len(losses)} steps; tags {tags} {err.strip()}")
+    c.check({"shardline/lr", "shardline/grad_norm", "shardline/tokens_per_second"} <= set(tags),
+            "and the lr, grad norm and tokens/s", str(tags))
 
 
 def main():
@@ -39,7 +59,7 @@ def main():
     c.check([h["step"] for h in history] == list(range(1, 21)) and
             all(abs(h["loss"] - losses[h["step"]]) <= 1e-6 * abs(losses[h["step"]]) for h in history if h["step"] in losses),
             "rank 0 appends each step's record to history.jsonl beside the checkpoints", str(history[-1]))
-    st = cl.ctl_json("status", job, "--history")
+    st = st_first = cl.ctl_json("status", job, "--history")
     c.check([h["step"] for h in st.get("history", [])] == list(range(1, 21)),
             "status --history carries every step of the run", f"{len(st.get('history', []))} records")
     files = sorted(os.listdir(ckpts[0]["path"]))
@@ -66,6 +86,20 @@ def main():
     final = cl.job(resumed)["loss"]
     rel = abs(final - losses[20]) / losses[20]
     c.check(rel < 1e-5, "its loss at step 20 matches the uninterrupted run", f"{final:.6f} vs {losses[20]:.6f}")
+    # One job, one history: the lineage, and --history across it.
+    st = cl.job(resumed)
+    c.check((st["resumed_from"] or {}).get("job") == job and st["resumed_from"]["step"] == 15,
+            "status names the job and step it resumed from", json.dumps(st["resumed_from"]))
+    rc, out, err = cl.ctl("--json", "status", resumed, "--history")
+    hist = [(h["step"], h["loss"]) for h in json.loads(out).get("history", [])] if rc == 0 else []
+    first_run = {h["step"]: h["loss"] for h in st_first.get("history", [])}
+    c.check([s for s, _ in hist] == list(range(1, 21)) and all(l == first_run.get(s) for s, l in hist if s <= 15),
+            "status --history runs from step 1 to 20 across the resume, steps 1-15 those of the first job",
+            f"steps {[s for s, _ in hist][:3]}..{[s for s, _ in hist][-3:]} {err.strip()}")
+    rc, out, _ = cl.ctl("jobs")
+    row = next((l.split() for l in out.splitlines() if l.startswith(resumed + " ")), [])
+    c.check(rc == 0 and job in row, "jobs shows where a resumed job came from", " ".join(row))
+    check_tensorboard(c, cl, resumed, dict(hist))
 
     # ckpt save on a running job.
     rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "long", workers=2, steps=1000000,

@@ -117,6 +117,8 @@ def main():
     for cfg in ("prometheus-local.yml", "prometheus-kubernetes.yml"):
         rc, out = promtool("check", "config", os.path.join(PROM_DIR, cfg))
         c.check(rc == 0, f"promtool check config {cfg}", "" if rc == 0 else out)
+        with open(os.path.join(PROM_DIR, cfg)) as f:
+            c.check("`job` label" not in f.read(), f"{cfg} names the job label the series carry (job_id)")
     rc, out = promtool("check", "rules", os.path.join(PROM_DIR, "alerts.yml"))
     c.check(rc == 0, "promtool check rules alerts.yml", out.splitlines()[-1] if out else "")
 
@@ -240,6 +242,9 @@ def main():
     c.check("rank 1" in failed["message"], "the lost worker's job fails naming rank 1", failed["message"])
     lost = wait_for(lambda: prom.firing("ShardlineWorkerLost"), 20, "ShardlineWorkerLost to fire")
     c.check(bool(lost), "ShardlineWorkerLost fires")
+    desc = lost[0].get("annotations", {}).get("description", "") if lost else ""
+    c.check(re.match(r"1 worker\(s\) dropped", desc) is not None,
+            "its description counts whole workers (increase() extrapolates to fractions)", desc[:80])
     page = http_get(f"http://{coord_metrics}/metrics")
     c.check(f'job_id="{job}"' not in page, "an ended job's rank series leave the coordinator's page")
 

@@ -22,7 +22,7 @@
 #include "common/model/lora_adapter.h"
 #include "common/model/safetensors.h"
 #include "tests/unit/job_files.h"
-#include "worker/data/token_file_header.h"
+#include "common/data/token_file_header.h"
 
 namespace fs = std::filesystem;
 using namespace shardline;

@@ -8,7 +8,7 @@
 #include "absl/strings/string_view.h"
 
 #include "tests/fuzz/fuzz_check.h"
-#include "worker/data/token_file_header.h"
+#include "common/data/token_file_header.h"
 
 namespace {
 

@@ -17,7 +17,11 @@ completion tokens in):
    the same three batches; N=3 reports what N=1 does.
 4. Refused, naming the key: eval_interval without val_path, a mask with
    text data, a glob that matches nothing.
+5. [train] epochs: 1.5 passes over the three shards' 60 sequences are
+   ceil(1.5 * 60 / B) steps; each step reports its epoch, step x B / 60;
+   epochs beside steps, and epochs of synthetic data, are refused.
 """
+import math
 import os
 import struct
 import subprocess
@@ -171,6 +175,23 @@ def main():
     bad = config(d, "no_shard", 1)
     bad["data"]["path"] = os.path.join(d, "nothing_*.bin")
     refused(checks, "glob matching nothing", d, bad, f"[data] path: {d}/nothing_*.bin: no such file")
+
+    # 5. Epochs.
+    sequences = (len(tokens) - 1) // T
+    ep = config(d, "no_shard", 1, train__epochs=1.5)
+    del ep["train"]["steps"]
+    B = ep["train"]["batch_size"]
+    _, ranks = harness.run(ep, 1)
+    got = [s["epoch"] for s in ranks[0]["steps"]]
+    want = [(i + 1) * B / sequences for i in range(math.ceil(1.5 * sequences / B))]
+    checks.check(len(got) == len(want) and all(abs(g - w) <= 1e-12 for g, w in zip(got, want)),
+                 f"epochs = 1.5 over {sequences} sequences runs {len(want)} steps of {B}, each reporting its epoch",
+                 f"{len(got)} steps, epochs {got[:2]}..{got[-1:]}")
+    bad = config(d, "no_shard", 1, train__epochs=2)
+    refused(checks, "epochs beside steps", d, bad, "[train] epochs: give steps or epochs, not both")
+    bad = harness.config("no_shard", 1, train__epochs=2)
+    del bad["train"]["steps"]
+    refused(checks, "epochs of synthetic data", d, bad, "[train] epochs: synthetic data is an endless stream")
     checks.finish()
 
 

@@ -120,6 +120,18 @@ def main():
     _, train = stream(prefix, "train", "bin")
     checks.check(r.returncode == 0 and val_files and len(train) > len(val) > 0, "--val-fraction writes val files",
                  f"train {len(train)}, val {len(val)} tokens")
+    # A .txt file is one document: --val-fraction splits its tokens, the last
+    # quarter to val (drawing the one record would send all or none there).
+    with open(os.path.join(d, "book.txt"), "w") as f:
+        f.write(" ".join(f"word{i % 37}" for i in range(400)))
+    book = os.path.join(d, "out", "book")
+    r = prepare("--tokenizer", tok_dir, "--input", os.path.join(d, "book.txt"), "--out", book, "--val-fraction", "0.25")
+    _, btrain = stream(book, "train", "bin")
+    _, bval = stream(book, "val", "bin")
+    total = len(btrain) + len(bval)
+    checks.check(r.returncode == 0 and total > 0 and abs(len(bval) - round(0.25 * total)) <= 1,
+                 "--val-fraction of a .txt document puts its last quarter of tokens in val",
+                 f"train {len(btrain)}, val {len(bval)} tokens {r.stderr.strip()}")
     cfg = harness.config("full_shard", 2, micro_batches=1, train__steps=3, train__batch_size=4,
                          train__eval_interval=3, train__eval_batches=1)
     cfg["model"] = {**harness.llama_model("qwen3"), "vocab_size": len(tok), "block_size": 16}

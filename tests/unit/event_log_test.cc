@@ -124,7 +124,7 @@ TEST_F(CoreLog, AJobsLifeAndItsWorkersAreLogged) {
   const std::vector<std::string> want = {
       "worker_joined worker=" + wa + " host=h1 device=cpu running=\"\"",
       "worker_joined worker=" + wb + " host=h2 device=cpu running=\"\"",
-      "job_submitted job=" + job + " name=job owner=\"\" workers=2 strategy=full_shard steps=5 resume_from=\"\"",
+      "job_submitted job=" + job + " name=job owner=\"\" workers=2 strategy=full_shard steps=5 resume_from=\"\" resumed_from_job=\"\"",
       "job_state job=" + job + " from=PENDING to=RUNNING attempt=1 message=\"running on 2 workers\"",
       "job_state job=" + job + " from=RUNNING to=CANCELLED attempt=1 message=\"cancelled by the user\"",
       // Still stopping its rank of the cancelled job when its session dropped.

@@ -33,6 +33,23 @@ TEST(JobConfig, ParsesAGoodFile) {
   EXPECT_TRUE(ValidateJobConfig(*c, 2, "job.toml").ok());
 }
 
+// [optimizer] schedule by name; wsd's decay phase must fit after the warmup,
+// and decay_steps means nothing to the others.
+TEST(JobConfig, ScheduleAndDecayStepsAreCheckedAndNamed) {
+  const std::string base = std::string(kGood) + "\n[optimizer]\nwarmup_steps = 2\n";
+  auto wsd = ParseJobConfig(base + "schedule = \"wsd\"\ndecay_steps = 3\n", "job.toml");
+  ASSERT_TRUE(wsd.ok()) << wsd.status();
+  EXPECT_EQ(wsd->optimizer.schedule, LrSchedule::kWsd);
+  EXPECT_EQ(wsd->optimizer.decay_steps, 3);
+  EXPECT_NE(ErrorOf(base + "schedule = \"step\"\n").find("unknown schedule \"step\" (expected cosine, linear"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(base + "schedule = \"wsd\"\n").find("needs decay_steps in [1, steps - warmup_steps"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(base + "schedule = \"wsd\"\ndecay_steps = 100000\n").find("not 100000"), std::string::npos);
+  EXPECT_NE(ErrorOf(base + "decay_steps = 3\n").find("decay_steps is for schedule = \"wsd\", not \"cosine\""),
+            std::string::npos);
+}
+
 TEST(JobConfig, MalformedTomlNamesFileAndLine) {
   const std::string e = ErrorOf("[model]\nn_layer = = 3\n");
   EXPECT_NE(e.find("job.toml:2"), std::string::npos) << e;

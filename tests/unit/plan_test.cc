@@ -44,6 +44,20 @@ TEST(Plan, StateBytesFollowDesignsTable) {
   EXPECT_EQ(Of(*plan, Strategy::kHybridShard).shard_group, 8);  // gpus_per_node
 }
 
+// The table says its unit (GiB, 2^30) once, rather than a "G" after each
+// figure that reads as the decimal GB --gpu-memory takes.
+TEST(Plan, TheTableNamesItsUnits) {
+  auto plan = MakePlan(Gpt2Small(8));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string t = PlanTable(*plan);
+  EXPECT_NE(t.find("in GiB, 2^30 bytes"), std::string::npos) << t;
+  EXPECT_EQ(t.find("G "), std::string::npos) << t;
+  const double gib = Of(*plan, Strategy::kFullShard).state_bytes / (1024.0 * 1024 * 1024);
+  char figure[32];
+  std::snprintf(figure, sizeof figure, " %.2f ", gib);
+  EXPECT_NE(t.find(figure), std::string::npos) << figure << " in\n" << t;
+}
+
 TEST(Plan, CommunicationIsTheRingBytes) {
   PlanInput in = Gpt2Small(4);
   in.batch_size = 16;  // one micro-batch per rank

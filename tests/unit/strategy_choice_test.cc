@@ -73,6 +73,66 @@ TEST(StrategyChoice, TakesTheFastestThatFitsTheSmallestWorker) {
   EXPECT_NE(none->why.find("none is predicted to fit"), std::string::npos) << none->why;
 }
 
+// Where the job file leaves [train] grad_accumulation to auto, both modes
+// are weighed with the strategies. In the planner's accounting a sharded
+// candidate always dominates an unsharded one (shard_grad_op sharded holds
+// 2P + 14P/N against full_shard unsharded's 16P/N + 2P, and sends less;
+// zero1 holds and sends less than shard_grad_op unsharded), so weighing
+// shows where a job that names "unsharded" would run slower or not fit.
+TEST(StrategyChoice, WeighsBothAccumulationModesUnlessTheFileNamesOne) {
+  JobConfig c = Llama1B();  // 2 micro-batches per rank at 4 ranks
+  c.train.grad_accumulation = GradAccumulation::kUnsharded;
+  AttemptCluster a;
+  a.world = 4;
+  a.hosts = 4;
+  a.device_kind = "cuda";
+  a.measured_bus_bandwidth = 1e9;
+  auto peak = [&](Strategy s, GradAccumulation mode) {
+    PlanInput in = PlanInputForJob(c, a.world);
+    in.grad_accumulation = mode;
+    for (const StrategyPlan& p : MakePlan(in)->strategies) {
+      if (p.strategy == s) return p.peak_bytes_checkpointed;
+    }
+    return int64_t{0};
+  };
+  // (+1 KiB: a peak is its byte count rounded down.)
+  const int64_t fs_unsharded = peak(Strategy::kFullShard, GradAccumulation::kUnsharded) + 1024;
+  const int64_t fs_sharded = peak(Strategy::kFullShard, GradAccumulation::kSharded) + 1024;
+  ASSERT_LT(peak(Strategy::kShardGradOp, GradAccumulation::kSharded), fs_unsharded);
+  ASSERT_GT(peak(Strategy::kZero1, GradAccumulation::kSharded), fs_unsharded);
+  ASSERT_GT(peak(Strategy::kShardGradOp, GradAccumulation::kUnsharded), fs_unsharded);
+
+  // Named: full_shard unsharded is the only candidate in that mode that fits.
+  a.min_memory_bytes = fs_unsharded;
+  absl::StatusOr<StrategyChoice> named = ChooseStrategy(c, a);
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(named->strategy, Strategy::kFullShard) << named->why;
+  EXPECT_EQ(named->grad_accumulation, GradAccumulation::kUnsharded) << named->why;
+  EXPECT_EQ(named->why.find("gradient accumulation"), std::string::npos) << named->why;
+  // Left to auto: shard_grad_op sharded fits too and sends less.
+  c.train.auto_grad_accumulation = true;
+  absl::StatusOr<StrategyChoice> weighed = ChooseStrategy(c, a);
+  ASSERT_TRUE(weighed.ok());
+  EXPECT_EQ(weighed->strategy, Strategy::kShardGradOp) << weighed->why;
+  EXPECT_EQ(weighed->grad_accumulation, GradAccumulation::kSharded) << weighed->why;
+  EXPECT_NE(weighed->why.find("shard_grad_op with sharded gradient accumulation, the fastest that fits"),
+            std::string::npos)
+      << weighed->why;
+
+  // Room for full_shard sharded only: named unsharded fits nowhere, auto does.
+  a.min_memory_bytes = fs_sharded;
+  c.train.auto_grad_accumulation = false;
+  absl::StatusOr<StrategyChoice> tight_named = ChooseStrategy(c, a);
+  ASSERT_TRUE(tight_named.ok());
+  EXPECT_NE(tight_named->why.find("none is predicted to fit"), std::string::npos) << tight_named->why;
+  c.train.auto_grad_accumulation = true;
+  absl::StatusOr<StrategyChoice> tight = ChooseStrategy(c, a);
+  ASSERT_TRUE(tight.ok());
+  EXPECT_EQ(tight->strategy, Strategy::kFullShard) << tight->why;
+  EXPECT_EQ(tight->grad_accumulation, GradAccumulation::kSharded) << tight->why;
+  EXPECT_NE(tight->why.find("the fastest that fits"), std::string::npos) << tight->why;
+}
+
 TEST(StrategyChoice, TheJobFileSaysAuto) {
   absl::StatusOr<JobConfig> c = ResolveJobSpec(R"(
 [model]
@@ -86,6 +146,13 @@ strategy = "auto"
 )", "auto.toml", "");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->parallelism.auto_strategy);
+  EXPECT_TRUE(c->train.auto_grad_accumulation);  // the file names no mode
+  absl::StatusOr<JobConfig> named = ResolveJobSpec(
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 8\nvocab_size = 16\nblock_size = 4\n"
+      "[train]\ngrad_accumulation = \"sharded\"\n[parallelism]\nstrategy = \"auto\"\n",
+      "named.toml", "");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_FALSE(named->train.auto_grad_accumulation);
   EXPECT_FALSE(ResolveJobSpec("[model]\nn_layer = 1\n[parallelism]\nstrategy = \"automatic\"\n", "x.toml", "").ok());
 }
 

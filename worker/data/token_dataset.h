@@ -37,11 +37,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/job/job_config.h"
-#include "worker/data/token_file_header.h"
+#include "common/data/token_file_header.h"
 
 namespace shardline {
 
-// The magics and versions (kLlmcMagic, ...): worker/data/token_file_header.h.
+// The magics and versions (kLlmcMagic, ...): common/data/token_file_header.h.
 constexpr int64_t kIgnoreTarget = -100;  // torch's cross_entropy ignore_index
 
 class TokenDataset {

@@ -371,6 +371,7 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   StepResult r;
   r.step = step;
   r.lr = LearningRate(config_.optimizer, step, t.steps);
+  r.epoch = EpochAt(step + 1, t.batch_size, t.sequences_per_epoch);
   if (FaultRequested("nan-grad", step + 1)) norm.fill_(std::numeric_limits<double>::quiet_NaN());
   // The norm is the same on every rank, so every rank skips the same steps.
   // Reading it costs a device sync, paid only where skipping is allowed.

@@ -57,6 +57,9 @@ struct StepResult {
   double loss = 0;        // mean cross-entropy over the global batch
   double grad_norm = 0;   // before clipping
   double lr = 0;
+  // Passes over the training data once this step is done (EpochAt); NaN for
+  // synthetic data.
+  double epoch = 0;
   int64_t tokens = 0;     // tokens of the global batch
   double seconds = 0;
   double exposed_comm_seconds = 0;  // time the step thread waited on collectives

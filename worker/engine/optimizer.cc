@@ -6,11 +6,58 @@
 
 namespace shardline {
 
-double LearningRate(const OptimizerConfig& o, int64_t s, int64_t total) {
+namespace {
+
+// Each in the arithmetic of its counterpart (job_config.h names them), so
+// that the oracle test can ask for equality to rounding: doubles, divisions
+// in the same order.
+double Cosine(const OptimizerConfig& o, int64_t s, int64_t total) {
   if (s < o.warmup_steps) return o.lr * static_cast<double>(s + 1) / (o.warmup_steps + 1);
   const double span = static_cast<double>(std::max<int64_t>(total - o.warmup_steps, 1));
   const double ratio = std::min(1.0, static_cast<double>(s - o.warmup_steps) / span);
   return o.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (o.lr - o.min_lr);
+}
+
+// transformers' warmup: s / max(1, W), from 0.
+double Warmup(const OptimizerConfig& o, int64_t s) {
+  return static_cast<double>(s) / static_cast<double>(std::max(1, o.warmup_steps));
+}
+
+double Linear(const OptimizerConfig& o, int64_t s, int64_t total) {
+  if (s < o.warmup_steps) return o.lr * Warmup(o, s);
+  const double f = std::max(0.0, static_cast<double>(total - s) /
+                                     static_cast<double>(std::max<int64_t>(1, total - o.warmup_steps)));
+  return o.min_lr + (o.lr - o.min_lr) * f;
+}
+
+double Wsd(const OptimizerConfig& o, int64_t s, int64_t total) {
+  const double min_ratio = o.lr > 0 ? o.min_lr / o.lr : 0.0;
+  const int64_t stable = total - o.warmup_steps - o.decay_steps;
+  double f;
+  if (s < o.warmup_steps) {
+    f = std::max(0.0, Warmup(o, s) * (1.0 - min_ratio) + min_ratio);
+  } else if (s < o.warmup_steps + stable) {
+    f = 1.0;
+  } else if (s < total) {
+    const double progress = static_cast<double>(s - o.warmup_steps - stable) /
+                            static_cast<double>(std::max(1, o.decay_steps));
+    f = std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * 0.5 * 2.0 * progress)) * (1.0 - min_ratio) + min_ratio);
+  } else {
+    f = min_ratio;
+  }
+  return o.lr * f;
+}
+
+}  // namespace
+
+double LearningRate(const OptimizerConfig& o, int64_t s, int64_t total) {
+  switch (o.schedule) {
+    case LrSchedule::kCosine: return Cosine(o, s, total);
+    case LrSchedule::kLinear: return Linear(o, s, total);
+    case LrSchedule::kConstant: return s < o.warmup_steps ? o.lr * Warmup(o, s) : o.lr;
+    case LrSchedule::kWsd: return Wsd(o, s, total);
+  }
+  return o.lr;
 }
 
 at::Tensor ClipCoefficient(const at::Tensor& total_norm, double max_norm) {

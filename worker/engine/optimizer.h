@@ -6,8 +6,9 @@
 // AdamWState holds one shard's moments privately: Update steps them, and
 // checkpoints reach them through exp_avg() / exp_avg_sq().
 //
-// The learning-rate schedule of DESIGN.md: linear warmup, then cosine decay to
-// min_lr.
+// LearningRate: [optimizer] schedule at 0-based step s of total_steps
+// (LrSchedule in common/job/job_config.h; the default is DESIGN.md's linear
+// warmup, then cosine decay to min_lr).
 #pragma once
 
 #include <cstdint>
