@@ -143,7 +143,9 @@ def main():
     rc, _, _ = cl.ctl("watch", job, timeout=120)
     done = cl.job(job)
     rc2, out, _ = cl.ctl("status", job)
-    c.check(rc == 0 and done["strategy_reason"].startswith(f"auto: {done['strategy']}, ") and
+    # "auto: full_shard, ..." or, with the mode weighed too, "auto: full_shard with sharded ...".
+    c.check(rc == 0 and re.match(rf"auto: {done['strategy']}(,| with (sharded|unsharded) gradient accumulation,) ",
+                                 done["strategy_reason"]) is not None and
             done["measured_bus_bandwidth"] > 0 and "strategy  auto: " in out,
             'strategy = "auto": the planner\'s pick runs, with the bandwidth its ranks measured',
             f"{done['strategy_reason'][:110]}; measured {done['measured_bus_bandwidth'] / 1e9:.2f} GB/s")
