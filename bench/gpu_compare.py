@@ -1,0 +1,271 @@
+"""Shardline against PyTorch on one GPU, side by side, in one run and one table
+(issue 22, item 3).
+
+The same model, tokens (an llm.c .bin file of seeded random tokens both sides
+read in DESIGN.md's order), global batch, steps, AdamW, schedule and clipping,
+in bf16 compute with fp32 master weights and fp32 gradient reduction:
+
+    shardline        shardline-train --device cuda:0, [precision] param_dtype = "bf16", reduce_dtype = "fp32"
+    fsdp2            FSDP2 fully_shard per block and at the root, MixedPrecisionPolicy(bf16, fp32), NCCL
+    fsdp2+compile    the same, each block torch.compile'd before fully_shard (as torchtitan does)
+
+Models: GPT-2 124M and 350M (T = 1024, vocabulary padded to 50304 as llm.c
+does), the ~100M Llama (bench/torch_compare.py's LLAMA_100M at T = 1024),
+full fine-tuning and LoRA r = 16 on every projection (PEFT on the PyTorch
+side). N = 1, and Shardline's full_shard at N = 2 and 4 ranks sharing the GPU
+through Gloo staging (PyTorch has no peer for that: NCCL 2.28 refuses two
+ranks on one GPU, and Gloo cannot reduce-scatter CUDA tensors).
+
+Figures: tokens/s (median step over the steps after 2 warm-ups), MFU against
+989 TFLOP/s (the H100 SXM's dense bf16 peak), and the CUDA caching
+allocator's peak allocated and reserved bytes. FLOPs per token follow llm.c and
+PaLM (appendix B): 6 N + 12 L H Q T for full fine-tuning, where N counts every
+parameter once (the tied embedding is the head's matmul); LoRA has no weight
+gradients for the frozen base, so 4 N_base + 6 N_lora + 12 L H Q T.
+Each row is printed and appended to --table as soon as it is measured, and
+runs stop being started once --budget seconds have passed, so a device call
+that ends early still leaves every row it measured.
+
+    python3 bench/gpu_compare.py [--models gpt2-124m,gpt2-350m,llama100m,llama100m-lora16]
+                                 [--steps 12] [--batch 8] [--budget 400] [--table FILE] [--device cuda:0]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
+
+import harness  # noqa: E402
+import torch_compare as tc  # noqa: E402
+
+PEAK_FLOPS = 989e12  # H100 SXM dense bf16
+GPT2 = {"gpt2-124m": {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50304, "block_size": 1024},
+        "gpt2-350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024, "vocab_size": 50304, "block_size": 1024},
+        "gpt-small": harness.SMALL_GPT}  # a dry run of this script on a CPU
+WARMUP = 2
+
+
+def model_of(name):
+    """(torch_compare family, model dict, LoRA rank)."""
+    if name in GPT2:
+        return "gpt", dict(GPT2[name]), 0
+    base, _, lora = name.partition("-lora")
+    if base != "llama100m":
+        raise SystemExit(f"gpu_compare.py: --models: unknown model {name!r}")
+    m = dict(tc.LLAMA_100M)
+    m["block_size"] = 1024
+    return "llama100m", m, int(lora or 0)
+
+
+def flops_per_token(family, m, lora):
+    """llm.c's 6N + 12LHQT (LoRA: 4 N_base + 6 N_lora + 12LHQT); N from the PyTorch model."""
+    import torch
+    with torch.device("meta"):
+        model, _, _ = tc.torch_model(family, m)
+        n = sum(p.numel() for p in model.parameters())  # a tied weight is counted once
+        n_lora = 0
+        if lora:
+            from peft import LoraConfig, get_peft_model
+            model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0,
+                                                     target_modules=tc.LORA_TARGETS[family]))
+            n_lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    attn = 12 * m["n_layer"] * m["n_embd"] * m["block_size"]
+    return (4 * n + 6 * n_lora if lora else 6 * n) + attn, n, n_lora
+
+
+# ---- one PyTorch process on the GPU (a subprocess of this script) --------------
+
+def torch_run(a):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from nanogpt import lr_at
+    torch.manual_seed(1337)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"  # cpu: a dry run of this script where there is no GPU
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=0,
+                            world_size=1, device_id=dev if cuda else None)
+    family, m, lora = model_of(a.model)
+    model, blocks, loss_of = tc.torch_model(family, m)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02) if p.dim() >= 2 else None
+    if lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0,
+                                                 target_modules=tc.LORA_TARGETS[family]))
+    model.to(dev)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in blocks:
+        if a.compile:
+            block.compile()
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    tokens = tc.read_tokens(a.data)
+    B, T = a.batch, m["block_size"]
+    times, losses = [], []
+    for step in range(a.steps):
+        sync()
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, a.steps, 6e-4, 6e-5, WARMUP)
+        opt.zero_grad(set_to_none=True)
+        x, y = tc.batch(tokens, step, B, T, 0, B)
+        loss = loss_of(model, x.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        sync()
+        times.append(time.perf_counter() - t0)
+    with open(a.out, "w") as f:
+        json.dump({"times": times, "losses": losses,
+                   "alloc_peak": torch.cuda.max_memory_allocated(dev) if cuda else 0,
+                   "reserved_peak": torch.cuda.max_memory_reserved(dev) if cuda else 0}, f)
+    dist.destroy_process_group()
+
+
+def run_torch(a, model, data, compile_, timeout):
+    out = os.path.join(tempfile.mkdtemp(prefix="gpu-compare-"), "torch.json")
+    cmd = [sys.executable, __file__, "--torch-run", "--model", model, "--steps", str(a.steps), "--batch",
+           str(a.batch), "--data", data, "--out", out, "--port", str(harness.free_port()), "--device", a.device]
+    if compile_:
+        cmd.append("--compile")
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"did not finish within {timeout:.0f} s"
+    if p.returncode != 0:
+        tail = p.stderr.strip().splitlines()
+        return None, tail[-1] if tail else f"exit {p.returncode}"
+    with open(out) as f:
+        r = json.load(f)
+    return {"step": statistics.median(r["times"][WARMUP:]), "alloc": r["alloc_peak"], "reserved": r["reserved_peak"],
+            "loss": r["losses"][-1]}, ""
+
+
+def run_shardline(a, model, data, strategy, world, timeout):
+    _, m, lora = model_of(model)
+    cfg = harness.small_gpt_config(strategy, world, a.steps, a.batch)
+    cfg["model"] = m
+    cfg["data"] = {"format": "llmc", "path": data}
+    cfg["optimizer"]["warmup_steps"] = WARMUP
+    cfg["precision"] = {"param_dtype": "bf16", "reduce_dtype": "fp32"}
+    if lora:
+        cfg["lora"] = {"rank": lora, "alpha": 2 * lora, "target_modules": "all-linear", "base": "sharded"}
+    try:
+        _, ranks = harness.run(cfg, world, timeout=timeout, threads=max(1, (os.cpu_count() or 2) // world),
+                               extra_args=("--device", a.device))
+    except harness.RunError as e:
+        return None, str(e).splitlines()[-1][-200:]
+    return {"step": statistics.median(s["seconds"] for s in ranks[0]["steps"][WARMUP:]),
+            "alloc": max(r["memory"]["tensor_peak"] for r in ranks),
+            "reserved": max(r["memory"]["reserved_peak"] for r in ranks),
+            "loss": ranks[0]["steps"][-1]["loss"]}, ""
+
+
+class Table:
+    HEADER = (f"| {'model':<17} | {'run':<22} | {'N':>1} | {'tok/s':>8} | {'MFU':>6} | {'vs fsdp2':>8} | "
+              f"{'alloc GiB':>9} | {'reserved GiB':>12} | {'loss':>7} |")
+
+    def __init__(self, path):
+        self.path = path
+
+    def emit(self, line):
+        print(line, flush=True)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+
+    def row(self, model, run, world, r, fpt, tokens, peer, err=""):
+        if r is None:
+            self.emit(f"| {model:<17} | {run:<22} | {world:>1} | {'failed':>8} | {'':>6} | {'':>8} | {'':>9} | "
+                      f"{'':>12} | {'':>7} | {err}")
+            return
+        tps = tokens / r["step"]
+        ratio = f"{peer['step'] / r['step']:.2f}x" if peer else "-"
+        gib = 1 << 30
+        self.emit(f"| {model:<17} | {run:<22} | {world:>1} | {tps:>8.0f} | {tps * fpt / PEAK_FLOPS:>6.1%} | "
+                  f"{ratio:>8} | {r['alloc'] / gib:>9.2f} | {r['reserved'] / gib:>12.2f} | {r['loss']:>7.4f} |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="gpt2-124m,gpt2-350m,llama100m,llama100m-lora16")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=400, help="seconds after which no run is started")
+    ap.add_argument("--table", default="", help="also append the table's lines to this file")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--shared-worlds", default="2,4", help="Shardline full_shard at these N sharing the GPU")
+    # one PyTorch process
+    ap.add_argument("--torch-run", action="store_true")
+    ap.add_argument("--model", default="")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--data", default="")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--port", type=int, default=0)
+    a = ap.parse_args()
+    if a.torch_run:
+        return torch_run(a)
+
+    import torch
+    start = time.time()
+
+    def left():
+        return a.budget - (time.time() - start)
+
+    table = Table(a.table)
+    name = torch.cuda.get_device_name(a.device) if torch.cuda.is_available() else "no CUDA device"
+    table.emit(f"# {name}; torch {torch.__version__}; bf16 compute, fp32 master and reduction; global batch "
+               f"{a.batch} sequences of the model's block size; median of {a.steps - WARMUP} steps after {WARMUP} warm-ups; "
+               f"MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
+    table.emit(Table.HEADER)
+    table.emit("|" + "|".join("-" * len(c) for c in Table.HEADER.split("|")[1:-1]) + "|")
+    models = a.models.split(",")
+    plan = []  # (model, run, world): the cheap, most telling runs first, compile last
+    for mdl in models:
+        plan += [(mdl, "fsdp2", 1), (mdl, "shardline", 1)]
+    for mdl in models[:1]:
+        plan += [(mdl, "shardline full_shard", int(w)) for w in a.shared_worlds.split(",") if w]
+    if not a.no_compile:
+        plan += [(mdl, "fsdp2+compile", 1) for mdl in models if mdl in GPT2 or mdl == "llama100m"]
+    work = tempfile.mkdtemp(prefix="gpu-compare-")
+    data = {}
+    peers = {}
+    for mdl, run, world in plan:
+        if left() < 20:
+            table.emit(f"| {mdl:<17} | {run:<22} | {world:>1} | not run: the budget of {a.budget:.0f} s was spent |")
+            continue
+        family, m, lora = model_of(mdl)
+        if family not in data:
+            data[family] = os.path.join(work, f"{family}.bin")
+            tc.write_tokens(data[family], a.steps * a.batch * m["block_size"] + 1, m["vocab_size"])
+        fpt, _, _ = flops_per_token(family, m, lora)
+        timeout = max(10, left())
+        if run.startswith("shardline"):
+            r, err = run_shardline(a, mdl, data[family], "no_shard" if world == 1 else "full_shard", world, timeout)
+        else:
+            r, err = run_torch(a, mdl, data[family], run.endswith("compile"), timeout)
+            if run == "fsdp2" and r:
+                peers[mdl] = r
+        table.row(mdl, run, world, r, fpt, a.batch * m["block_size"], None if run == "fsdp2" else peers.get(mdl), err)
+
+
+if __name__ == "__main__":
+    main()
