@@ -12,7 +12,8 @@ in bf16 compute with fp32 master weights and fp32 gradient reduction:
 Models: GPT-2 124M and 350M (T = 1024, vocabulary padded to 50304 as llm.c
 does), the ~100M Llama (bench/torch_compare.py's LLAMA_100M at T = 1024),
 full fine-tuning and LoRA r = 16 on every projection (PEFT on the PyTorch
-side). N = 1, and Shardline's full_shard at N = 2 and 4 ranks sharing the GPU
+side). N = 1 (each eager row --repeat times, interleaved; the table gives the
+median and the spread), and Shardline's full_shard at N = 2 and 4 ranks sharing the GPU
 through Gloo staging (PyTorch has no peer for that: NCCL 2.28 refuses two
 ranks on one GPU, and Gloo cannot reduce-scatter CUDA tensors).
 
@@ -26,8 +27,10 @@ Each row is printed and appended to --table as soon as it is measured, and
 runs stop being started once --budget seconds have passed, so a device call
 that ends early still leaves every row it measured.
 
-    python3 bench/gpu_compare.py [--models gpt2-124m,gpt2-350m,llama100m,llama100m-lora16]
+    python3 bench/gpu_compare.py [--models gpt2-124m,gpt2-350m,llama100m,llama100m-lora16] [--repeat 3]
                                  [--steps 12] [--batch 8] [--budget 400] [--table FILE] [--device cuda:0]
+                                 [--no-compile] [--shared-worlds 2,4]
+    (--models gpt-small --device cpu: a dry run of the script where there is no GPU)
 """
 import argparse
 import json
@@ -169,7 +172,7 @@ def run_shardline(a, model, data, strategy, world, timeout):
         cfg["lora"] = {"rank": lora, "alpha": 2 * lora, "target_modules": "all-linear", "base": "sharded"}
     try:
         _, ranks = harness.run(cfg, world, timeout=timeout, threads=max(1, (os.cpu_count() or 2) // world),
-                               extra_args=("--device", a.device))
+                               extra_args=("--device", a.device) + (("--backend", "gloo") if world > 1 else ()))
     except harness.RunError as e:
         return None, str(e).splitlines()[-1][-200:]
     return {"step": statistics.median(s["seconds"] for s in ranks[0]["steps"][WARMUP:]),
@@ -179,8 +182,12 @@ def run_shardline(a, model, data, strategy, world, timeout):
 
 
 class Table:
-    HEADER = (f"| {'model':<17} | {'run':<22} | {'N':>1} | {'tok/s':>8} | {'MFU':>6} | {'vs fsdp2':>8} | "
-              f"{'alloc GiB':>9} | {'reserved GiB':>12} | {'loss':>7} |")
+    """Rows as they are measured (one per run), then the summary: per row the
+    median over its runs, the spread (min and max as % of the median) and the
+    ratio of medians to eager FSDP2's."""
+    COLS = [("model", 17, "<"), ("run", 25, "<"), ("N", 1, ">"), ("runs", 4, ">"), ("tok/s", 8, ">"),
+            ("spread", 11, ">"), ("MFU", 6, ">"), ("vs fsdp2", 8, ">"), ("alloc GiB", 9, ">"),
+            ("reserved GiB", 12, ">"), ("loss", 7, ">")]
 
     def __init__(self, path):
         self.path = path
@@ -191,16 +198,28 @@ class Table:
             with open(self.path, "a") as f:
                 f.write(line + "\n")
 
-    def row(self, model, run, world, r, fpt, tokens, peer, err=""):
-        if r is None:
-            self.emit(f"| {model:<17} | {run:<22} | {world:>1} | {'failed':>8} | {'':>6} | {'':>8} | {'':>9} | "
-                      f"{'':>12} | {'':>7} | {err}")
+    def line(self, cells, note=""):
+        body = " | ".join(f"{str(c):{al}{w}}" for c, (_, w, al) in zip(cells, self.COLS))
+        self.emit(f"| {body} |{' ' + note if note else ''}")
+
+    def header(self):
+        self.line([name for name, _, _ in self.COLS])
+        self.emit("|" + "|".join("-" * (w + 2) for _, w, _ in self.COLS) + "|")
+
+    def row(self, key, samples, fpt, tokens, peer, err=""):
+        model, run, world = key
+        if not samples:
+            self.line([model, run, world, 0, "failed"] + [""] * 6, err)
             return
-        tps = tokens / r["step"]
-        ratio = f"{peer['step'] / r['step']:.2f}x" if peer else "-"
+        steps = sorted(r["step"] for r in samples)
+        med = statistics.median(steps)
+        tps = tokens / med
+        spread = f"-{1 - med / steps[-1]:.0%}/+{med / steps[0] - 1:.0%}" if len(steps) > 1 else "-"
+        ratio = f"{statistics.median(r['step'] for r in peer) / med:.2f}x" if peer else "-"
         gib = 1 << 30
-        self.emit(f"| {model:<17} | {run:<22} | {world:>1} | {tps:>8.0f} | {tps * fpt / PEAK_FLOPS:>6.1%} | "
-                  f"{ratio:>8} | {r['alloc'] / gib:>9.2f} | {r['reserved'] / gib:>12.2f} | {r['loss']:>7.4f} |")
+        self.line([model, run, world, len(steps), f"{tps:.0f}", spread, f"{tps * fpt / PEAK_FLOPS:.1%}", ratio,
+                   f"{max(r['alloc'] for r in samples) / gib:.2f}", f"{max(r['reserved'] for r in samples) / gib:.2f}",
+                   f"{samples[-1]['loss']:.4f}"], err)
 
 
 def main():
@@ -208,11 +227,13 @@ def main():
     ap.add_argument("--models", default="gpt2-124m,gpt2-350m,llama100m,llama100m-lora16")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each eager N = 1 row (compile and N > 1: one)")
     ap.add_argument("--budget", type=float, default=400, help="seconds after which no run is started")
     ap.add_argument("--table", default="", help="also append the table's lines to this file")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--shared-worlds", default="2,4", help="Shardline full_shard at these N sharing the GPU")
+    ap.add_argument("--shared-worlds", default="2,4",
+                    help="Shardline full_shard at these N sharing the GPU over Gloo (first model only)")
     # one PyTorch process
     ap.add_argument("--torch-run", action="store_true")
     ap.add_argument("--model", default="")
@@ -226,45 +247,50 @@ def main():
 
     import torch
     start = time.time()
-
-    def left():
-        return a.budget - (time.time() - start)
-
     table = Table(a.table)
     name = torch.cuda.get_device_name(a.device) if torch.cuda.is_available() else "no CUDA device"
     table.emit(f"# {name}; torch {torch.__version__}; bf16 compute, fp32 master and reduction; global batch "
-               f"{a.batch} sequences of the model's block size; median of {a.steps - WARMUP} steps after {WARMUP} warm-ups; "
-               f"MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
-    table.emit(Table.HEADER)
-    table.emit("|" + "|".join("-" * len(c) for c in Table.HEADER.split("|")[1:-1]) + "|")
+               f"{a.batch} sequences of the model's block size; each run's median step of {a.steps - WARMUP} "
+               f"after {WARMUP} warm-ups; MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
+    table.header()
     models = a.models.split(",")
-    plan = []  # (model, run, world): the cheap, most telling runs first, compile last
-    for mdl in models:
-        plan += [(mdl, "fsdp2", 1), (mdl, "shardline", 1)]
-    for mdl in models[:1]:
-        plan += [(mdl, "shardline full_shard", int(w)) for w in a.shared_worlds.split(",") if w]
+    # The eager N = 1 pairs first, interleaved over the repeats (so that every
+    # row has runs when the budget ends early), then N > 1, then compile.
+    plan = [(mdl, run, 1) for _ in range(a.repeat) for mdl in models for run in ("fsdp2", "shardline")]
+    plan += [(models[0], "shardline full_shard gloo", int(w)) for w in a.shared_worlds.split(",") if w]
     if not a.no_compile:
-        plan += [(mdl, "fsdp2+compile", 1) for mdl in models if mdl in GPT2 or mdl == "llama100m"]
+        plan += [(mdl, "fsdp2+compile", 1) for mdl in models if model_of(mdl)[2] == 0]  # (full fine-tuning)
     work = tempfile.mkdtemp(prefix="gpu-compare-")
-    data = {}
-    peers = {}
-    for mdl, run, world in plan:
-        if left() < 20:
-            table.emit(f"| {mdl:<17} | {run:<22} | {world:>1} | not run: the budget of {a.budget:.0f} s was spent |")
+    data, samples, errors, order = {}, {}, {}, []
+    for key in plan:
+        mdl, run, world = key
+        if key not in order:
+            order.append(key)
+        if a.budget - (time.time() - start) < 20:
+            errors.setdefault(key, f"not run: the budget of {a.budget:.0f} s was spent")
             continue
-        family, m, lora = model_of(mdl)
+        family, m, _ = model_of(mdl)
         if family not in data:
             data[family] = os.path.join(work, f"{family}.bin")
             tc.write_tokens(data[family], a.steps * a.batch * m["block_size"] + 1, m["vocab_size"])
-        fpt, _, _ = flops_per_token(family, m, lora)
-        timeout = max(10, left())
+        timeout = max(10, a.budget - (time.time() - start))
         if run.startswith("shardline"):
             r, err = run_shardline(a, mdl, data[family], "no_shard" if world == 1 else "full_shard", world, timeout)
         else:
             r, err = run_torch(a, mdl, data[family], run.endswith("compile"), timeout)
-            if run == "fsdp2" and r:
-                peers[mdl] = r
-        table.row(mdl, run, world, r, fpt, a.batch * m["block_size"], None if run == "fsdp2" else peers.get(mdl), err)
+        if r:
+            samples.setdefault(key, []).append(r)
+            print(f"  {mdl} {run} N={world}: {a.batch * m['block_size'] / r['step']:.0f} tok/s", flush=True)
+        else:
+            errors[key] = err
+            print(f"  {mdl} {run} N={world}: failed: {err}", flush=True)
+    table.emit("")
+    table.header()
+    for key in order:
+        family, m, lora = model_of(key[0])
+        fpt, _, _ = flops_per_token(family, m, lora)
+        peer = samples.get((key[0], "fsdp2", 1)) if key[1] != "fsdp2" else None
+        table.row(key, samples.get(key, []), fpt, a.batch * m["block_size"], peer, errors.get(key, ""))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A GPU worker in a real cluster (ctest label gpu; exits 77 without a CUDA
 device): a coordinator and a worker on cuda:0 run a job submitted with
-shardctl to SUCCEEDED, saving checkpoints; the worker's /metrics show its
+shardctl to SUCCEEDED, saving checkpoints; the worker registers its GPU's
+memory; the worker's /metrics show its
 CUDA memory; the job resumes on two CPU workers from the GPU's checkpoint
 (checkpoints are device-independent) and its loss continues where the GPU
 run's was; a 2-worker job never takes the GPU worker beside a CPU one."""
@@ -34,6 +35,11 @@ def main():
     cl.metrics = f"127.0.0.1:{port}"
     cl.add_worker("gpu-host", device="cuda:0", args=["--metrics-port", "0"], collective_timeout=60)
     cl.wait_workers(1)
+    gpu_worker = next(w for w in cl.ctl_json("workers")["workers"] if w["device"] == "cuda:0")
+    total = torch.cuda.get_device_properties(0).total_memory
+    c.check(gpu_worker.get("memory_bytes") == total,
+            "the GPU worker registers its GPU's total memory (the budget strategy = auto plans with)",
+            f"{gpu_worker.get('memory_bytes')} vs torch's {total}")
     rc, out, err = cl.ctl("--json", "submit", job_file(cl.dir, "ongpu", workers=1, steps=10, extra=CKPT, micro=6),
                           "--follow", timeout=300)
     lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]

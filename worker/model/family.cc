@@ -5,17 +5,19 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "worker/model/gpt.h"
+#include "worker/model/linear_cross_entropy.h"
 #include "worker/model/llama.h"
 
 namespace shardline {
 
+at::Tensor ModelFamily::HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const {
+  return at::linear(HeadHidden(x, head), HeadWeight(head, embed));
+}
+
 at::Tensor ModelFamily::HeadLoss(const at::Tensor& x, const Weights& head, const Weights& embed,
                                  const at::Tensor& targets, double loss_scale) const {
-  at::Tensor logits = HeadLogits(x, head, embed);
-  const int64_t V = logits.size(2);
-  at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, V}).to(at::kFloat), targets.reshape({-1}),
-                                         /*weight=*/{}, at::Reduction::Sum);
-  return ce * loss_scale;
+  const at::Tensor h = HeadHidden(x, head);
+  return LinearCrossEntropy(h.reshape({-1, h.size(-1)}), HeadWeight(head, embed), targets.reshape({-1}), loss_scale);
 }
 
 at::Tensor BlockWeights::Linear(const at::Tensor& x, size_t i, const at::Tensor& bias) const {

@@ -55,12 +55,17 @@ class ModelFamily {
   // Hidden states [B, T, C] of token ids [B, T].
   virtual at::Tensor Embed(const at::Tensor& idx, const Weights& embed) const = 0;
   virtual at::Tensor Block(const at::Tensor& x, const BlockWeights& block) const = 0;
-  // Logits [B, T, vocab] from the last hidden state; `embed` is the embed
-  // unit's weights, which a tied head multiplies with.
-  virtual at::Tensor HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const = 0;
+  // The head is HeadHidden (the final norm of the last hidden state) times
+  // HeadWeight^T ([vocab, C]; `embed` is the embed unit's weights, which a
+  // tied head multiplies with).
+  virtual at::Tensor HeadHidden(const at::Tensor& x, const Weights& head) const = 0;
+  virtual const at::Tensor& HeadWeight(const Weights& head, const Weights& embed) const = 0;
 
+  // Logits [B, T, vocab] from the last hidden state.
+  at::Tensor HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const;
   // Sum of the token cross-entropies, times `loss_scale` (1 / tokens of the
-  // global batch), computed in fp32 whatever the compute dtype.
+  // global batch), computed in fp32 whatever the compute dtype, by
+  // LinearCrossEntropy: the logits are never held whole.
   at::Tensor HeadLoss(const at::Tensor& x, const Weights& head, const Weights& embed, const at::Tensor& targets,
                       double loss_scale) const;
 };

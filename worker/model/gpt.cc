@@ -43,9 +43,10 @@ at::Tensor GptFamily::Block(const at::Tensor& x, const BlockWeights& w) const {
   return x1 + w.Linear(h, 10, w[11]);
 }
 
-at::Tensor GptFamily::HeadLogits(const at::Tensor& x, const Weights& w, const Weights& embed) const {
-  const int64_t C = x.size(2);
-  return at::linear(at::layer_norm(x, {C}, w[0], w[1], 1e-5), embed[0]);
+at::Tensor GptFamily::HeadHidden(const at::Tensor& x, const Weights& w) const {
+  return at::layer_norm(x, {x.size(2)}, w[0], w[1], 1e-5);
 }
+
+const at::Tensor& GptFamily::HeadWeight(const Weights& /*head*/, const Weights& embed) const { return embed[0]; }
 
 }  // namespace shardline

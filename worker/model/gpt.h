@@ -19,7 +19,8 @@ class GptFamily : public ModelFamily {
   void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const override;
   at::Tensor Embed(const at::Tensor& idx, const Weights& embed) const override;
   at::Tensor Block(const at::Tensor& x, const BlockWeights& block) const override;
-  at::Tensor HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const override;
+  at::Tensor HeadHidden(const at::Tensor& x, const Weights& head) const override;
+  const at::Tensor& HeadWeight(const Weights& head, const Weights& embed) const override;
 
  private:
   const ModelConfig m_;

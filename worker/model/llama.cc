@@ -116,8 +116,12 @@ at::Tensor LlamaFamily::Block(const at::Tensor& x, const BlockWeights& w) const 
   return x1 + w.Linear(at::silu(w.Linear(h, gate)) * w.Linear(h, up), down);
 }
 
-at::Tensor LlamaFamily::HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const {
-  return at::linear(RmsNorm(x, head[0], m_.rms_norm_eps), m_.tied() ? embed[0] : head[1]);
+at::Tensor LlamaFamily::HeadHidden(const at::Tensor& x, const Weights& head) const {
+  return RmsNorm(x, head[0], m_.rms_norm_eps);
+}
+
+const at::Tensor& LlamaFamily::HeadWeight(const Weights& head, const Weights& embed) const {
+  return m_.tied() ? embed[0] : head[1];
 }
 
 }  // namespace shardline

@@ -25,7 +25,8 @@ class LlamaFamily : public ModelFamily {
   void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const override;
   at::Tensor Embed(const at::Tensor& idx, const Weights& embed) const override;
   at::Tensor Block(const at::Tensor& x, const BlockWeights& block) const override;
-  at::Tensor HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const override;
+  at::Tensor HeadHidden(const at::Tensor& x, const Weights& head) const override;
+  const at::Tensor& HeadWeight(const Weights& head, const Weights& embed) const override;
 
  private:
   // cos and sin [T, D] for positions 0..T-1, in `dtype` on `device`.
