@@ -70,14 +70,19 @@ absl::Status CoordinatorCore::CheckpointNow(const std::string& id) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", JobStateName(JobOf(it->second).state()),
                                                       ", not RUNNING"));
   }
+  // One rank is told. A save is a vote summed over the world in a step
+  // (Engine::Step), so one rank's vote makes every rank save at that step;
+  // telling every rank made two saves whenever the messages reached the ranks
+  // on either side of a step's vote.
   for (const std::string& wid : JobOf(it->second).worker_ids()) {
     WorkerRecord* w = registry_.Find(wid);
     if (!w) continue;
     v1::CoordinatorMessage m;
     m.mutable_checkpoint()->set_job_id(id);
     w->channel->Send(m);
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("job ", id, " has no worker connected to tell"));
 }
 
 CheckpointCommitter::Recorder CoordinatorCore::RecorderOf(JobRecord& r) {

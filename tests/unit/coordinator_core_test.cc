@@ -384,6 +384,25 @@ TEST_F(CoreTest, StallWithEveryRankAtTheSameCollectiveNamesThemAll) {
   EXPECT_TRUE(j.ranks(0).stalled() && j.ranks(1).stalled());
 }
 
+// A save is a vote summed over the world at a step, so one rank's request
+// saves everyone at one step; a request to each rank saved twice whenever the
+// messages reached the ranks on either side of a step (a flake of
+// e2e_checkpoints: ckpt save left steps 12 and 13).
+TEST_F(CoreTest, CheckpointNowTellsOneRankOfTheJob) {
+  RecordingChannel a, b;
+  AddWorker("host-a", "cpu", &a);
+  AddWorker("host-b", "cpu", &b);
+  const std::string job = Submit(2);
+  ASSERT_EQ(State(job), "RUNNING");
+  ASSERT_TRUE(core_->CheckpointNow(job).ok());
+  int told = 0;
+  for (const RecordingChannel* ch : {&a, &b}) {
+    for (const auto& m : ch->sent) told += m.has_checkpoint() && m.checkpoint().job_id() == job;
+  }
+  EXPECT_EQ(told, 1);
+  EXPECT_EQ(core_->CheckpointNow("job-999").code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(CoreTest, CheckpointReportsNameOnlyTheRanksOwnFileOfARunningJob) {
   RecordingChannel a, b;
   AddWorker("h1", "cpu", &a);
