@@ -1,7 +1,8 @@
 """Engine benchmark: a small GPT (6 layers, width 512, block 256, vocab 16384)
 at N = 1, 2, 4 ranks (separate processes on loopback, Gloo) for every
-strategy. Prints one table: tokens/s, step time split into compute and exposed
-communication (time the step thread waited on collectives), peak RSS per rank,
+strategy. Prints one table: tokens/s, step time split into compute, exposed
+communication (time the step thread waited on collectives: all-gathers,
+reduce-scatters, all-reduces) and the optimizer's update, peak RSS per rank,
 model-state bytes per rank, the engine's peak bytes during a step (its ledger:
 state and unsharded units), and the measured peak of every tensor byte of the
 rank during a step (activations and temporaries included).
@@ -33,7 +34,8 @@ def main():
     print(f"# small GPT {SMALL_GPT}, global batch {args.batch} x {SMALL_GPT['block_size']} tokens, fp32, "
           f"{args.steps - 1} timed steps after 1 warm-up, {cores} cores")
     print(f"{'strategy':<19} {'N':>2} {'thr':>3} {'tokens/s':>9} {'step_s':>7} {'compute_s':>9} "
-          f"{'exp_comm_s':>10} {'peak_rss_MiB':>12} {'state_MiB':>9} {'peak_MiB':>8} {'tensors_MiB':>11} {'loss':>7}")
+          f"{'exp_AG_s':>8} {'exp_RS_s':>8} {'exp_AR_s':>8} {'optim_s':>7} "
+          f"{'peak_rss_MiB':>12} {'state_MiB':>9} {'peak_MiB':>8} {'tensors_MiB':>11} {'loss':>7}")
     for world in [int(w) for w in args.worlds.split(",")]:
         threads = max(1, cores // world)
         for strategy in args.strategies.split(","):
@@ -41,11 +43,17 @@ def main():
             _, ranks = harness.run(cfg, world, timeout=1800, threads=threads)
             timed = ranks[0]["steps"][1:]
             step = sum(s["seconds"] for s in timed) / len(timed)
-            comm = max(sum(s["exposed_comm_seconds"] for s in r["steps"][1:]) / len(timed) for r in ranks)
+
+            def mean(key):  # rank 0's, whose step time is reported
+                return sum(s[key] for s in timed) / len(timed)
+            ag, rs = mean("exposed_all_gather_seconds"), mean("exposed_reduce_scatter_seconds")
+            ar = mean("exposed_comm_seconds") - ag - rs
+            opt = mean("optimizer_seconds")
             tokens = args.batch * SMALL_GPT["block_size"]
             mib = 1 << 20
-            print(f"{strategy:<19} {world:>2} {threads:>3} {tokens / step:>9.0f} {step:>7.3f} {step - comm:>9.3f} "
-                  f"{comm:>10.3f} {max(r['memory']['peak_rss'] for r in ranks) / mib:>12.0f} "
+            print(f"{strategy:<19} {world:>2} {threads:>3} {tokens / step:>9.0f} {step:>7.3f} "
+                  f"{step - ag - rs - ar - opt:>9.3f} {ag:>8.3f} {rs:>8.3f} {ar:>8.3f} {opt:>7.3f} "
+                  f"{max(r['memory']['peak_rss'] for r in ranks) / mib:>12.0f} "
                   f"{ranks[0]['memory']['state'] / mib:>9.1f} {ranks[0]['memory']['peak'] / mib:>8.1f} "
                   f"{max(r['memory']['tensor_peak'] for r in ranks) / mib:>11.1f} "
                   f"{timed[-1]['loss']:>7.4f}", flush=True)

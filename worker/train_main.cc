@@ -160,6 +160,9 @@ Json StepObject(const StepResult& r) {
           {"epoch", FiniteOrNull(r.epoch)},
           {"seconds", r.seconds},
           {"exposed_comm_seconds", r.exposed_comm_seconds},
+          {"exposed_all_gather_seconds", r.exposed_all_gather_seconds},
+          {"exposed_reduce_scatter_seconds", r.exposed_reduce_scatter_seconds},
+          {"optimizer_seconds", r.optimizer_seconds},
           {"tokens_per_s", FiniteOrNull(r.tokens / r.seconds)},
           {"val_loss", FiniteOrNull(r.val_loss)},
           {"skipped", r.skipped}};

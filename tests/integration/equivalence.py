@@ -23,6 +23,31 @@ PARAM_TOL = harness.reorder_param_tol(6e-4, 10)
 LOSS_TOL = 1e-6
 
 
+def check_time_split(checks, name, ranks, moving):
+    """Each step's split of its time (StepResult): the waits on all-gathers
+    and on reduce-scatters are parts of the exposed communication, and every
+    step spent time in the optimizer. A step never waited on an op kind the
+    rank never issued; it did on one that moved bytes between processes
+    (`moving`, from formulas): dozens of host waits on Gloo ops over a run add
+    up to more than nothing, so a wait filed under the wrong kind shows."""
+    bad = []
+    for r in ranks:
+        issued = {op for c in r["comm"].values() for op, v in c.items() if v["calls"] > 0}
+        total = {"all_gather": 0.0, "reduce_scatter": 0.0}
+        for s in r["steps"]:
+            ag, rs = s["exposed_all_gather_seconds"], s["exposed_reduce_scatter_seconds"]
+            total["all_gather"] += ag
+            total["reduce_scatter"] += rs
+            if not (ag >= 0 and rs >= 0 and ag + rs <= s["exposed_comm_seconds"] + 1e-9 and s["optimizer_seconds"] > 0):
+                bad.append(f"rank {r['rank']} step {s['step']}: all-gather {ag}, reduce-scatter {rs}, "
+                           f"exposed {s['exposed_comm_seconds']}, optimizer {s['optimizer_seconds']}")
+        for op, t in total.items():
+            if (t > 0 and op not in issued) or (op in moving and t == 0):
+                bad.append(f"rank {r['rank']}: {t} s waiting on {op} ({'issued' if op in issued else 'never issued'}"
+                           f"{', moving bytes' if op in moving else ''})")
+    checks.check(not bad, f"{name} step time split (exposed all-gather, reduce-scatter, optimizer)", "; ".join(bad[:2]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("strategy")
@@ -70,6 +95,7 @@ def main():
                 got = {(c, op): r["comm"][c][op]["bytes"] for (c, op) in expected}
                 checks.check(got == expected, f"{name} rank {r['rank']} bytes per collective",
                              "" if got == expected else f"got {got} expected {expected}")
+            check_time_split(checks, name, ranks, {op for (_, op), b in expected.items() if b > 0})
     if len(modes) > 1:
         # Gradient memory, on a deeper model with 4 micro-batches at N = 2:
         # unsharded accumulation holds every unit's whole gradient across

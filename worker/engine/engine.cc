@@ -291,13 +291,15 @@ absl::StatusOr<at::Tensor> Engine::GradNormSquared() {
   // squares over the shard group is the global one.
   at::Tensor sq = device_->Zeros(1, at::kDouble);
   for (const FlatParam* f : trainable_) sq.add_(f->grad_shard().to(at::kDouble).square().sum());
-  if (comms_.shard->size() > 1) SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sq)));
+  if (comms_.shard->size() > 1) SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sq), comm::Op::kAllReduce));
   return sq;
 }
 
 absl::Status Engine::SumOverWorld(at::Tensor t) {
-  if (comms_.shard->size() > 1) SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(t)));
-  if (comms_.replicate->size() > 1) SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.replicate->AllReduce(t)));
+  if (comms_.shard->size() > 1) SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(t), comm::Op::kAllReduce));
+  if (comms_.replicate->size() > 1) {
+    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.replicate->AllReduce(t), comm::Op::kAllReduce));
+  }
   return absl::OkStatus();
 }
 
@@ -308,7 +310,7 @@ absl::Status Engine::AllGatherPersistentParams() {
   for (FlatParam* f : trainable_) {
     if (f->options().persistent_params) gathers.push_back(comms_.shard->AllGather(f->unsharded(), f->OwnChunk(f->unsharded())));
   }
-  for (const auto& w : gathers) SL_RETURN_IF_ERROR(waiter_.OnDevice(*w));
+  for (const auto& w : gathers) SL_RETURN_IF_ERROR(waiter_.OnDevice(*w, comm::Op::kAllGather));
   return absl::OkStatus();
 }
 
@@ -321,7 +323,9 @@ absl::Status Engine::OptimizerStep(int64_t step, double lr, const at::Tensor& cl
   s.eps = o.eps;
   s.weight_decay = o.weight_decay;
   s.step = step + 1;
+  const absl::Time t0 = absl::Now();
   for (FlatParam* f : trainable_) f->OptimizerStep(s, clip_coef);
+  optimizer_seconds_ = absl::ToDoubleSeconds(absl::Now() - t0);
   return AllGatherPersistentParams();
 }
 
@@ -392,6 +396,9 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   r.tokens = static_cast<int64_t>(t.batch_size) * config_.model.block_size;
   r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   r.exposed_comm_seconds = waiter_.exposed_seconds();
+  r.exposed_all_gather_seconds = waiter_.exposed_seconds(comm::Op::kAllGather);
+  r.exposed_reduce_scatter_seconds = waiter_.exposed_seconds(comm::Op::kReduceScatter);
+  r.optimizer_seconds = r.skipped ? 0 : optimizer_seconds_;
   const int interval = t.eval_interval;
   if (val_ && interval > 0 && ((step + 1) % interval == 0 || step + 1 == t.steps)) {
     const absl::Time e0 = absl::Now();
@@ -476,7 +483,7 @@ absl::StatusOr<at::Tensor> Engine::GatherUnitMaster(int i) {
   const Device::ComputeScope on_device(*device_);
   FlatParam& f = *trainable_[i];
   at::Tensor out = device_->Zeros(f.layout().padded_numel, at::kFloat);
-  SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.shard->AllGather(out, f.master())));
+  SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.shard->AllGather(out, f.master()), comm::Op::kAllGather));
   return out.to(at::kCPU);
 }
 

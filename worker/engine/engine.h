@@ -63,6 +63,14 @@ struct StepResult {
   int64_t tokens = 0;     // tokens of the global batch
   double seconds = 0;
   double exposed_comm_seconds = 0;  // time the step thread waited on collectives
+  // Where the step's time went: its waits on all-gathers (parameters) and on
+  // reduce-scatters (gradients), apart from the rest of exposed_comm_seconds
+  // (all-reduces: the replicas' gradients under hybrid, the norm, the loss),
+  // and the host's time in the optimizer's update (on a GPU, the time to
+  // queue it). Compute is seconds less these.
+  double exposed_all_gather_seconds = 0;
+  double exposed_reduce_scatter_seconds = 0;
+  double optimizer_seconds = 0;
   // Mean loss over [train] eval_batches of the validation stream, after this
   // step's update; NaN where the step ran no evaluation.
   double val_loss = std::numeric_limits<double>::quiet_NaN();
@@ -230,6 +238,7 @@ class Engine {
   std::unique_ptr<GradReduction> reduction_;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
+  double optimizer_seconds_ = 0;  // the last OptimizerStep's update (StepResult::optimizer_seconds)
   int64_t init_peak_ = 0;
   int64_t tensor_peak_ = 0, reserved_peak_ = 0;
   double loss_scale_ = 0;

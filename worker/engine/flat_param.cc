@@ -149,7 +149,7 @@ absl::Status FlatParam::WaitForUnshard(CommWaiter& waiter) {
   if (state_ == UnshardState::kSharded) {
     return absl::FailedPreconditionError(absl::StrCat(layout_.unit, ": wait for an unshard that was never started"));
   }
-  absl::Status s = waiter.OnDevice(*gather_);
+  absl::Status s = waiter.OnDevice(*gather_, comm::Op::kAllGather);
   gather_.reset();
   // A failed gather leaves garbage: the buffer is freed and the unit is
   // sharded again (the communicator is aborted; the step fails).

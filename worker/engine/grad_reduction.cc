@@ -26,7 +26,7 @@ absl::Status GradReduction::Start(FlatParam* unit, bool accumulate, bool last) {
   // ordered_on_device): the add on the compute stream once the scatter is
   // done, then the all-reduce, which each op orders after the compute stream.
   if (shard_->ordered_on_device() && accumulate) {
-    SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.reduce_scatter));
+    SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.reduce_scatter, comm::Op::kReduceScatter));
     unit->AddToGradShard(p.scratch);
   }
   if (last && replicate_->size() > 1 && replicate_->ordered_on_device()) {
@@ -45,7 +45,7 @@ absl::Status GradReduction::Pump(bool wait_all, size_t max_in_flight) {
     --in_flight;
     // The compute stream waits before the buffers are freed: their memory
     // then goes only to work ordered after the reduce-scatter.
-    SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.reduce_scatter));
+    SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.reduce_scatter, comm::Op::kReduceScatter));
     p.scattered = true;
     if (p.scratch.defined()) {
       if (!shard_->ordered_on_device()) p.unit->AddToGradShard(p.scratch);  // (on the device: added in Start)
@@ -64,7 +64,7 @@ absl::Status GradReduction::Pump(bool wait_all, size_t max_in_flight) {
   }
   if (!wait_all) return absl::OkStatus();
   for (Pending& p : pending_) {
-    if (p.all_reduce) SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.all_reduce));
+    if (p.all_reduce) SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.all_reduce, comm::Op::kAllReduce));
   }
   pending_.clear();
   return absl::OkStatus();
