@@ -22,7 +22,9 @@ Columns:
     comm                 seconds per step Shardline's collectives ran (its
                          communication threads; what the link forces)
     exposed              seconds per step its step thread waited on them
-    compute              step - exposed
+    AG / RS / AR         exposed, split: waits on all-gathers, reduce-scatters, all-reduces
+    compute              step - exposed (the optimizer included)
+    optim                seconds per step in the optimizer's update
     bound                max(0, comm - compute) + 10% of the step: issue 26's
                          goal for `exposed`
     sl_rss, pt_rss       peak RSS of the largest rank, MiB
@@ -61,27 +63,9 @@ def rank_hosts(hs, per_host):
     return [hs[r // per_host] for r in range(len(hs) * per_host)]
 
 
-def wait_all(procs, what, done=lambda r: False):
-    """Waits for every rank; a rank that exits non-zero is an error unless
-    done(rank) says it wrote its report first (a crash at teardown)."""
-    errors = []
-    deadline = time.time() + TIMEOUT
-    for r, p in enumerate(procs):
-        try:
-            _, err = p.communicate(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"{what}: rank {r} did not finish within {TIMEOUT}s")
-        if p.returncode != 0 and not done(r):
-            last = err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
-            errors.append(f"rank {r}: {last}")
-    if errors:
-        raise RuntimeError(f"{what}: " + "; ".join(errors))
-
-
 def run_shardline(ranks, cfg, steps):
-    """Per-step (seconds, exposed, comm) of rank 0 and every rank's peak RSS."""
+    """Per step of rank 0: seconds, exposed (and its all-gather and
+    reduce-scatter parts), optimizer and comm; every rank's peak RSS."""
     world = len(ranks)
     out = tempfile.mkdtemp(prefix="net-compare-sl-")
     path = os.path.join(out, "job.toml")
@@ -91,12 +75,15 @@ def run_shardline(ranks, cfg, steps):
                       "--threads", "1", "--out", out, "--timeout", "600"],
                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for r, h in enumerate(ranks)]
-    wait_all(procs, "shardline")
+    harness.wait_ranks(procs, TIMEOUT, what="shardline")
     reports = [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(world)]
     shutil.rmtree(out, ignore_errors=True)  # params.safetensors: 100 MB a run
     timed = reports[0]["steps"][1:]
     step = sum(s["seconds"] for s in timed) / len(timed)
-    exposed = sum(s["exposed_comm_seconds"] for s in timed) / len(timed)
+
+    def mean(key):
+        return sum(s[key] for s in timed) / len(timed)
+    exposed = mean("exposed_comm_seconds")
     # The communication threads' seconds per step (the warm-up's included),
     # less the fp32 gather of the trained parameters for params.safetensors
     # after the last step, at the all-gathers' measured seconds per byte.
@@ -106,7 +93,8 @@ def run_shardline(ranks, cfg, steps):
     ag = ops["shard"]["all_gather"]
     final_gather = sum(u["shard"] for u in reports[0]["units"]) * (g - 1) * 4
     comm = (total - ag["seconds"] * final_gather / max(1, ag["bytes"])) / steps
-    return {"step": step, "exposed": exposed, "comm": comm,
+    return {"step": step, "exposed": exposed, "comm": comm, "ag": mean("exposed_all_gather_seconds"),
+            "rs": mean("exposed_reduce_scatter_seconds"), "opt": mean("optimizer_seconds"),
             "rss": max(r["memory"]["peak_rss"] for r in reports), "loss": reports[0]["steps"][-1]["loss"]}
 
 
@@ -122,7 +110,7 @@ def run_torch(ranks, a, strategy, data):
              for r, h in enumerate(ranks)]
     # FSDP2 ranks on a 100 Mbit/s link at times abort in Gloo's teardown
     # ("terminate called without an active exception") after their report.
-    wait_all(procs, "pytorch", done=lambda r: os.path.exists(os.path.join(out, f"torch-{r}.json")))
+    harness.wait_ranks(procs, TIMEOUT, what="pytorch", done=lambda r: os.path.exists(os.path.join(out, f"torch-{r}.json")))
     reports = [json.load(open(os.path.join(out, f"torch-{r}.json"))) for r in range(world)]
     shutil.rmtree(out, ignore_errors=True)
     times = reports[0]["times"][1:]
@@ -148,7 +136,7 @@ def spread(values, fmt):
 
 def failed_row(placement, strategy, mbit, sl, pt, why):
     return (f"| {placement} | {strategy} | {mbit} | {len(sl)} runs | {len(pt)} runs | failed: {why[:160]} |"
-            + " |" * 9)
+            + " |" * 11)
 
 
 def row(placement, strategy, mbit, tokens, sl, pt):
@@ -159,17 +147,19 @@ def row(placement, strategy, mbit, tokens, sl, pt):
     step = statistics.median(s["step"] for s in sl)
     comm = statistics.median(s["comm"] for s in sl)
     exposed = statistics.median(s["exposed"] for s in sl)
+    ag, rs, opt = (statistics.median(s[k] for s in sl) for k in ("ag", "rs", "opt"))
     compute = step - exposed
     bound = max(0.0, comm - compute) + 0.1 * step
     return (f"| {placement} | {strategy} | {mbit} | {spread(sl_tps, '{:.0f}')} | {spread(pt_tps, '{:.0f}')} | "
-            f"{spread(ratio, '{:.2f}')} | {comm:.2f} | {exposed:.2f} | {compute:.2f} | {bound:.2f} | "
+            f"{spread(ratio, '{:.2f}')} | {comm:.2f} | {exposed:.2f} | {ag:.2f} / {rs:.2f} / {exposed - ag - rs:.2f} | "
+            f"{compute:.2f} | {opt:.2f} | {bound:.2f} | "
             f"{'yes' if exposed <= bound else 'NO'} | {statistics.median(s['rss'] for s in sl) / mib:.0f} | "
             f"{statistics.median(p['rss'] for p in pt) / mib:.0f} | {sl[-1]['loss']:.4f} | {pt[-1]['loss']:.4f} |")
 
 
-HEADER = ("| placement | strategy | Mbit/s | sl_tok/s | pt_tok/s | ratio | comm s | exposed s | compute s | bound s | "
-          "within | sl_rss MiB | pt_rss MiB | sl_loss | pt_loss |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| placement | strategy | Mbit/s | sl_tok/s | pt_tok/s | ratio | comm s | exposed s | AG / RS / AR s | "
+          "compute s | optim s | bound s | within | sl_rss MiB | pt_rss MiB | sl_loss | pt_loss |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main():
@@ -217,7 +207,7 @@ def main():
                         sl.append(run_shardline(ranks, cfg, a.steps))
                         pt.append(run_torch(ranks, a, strategy, data))
                 line = row(placement, strategy, mbit, a.batch * T, sl, pt)
-            except RuntimeError as e:  # one side failed: say so, go on with the next point
+            except harness.RunError as e:  # one side failed: say so, go on with the next point
                 line = failed_row(placement, strategy, mbit, sl, pt, str(e))
             lines.append(line)
             print(line, flush=True)

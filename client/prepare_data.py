@@ -4,7 +4,7 @@ with the model's own tokenizer (its Hugging Face directory).
 
     prepare_data.py --tokenizer HF_DIR --input FILE --out PREFIX
                     [--format text|completion|chat] [--shard-tokens N]
-                    [--val-fraction F] [--seed S]
+                    [--val-fraction F] [--seed S] [--pack]
 
 Formats (one record per line of a .jsonl file; a .txt file is one document):
   text        {"text": ...}: every token counts (no mask files written)
@@ -32,6 +32,17 @@ as a target. The job file then names them:
     val_path = "PREFIX_val_*.bin"
     val_mask_path = "PREFIX_val_*.mask"
 
+--pack also writes PREFIX_train_000000.docs and so on: a 256 x int32 header
+(magic 20241126, version 1, count), then one byte per token, 1 where a record
+(a document) begins. Named in the job file as
+
+    doc_path = "PREFIX_train_*.docs"
+    val_doc_path = "PREFIX_val_*.docs"
+
+they keep the documents packed into each sequence apart: attention stays
+within a document, positions restart at each, and no document's first token
+is a target of the one before (what TRL's packing with position ids does).
+
 Every error is one line naming the file and the record (line number).
 """
 import argparse
@@ -45,6 +56,7 @@ import numpy as np
 TOKENS_GPT2 = (20240520, 1, np.uint16)
 TOKENS_LLAMA3 = (20240801, 7, np.uint32)
 MASK = (20240905, 1, np.uint8)
+DOCS = (20241126, 1, np.uint8)
 
 
 class InputError(Exception):
@@ -122,14 +134,16 @@ def tokens_of(tok, fmt, where, rec, eos):
 
 
 class ShardWriter:
-    def __init__(self, prefix, split, shard_tokens, token_kind, masked):
+    def __init__(self, prefix, split, shard_tokens, token_kind, masked, packed):
         self.prefix, self.split, self.shard_tokens = prefix, split, shard_tokens
-        self.token_kind, self.masked = token_kind, masked
-        self.tokens, self.mask, self.files, self.total = [], [], [], 0
+        self.token_kind, self.masked, self.packed = token_kind, masked, packed
+        self.tokens, self.mask, self.docs, self.files, self.total = [], [], [], [], 0
 
     def add(self, tokens, mask):
+        """One document's tokens (and loss mask)."""
         self.tokens += tokens
         self.mask += mask
+        self.docs += [1] + [0] * (len(tokens) - 1) if tokens else []
         while len(self.tokens) >= self.shard_tokens:
             self.flush(self.shard_tokens)
 
@@ -141,9 +155,11 @@ class ShardWriter:
         write_llmc(base + ".bin", self.tokens[:n], self.token_kind)
         if self.masked:
             write_llmc(base + ".mask", self.mask[:n], MASK)
+        if self.packed:
+            write_llmc(base + ".docs", self.docs[:n], DOCS)
         self.files.append(base + ".bin")
         self.total += n
-        self.tokens, self.mask = self.tokens[n:], self.mask[n:]
+        self.tokens, self.mask, self.docs = self.tokens[n:], self.mask[n:], self.docs[n:]
 
 
 def main(argv=None):
@@ -155,6 +171,8 @@ def main(argv=None):
     ap.add_argument("--shard-tokens", type=int, default=100_000_000)
     ap.add_argument("--val-fraction", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--pack", action="store_true",
+                    help="also write .docs files: the documents packed into a sequence stay apart")
     a = ap.parse_args(argv)
     try:
         if a.shard_tokens < 1 or not 0 <= a.val_fraction < 1:
@@ -173,7 +191,7 @@ def main(argv=None):
         eos = [tok.eos_token_id] if tok.eos_token_id is not None and a.format != "chat" else []
         masked = a.format != "text"
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        writers = {s: ShardWriter(a.out, s, a.shard_tokens, kind, masked) for s in ("train", "val")}
+        writers = {s: ShardWriter(a.out, s, a.shard_tokens, kind, masked, a.pack) for s in ("train", "val")}
         rng = random.Random(a.seed)
         counted = 0
         one_document = a.input.endswith(".txt")

@@ -35,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -44,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/checkpoint/checkpoint_manifest.h"
 #include "common/job/job_config.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint_committer.h"
@@ -200,6 +202,8 @@ class CoordinatorCore {
   // `step_dir` resolved (symlinks followed) lies under that job's resolved
   // checkpoint root; empty for any other directory (a copy, shardline-train's).
   absl::StatusOr<std::string> JobOfCheckpoint(const std::string& step_dir) const;
+  // The same for a manifest already read from `step_dir`.
+  std::string JobOfCheckpoint(const std::string& step_dir, const CheckpointManifest& m) const;
   // Job.history's bound: past it the older half is thinned to every other step.
   static constexpr int kMaxHistory = 4096;
   // A job whose record the state database failed to save says so at the end
@@ -421,7 +425,10 @@ class CoordinatorCore {
   void FillRanks(const JobRecord& r, absl::Time now, v1::Job* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets or clears Job.stalled of every running job; tells watchers of changes.
   void UpdateStalls(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<JobConfig> ParseAndValidate(const v1::SubmitJobRequest& req, int* workers) const;
+  // The resolved, validated spec of `req`, its worker count, and for a resume
+  // the manifest of req.resume_from() (read once: file I/O, outside the lock).
+  absl::StatusOr<JobConfig> ParseAndValidate(const v1::SubmitJobRequest& req, int* workers,
+                                             std::optional<CheckpointManifest>* resume) const;
 
   absl::Time Now() const { return options_.clock(); }
   int64_t NowMs() const { return absl::ToUnixMillis(Now()); }

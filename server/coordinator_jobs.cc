@@ -22,7 +22,8 @@ namespace shardline {
 
 // ---- jobs ----------------------------------------------------------------------
 
-absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobRequest& req, int* workers) const {
+absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobRequest& req, int* workers,
+                                                             std::optional<CheckpointManifest>* resume) const {
   const std::string source = req.source().empty() ? "job" : req.source();
   auto cfg = ResolveJobSpec(req.spec_toml(), source, req.base_dir());
   if (!cfg.ok()) return cfg.status();
@@ -34,6 +35,7 @@ absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobR
     if (!m.ok()) return m.status();
     absl::Status same = CheckSameTraining(*m, *cfg, req.resume_from());
     if (!same.ok()) return same;
+    *resume = *std::move(m);
   }
   s = CheckJobFiles(*cfg, source);
   if (!s.ok()) return s;
@@ -65,15 +67,15 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
                                                    kMaxSpecBytes));
   }
   int workers = 0;
-  auto cfg = ParseAndValidate(req, &workers);
+  std::optional<CheckpointManifest> resume;
+  auto cfg = ParseAndValidate(req, &workers, &resume);
   if (!cfg.ok()) return cfg.status();
-  // The lineage of a resume (file I/O: before the lock); ParseAndValidate
-  // read the manifest already, so it reads.
+  // The lineage of a resume, from the manifest ParseAndValidate read.
   std::string parent;
   int64_t parent_step = 0;
-  if (!req.resume_from().empty()) {
-    if (absl::StatusOr<CheckpointManifest> m = ReadManifest(req.resume_from()); m.ok()) parent_step = m->step;
-    if (absl::StatusOr<std::string> p = JobOfCheckpoint(req.resume_from()); p.ok()) parent = *p;
+  if (resume) {
+    parent_step = resume->step;
+    parent = JobOfCheckpoint(req.resume_from(), *resume);
   }
   absl::MutexLock lock(&mu_);
   if (scheduler_.size() >= options_.max_queued_jobs) {
@@ -153,6 +155,10 @@ absl::StatusOr<std::string> CoordinatorCore::OwnerOfJob(const std::string& id) c
 
 absl::StatusOr<std::string> CoordinatorCore::JobOfCheckpoint(const std::string& step_dir) const {
   SL_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(step_dir));  // outside the lock: file I/O
+  return JobOfCheckpoint(step_dir, m);
+}
+
+std::string CoordinatorCore::JobOfCheckpoint(const std::string& step_dir, const CheckpointManifest& m) const {
   std::string root;
   {
     absl::MutexLock lock(&mu_);

@@ -92,13 +92,14 @@ absl::Status DumpGradients(Engine& e, const JobConfig& c, const std::string& pat
   // The batch of step 0 and its logits.
   auto data = TokenDataset::Open(c.data.format, c.data.train, c.model.vocab_size, c.model.block_size, c.train.seed);
   if (!data.ok()) return data.status();
-  at::Tensor x, y;
-  (*data)->Batch(0, c.train.batch_size, 0, c.train.batch_size, &x, &y);
+  at::Tensor x, y, positions;
+  (*data)->Batch(0, c.train.batch_size, 0, c.train.batch_size, &x, &y, &positions);
   // The engine's logits of the whole batch, through its own unit schedule.
-  SL_ASSIGN_OR_RETURN(const at::Tensor logits, e.Logits(x));
+  SL_ASSIGN_OR_RETURN(const at::Tensor logits, e.Logits(x, positions));
   t.emplace_back("logits", logits.to(at::kFloat));
   t.emplace_back("batch.inputs", x);
   t.emplace_back("batch.targets", y);
+  if (positions.defined()) t.emplace_back("batch.positions", positions);  // packed documents
   for (int s = 1; s < c.train.steps; ++s) {  // later steps' batches, for a reference run
     at::Tensor xs, ys;
     (*data)->Batch(s, c.train.batch_size, 0, c.train.batch_size, &xs, &ys);

@@ -59,4 +59,9 @@ absl::StatusOr<TokenFileHeader> ParseLossMaskHeader(absl::string_view head, int6
   return ParseHeader(head, file_bytes, path, {{kLossMaskMagic, kLossMaskVersion, 1}}, "loss mask");
 }
 
+absl::StatusOr<TokenFileHeader> ParseDocStartsHeader(absl::string_view head, int64_t file_bytes,
+                                                     const std::string& path) {
+  return ParseHeader(head, file_bytes, path, {{kDocStartsMagic, kDocStartsVersion, 1}}, "document starts");
+}
+
 }  // namespace shardline

@@ -27,6 +27,8 @@ constexpr int32_t kLlmcLlama3Magic = 20240801;  // uint32 tokens
 constexpr int32_t kLlmcLlama3Version = 7;
 constexpr int32_t kLossMaskMagic = 20240905;  // uint8 mask bytes
 constexpr int32_t kLossMaskVersion = 1;
+constexpr int32_t kDocStartsMagic = 20241126;  // uint8: 1 where a document starts (packed sequences)
+constexpr int32_t kDocStartsVersion = 1;
 constexpr int64_t kTokenFileHeaderBytes = 256 * sizeof(int32_t);
 
 struct TokenFileHeader {
@@ -40,5 +42,7 @@ struct TokenFileHeader {
 absl::StatusOr<TokenFileHeader> ParseLlmcHeader(absl::string_view head, int64_t file_bytes, const std::string& path);
 absl::StatusOr<TokenFileHeader> ParseLossMaskHeader(absl::string_view head, int64_t file_bytes,
                                                     const std::string& path);
+absl::StatusOr<TokenFileHeader> ParseDocStartsHeader(absl::string_view head, int64_t file_bytes,
+                                                     const std::string& path);
 
 }  // namespace shardline

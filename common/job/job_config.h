@@ -67,16 +67,18 @@ struct ModelConfig {
 };
 // One stream of tokens: files (each path may be a glob; a glob's matches in
 // sorted order) read one after another as one stream, and optionally a loss
-// mask per token file (supervised fine-tuning: worker/data/token_dataset.h).
+// mask and the document starts (packed documents) per token file
+// (worker/data/token_dataset.h).
 struct TokenSource {
   std::vector<std::string> paths;       // [data] path / val_path: a string or an array
   std::vector<std::string> mask_paths;  // [data] mask_path / val_mask_path
+  std::vector<std::string> doc_paths;   // [data] doc_path / val_doc_path
   bool empty() const { return paths.empty(); }
 };
 struct DataConfig {
   DataFormat format = DataFormat::kSynthetic;
-  TokenSource train;  // [data] path, mask_path
-  TokenSource val;    // [data] val_path, val_mask_path
+  TokenSource train;  // [data] path, mask_path, doc_path
+  TokenSource val;    // [data] val_path, val_mask_path, val_doc_path
 };
 // How the strategies that shard gradients (shard_grad_op, full_shard and
 // the hybrids) accumulate them over a step's micro-batches:

@@ -275,6 +275,8 @@ void ReadDataAndTraining(SectionReaders& r, JobConfig& c) {
   data.StringList("mask_path", &c.data.train.mask_paths);
   data.StringList("val_path", &c.data.val.paths);
   data.StringList("val_mask_path", &c.data.val.mask_paths);
+  data.StringList("doc_path", &c.data.train.doc_paths);
+  data.StringList("val_doc_path", &c.data.val.doc_paths);
   TableReader& train = r["train"];
   train.Int("steps", &c.train.steps, 1, kMaxInt);
   train.Double("epochs", &c.train.epochs);

@@ -42,7 +42,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, family, n_layer, n_head, n_embd,
                                    rms_norm_eps, qkv_bias, qk_norm, tie_word_embeddings, rope_scaling,
                                    rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
                                    rope_original_max_position, max_position_embeddings, special_token_ids)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TokenSource, paths, mask_paths)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TokenSource, paths, mask_paths, doc_paths)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataConfig, format, train, val)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, steps, batch_size, micro_batch_size, epochs, sequences_per_epoch,
                                    grad_accumulation, auto_grad_accumulation, seed, eval_interval, eval_batches,

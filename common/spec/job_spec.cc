@@ -23,7 +23,7 @@ namespace {
 
 void ResolvePaths(JobConfig& c, const std::string& base_dir) {
   for (TokenSource* s : {&c.data.train, &c.data.val}) {
-    for (auto* list : {&s->paths, &s->mask_paths}) {
+    for (auto* list : {&s->paths, &s->mask_paths, &s->doc_paths}) {
       for (std::string& p : *list) p = ResolveJobPath(base_dir, p);
     }
   }
@@ -95,7 +95,8 @@ absl::Status CheckJobFiles(const JobConfig& c, const std::string& source) {
   };
   const std::pair<const char*, const std::vector<std::string>*> lists[] = {
       {"[data] path", &c.data.train.paths}, {"[data] mask_path", &c.data.train.mask_paths},
-      {"[data] val_path", &c.data.val.paths}, {"[data] val_mask_path", &c.data.val.mask_paths}};
+      {"[data] val_path", &c.data.val.paths}, {"[data] val_mask_path", &c.data.val.mask_paths},
+      {"[data] doc_path", &c.data.train.doc_paths}, {"[data] val_doc_path", &c.data.val.doc_paths}};
   for (const auto& [key, list] : lists) {
     if (c.data.format == DataFormat::kSynthetic) break;
     absl::StatusOr<std::vector<std::string>> files = ExpandDataPaths(*list, "", key);

@@ -42,6 +42,8 @@ absl::Status ValidateShownText(const JobConfig& c, const std::string& src) {
   for (const std::string& p : c.data.train.mask_paths) all.emplace_back("[data] mask_path", &p);
   for (const std::string& p : c.data.val.paths) all.emplace_back("[data] val_path", &p);
   for (const std::string& p : c.data.val.mask_paths) all.emplace_back("[data] val_mask_path", &p);
+  for (const std::string& p : c.data.train.doc_paths) all.emplace_back("[data] doc_path", &p);
+  for (const std::string& p : c.data.val.doc_paths) all.emplace_back("[data] val_doc_path", &p);
   for (const auto& [key, path] : all) {
     if (!IsPrintable(*path)) {
       return absl::InvalidArgumentError(
@@ -107,8 +109,12 @@ absl::Status ValidateData(const JobConfig& c, const std::string& src) {
     if (!ts->mask_paths.empty() && d.format != DataFormat::kLlmc) {
       return bad("data", "loss masks (mask_path, val_mask_path) need format = \"llmc\"");
     }
+    if (!ts->doc_paths.empty() && d.format != DataFormat::kLlmc) {
+      return bad("data", "document starts (doc_path, val_doc_path) need format = \"llmc\"");
+    }
   }
   if (d.val.empty() && !d.val.mask_paths.empty()) return bad("data", "val_mask_path needs val_path");
+  if (d.val.empty() && !d.val.doc_paths.empty()) return bad("data", "val_doc_path needs val_path");
   if (c.train.eval_interval < 0) return bad("train", "eval_interval must be >= 0 (0: no validation)");
   if (c.train.eval_batches < 1) return bad("train", "eval_batches must be >= 1");
   if (c.train.eval_interval > 0 && d.val.empty() && d.format != DataFormat::kSynthetic) {

@@ -181,6 +181,27 @@ def scratch_dir(prefix):
     return d
 
 
+def wait_ranks(procs, timeout, done=lambda r: False, what=""):
+    """Waits for every rank process (stdout/stderr piped, stderr read) within
+    `timeout` s in all, killing them all past it; a rank that exits non-zero
+    is an error (RunError naming every such rank) unless done(rank) says it
+    wrote its report first (a crash at teardown)."""
+    deadline = time.time() + timeout
+    errors = []
+    prefix = f"{what}: " if what else ""
+    for r, p in enumerate(procs):
+        try:
+            _, err = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RunError(f"{prefix}rank {r} did not finish within {timeout}s")
+        if p.returncode != 0 and not done(r):
+            errors.append(f"rank {r} exited {p.returncode}: {(err or '').strip()}")
+    if errors:
+        raise RunError(prefix + "; ".join(errors))
+
+
 def run(cfg, world, timeout=120, extra_args=(), threads=1):
     """Runs `world` ranks to completion; returns (out_dir, [rank json])."""
     out = scratch_dir("shardline-")
@@ -192,19 +213,7 @@ def run(cfg, world, timeout=120, extra_args=(), threads=1):
         args = [TRAIN, "--config", path, "--rank", str(r), "--world", str(world), "--store-port", str(port),
                 "--threads", str(threads), "--out", out, "--timeout", "60", *extra_args]
         procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.time() + timeout
-    errors = []
-    for r, p in enumerate(procs):
-        try:
-            _, err = p.communicate(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RunError(f"rank {r} did not finish within {timeout}s")
-        if p.returncode != 0:
-            errors.append(f"rank {r} exited {p.returncode}: {err.strip()}")
-    if errors:
-        raise RunError("; ".join(errors))
+    wait_ranks(procs, timeout)
     ranks = []
     for r in range(world):
         with open(os.path.join(out, f"rank-{r}.json")) as f:

@@ -46,7 +46,7 @@ def make_tokenizer(d, chat=True):
 
 def read(path, width=None):
     h = np.fromfile(path, dtype=np.int32, count=256)
-    dtype = {20240520: np.uint16, 20240801: np.uint32, 20240905: np.uint8}[int(h[0])]
+    dtype = {20240520: np.uint16, 20240801: np.uint32, 20240905: np.uint8, 20241126: np.uint8}[int(h[0])]
     return np.fromfile(path, dtype=dtype, offset=1024)[:h[2]]
 
 
@@ -73,16 +73,22 @@ def main():
         f.writelines(json.dumps(p) + "\n" for p in pairs)
     prefix = os.path.join(d, "out", "pairs")
     r = prepare("--tokenizer", tok_dir, "--input", os.path.join(d, "pairs.jsonl"), "--out", prefix,
-                "--format", "completion", "--shard-tokens", "100")
+                "--format", "completion", "--shard-tokens", "100", "--pack")
     checks.check(r.returncode == 0, "completion: prepared", r.stderr.strip())
     files, tokens = stream(prefix, "train", "bin")
     _, mask = stream(prefix, "train", "mask")
+    doc_files, docs = stream(prefix, "train", "docs")
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
     eos = tok.eos_token_id
-    want_tokens, want_mask = [], []
+    want_tokens, want_mask, want_docs = [], [], []
     for p in pairs:
+        n = len(enc(p["prompt"]) + enc(p["completion"])) + 1
         want_tokens += enc(p["prompt"]) + enc(p["completion"]) + [eos]
         want_mask += [0] * len(enc(p["prompt"])) + [1] * (len(enc(p["completion"])) + 1)
+        want_docs += [1] + [0] * (n - 1)
+    checks.check(len(doc_files) == len(files) and docs.tolist() == want_docs,
+                 "--pack: a .docs file per shard, 1 exactly at each record's first token",
+                 f"{len(doc_files)} files for {len(files)}, {int(docs.sum())} starts for {len(pairs)} records")
     checks.check(len(files) > 1 and all(len(read(f)) <= 100 for f in files), "completion: shards of <= 100 tokens",
                  f"{len(files)} files")
     checks.check(tokens.tolist() == want_tokens, "completion: the stream is every record's tokens in order")
@@ -115,7 +121,7 @@ def main():
     # val split, then a job on the files.
     prefix = os.path.join(d, "out", "split")
     r = prepare("--tokenizer", tok_dir, "--input", os.path.join(d, "chats.jsonl"), "--out", prefix, "--format", "chat",
-                "--val-fraction", "0.3", "--shard-tokens", "300")
+                "--val-fraction", "0.3", "--shard-tokens", "300", "--pack")
     val_files, val = stream(prefix, "val", "bin")
     _, train = stream(prefix, "train", "bin")
     checks.check(r.returncode == 0 and val_files and len(train) > len(val) > 0, "--val-fraction writes val files",
@@ -136,16 +142,17 @@ def main():
                          train__eval_interval=3, train__eval_batches=1)
     cfg["model"] = {**harness.llama_model("qwen3"), "vocab_size": len(tok), "block_size": 16}
     cfg["data"] = {"format": "llmc", "path": prefix + "_train_*.bin", "mask_path": prefix + "_train_*.mask",
-                   "val_path": prefix + "_val_*.bin", "val_mask_path": prefix + "_val_*.mask"}
+                   "val_path": prefix + "_val_*.bin", "val_mask_path": prefix + "_val_*.mask",
+                   "doc_path": prefix + "_train_*.docs", "val_doc_path": prefix + "_val_*.docs"}
     cfg["train"]["micro_batch_size"] = 2
     try:
         _, ranks = harness.run(cfg, 2)
         steps = ranks[0]["steps"]
         ok = len(steps) == 3 and all(np.isfinite(s["loss"]) for s in steps) and steps[-1]["val_loss"] is not None
-        checks.check(ok, "a job trains on the prepared shards, masks and val files",
+        checks.check(ok, "a job trains on the prepared shards, masks, document starts and val files",
                      f"loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, val {steps[-1]['val_loss']:.3f}")
     except harness.RunError as e:
-        checks.check(False, "a job trains on the prepared shards, masks and val files", str(e))
+        checks.check(False, "a job trains on the prepared shards, masks, document starts and val files", str(e))
 
     # bad input
     bad = os.path.join(d, "bad.jsonl")

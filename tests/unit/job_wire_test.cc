@@ -74,8 +74,8 @@ JobConfig EveryFieldSet() {
   m.rope_original_max_position = 4096, m.max_position_embeddings = 131072;
   m.special_token_ids = R"({"bos_token_id":1,"eos_token_id":[2,7]})";
   c.data.format = DataFormat::kLlmc;
-  c.data.train = {{"/d/a-*.bin", "/d/b.bin"}, {"/d/a.mask"}};
-  c.data.val = {{"/d/val.bin"}, {"/d/val.mask"}};
+  c.data.train = {{"/d/a-*.bin", "/d/b.bin"}, {"/d/a.mask"}, {"/d/a.docs"}};
+  c.data.val = {{"/d/val.bin"}, {"/d/val.mask"}, {"/d/val.docs"}};
   c.train = {17, 12, 3, 2.5, 999, GradAccumulation::kUnsharded, true, 0xFFFFFFFFFFFFFFF1ull, 5, 4, 2, 3};
   c.optimizer = {3e-4, 1e-5, 7, LrSchedule::kWsd, 4, {0.8, 0.99}, 1e-7, 0.01, 0.5};
   c.parallelism = {Strategy::kHybridShardZero2, true, 2};

@@ -73,14 +73,36 @@ absl::string_view HeadOf(const MappedFile& f) {
   return f.bytes() == 0 ? absl::string_view() : absl::string_view(f.data(), std::min(f.bytes(), kHeaderBytes));
 }
 
+// Opens a file of one 0/1 byte per token of `token_path` (`count` tokens):
+// a loss mask or document starts. Returns its bytes, mapped in *file.
+using HeaderParser = absl::StatusOr<TokenFileHeader> (*)(absl::string_view, int64_t, const std::string&);
+absl::StatusOr<const uint8_t*> OpenFlags(const std::string& path, const std::string& token_path, int64_t count,
+                                         HeaderParser parse, const char* what, std::unique_ptr<MappedFile>* file) {
+  SL_ASSIGN_OR_RETURN(*file, MappedFile::Open(path));
+  SL_ASSIGN_OR_RETURN(TokenFileHeader header, parse(HeadOf(**file), (*file)->bytes(), path));
+  if (header.count != count) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " of ", header.count, " entries for ",
+                                                   token_path, " of ", count, " tokens"));
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>((*file)->data() + kHeaderBytes);
+  for (int64_t k = 0; k < count; ++k) {
+    if (bytes[k] > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, " byte ", int{bytes[k]}, " at position ", k,
+                                                     " (expected 0 or 1)"));
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
 
 struct TokenDataset::File {
-  std::unique_ptr<MappedFile> tokens, mask;
+  std::unique_ptr<MappedFile> tokens, mask, docs;
   const uint16_t* u16 = nullptr;  // llmc GPT-2 tokens
   const uint32_t* u32 = nullptr;  // llmc Llama 3 tokens
   const uint8_t* u8 = nullptr;    // text bytes
   const uint8_t* mask_bytes = nullptr;
+  const uint8_t* doc_bytes = nullptr;  // 1 where a document starts
   int64_t count = 0;
   int64_t At(int64_t i) const { return u16 ? int64_t{u16[i]} : u32 ? int64_t{u32[i]} : int64_t{u8[i]}; }
 };
@@ -97,15 +119,20 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(DataFormat form
     ds->num_tokens_ = kSyntheticTokens;
   } else {
     SL_ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandDataPaths(source.paths, "", "[data] path"));
-    std::vector<std::string> masks;
-    if (!source.mask_paths.empty()) {
-      SL_ASSIGN_OR_RETURN(masks, ExpandDataPaths(source.mask_paths, "", "[data] mask_path"));
-      if (masks.size() != paths.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("[data] mask_path names ", masks.size(),
-                                                       " files for ", paths.size(), " token files (one each)"));
+    auto one_each = [&](const std::vector<std::string>& patterns,
+                        const char* key) -> absl::StatusOr<std::vector<std::string>> {
+      if (patterns.empty()) return std::vector<std::string>();
+      SL_ASSIGN_OR_RETURN(std::vector<std::string> files, ExpandDataPaths(patterns, "", key));
+      if (files.size() != paths.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(key, " names ", files.size(), " files for ", paths.size(),
+                                                       " token files (one each)"));
       }
-      ds->masked_ = true;
-    }
+      return files;
+    };
+    SL_ASSIGN_OR_RETURN(const std::vector<std::string> masks, one_each(source.mask_paths, "[data] mask_path"));
+    SL_ASSIGN_OR_RETURN(const std::vector<std::string> docs, one_each(source.doc_paths, "[data] doc_path"));
+    ds->masked_ = !masks.empty();
+    ds->documents_ = !docs.empty();
     name = paths.size() == 1 ? paths[0] : absl::StrCat(paths.size(), " files from ", paths[0]);
     if (format == DataFormat::kText && vocab_size < 256) {
       return absl::InvalidArgumentError(absl::StrCat(paths[0], ": text data needs vocab_size >= 256, got ", vocab_size));
@@ -120,20 +147,12 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(DataFormat form
         SL_RETURN_IF_ERROR(OpenLlmc(paths[i], vocab_size, file.get()));
       }
       if (ds->masked_) {
-        SL_ASSIGN_OR_RETURN(file->mask, MappedFile::Open(masks[i]));
-        SL_ASSIGN_OR_RETURN(TokenFileHeader header,
-                            ParseLossMaskHeader(HeadOf(*file->mask), file->mask->bytes(), masks[i]));
-        if (header.count != file->count) {
-          return absl::InvalidArgumentError(absl::StrCat(masks[i], ": mask of ", header.count, " entries for ",
-                                                         paths[i], " of ", file->count, " tokens"));
-        }
-        file->mask_bytes = reinterpret_cast<const uint8_t*>(file->mask->data() + kHeaderBytes);
-        for (int64_t k = 0; k < file->count; ++k) {
-          if (file->mask_bytes[k] > 1) {
-            return absl::InvalidArgumentError(absl::StrCat(masks[i], ": mask byte ", int{file->mask_bytes[k]},
-                                                           " at position ", k, " (expected 0 or 1)"));
-          }
-        }
+        SL_ASSIGN_OR_RETURN(file->mask_bytes,
+                            OpenFlags(masks[i], paths[i], file->count, ParseLossMaskHeader, "mask", &file->mask));
+      }
+      if (ds->documents_) {
+        SL_ASSIGN_OR_RETURN(file->doc_bytes, OpenFlags(docs[i], paths[i], file->count, ParseDocStartsHeader,
+                                                       "document starts", &file->docs));
       }
       ds->starts_.push_back(ds->num_tokens_);
       ds->num_tokens_ += file->count;
@@ -189,35 +208,51 @@ int64_t TokenDataset::TokenAt(int64_t pos) const {
 }
 
 bool TokenDataset::Counts(int64_t pos) const {
-  if (!masked_) return true;
+  if (!masked_ && !documents_) return true;
   int64_t offset;
   const File& f = FileAt(pos, &offset);
-  return f.mask_bytes[offset] != 0;
+  // A document's first token is no target of the one before it, which
+  // ended another document.
+  return (!masked_ || f.mask_bytes[offset] != 0) && (!documents_ || f.doc_bytes[offset] == 0);
+}
+
+bool TokenDataset::DocumentStarts(int64_t pos) const {
+  if (!documents_) return false;
+  int64_t offset;
+  const File& f = FileAt(pos, &offset);
+  return f.doc_bytes[offset] != 0;
 }
 
 int64_t TokenDataset::SequenceOf(int64_t step, int batch_size, int64_t j) const {
   return (step * batch_size + j) % num_sequences();
 }
 
-void TokenDataset::Batch(int64_t step, int batch_size, int j0, int count, at::Tensor* inputs,
-                         at::Tensor* targets) const {
+void TokenDataset::Batch(int64_t step, int batch_size, int j0, int count, at::Tensor* inputs, at::Tensor* targets,
+                         at::Tensor* positions) const {
   const int64_t T = block_size_;
   *inputs = at::empty({count, T}, at::kLong);
   *targets = at::empty({count, T}, at::kLong);
   int64_t* x = inputs->data_ptr<int64_t>();
   int64_t* y = targets->data_ptr<int64_t>();
+  int64_t* p = nullptr;
+  if (positions) {
+    *positions = documents_ ? at::empty({count, T}, at::kLong) : at::Tensor();
+    if (documents_) p = positions->data_ptr<int64_t>();
+  }
   for (int k = 0; k < count; ++k) {
     const int64_t i = SequenceOf(step, batch_size, j0 + k);
     for (int64_t t = 0; t < T; ++t) {
       x[k * T + t] = TokenAt(i * T + t);
       y[k * T + t] = Counts(i * T + t + 1) ? TokenAt(i * T + t + 1) : kIgnoreTarget;
+      // A sequence starts a document's positions afresh, like each document.
+      if (p) p[k * T + t] = (t == 0 || DocumentStarts(i * T + t)) ? 0 : p[k * T + t - 1] + 1;
     }
   }
 }
 
 int64_t TokenDataset::CountedTargets(int64_t step, int batch_size) const {
   const int64_t T = block_size_;
-  if (!masked_) return batch_size * T;
+  if (!masked_ && !documents_) return batch_size * T;
   int64_t n = 0;
   for (int64_t j = 0; j < batch_size; ++j) {
     const int64_t i = SequenceOf(step, batch_size, j);

@@ -22,10 +22,20 @@
 // kIgnoreTarget, which the cross-entropy skips; the loss is the mean over the
 // counted targets of the global batch (CountedTargets).
 //
+// Packed documents: one document-starts file per token file, a 256 x int32
+// header (magic 20241126, version 1, count equal to its token file's) then one
+// byte per token, 1 where a document begins. Attention and positions then
+// stay within a document (Batch's positions restart at 0 at each document's
+// first token, and at each sequence's), and the target that would cross into
+// the next document (its first token, predicted from the last of the one
+// before) is kIgnoreTarget: a packed sequence computes what each of its
+// documents computes alone, as TRL's packing with position ids does.
+//
 // Open() validates every file: a wrong magic or version, a truncated file, a
-// token >= vocab_size, a mask of the wrong length or with a byte other than
-// 0 or 1, or a stream shorter than one sequence is an error that names the
-// file. The object is immutable and safe to share across threads.
+// token >= vocab_size, a mask or document-starts file of the wrong length or
+// with a byte other than 0 or 1, or a stream shorter than one sequence is an
+// error that names the file. The object is immutable and safe to share across
+// threads.
 #pragma once
 
 #include <cstdint>
@@ -58,12 +68,15 @@ class TokenDataset {
   int64_t num_sequences() const { return (num_tokens_ - 1) / block_size_; }
 
   bool masked() const { return masked_; }
+  bool documents() const { return documents_; }
 
   // Inputs and targets [count, T] (int64) of sequences j in [j0, j0 + count)
   // of global step `step` with `batch_size` sequences per step; masked-out
-  // targets are kIgnoreTarget.
-  void Batch(int64_t step, int batch_size, int j0, int count, at::Tensor* inputs,
-             at::Tensor* targets) const;
+  // targets, and those that cross into another document, are kIgnoreTarget.
+  // `positions` (if given): each input's position in its document [count, T]
+  // (int64) where the stream has document starts, else left undefined.
+  void Batch(int64_t step, int batch_size, int j0, int count, at::Tensor* inputs, at::Tensor* targets,
+             at::Tensor* positions = nullptr) const;
   // The targets of global step `step` that count: batch_size * T without
   // masks.
   int64_t CountedTargets(int64_t step, int batch_size) const;
@@ -74,7 +87,8 @@ class TokenDataset {
   // Opens one llm.c token file and checks every token against the vocabulary.
   static absl::Status OpenLlmc(const std::string& path, int vocab_size, File* file);
   int64_t TokenAt(int64_t pos) const;
-  bool Counts(int64_t pos) const;  // the mask of token pos (as a target)
+  bool Counts(int64_t pos) const;  // token pos counts as a target (its mask; no document starts there)
+  bool DocumentStarts(int64_t pos) const;
   const File& FileAt(int64_t pos, int64_t* offset) const;
   // Sequence i of global step `step`.
   int64_t SequenceOf(int64_t step, int batch_size, int64_t j) const;
@@ -84,6 +98,7 @@ class TokenDataset {
   uint64_t seed_ = 0;
   int64_t num_tokens_ = 0;
   bool masked_ = false;
+  bool documents_ = false;
   std::vector<std::unique_ptr<File>> files_;
   std::vector<int64_t> starts_;  // first stream position of each file
 };

@@ -27,6 +27,7 @@ struct Engine::ForwardPass {
   Kind kind;
   at::Tensor targets;      // kTrain, kEvaluate: on the device
   double loss_scale = 0;   // kTrain, kEvaluate
+  Packing packing;         // kTrain, kEvaluate: documents packed in the sequences (none: undefined)
   bool train() const { return kind == kTrain; }
 };
 
@@ -209,8 +210,8 @@ at::Tensor Engine::UnitForward(int u, const at::Tensor& h, const ForwardPass& pa
 
 at::Tensor Engine::UnitOutput(int u, const at::Tensor& h, const ForwardPass& pass) const {
   const Weights& embed = units_[0].weights();
-  if (u == 0) return family_->Embed(h, embed);
-  if (u != model::HeadUnit(config_.model)) return family_->Block(h, units_[u].block_weights());
+  if (u == 0) return family_->Embed(h, embed, pass.packing);
+  if (u != model::HeadUnit(config_.model)) return family_->Block(h, units_[u].block_weights(), pass.packing);
   if (pass.kind == ForwardPass::kLogits) return family_->HeadLogits(h, units_[u].weights(), embed);
   return family_->HeadLoss(h, units_[u].weights(), embed, pass.targets, pass.loss_scale);
 }
@@ -224,7 +225,7 @@ absl::Status Engine::Backward(int u, at::Tensor* grad) {
   at::Tensor out = a.output;
   if (model::IsBlock(m, u) && config_.memory.activation_checkpointing) {
     a.leaf = a.input.detach().requires_grad_(true);
-    out = family_->Block(a.leaf, unit.block_weights());
+    out = family_->Block(a.leaf, unit.block_weights(), packing_);
   }
   if (grad->defined()) {
     out.backward(*grad);
@@ -269,11 +270,16 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
   return units_[model::HeadUnit(m)].Reshard();
 }
 
-absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, int micro, bool final_micro,
-                                     at::Tensor* loss) {
+Packing Engine::PackingOf(const at::Tensor& positions) const {
+  return positions.defined() ? Packing::FromPositions(device_->FromHost(positions)) : Packing();
+}
+
+absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, const Packing& packing, int micro,
+                                     bool final_micro, at::Tensor* loss) {
+  packing_ = packing;  // (a checkpointed block recomputes with it in backward)
   {
     // (`out` shares the head's output storage: gone before backward frees it.)
-    SL_ASSIGN_OR_RETURN(const at::Tensor out, ForwardUnits({ForwardPass::kTrain, y, loss_scale_}, x));
+    SL_ASSIGN_OR_RETURN(const at::Tensor out, ForwardUnits({ForwardPass::kTrain, y, loss_scale_, packing}, x));
     // Summed on the device; the host reads the loss once, at the step's end.
     *loss = *loss + out.to(at::kDouble);
   }
@@ -348,9 +354,11 @@ absl::StatusOr<at::Tensor> Engine::ForwardBackwardAll(int64_t step) {
   for (FlatParam* f : trainable_) f->ZeroGrad();
   at::Tensor loss = device_->Zeros(1, at::kDouble).squeeze();
   for (int mb = 0; mb < micro; ++mb) {
-    at::Tensor x, y;
-    data_->Batch(step, t.batch_size, rank_ * per_rank + mb * t.micro_batch_size, t.micro_batch_size, &x, &y);
-    SL_RETURN_IF_ERROR(ForwardBackward(device_->FromHost(x), device_->FromHost(y), mb, mb == micro - 1, &loss));
+    at::Tensor x, y, positions;
+    data_->Batch(step, t.batch_size, rank_ * per_rank + mb * t.micro_batch_size, t.micro_batch_size, &x, &y,
+                 &positions);
+    SL_RETURN_IF_ERROR(ForwardBackward(device_->FromHost(x), device_->FromHost(y), PackingOf(positions), mb,
+                                       mb == micro - 1, &loss));
   }
   SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/true));
   return loss;
@@ -436,9 +444,10 @@ absl::StatusOr<double> Engine::Evaluate() {
   at::Tensor loss = device_->Zeros(1, at::kDouble);
   for (int b = 0; b < t.eval_batches; ++b) {
     for (int mb = 0; mb < per_rank / t.micro_batch_size; ++mb) {
-      at::Tensor x, y;
-      val_->Batch(b, t.batch_size, rank_ * per_rank + mb * t.micro_batch_size, t.micro_batch_size, &x, &y);
-      const ForwardPass pass{ForwardPass::kEvaluate, device_->FromHost(y), scale};
+      at::Tensor x, y, positions;
+      val_->Batch(b, t.batch_size, rank_ * per_rank + mb * t.micro_batch_size, t.micro_batch_size, &x, &y,
+                  &positions);
+      const ForwardPass pass{ForwardPass::kEvaluate, device_->FromHost(y), scale, PackingOf(positions)};
       SL_ASSIGN_OR_RETURN(const at::Tensor out, ForwardUnits(pass, device_->FromHost(x)));
       loss.add_(out.to(at::kDouble));
     }
@@ -471,10 +480,11 @@ absl::Status Engine::PublishLoadedState() {
   return SyncHost();
 }
 
-absl::StatusOr<at::Tensor> Engine::Logits(const at::Tensor& inputs) {
+absl::StatusOr<at::Tensor> Engine::Logits(const at::Tensor& inputs, const at::Tensor& positions) {
   const Device::ComputeScope on_device(*device_);
   c10::NoGradGuard no_grad;
-  SL_ASSIGN_OR_RETURN(const at::Tensor logits, ForwardUnits({ForwardPass::kLogits}, device_->FromHost(inputs)));
+  const ForwardPass pass{ForwardPass::kLogits, at::Tensor(), 0, PackingOf(positions)};
+  SL_ASSIGN_OR_RETURN(const at::Tensor logits, ForwardUnits(pass, device_->FromHost(inputs)));
   SL_RETURN_IF_ERROR(SyncHost());
   return logits.to(at::kCPU);
 }

@@ -179,7 +179,8 @@ class Engine {
   // The logits [B, T, vocab] of `inputs` (token ids [B, T], on the host),
   // forward only through the same unit schedule as training, in the compute
   // dtype; returned on the host. Every rank of the shard group must call it.
-  absl::StatusOr<at::Tensor> Logits(const at::Tensor& inputs);
+  // `positions` (TokenDataset::Batch's, undefined: none): packed documents.
+  absl::StatusOr<at::Tensor> Logits(const at::Tensor& inputs, const at::Tensor& positions = {});
 
  private:
   struct ForwardPass;
@@ -190,7 +191,11 @@ class Engine {
   // Forward and backward of every micro-batch of `step` and the gradient
   // reduction; returns this rank's summed loss as a device scalar (fp64).
   absl::StatusOr<at::Tensor> ForwardBackwardAll(int64_t step);
-  absl::Status ForwardBackward(const at::Tensor& x, const at::Tensor& y, int micro, bool final_micro,
+  // The packing of a micro-batch from TokenDataset::Batch's positions
+  // (undefined: none), on the compute device.
+  Packing PackingOf(const at::Tensor& positions) const;
+  absl::Status ForwardBackward(const at::Tensor& x, const at::Tensor& y, const Packing& packing, int micro,
+                               bool final_micro,
                                at::Tensor* loss);
   // The one forward schedule: for each unit in order, unshard and wait,
   // prefetch the next, compute, reshard what no backward needs. Returns the
@@ -238,7 +243,8 @@ class Engine {
   std::unique_ptr<GradReduction> reduction_;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
-  double optimizer_seconds_ = 0;  // the last OptimizerStep's update (StepResult::optimizer_seconds)
+  double optimizer_seconds_ = 0;
+  Packing packing_;  // the micro-batch in backward's (ForwardBackward)  // the last OptimizerStep's update (StepResult::optimizer_seconds)
   int64_t init_peak_ = 0;
   int64_t tensor_peak_ = 0, reserved_peak_ = 0;
   double loss_scale_ = 0;

@@ -10,6 +10,14 @@
 
 namespace shardline {
 
+Packing Packing::FromPositions(const at::Tensor& positions) {
+  const int64_t T = positions.size(1);
+  const at::Tensor document = positions.eq(0).cumsum(1);  // [B, T]: which document of the sequence
+  const at::Tensor same = document.unsqueeze(2).eq(document.unsqueeze(1));  // [B, T (query), T (key)]
+  const at::Tensor causal = at::ones({T, T}, positions.options().dtype(at::kBool)).tril();
+  return {positions, same.logical_and(causal).unsqueeze(1)};
+}
+
 at::Tensor ModelFamily::HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const {
   return at::linear(HeadHidden(x, head), HeadWeight(head, embed));
 }

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,21 @@ struct BlockWeights {
   at::Tensor Linear(const at::Tensor& x, size_t i, const at::Tensor& bias = {}) const;
 };
 
+// Documents packed into the sequences of a batch (TokenDataset's document
+// starts): each token's position in its document, [B, T] int64 on the
+// compute device, and the attention it allows, [B, 1, T, T] bool (a query
+// attends the keys of its own document up to itself). Undefined members: one
+// document per sequence (positions 0..T-1, causal attention).
+struct Packing {
+  at::Tensor positions;
+  at::Tensor attn_mask;
+  bool packed() const { return positions.defined(); }
+  // For at::scaled_dot_product_attention: nullopt (not an undefined tensor) when unpacked.
+  std::optional<at::Tensor> mask() const { return packed() ? std::optional<at::Tensor>(attn_mask) : std::nullopt; }
+  // A document begins wherever a position is 0.
+  static Packing FromPositions(const at::Tensor& positions);
+};
+
 class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
@@ -53,8 +69,8 @@ class ModelFamily {
   // name) alone, never of world size or rank.
   virtual void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const = 0;
   // Hidden states [B, T, C] of token ids [B, T].
-  virtual at::Tensor Embed(const at::Tensor& idx, const Weights& embed) const = 0;
-  virtual at::Tensor Block(const at::Tensor& x, const BlockWeights& block) const = 0;
+  virtual at::Tensor Embed(const at::Tensor& idx, const Weights& embed, const Packing& packing) const = 0;
+  virtual at::Tensor Block(const at::Tensor& x, const BlockWeights& block, const Packing& packing) const = 0;
   // The head is HeadHidden (the final norm of the last hidden state) times
   // HeadWeight^T ([vocab, C]; `embed` is the embed unit's weights, which a
   // tied head multiplies with).

@@ -20,13 +20,12 @@ void GptFamily::InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor fl
   }
 }
 
-at::Tensor GptFamily::Embed(const at::Tensor& idx, const Weights& w) const {
-  const int64_t T = idx.size(1);
-  at::Tensor pos = at::arange(T, idx.options());
+at::Tensor GptFamily::Embed(const at::Tensor& idx, const Weights& w, const Packing& packing) const {
+  const at::Tensor pos = packing.packed() ? packing.positions : at::arange(idx.size(1), idx.options());
   return at::embedding(w[0], idx) + at::embedding(w[1], pos);
 }
 
-at::Tensor GptFamily::Block(const at::Tensor& x, const BlockWeights& w) const {
+at::Tensor GptFamily::Block(const at::Tensor& x, const BlockWeights& w, const Packing& packing) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int n_head = m_.n_head;
   const int64_t hs = C / n_head;
@@ -35,7 +34,7 @@ at::Tensor GptFamily::Block(const at::Tensor& x, const BlockWeights& w) const {
   auto parts = qkv.split(C, 2);
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head, hs}).transpose(1, 2); };
   at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                                  /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+                                                  packing.mask(), /*dropout_p=*/0.0, /*is_causal=*/!packing.packed());
   y = y.transpose(1, 2).contiguous().view({B, T, C});
   at::Tensor x1 = x + w.Linear(y, 4, w[5]);
   h = at::layer_norm(x1, {C}, w[6], w[7], 1e-5);

@@ -17,8 +17,8 @@ class GptFamily : public ModelFamily {
  public:
   explicit GptFamily(const ModelConfig& m) : m_(m) {}
   void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const override;
-  at::Tensor Embed(const at::Tensor& idx, const Weights& embed) const override;
-  at::Tensor Block(const at::Tensor& x, const BlockWeights& block) const override;
+  at::Tensor Embed(const at::Tensor& idx, const Weights& embed, const Packing& packing) const override;
+  at::Tensor Block(const at::Tensor& x, const BlockWeights& block, const Packing& packing) const override;
   at::Tensor HeadHidden(const at::Tensor& x, const Weights& head) const override;
   const at::Tensor& HeadWeight(const Weights& head, const Weights& embed) const override;
 

@@ -55,15 +55,25 @@ void LlamaFamily::InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor 
   }
 }
 
-at::Tensor LlamaFamily::Embed(const at::Tensor& idx, const Weights& w) const { return at::embedding(w[0], idx); }
+at::Tensor LlamaFamily::Embed(const at::Tensor& idx, const Weights& w, const Packing& /*packing*/) const {
+  return at::embedding(w[0], idx);
+}
 
-std::pair<at::Tensor, at::Tensor> LlamaFamily::Rotary(int64_t T, at::ScalarType dtype, at::Device device) const {
-  at::Tensor freqs = at::outer(at::arange(T, at::kFloat), inv_freq_);  // [T, D/2], fp32
+std::pair<at::Tensor, at::Tensor> LlamaFamily::Rotary(int64_t T, const Packing& packing, at::ScalarType dtype,
+                                                      at::Device device) const {
+  // transformers: position_ids times inv_freq in fp32, one product each.
+  at::Tensor freqs;
+  if (packing.packed()) {  // [B, 1, T, D/2], on the positions' device
+    const at::Tensor& p = packing.positions;
+    freqs = (p.to(at::kFloat).unsqueeze(-1) * inv_freq_.to(p.device())).unsqueeze(1);
+  } else {
+    freqs = at::outer(at::arange(T, at::kFloat), inv_freq_);  // [T, D/2]
+  }
   at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
 }
 
-at::Tensor LlamaFamily::Block(const at::Tensor& x, const BlockWeights& w) const {
+at::Tensor LlamaFamily::Block(const at::Tensor& x, const BlockWeights& w, const Packing& packing) const {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = m_.n_head, KV = m_.kv_heads(), D = m_.head_dim();
   const double eps = m_.rms_norm_eps;
@@ -101,14 +111,15 @@ at::Tensor LlamaFamily::Block(const at::Tensor& x, const BlockWeights& w) const 
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
-  const auto [cos, sin] = Rotary(T, x.scalar_type(), x.device());
+  const auto [cos, sin] = Rotary(T, packing, x.scalar_type(), x.device());
   q = q * cos + RotateHalf(q) * sin;
   k = k * cos + RotateHalf(k) * sin;
   if (KV != H) {  // transformers' repeat_kv: each key/value head serves H / KV consecutive query heads
     k = k.repeat_interleave(H / KV, 1);
     v = v.repeat_interleave(H / KV, 1);
   }
-  at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+  at::Tensor y = at::scaled_dot_product_attention(q, k, v, packing.mask(), /*dropout_p=*/0.0,
+                                                  /*is_causal=*/!packing.packed(),
                                                   /*scale=*/1.0 / std::sqrt(static_cast<double>(D)));
   y = y.transpose(1, 2).reshape({B, T, H * D});
   at::Tensor x1 = x + w.Linear(y, o_proj);

@@ -23,14 +23,15 @@ class LlamaFamily : public ModelFamily {
  public:
   explicit LlamaFamily(const ModelConfig& m);
   void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const override;
-  at::Tensor Embed(const at::Tensor& idx, const Weights& embed) const override;
-  at::Tensor Block(const at::Tensor& x, const BlockWeights& block) const override;
+  at::Tensor Embed(const at::Tensor& idx, const Weights& embed, const Packing& packing) const override;
+  at::Tensor Block(const at::Tensor& x, const BlockWeights& block, const Packing& packing) const override;
   at::Tensor HeadHidden(const at::Tensor& x, const Weights& head) const override;
   const at::Tensor& HeadWeight(const Weights& head, const Weights& embed) const override;
 
  private:
   // cos and sin [T, D] for positions 0..T-1, in `dtype` on `device`.
-  std::pair<at::Tensor, at::Tensor> Rotary(int64_t T, at::ScalarType dtype, at::Device device) const;
+  std::pair<at::Tensor, at::Tensor> Rotary(int64_t T, const Packing& packing, at::ScalarType dtype,
+                                           at::Device device) const;
 
   const ModelConfig m_;
   at::Tensor inv_freq_;  // fp32 [D/2], on the host
