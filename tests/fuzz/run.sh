@@ -18,7 +18,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(job_config safetensors manifest token_header hf_json)
+((${#targets[@]})) || targets=(job_config safetensors manifest token_header hf_json dcp_metadata)
 build="${SHARDLINE_FUZZ_BUILD:-$root/build/fuzz}"
 jobs="${SHARDLINE_FUZZ_JOBS:-1}"
 seed="${SHARDLINE_FUZZ_SEED:-1}"

@@ -1,0 +1,198 @@
+#include "common/checkpoint/dcp_metadata.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/quoted.h"
+#include "common/checkpoint/pickle_reader.h"
+
+namespace shardline {
+namespace {
+
+using Kind = PickleValue::Kind;
+constexpr char kMeta[] = "torch.distributed.checkpoint.metadata.";
+
+const char* const kDtypes[] = {"float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+                               "uint8", "bool"};
+
+std::set<std::string> AllowedGlobals() {
+  std::set<std::string> g;
+  for (const char* c : {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"}) {
+    g.insert(absl::StrCat(kMeta, c));
+  }
+  g.insert("torch.distributed.checkpoint.filesystem._StorageInfo");
+  g.insert("torch.Size");
+  g.insert("torch.serialization._get_layout");
+  g.insert("pathlib.PosixPath");  // StorageMeta.checkpoint_id
+  for (const char* d : kDtypes) g.insert(absl::StrCat("torch.", d));
+  return g;
+}
+
+// Reading one entry: `where` names it in errors.
+class Decoder {
+ public:
+  explicit Decoder(const std::string& source) : source_(source) {}
+
+  // d->Get(key), charged to a budget: entries may be shared through the memo,
+  // so a small file can ask for many lookups in one large dict.
+  const PickleValue* Field(const PickleValue* d, absl::string_view key) {
+    if (!d || !d->Is(Kind::kDict)) return nullptr;
+    spent_ += static_cast<int64_t>(d->entries.size()) + 1;
+    return spent_ <= kLookupBudget ? d->Get(key) : nullptr;
+  }
+  bool OverBudget() const { return spent_ > kLookupBudget; }
+
+  absl::Status Bad(const std::string& where, const std::string& what) const {
+    if (OverBudget()) {
+      return absl::InvalidArgumentError(absl::StrCat(source_, ": more than ", kLookupBudget,
+                                                     " dict entries looked at: not a checkpoint's metadata"));
+    }
+    // (`where` and `what` may hold names from the file: shown escaped.)
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": ", Shown(where, 300), ": ", Shown(what, 300)));
+  }
+
+  // A dataclass instance of `cls` (NEWOBJ, then BUILD with a dict): its state.
+  absl::StatusOr<const PickleValue*> State(const PickleValue* v, const std::string& cls, const std::string& where) {
+    if (!v || !v->IsObject(absl::StrCat(kMeta, cls)) || !v->state || !v->state->Is(Kind::kDict)) {
+      return Bad(where, absl::StrCat("not a ", cls));
+    }
+    return v->state;
+  }
+
+  // torch.Size((ints...)), or a plain tuple of ints.
+  absl::StatusOr<std::vector<int64_t>> Ints(const PickleValue* v, const std::string& where) {
+    if (v && v->IsObject("torch.Size") && v->items.size() == 1) v = v->items[0];
+    if (!v || !v->Is(Kind::kTuple)) return Bad(where, "not a torch.Size");
+    if (v->items.size() > 16) return Bad(where, "more than 16 dimensions");
+    std::vector<int64_t> out;
+    for (const PickleValue* e : v->items) {
+      if (!e->Is(Kind::kInt) || e->i < 0) return Bad(where, "not a size of non-negative integers");
+      out.push_back(e->i);
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::string> String(const PickleValue* v, const std::string& where) {
+    if (!v || !v->Is(Kind::kString)) return Bad(where, "not a string");
+    if (v->s.size() > 4096) return Bad(where, "a name longer than 4096 bytes");
+    return v->s;
+  }
+
+  absl::StatusOr<int64_t> Int(const PickleValue* v, const std::string& where) {
+    if (!v || !v->Is(Kind::kInt) || v->i < 0) return Bad(where, "not a non-negative integer");
+    return v->i;
+  }
+
+  absl::StatusOr<DcpTensorMeta> Tensor(const PickleValue* state, const std::string& fqn) {
+    DcpTensorMeta t;
+    // TensorProperties: BUILD with a tuple (dtype, layout, requires_grad, memory_format, pin_memory).
+    const PickleValue* props = Field(state, "properties");
+    if (!props || !props->IsObject(absl::StrCat(kMeta, "TensorProperties")) || !props->state ||
+        !props->state->Is(Kind::kTuple) || props->state->items.empty() ||
+        !props->state->items[0]->Is(Kind::kGlobal)) {
+      return Bad(fqn, "no TensorProperties with a dtype");
+    }
+    const std::string& dtype = props->state->items[0]->s;
+    if (dtype.rfind("torch.", 0) != 0) return Bad(fqn, absl::StrCat("dtype ", dtype, " is not torch's"));
+    t.dtype = dtype.substr(6);
+    auto size = Ints(Field(state, "size"), fqn + " size");
+    if (!size.ok()) return size.status();
+    t.size = *size;
+    const PickleValue* chunks = Field(state, "chunks");
+    if (!chunks || !chunks->Is(Kind::kList)) return Bad(fqn, "no list of chunks");
+    for (const PickleValue* c : chunks->items) {
+      auto cs = State(c, "ChunkStorageMetadata", fqn + " chunk");
+      if (!cs.ok()) return cs.status();
+      auto offsets = Ints(Field(*cs, "offsets"), fqn + " chunk offsets");
+      if (!offsets.ok()) return offsets.status();
+      auto sizes = Ints(Field(*cs, "sizes"), fqn + " chunk sizes");
+      if (!sizes.ok()) return sizes.status();
+      if (offsets->size() != t.size.size() || sizes->size() != t.size.size()) {
+        return Bad(fqn, "a chunk of another rank than its tensor");
+      }
+      for (size_t d = 0; d < t.size.size(); ++d) {
+        if ((*offsets)[d] > t.size[d] || (*sizes)[d] > t.size[d] - (*offsets)[d]) {
+          return Bad(fqn, absl::StrCat("a chunk outside the tensor in dimension ", d));
+        }
+      }
+      t.chunks.push_back({*offsets, *sizes});
+    }
+    return t;
+  }
+
+  absl::StatusOr<DcpStorage> Storage(const PickleValue* key, const PickleValue* value) {
+    auto index = State(key, "MetadataIndex", "storage_data key");
+    if (!index.ok()) return index.status();
+    DcpStorage s;
+    auto fqn = String(Field(*index, "fqn"), "storage_data key fqn");
+    if (!fqn.ok()) return fqn.status();
+    s.fqn = *fqn;
+    if (const PickleValue* o = Field(*index, "offset"); o && !o->Is(Kind::kNone)) {
+      auto offsets = Ints(o, s.fqn + " storage offset");
+      if (!offsets.ok()) return offsets.status();
+      s.chunk_offsets = *offsets;
+    }
+    if (!value || !value->IsObject("torch.distributed.checkpoint.filesystem._StorageInfo") || !value->state ||
+        !value->state->Is(Kind::kDict)) {
+      return Bad(s.fqn, "storage_data value is not a _StorageInfo");
+    }
+    auto path = String(Field(value->state, "relative_path"), s.fqn + " relative_path");
+    if (!path.ok()) return path.status();
+    if (path->empty() || path->find('/') != std::string::npos || *path == "." || *path == ".." ||
+        path->find('\0') != std::string::npos) {
+      return Bad(s.fqn, absl::StrCat("storage file ", *path, " is not a file name in the checkpoint directory"));
+    }
+    s.relative_path = *path;
+    auto offset = Int(Field(value->state, "offset"), s.fqn + " offset");
+    if (!offset.ok()) return offset.status();
+    auto length = Int(Field(value->state, "length"), s.fqn + " length");
+    if (!length.ok()) return length.status();
+    s.offset = *offset;
+    s.length = *length;
+    return s;
+  }
+
+ private:
+  static constexpr int64_t kLookupBudget = int64_t{1} << 26;
+  const std::string& source_;
+  int64_t spent_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<DcpMetadata> ParseDcpMetadata(absl::string_view data, const std::string& source) {
+  PickleReader reader(AllowedGlobals());
+  absl::StatusOr<const PickleValue*> root = reader.Read(data, source);
+  if (!root.ok()) return root.status();
+  Decoder dec(source);
+  auto top = dec.State(*root, "Metadata", "the root");
+  if (!top.ok()) return top.status();
+  DcpMetadata m;
+  const PickleValue* sdm = dec.Field(*top, "state_dict_metadata");
+  if (!sdm || !sdm->Is(Kind::kDict)) return dec.Bad("Metadata", "no state_dict_metadata");
+  for (const auto& [k, v] : sdm->entries) {
+    auto fqn = dec.String(k, "a state_dict_metadata key");
+    if (!fqn.ok()) return fqn.status();
+    if (v->IsObject(absl::StrCat(kMeta, "BytesStorageMetadata"))) {
+      m.values.push_back(*fqn);
+      continue;
+    }
+    auto state = dec.State(v, "TensorStorageMetadata", *fqn);
+    if (!state.ok()) return state.status();
+    auto t = dec.Tensor(*state, *fqn);
+    if (!t.ok()) return t.status();
+    if (!m.tensors.emplace(*fqn, *std::move(t)).second) return dec.Bad(*fqn, "listed twice");
+  }
+  const PickleValue* sd = dec.Field(*top, "storage_data");
+  if (!sd || !sd->Is(Kind::kDict)) return dec.Bad("Metadata", "no storage_data (not a FileSystemWriter checkpoint)");
+  for (const auto& [k, v] : sd->entries) {
+    auto s = dec.Storage(k, v);
+    if (!s.ok()) return s.status();
+    m.storage.push_back(*std::move(s));
+  }
+  if (const PickleValue* v = dec.Field(*top, "version"); v && v->Is(Kind::kString)) m.version = v->s;
+  return m;
+}
+
+}  // namespace shardline
