@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -33,6 +34,10 @@ WorkerMetrics::WorkerMetrics()
           "shardline_step_exposed_comm_seconds",
           "Per step, time the step thread waited on collectives (communication not hidden behind compute).",
           ExponentialBuckets(0.001, 2, 18))),
+      step_split_(registry_->AddGauge(
+          "shardline_step_time_split_seconds",
+          "Where the last step's time went, by part: compute, all_gather, reduce_scatter and all_reduce "
+          "(waits on collectives not hidden behind compute), optimizer; the parts sum to the step.")),
       tokens_(registry_->AddCounter("shardline_tokens_total", "Tokens this rank processed (its share of each batch).")),
       step_(registry_->AddGauge("shardline_step", "Steps this rank completed.")),
       loss_(registry_->AddGauge("shardline_loss", "Mean loss of the last step's global batch (NaN or Inf if not finite).")),
@@ -68,7 +73,7 @@ WorkerMetrics::WorkerMetrics()
       ckpt_bytes_(registry_->AddCounter("shardline_checkpoint_saved_bytes_total", "Checkpoint bytes this rank wrote.")),
       ckpt_failures_(registry_->AddCounter("shardline_checkpoint_failures_total",
                                           "Checkpoint saves of this rank that failed.")) {
-  job_families_ = {&step_seconds_,       &exposed_comm_seconds_, &tokens_,         &step_,
+  job_families_ = {&step_seconds_,       &exposed_comm_seconds_, &step_split_,     &tokens_,         &step_,
                    &loss_,               &val_loss_,             &nonfinite_loss_,       &lr_,             &epoch_,
                    &grad_norm_,
                    &mfu_,                &flops_per_token_,      &peak_flops_,     &collective_seconds_,
@@ -148,6 +153,20 @@ void WorkerMetrics::OnStep(const StepResult& r, const MemoryReport& m) {
   const auto l = JobLabels();
   step_seconds_.Add(l).Observe(r.seconds);
   exposed_comm_seconds_.Add(l).Observe(r.exposed_comm_seconds);
+  // (Differences of sums of the same waits: clamped at 0 against rounding.)
+  const double all_reduce =
+      std::max(0.0, r.exposed_comm_seconds - r.exposed_all_gather_seconds - r.exposed_reduce_scatter_seconds);
+  const std::pair<const char*, double> parts[] = {
+      {"compute", std::max(0.0, r.seconds - r.exposed_comm_seconds - r.optimizer_seconds)},
+      {"all_gather", r.exposed_all_gather_seconds},
+      {"reduce_scatter", r.exposed_reduce_scatter_seconds},
+      {"all_reduce", all_reduce},
+      {"optimizer", r.optimizer_seconds}};
+  for (const auto& [part, seconds] : parts) {
+    auto k = l;
+    k["part"] = part;
+    step_split_.Add(k).Set(seconds);
+  }
   const double my_tokens = static_cast<double>(r.tokens) / world_;
   tokens_.Add(l).Increment(my_tokens);
   step_.Add(l).Set(static_cast<double>(r.step + 1));

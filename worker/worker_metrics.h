@@ -55,6 +55,7 @@ class WorkerMetrics {
   std::unique_ptr<metrics::MetricsServer> server_;
   metrics::Family<metrics::Histogram>& step_seconds_;
   metrics::Family<metrics::Histogram>& exposed_comm_seconds_;
+  metrics::Family<metrics::Gauge>& step_split_;
   metrics::Family<metrics::Counter>& tokens_;
   metrics::Family<metrics::Gauge>& step_;
   metrics::Family<metrics::Gauge>& loss_;

@@ -253,6 +253,11 @@ def main():
     page = http_get(f"http://{pages['host-a']}/metrics")
     value = lambda name: float(re.search(rf"^{name}{{[^}}]*}} (\S+)$", page, re.M).group(1))
     steps, tokens = value("shardline_step"), value("shardline_tokens_total")
+    split = {m[1]: float(m[2]) for m in re.finditer(r'^shardline_step_time_split_seconds{[^}]*part="(\w+)"[^}]*} (\S+)$',
+                                                   page, re.M)}
+    c.check(sorted(split) == ["all_gather", "all_reduce", "compute", "optimizer", "reduce_scatter"]
+            and min(split.values()) >= 0 and split["compute"] > 0 and split["optimizer"] > 0,
+            "shardline_step_time_split_seconds: the last step by part (compute, waits by op, optimizer)", str(split))
     c.check(steps > 0 and tokens == steps * 12 * 16 / 2, "tokens_total = steps x batch tokens / world",
             f"{tokens:.0f} tokens over {steps:.0f} steps")
     L, H, E, V, T = 2, 4, 32, 64, 16  # cluster.JOB's model

@@ -28,7 +28,8 @@ build_start=$SECONDS
 echo "fuzz: built in $((SECONDS - build_start)) s; ${#targets[@]} targets x ${seconds} s, seed $seed"
 
 # Largest input per target: a little over its largest real file.
-declare -A max_len=([job_config]=4096 [safetensors]=4096 [manifest]=8192 [token_header]=2048 [hf_json]=4096)
+declare -A max_len=([job_config]=4096 [safetensors]=4096 [manifest]=8192 [token_header]=2048 [hf_json]=4096
+  [dcp_metadata]=8192)
 work="$(mktemp -d "${TMPDIR:-/tmp}/shardline-fuzz.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$build/logs"
