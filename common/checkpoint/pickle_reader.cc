@@ -175,24 +175,19 @@ absl::StatusOr<const PickleValue*> PickleReader::Read(absl::string_view data, co
         push(v);
         break;
       }
-      case 'X':  // BINUNICODE
-        if (absl::Status s = text(4, Kind::kString); !s.ok()) return s;
+      case 'X':     // BINUNICODE
+      case 0x8c:    // SHORT_BINUNICODE
+      case 0x8d:    // BINUNICODE8
+      case 'B':     // BINBYTES
+      case 'C':     // SHORT_BINBYTES
+      case 0x8e: {  // BINBYTES8: a length of 1, 4 or 8 bytes, then the text
+        const size_t width = op == 0x8c || op == 'C' ? 1 : op == 'X' || op == 'B' ? 4 : 8;
+        if (absl::Status s = text(width, op == 'X' || op == 0x8c || op == 0x8d ? Kind::kString : Kind::kBytes);
+            !s.ok()) {
+          return s;
+        }
         break;
-      case 0x8c:  // SHORT_BINUNICODE
-        if (absl::Status s = text(1, Kind::kString); !s.ok()) return s;
-        break;
-      case 0x8d:  // BINUNICODE8
-        if (absl::Status s = text(8, Kind::kString); !s.ok()) return s;
-        break;
-      case 'B':  // BINBYTES
-        if (absl::Status s = text(4, Kind::kBytes); !s.ok()) return s;
-        break;
-      case 'C':  // SHORT_BINBYTES
-        if (absl::Status s = text(1, Kind::kBytes); !s.ok()) return s;
-        break;
-      case 0x8e:  // BINBYTES8
-        if (absl::Status s = text(8, Kind::kBytes); !s.ok()) return s;
-        break;
+      }
       case ')':     // EMPTY_TUPLE
       case ']':     // EMPTY_LIST
       case '}': {   // EMPTY_DICT

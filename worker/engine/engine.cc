@@ -27,7 +27,7 @@ struct Engine::ForwardPass {
   Kind kind;
   at::Tensor targets;      // kTrain, kEvaluate: on the device
   double loss_scale = 0;   // kTrain, kEvaluate
-  Packing packing;         // kTrain, kEvaluate: documents packed in the sequences (none: undefined)
+  Packing packing;         // documents packed in the sequences (none: undefined)
   bool train() const { return kind == kTrain; }
 };
 
@@ -297,12 +297,16 @@ absl::StatusOr<at::Tensor> Engine::GradNormSquared() {
   // squares over the shard group is the global one.
   at::Tensor sq = device_->Zeros(1, at::kDouble);
   for (const FlatParam* f : trainable_) sq.add_(f->grad_shard().to(at::kDouble).square().sum());
-  if (comms_.shard->size() > 1) SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sq), comm::Op::kAllReduce));
+  if (comms_.shard->size() > 1) {
+    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sq), comm::Op::kAllReduce));
+  }
   return sq;
 }
 
 absl::Status Engine::SumOverWorld(at::Tensor t) {
-  if (comms_.shard->size() > 1) SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(t), comm::Op::kAllReduce));
+  if (comms_.shard->size() > 1) {
+    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(t), comm::Op::kAllReduce));
+  }
   if (comms_.replicate->size() > 1) {
     SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.replicate->AllReduce(t), comm::Op::kAllReduce));
   }

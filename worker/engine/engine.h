@@ -195,8 +195,7 @@ class Engine {
   // (undefined: none), on the compute device.
   Packing PackingOf(const at::Tensor& positions) const;
   absl::Status ForwardBackward(const at::Tensor& x, const at::Tensor& y, const Packing& packing, int micro,
-                               bool final_micro,
-                               at::Tensor* loss);
+                               bool final_micro, at::Tensor* loss);
   // The one forward schedule: for each unit in order, unshard and wait,
   // prefetch the next, compute, reshard what no backward needs. Returns the
   // head's output without its graph: the scaled loss sum, or the logits.
@@ -243,8 +242,8 @@ class Engine {
   std::unique_ptr<GradReduction> reduction_;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
-  double optimizer_seconds_ = 0;
-  Packing packing_;  // the micro-batch in backward's (ForwardBackward)  // the last OptimizerStep's update (StepResult::optimizer_seconds)
+  double optimizer_seconds_ = 0;  // the last OptimizerStep's update (StepResult::optimizer_seconds)
+  Packing packing_;               // the micro-batch's that backward recomputes with (ForwardBackward)
   int64_t init_peak_ = 0;
   int64_t tensor_peak_ = 0, reserved_peak_ = 0;
   double loss_scale_ = 0;
