@@ -1,7 +1,10 @@
 #include "common/job/job_wire.h"
 
-#include <nlohmann/json.hpp>
+#include <cmath>
 #include <stdexcept>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/quoted.h"
@@ -63,6 +66,32 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(JobConfig, name, workers, restart, model, dat
 
 std::string EncodeJobConfig(const JobConfig& c) { return nlohmann::json(c).dump(); }
 
+namespace {
+
+// nlohmann turns a float into an int field with static_cast, which is
+// undefined behaviour outside int's range (a fuzzer found 1.1e125). The check
+// after decoding cannot see that, so floats are bounded before: no double
+// field of JobConfig means anything past 2^31 (rope_theta is at most ~1e7,
+// and 2^31 seconds is 68 years). Walks with its own stack: the text may nest
+// deeper than the thread's stack would allow a recursion.
+absl::Status RefuseHugeFloats(const nlohmann::json& root) {
+  constexpr double kLimit = 2147483648.0;
+  std::vector<const nlohmann::json*> todo = {&root};
+  while (!todo.empty()) {
+    const nlohmann::json* j = todo.back();
+    todo.pop_back();
+    if (j->is_number_float() && !(std::abs(j->get<double>()) < kLimit)) {
+      return absl::InvalidArgumentError(absl::StrCat("number ", Shown(j->dump(), 64), " out of range"));
+    }
+    if (j->is_structured()) {
+      for (const auto& child : *j) todo.push_back(&child);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<JobConfig> DecodeJobConfig(absl::string_view text, const std::string& source) {
   if (text.size() > kMaxJobWireBytes) {
     return absl::InvalidArgumentError(
@@ -71,6 +100,9 @@ absl::StatusOr<JobConfig> DecodeJobConfig(absl::string_view text, const std::str
   try {
     const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end());
     if (!j.is_object()) throw std::invalid_argument("not a JSON object");
+    if (absl::Status s = RefuseHugeFloats(j); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": job spec: ", s.message()));
+    }
     JobConfig c = j.get<JobConfig>();
     // nlohmann converts numbers silently (2^40 or 1.5 into an int); what was
     // decoded, encoded again, must be what came, or the first field where

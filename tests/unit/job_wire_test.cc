@@ -143,6 +143,11 @@ TEST(JobWire, ADamagedSpecIsRefusedNamingTheField) {
   j["model"].erase("hf_dir");
   EXPECT_NE(refusal(j).find("hf_dir"), std::string::npos) << refusal(j);
   j = good;
+  // A float into an int field is converted by static_cast, undefined past
+  // int's range: refused before (a fuzzer found this one).
+  j["model"]["n_layer"] = 1.09951e+125;
+  EXPECT_EQ(refusal(j), "job-7: job spec: number 1.09951e+125 out of range");
+  j = good;
   j["model"]["family"] = 3;
   EXPECT_EQ(refusal(j).rfind("job-7: job spec: ", 0), 0u) << refusal(j);
   for (const char* text : {"", "{", "[]", "null", "\"x\""}) {
