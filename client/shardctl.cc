@@ -2,7 +2,7 @@
 //
 //   submit JOB.toml [--workers N] [--follow]   jobs   status JOB   watch JOB
 //   cancel JOB   delete JOB [--checkpoints]   workers   shards JOB
-//   resume JOB   ckpt save|list|export   plan   completion bash|zsh
+//   resume JOB   ckpt save|list|export|import   plan   completion bash|zsh
 //
 // The global flags may also follow the command (`shardctl status JOB --json`).
 // Errors are one line on stderr and a nonzero exit (2 for usage: a mistyped
@@ -30,6 +30,7 @@
 #include "client/command_line.h"
 #include "client/coordinator_client.h"
 #include "client/export_command.h"
+#include "client/import_command.h"
 #include "client/plan_command.h"
 #include "client/render.h"
 #include "client/tensorboard_events.h"
@@ -52,7 +53,10 @@ namespace {
 // The checks the coordinator will make, done before anything is sent.
 // With `local_check` false the file goes to the coordinator as it is (to
 // exercise the coordinator's own validation).
-absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int workers, bool local_check) {
+// `resume_from`, where given, is a committed step directory (of any job, or
+// one `ckpt import` wrote) that the new job starts from.
+absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int workers, bool local_check,
+                                                   const std::string& resume_from) {
   SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, "job file"));
   std::error_code ec;
   const std::string base = std::filesystem::absolute(std::filesystem::path(path), ec).parent_path().string();
@@ -61,11 +65,20 @@ absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int 
   req.set_workers(workers);
   req.set_source(path);
   req.set_base_dir(base);
+  if (!resume_from.empty()) {
+    // The coordinator (and the workers) resolve it from their own working
+    // directories: it travels absolute.
+    req.set_resume_from(std::filesystem::absolute(std::filesystem::path(resume_from), ec).lexically_normal().string());
+  }
   if (!local_check) return req;
   SL_ASSIGN_OR_RETURN(JobConfig cfg, ResolveJobSpec(text, path, base));
   const int w = workers > 0 ? workers : cfg.workers;
   SL_RETURN_IF_ERROR(ValidateJobConfig(cfg, w, path));
   SL_RETURN_IF_ERROR(CheckJobFiles(cfg, path));
+  if (!resume_from.empty()) {
+    SL_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(req.resume_from()));
+    SL_RETURN_IF_ERROR(CheckSameTraining(m, cfg, req.resume_from()));
+  }
   req.set_workers(w);
   return req;
 }
@@ -218,6 +231,7 @@ struct Args {
   bool follow = false, skip_local_check = false, history = false, delete_checkpoints = false, follow_logs = false;
   double save_timeout_s = 600;
   ExportFlags export_flags;
+  ImportFlags import_flags;
   PlanFlags plan;
 };
 
@@ -250,6 +264,8 @@ void AddJobCommands(CLI::App& app, Args& a) {
   // given value outside [1, 2^20] is refused rather than silently dropped.
   submit->add_option("--workers", a.workers, "number of workers (default: [job] workers)")
       ->check(CLI::Range(1, 1 << 20));
+  submit->add_option("--resume-from", a.from, "start from this committed step directory (another job's, or one "
+                                              "`ckpt import` wrote), at any world size");
   submit->add_flag("--follow", a.follow, "watch the job until it ends");
   submit->add_flag("--skip-local-check", a.skip_local_check,
                    "send without validating here (tests the coordinator's checks)");
@@ -293,6 +309,9 @@ CLI::App* AddCheckpointCommands(CLI::App& app, Args& a) {
   AddExportOptions(ckpt->add_subcommand("export", "write a checkpoint's model for other tools (no coordinator "
                                                    "needed)"),
                    &a.export_flags);
+  AddImportOptions(ckpt->add_subcommand("import", "turn a PyTorch DCP checkpoint (FSDP2, torchtitan) into a "
+                                                   "checkpoint a job resumes from (no coordinator needed)"),
+                   &a.import_flags);
   return ckpt;
 }
 
@@ -431,7 +450,7 @@ absl::Status Shards(const Client& c, const Args& a) {
 absl::Status RunRemote(const std::string& cmd, const Args& a) {
   std::optional<v1::SubmitJobRequest> req;
   if (cmd == "submit") {
-    SL_ASSIGN_OR_RETURN(req, PrepareSubmit(a.file, a.workers, !a.skip_local_check));
+    SL_ASSIGN_OR_RETURN(req, PrepareSubmit(a.file, a.workers, !a.skip_local_check, a.from));
   }
   SL_ASSIGN_OR_RETURN(Client c, Client::Connect(a.o));
   if (cmd == "submit") return Start(c, a, *req);
@@ -504,6 +523,8 @@ int main(int argc, char** argv) {
     s = RunPlan(a.plan, a.o.json);  // local arithmetic
   } else if (cmd == "ckpt export") {
     s = RunExport(a.export_flags, a.o.json);
+  } else if (cmd == "ckpt import") {
+    s = RunImport(a.import_flags, a.o.json);
   } else {
     s = RunRemote(cmd, a);
   }

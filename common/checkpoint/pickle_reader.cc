@@ -69,6 +69,9 @@ absl::StatusOr<const PickleValue*> PickleReader::Read(absl::string_view data, co
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": pickle at byte ", at, ": ", what));
   };
+  auto refused_opcode = [&](uint8_t op) {
+    return bad(absl::StrCat("opcode 0x", absl::Hex(op), " is not in the subset this reader runs"));
+  };
   auto push = [&](PickleValue* v) { stack.push_back(v); };
   auto make = [&](Kind k) -> PickleValue* { return arena_.size() < kMaxValues ? New(k) : nullptr; };
   // The values above the last MARK, which is closed.
@@ -283,8 +286,17 @@ absl::StatusOr<const PickleValue*> PickleReader::Read(absl::string_view data, co
         }
         stack.back()->state = b;
         break;
+      case 'Q': {  // BINPERSID: persistent_load(pid), where the caller allows it
+        if (!persistent_ids_) return refused_opcode(op);
+        if (!pop(&a)) return bad("BINPERSID of nothing");
+        PickleValue* v = make(Kind::kPersistentId);
+        if (!v) return bad("too many values");
+        v->items = {a};
+        push(v);
+        break;
+      }
       default:
-        return bad(absl::StrCat("opcode 0x", absl::Hex(op), " is not in the subset this reader runs"));
+        return refused_opcode(op);
     }
   }
 }

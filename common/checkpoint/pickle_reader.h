@@ -36,13 +36,14 @@
 namespace shardline {
 
 struct PickleValue {
-  enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTuple, kList, kDict, kGlobal, kObject };
+  enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTuple, kList, kDict, kGlobal, kObject, kPersistentId };
   Kind kind = Kind::kNone;
   bool b = false;
   int64_t i = 0;
   double f = 0;
   std::string s;  // kString (UTF-8), kBytes; kGlobal: "module.name"
-  // kTuple, kList: the elements; kObject: the arguments (REDUCE's tuple, NEWOBJ's).
+  // kTuple, kList: the elements; kObject: the arguments (REDUCE's tuple,
+  // NEWOBJ's); kPersistentId: the one id the pickle gave (BINPERSID).
   std::vector<const PickleValue*> items;
   std::vector<std::pair<const PickleValue*, const PickleValue*>> entries;  // kDict, in order
   const PickleValue* cls = nullptr;    // kObject: its class (a kGlobal)
@@ -59,8 +60,11 @@ class PickleReader {
  public:
   static constexpr int64_t kMaxValues = int64_t{1} << 22;
 
-  // `allowed`: the globals ("module.name") the pickle may name.
-  explicit PickleReader(std::set<std::string> allowed) : allowed_(std::move(allowed)) {}
+  // `allowed`: the globals ("module.name") the pickle may name. With
+  // `persistent_ids`, BINPERSID is read as a kPersistentId holding its id
+  // (torch.save names its tensors' storages so); without, it is refused.
+  explicit PickleReader(std::set<std::string> allowed, bool persistent_ids = false)
+      : allowed_(std::move(allowed)), persistent_ids_(persistent_ids) {}
   PickleReader(const PickleReader&) = delete;
   PickleReader& operator=(const PickleReader&) = delete;
 
@@ -70,6 +74,7 @@ class PickleReader {
  private:
   PickleValue* New(PickleValue::Kind kind);
   std::set<std::string> allowed_;
+  bool persistent_ids_ = false;
   std::vector<std::unique_ptr<PickleValue>> arena_;
 };
 

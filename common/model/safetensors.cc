@@ -40,27 +40,6 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
 
-float Bf16BitsToFloat(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-float F16BitsToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  float f;
-  if (exp == 0) {  // zero or subnormal: mant * 2^-24
-    f = std::ldexp(static_cast<float>(mant), -24);
-    if (sign) f = -f;
-    return f;
-  }
-  const uint32_t u = sign | (exp == 31 ? (0xffu << 23) | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // A shape or offset of tensor `name`: a JSON integer within int64 (a
 // fraction, or a float such as 1e30, is an error, not a rounded or undefined
 // conversion).
@@ -95,6 +74,27 @@ absl::Status CheckEntry(const std::string& path, const std::string& name, const 
 }
 
 }  // namespace
+
+float Bf16BitsToFloat(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float F16BitsToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float f;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24
+    f = std::ldexp(static_cast<float>(mant), -24);
+    if (sign) f = -f;
+    return f;
+  }
+  const uint32_t u = sign | (exp == 31 ? (0xffu << 23) | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 uint16_t FloatToBf16Bits(float f) {
   uint32_t u;

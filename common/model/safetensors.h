@@ -145,5 +145,8 @@ int SafetensorsElementBytes(const std::string& dtype);
 
 // fp32 -> bf16 bits, rounding to nearest even (NaN stays NaN), as torch casts.
 uint16_t FloatToBf16Bits(float f);
+// bf16 and IEEE half bits -> fp32, exactly.
+float Bf16BitsToFloat(uint16_t b);
+float F16BitsToFloat(uint16_t h);
 
 }  // namespace shardline

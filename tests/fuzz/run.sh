@@ -18,7 +18,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(job_config safetensors manifest token_header hf_json dcp_metadata)
+((${#targets[@]})) || targets=(job_config safetensors manifest token_header hf_json dcp_metadata torch_saved_tensor)
 build="${SHARDLINE_FUZZ_BUILD:-$root/build/fuzz}"
 jobs="${SHARDLINE_FUZZ_JOBS:-1}"
 seed="${SHARDLINE_FUZZ_SEED:-1}"
@@ -29,7 +29,7 @@ echo "fuzz: built in $((SECONDS - build_start)) s; ${#targets[@]} targets x ${se
 
 # Largest input per target: a little over its largest real file.
 declare -A max_len=([job_config]=4096 [safetensors]=4096 [manifest]=8192 [token_header]=2048 [hf_json]=4096
-  [dcp_metadata]=8192)
+  [dcp_metadata]=8192 [torch_saved_tensor]=4096)
 work="$(mktemp -d "${TMPDIR:-/tmp}/shardline-fuzz.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$build/logs"

@@ -1,0 +1,285 @@
+#include "common/checkpoint/torch_saved_tensor.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/quoted.h"
+#include "common/base/status_macros.h"
+#include "common/checkpoint/pickle_reader.h"
+#include "common/model/safetensors.h"
+
+namespace shardline {
+namespace {
+
+// What data.pkl and the directory may be: a tensor's pickle is ~200 bytes,
+// torch.save's archive has 7 entries.
+constexpr int64_t kMaxPickleBytes = int64_t{1} << 20;
+constexpr int64_t kMaxDirectoryBytes = int64_t{1} << 20;
+constexpr uint32_t kUnset32 = 0xffffffffu;
+
+uint64_t Le(const char* p, int n) {
+  uint64_t v = 0;
+  for (int k = 0; k < n; ++k) v |= uint64_t{static_cast<uint8_t>(p[k])} << (8 * k);
+  return v;
+}
+
+// Reads exactly `n` bytes at `at` of the file.
+absl::Status PreadExact(int fd, const std::string& path, int64_t at, int64_t n, char* dst) {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, dst, static_cast<size_t>(std::min<int64_t>(n, int64_t{1} << 26)), at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return absl::DataLossError(absl::StrCat(path, ": read at byte ", at, ": ", std::strerror(errno)));
+    if (got == 0) return absl::DataLossError(absl::StrCat(path, ": short file: no byte ", at));
+    dst += got;
+    at += got;
+    n -= got;
+  }
+  return absl::OkStatus();
+}
+
+struct ZipEntry {
+  int64_t local_offset = 0, size = 0;  // within the archive
+};
+
+// The archive at [base, base + length) of a file: its entries by name.
+class StoredZip {
+ public:
+  StoredZip(int fd, std::string path, int64_t base, int64_t length)
+      : fd_(fd), path_(std::move(path)), base_(base), length_(length) {}
+
+  absl::Status ReadDirectory() {
+    // The end record: 22 bytes and a comment of at most 64 KiB.
+    const int64_t tail_n = std::min<int64_t>(length_, 22 + 65535);
+    std::string tail(static_cast<size_t>(tail_n), '\0');
+    SL_RETURN_IF_ERROR(Pread(length_ - tail_n, tail_n, tail.data()));
+    int64_t eocd = -1;
+    for (int64_t i = tail_n - 22; i >= 0; --i) {
+      if (Le(tail.data() + i, 4) == 0x06054b50) {
+        eocd = i;
+        break;
+      }
+    }
+    if (eocd < 0) return Bad("no zip end record (not an archive torch.save wrote)");
+    const char* e = tail.data() + eocd;
+    uint64_t entries = Le(e + 10, 2), dir_size = Le(e + 12, 4), dir_offset = Le(e + 16, 4);
+    if (entries == 0xffff || dir_size == kUnset32 || dir_offset == kUnset32) {
+      // Zip64: the locator just before the end record names the zip64 end record.
+      if (eocd < 20 || Le(e - 20, 4) != 0x07064b50) return Bad("zip64 end record without its locator");
+      const int64_t at = static_cast<int64_t>(Le(e - 20 + 8, 8));
+      char r[56];
+      if (at < 0 || at > length_ - 56) return Bad("zip64 end record outside the archive");
+      SL_RETURN_IF_ERROR(Pread(at, 56, r));
+      if (Le(r, 4) != 0x06064b50) return Bad("bad zip64 end record");
+      entries = Le(r + 32, 8);
+      dir_size = Le(r + 40, 8);
+      dir_offset = Le(r + 48, 8);
+    }
+    if (dir_size > static_cast<uint64_t>(std::min(kMaxDirectoryBytes, length_)) ||
+        dir_offset > static_cast<uint64_t>(length_) - dir_size || entries > dir_size / 46) {
+      return Bad("zip directory outside the archive or too large");
+    }
+    std::string dir(static_cast<size_t>(dir_size), '\0');
+    SL_RETURN_IF_ERROR(Pread(static_cast<int64_t>(dir_offset), static_cast<int64_t>(dir_size), dir.data()));
+    size_t p = 0;
+    for (uint64_t k = 0; k < entries; ++k) SL_RETURN_IF_ERROR(ReadEntry(dir, &p));
+    return absl::OkStatus();
+  }
+
+  // The data of entry `name`: its offset in the file and its size.
+  absl::StatusOr<ZipEntry> Data(const std::string& name) {
+    auto it = entries_.find(name);
+    if (it == entries_.end()) return Bad(absl::StrCat("no entry ", Shown(name, 128)));
+    char h[30];
+    // (Names come from the file: shown escaped.)
+    if (it->second.local_offset > length_ - 30) {
+      return Bad(absl::StrCat("entry ", Shown(name, 128), " outside the archive"));
+    }
+    SL_RETURN_IF_ERROR(Pread(it->second.local_offset, 30, h));
+    if (Le(h, 4) != 0x04034b50) return Bad(absl::StrCat("entry ", Shown(name, 128), ": bad local header"));
+    const int64_t start = it->second.local_offset + 30 + static_cast<int64_t>(Le(h + 26, 2) + Le(h + 28, 2));
+    if (start > length_ || it->second.size > length_ - start) {
+      return Bad(absl::StrCat("entry ", Shown(name, 128), " runs past the archive"));
+    }
+    return ZipEntry{base_ + start, it->second.size};
+  }
+
+  const std::map<std::string, ZipEntry>& entries() const { return entries_; }
+
+  absl::Status Bad(const std::string& what) const {
+    return absl::DataLossError(absl::StrCat(path_, " bytes [", base_, ", ", base_ + length_, "): ", what));
+  }
+
+ private:
+  absl::Status Pread(int64_t at, int64_t n, char* dst) const { return PreadExact(fd_, path_, base_ + at, n, dst); }
+
+  absl::Status ReadEntry(const std::string& dir, size_t* p) {
+    if (dir.size() - *p < 46 || Le(dir.data() + *p, 4) != 0x02014b50) return Bad("bad zip directory entry");
+    const char* c = dir.data() + *p;
+    const uint64_t method = Le(c + 10, 2), name_n = Le(c + 28, 2), extra_n = Le(c + 30, 2), comment_n = Le(c + 32, 2);
+    uint64_t csize = Le(c + 20, 4), usize = Le(c + 24, 4), local = Le(c + 42, 4);
+    if (dir.size() - *p - 46 < name_n + extra_n + comment_n) return Bad("bad zip directory entry");
+    const std::string name(c + 46, name_n);
+    // Zip64's extra field holds, in this order, each of the three that is unset above.
+    for (const char* x = c + 46 + name_n; x + 4 <= c + 46 + name_n + extra_n;) {
+      const uint64_t id = Le(x, 2), n = Le(x + 2, 2);
+      const char* v = x + 4;
+      const char* end = std::min(v + n, c + 46 + name_n + extra_n);
+      if (id == 1) {
+        for (uint64_t* f : {&usize, &csize, &local}) {
+          if (*f != kUnset32) continue;
+          if (v + 8 > end) return Bad(absl::StrCat("entry ", Shown(name, 128), ": short zip64 field"));
+          *f = Le(v, 8);
+          v += 8;
+        }
+      }
+      x += 4 + n;
+    }
+    if (method != 0 || csize != usize) return Bad(absl::StrCat("entry ", Shown(name, 128), " is compressed"));
+    if (local > static_cast<uint64_t>(length_) || usize > static_cast<uint64_t>(length_)) {
+      return Bad(absl::StrCat("entry ", Shown(name, 128), " outside the archive"));
+    }
+    entries_[name] = ZipEntry{static_cast<int64_t>(local), static_cast<int64_t>(usize)};
+    *p += 46 + name_n + extra_n + comment_n;
+    return absl::OkStatus();
+  }
+
+  int fd_;
+  std::string path_;
+  int64_t base_, length_;
+  std::map<std::string, ZipEntry> entries_;
+};
+
+// The storage classes torch.save names, by the dtype they hold.
+struct StorageType {
+  const char* global;
+  const char* dtype;
+  int bytes;
+};
+constexpr StorageType kStorageTypes[] = {{"torch.FloatStorage", "float32", 4},
+                                         {"torch.BFloat16Storage", "bfloat16", 2},
+                                         {"torch.HalfStorage", "float16", 2},
+                                         {"torch.DoubleStorage", "float64", 8}};
+
+// A tuple of non-negative ints (a size or a stride).
+bool IntTuple(const PickleValue* v, std::vector<int64_t>* out) {
+  if (!v || !v->Is(PickleValue::Kind::kTuple)) return false;
+  out->clear();
+  for (const PickleValue* x : v->items) {
+    if (!x->Is(PickleValue::Kind::kInt) || x->i < 0) return false;
+    out->push_back(x->i);
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<TorchSavedTensor> ReadTorchSavedTensor(int fd, const std::string& path, int64_t offset,
+                                                      int64_t length) {
+  if (offset < 0 || length < 22) {
+    return absl::DataLossError(absl::StrCat(path, ": chunk at byte ", offset, " of ", length, " bytes: not an archive"));
+  }
+  StoredZip zip(fd, path, offset, length);
+  SL_RETURN_IF_ERROR(zip.ReadDirectory());
+  std::string top;
+  for (const auto& [name, e] : zip.entries()) {
+    if (absl::EndsWith(name, "/data.pkl")) top = name.substr(0, name.size() - 9);
+  }
+  if (top.empty()) return zip.Bad("no data.pkl");
+  SL_ASSIGN_OR_RETURN(ZipEntry pkl, zip.Data(top + "/data.pkl"));
+  if (pkl.size > kMaxPickleBytes) return zip.Bad("data.pkl too large for a tensor");
+  std::string pickle(static_cast<size_t>(pkl.size), '\0');
+  SL_RETURN_IF_ERROR(PreadExact(fd, path, pkl.local_offset, pkl.size, pickle.data()));
+  if (zip.entries().count(top + "/byteorder")) {
+    SL_ASSIGN_OR_RETURN(ZipEntry order, zip.Data(top + "/byteorder"));
+    char text[8] = {};
+    if (order.size > 6) return zip.Bad("byteorder is neither little nor big");
+    SL_RETURN_IF_ERROR(PreadExact(fd, path, order.local_offset, order.size, text));
+    if (std::string(text) != "little") return zip.Bad(absl::StrCat("byte order ", Shown(text, 8), " (only little)"));
+  }
+
+  std::set<std::string> allowed = {"torch._utils._rebuild_tensor_v2", "collections.OrderedDict"};
+  for (const StorageType& s : kStorageTypes) allowed.insert(s.global);
+  PickleReader reader(std::move(allowed), /*persistent_ids=*/true);
+  SL_ASSIGN_OR_RETURN(const PickleValue* v, reader.Read(pickle, absl::StrCat(path, " bytes [", offset, ", ",
+                                                                            offset + length, ") data.pkl")));
+  using Kind = PickleValue::Kind;
+  if (!v->IsObject("torch._utils._rebuild_tensor_v2") || v->items.size() < 4) {
+    return zip.Bad("data.pkl is not one tensor (torch._utils._rebuild_tensor_v2)");
+  }
+  const PickleValue* pid = v->items[0];
+  const PickleValue* id = pid->Is(Kind::kPersistentId) ? pid->items[0] : nullptr;
+  // ('storage', <StorageType>, key, location, numel)
+  if (!id || !id->Is(Kind::kTuple) || id->items.size() != 5 || !id->items[0]->Is(Kind::kString) ||
+      id->items[0]->s != "storage" || !id->items[1]->Is(Kind::kGlobal) || !id->items[2]->Is(Kind::kString) ||
+      !id->items[4]->Is(Kind::kInt) || id->items[4]->i < 0) {
+    return zip.Bad("data.pkl: the storage is not ('storage', type, key, location, numel)");
+  }
+  TorchSavedTensor t;
+  for (const StorageType& s : kStorageTypes) {
+    if (id->items[1]->s == s.global) {
+      t.dtype = s.dtype;
+      t.element_bytes = s.bytes;
+    }
+  }
+  std::vector<int64_t> stride;
+  if (!v->items[1]->Is(Kind::kInt) || v->items[1]->i < 0 || !IntTuple(v->items[2], &t.shape) ||
+      !IntTuple(v->items[3], &stride) || stride.size() != t.shape.size()) {
+    return zip.Bad("data.pkl: storage offset, size or stride malformed");
+  }
+  // Row-major contiguous: each stride is the product of the sizes after it
+  // (a dimension of size 1 may have any stride).
+  int64_t expect = 1;
+  for (size_t d = t.shape.size(); d-- > 0;) {
+    if (t.shape[d] != 1 && stride[d] != expect) return zip.Bad("a tensor that is not row-major contiguous");
+    if (t.shape[d] != 0 && expect > (int64_t{1} << 50) / t.shape[d]) return zip.Bad("a tensor too large");
+    expect *= t.shape[d];
+  }
+  t.numel = expect;
+  const int64_t storage_offset = v->items[1]->i, storage_numel = id->items[4]->i;
+  SL_ASSIGN_OR_RETURN(ZipEntry data, zip.Data(absl::StrCat(top, "/data/", id->items[2]->s)));
+  if (storage_numel > data.size / t.element_bytes || storage_offset > storage_numel ||
+      t.numel > storage_numel - storage_offset) {
+    return zip.Bad(absl::StrCat("storage of ", data.size, " bytes too short for ", t.numel, " elements at ",
+                                storage_offset));
+  }
+  t.data_offset = data.local_offset + storage_offset * t.element_bytes;
+  return t;
+}
+
+absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSavedTensor& t, int64_t first,
+                                  int64_t count, float* dst) {
+  if (first < 0 || count < 0 || first > t.numel - count) {
+    return absl::OutOfRangeError(absl::StrCat(path, ": elements [", first, ", ", first + count, ") of a tensor of ",
+                                              t.numel));
+  }
+  constexpr int64_t kPiece = int64_t{1} << 20;  // elements per read
+  std::vector<char> raw(static_cast<size_t>(std::min(count, kPiece) * t.element_bytes));
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min(kPiece, count - done);
+    SL_RETURN_IF_ERROR(
+        PreadExact(fd, path, t.data_offset + (first + done) * t.element_bytes, n * t.element_bytes, raw.data()));
+    for (int64_t i = 0; i < n; ++i) {
+      const char* p = raw.data() + i * t.element_bytes;
+      if (t.element_bytes == 4) {
+        std::memcpy(&dst[done + i], p, 4);
+      } else if (t.element_bytes == 8) {
+        double d;
+        std::memcpy(&d, p, 8);
+        dst[done + i] = static_cast<float>(d);
+      } else {
+        const auto bits = static_cast<uint16_t>(Le(p, 2));
+        dst[done + i] = t.dtype == "bfloat16" ? Bf16BitsToFloat(bits) : F16BitsToFloat(bits);
+      }
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardline

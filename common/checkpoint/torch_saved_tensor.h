@@ -1,0 +1,48 @@
+// One tensor as torch.save writes it, found at a byte range of a file: how
+// DCP's FileSystemWriter stores each chunk of a `.distcp` file (and each
+// checkpoint_id's `storage_data` entry says where). The range is a zip
+// archive (stored, never compressed) of `<top>/data.pkl`, the pickled call
+// torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride,
+// requires_grad, hooks), and `<top>/data/<key>`, the storage's raw bytes.
+//
+// ReadTorchSavedTensor reads only the archive's directory and its data.pkl
+// (PickleReader, allowed: _rebuild_tensor_v2, the float storages,
+// OrderedDict); ReadTorchSavedFloats then reads any element range of the
+// tensor's data by pread, never the whole chunk. Zip64 records are followed.
+//
+// Errors: anything that is not such an archive lying wholly inside the range
+// (a bad signature, an entry outside the range, compression, a pickle of
+// another shape, a storage too short for the tensor, strides that are not
+// row-major contiguous, big-endian data, a dtype other than float32,
+// bfloat16, float16 or float64) is DataLoss naming `path` and the range;
+// a short file is DataLoss naming `path`.
+//
+// Threads: both functions only pread `fd`; they may run on several threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace shardline {
+
+struct TorchSavedTensor {
+  std::string dtype;  // torch's name: "float32", "bfloat16", "float16", "float64"
+  int element_bytes = 4;
+  std::vector<int64_t> shape;  // empty for a scalar
+  int64_t numel = 1;
+  int64_t data_offset = 0;  // in the file: the bytes of element 0
+};
+
+// The tensor torch.save wrote at [offset, offset + length) of the open file
+// `fd` (`path` names it in errors).
+absl::StatusOr<TorchSavedTensor> ReadTorchSavedTensor(int fd, const std::string& path, int64_t offset,
+                                                      int64_t length);
+
+// Elements [first, first + count) of `t` (row-major) into dst, as fp32.
+absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSavedTensor& t, int64_t first,
+                                  int64_t count, float* dst);
+
+}  // namespace shardline

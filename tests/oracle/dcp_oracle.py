@@ -1,0 +1,188 @@
+"""Oracle: a PyTorch Distributed Checkpoint (DCP) of FSDP2 continues in
+Shardline (`shardctl ckpt import`, issue 28).
+
+1. PyTorch FSDP2 (Gloo, CPU, two processes: fsdp2_dcp.py) trains the tiny
+   llama3 of harness.LLAMA_MODELS (transformers' LlamaForCausalLM) for 10
+   steps on the engine's batches, saving {"model", "optim"} of get_state_dict
+   with dcp.save after step 5.
+2. `shardctl ckpt import` turns that DCP directory into a Shardline
+   checkpoint; its weights, exported with `ckpt export --format hf`, are
+   FSDP2's at step 5 bitwise (a copy of fp32 values).
+3. shardline-train resumes it at N=3 under full_shard for steps 5..9: its
+   parameters and losses equal FSDP2's own continuation at N=2. The two runs
+   differ only in summation order (2 ranks against 3, another reduction tree),
+   so the bound is harness.reorder_param_tol over the 5 steps run apart; the
+   losses, computed from parameters that close, agree to 1e-5 relative (as in
+   llama_oracle.py).
+   The same through the service: `shardctl submit --resume-from` on a
+   coordinator with three workers, whose step history holds those losses.
+4. The same checkpoint in torchtitan's names and interleaved RoPE rows
+   (fsdp2_dcp.py titan, one process: whole tensors, one chunk each) imports to
+   the same shard file, byte for byte: weights and both moments.
+5. Bad input is refused in one line naming the file or tensor, and nothing is
+   committed: a .metadata that names a foreign global, a missing and a
+   truncated .distcp, a job whose shapes disagree, a checkpoint of a deeper
+   model (a tensor the job lacks), and an int32 tensor.
+"""
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+from safetensors.torch import load_file
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
+import harness  # noqa: E402
+from cluster import Cluster  # noqa: E402
+from llama_oracle import llama_config  # noqa: E402
+
+NAME, STEPS, SAVE, WORLD_FSDP, WORLD_SL = "llama3", 10, 5, 2, 3
+SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
+PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsdp2_dcp.py")
+
+
+def fsdp2_train(cfg, dump, out, dcp_dir):
+    job = os.path.join(out, "job.json")
+    with open(job, "w") as f:
+        json.dump({**cfg, "oracle_model": NAME}, f)
+    port = harness.free_port()
+    procs = [subprocess.Popen([sys.executable, PEER, "train", str(r), str(WORLD_FSDP), str(port), job, dump, out,
+                               str(STEPS), str(SAVE), dcp_dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(WORLD_FSDP)]
+    harness.wait_ranks(procs, 300, what="FSDP2")
+    with open(os.path.join(out, "losses.json")) as f:
+        return json.load(f)
+
+
+def shardctl(*args):
+    return subprocess.run([SHARDCTL, *args], capture_output=True, text=True, timeout=120)
+
+
+def imported(dcp_dir, job, root):
+    r = shardctl("--json", "ckpt", "import", dcp_dir, "--job", job, "--out", root)
+    if r.returncode != 0:
+        raise harness.RunError(f"ckpt import {dcp_dir}: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def exported_weights(step_dir, scratch, name):
+    out = os.path.join(scratch, name)
+    r = shardctl("ckpt", "export", step_dir, "--format", "hf", "--out", out)
+    if r.returncode != 0:
+        raise harness.RunError(f"ckpt export {step_dir}: {r.stderr.strip()}")
+    return load_file(os.path.join(out, "model.safetensors"))
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def check_refused(checks, label, dcp_dir, job, scratch, expected):
+    root = os.path.join(scratch, "refused-" + label.replace(" ", "-"))
+    r = shardctl("ckpt", "import", dcp_dir, "--job", job, "--out", root)
+    err = r.stderr.strip()
+    committed = os.path.isdir(root) and any(os.path.exists(os.path.join(root, d, "manifest.json"))
+                                            for d in os.listdir(root))
+    checks.check(r.returncode != 0 and err.count("\n") == 0 and all(e in err for e in expected) and not committed,
+                 f"refused: {label}", err)
+
+
+def main():
+    checks = harness.Checks()
+    scratch = harness.scratch_dir("shardline-dcp-")
+    cfg = llama_config(NAME, "full_shard", WORLD_SL)
+    cfg["train"]["steps"] = STEPS
+    job = os.path.join(scratch, "job.toml")
+    harness.write_toml(cfg, job)
+    dump = os.path.join(scratch, "dump.safetensors")
+    subprocess.run([harness.TRAIN, "--config", job, "--dump-grads", dump], check=True, timeout=120)
+
+    dcp_dir = os.path.join(scratch, "fsdp2-dcp")
+    fsdp_losses = fsdp2_train(cfg, dump, scratch, dcp_dir)
+    fsdp_at_save = load_file(os.path.join(scratch, f"params-{SAVE}.safetensors"))
+    fsdp_final = load_file(os.path.join(scratch, "params.safetensors"))
+
+    report = imported(dcp_dir, job, os.path.join(scratch, "imported"))
+    step_dir = report["step_dir"]
+    checks.check(report["step"] == SAVE and report["names"] == "engine",
+                 "import finds AdamW's step and transformers' names", json.dumps(report))
+    weights = exported_weights(step_dir, scratch, "export")
+    same = sorted(weights) == sorted(fsdp_at_save) and all((weights[k] == fsdp_at_save[k]).all() for k in weights)
+    checks.check(same, f"imported weights are FSDP2's at step {SAVE}, bitwise", f"{len(weights)} tensors")
+
+    run_out, ranks = harness.run(cfg, WORLD_SL, extra_args=["--resume", step_dir])
+    params = load_file(os.path.join(run_out, "params.safetensors"))
+    diff = max(float((params[k] - fsdp_final[k]).abs().max()) for k in fsdp_final)
+    tol = harness.reorder_param_tol(cfg["optimizer"]["lr"], STEPS - SAVE)
+    checks.check(sorted(params) == sorted(fsdp_final) and diff <= tol,
+                 f"Shardline N={WORLD_SL} full_shard from the import equals FSDP2's N={WORLD_FSDP} continuation: params",
+                 f"max abs diff {diff:.2e} (tolerance {tol:.1e})")
+    losses = [s["loss"] for s in ranks[0]["steps"]]
+    rel = max(abs(a - b) / b for a, b in zip(losses, fsdp_losses[SAVE:]))
+    checks.check(len(losses) == STEPS - SAVE and ranks[0]["steps"][0]["step"] == SAVE and rel < 1e-5,
+                 "... and losses of steps 5..9", f"max rel diff {rel:.2e}")
+
+    cl = Cluster()
+    for h in ("host-a", "host-b", "host-c"):
+        cl.add_worker(h)
+    cl.wait_workers(3)
+    rc, out, err = cl.ctl("--json", "submit", job, "--workers", str(WORLD_SL), "--resume-from", step_dir, "--follow",
+                          timeout=180)
+    job_id = json.loads(out.splitlines()[0])["job_id"] if rc == 0 else None
+    history = cl.ctl_json("status", job_id, "--history").get("history", []) if job_id else []
+    got = {h["step"]: h["loss"] for h in history}
+    want = {SAVE + 1 + i: l for i, l in enumerate(fsdp_losses[SAVE:])}
+    checks.check(rc == 0 and sorted(got) == sorted(want) and
+                 all(abs(got[k] - want[k]) / want[k] < 1e-5 for k in want),
+                 "submit --resume-from the import: the job on 3 workers continues FSDP2's losses",
+                 f"{err.strip()} steps {sorted(got)}")
+
+    m = cfg["model"]
+    titan_dir = os.path.join(scratch, "titan-dcp")
+    subprocess.run([sys.executable, PEER, "titan", dcp_dir, titan_dir, str(m["n_head"]), str(m["n_kv_head"])],
+                   check=True, timeout=120, capture_output=True)
+    titan = imported(titan_dir, job, os.path.join(scratch, "imported-titan"))
+    checks.check(titan["names"] == "torchtitan" and titan["step"] == SAVE, "torchtitan's names are recognised",
+                 json.dumps(titan))
+    ours, theirs = (os.path.join(r["step_dir"], "rank-00000.safetensors") for r in (report, titan))
+    checks.check(sha256(ours) == sha256(theirs), "torchtitan's checkpoint imports to the same shard file, byte for "
+                 "byte (weights, exp_avg, exp_avg_sq; wq/wk permuted back)")
+
+    # Bad input.
+    bad = os.path.join(scratch, "bad-global")
+    shutil.copytree(dcp_dir, bad)
+    with open(os.path.join(bad, ".metadata"), "wb") as f:
+        f.write(pickle.dumps(os.system, protocol=2))
+    check_refused(checks, "a foreign global", bad, job, scratch, [".metadata", "refused global", "system"])
+    missing = os.path.join(scratch, "bad-missing")
+    shutil.copytree(dcp_dir, missing)
+    os.remove(os.path.join(missing, "__1_0.distcp"))
+    check_refused(checks, "a missing .distcp", missing, job, scratch, ["__1_0.distcp"])
+    short = os.path.join(scratch, "bad-short")
+    shutil.copytree(dcp_dir, short)
+    path = os.path.join(short, "__0_0.distcp")
+    os.truncate(path, os.path.getsize(path) // 2)
+    check_refused(checks, "a truncated .distcp", short, job, scratch, ["__0_0.distcp"])
+    for label, section, key, value, expected in (
+            ("a shape the job disagrees with", "model", "intermediate_size", 40, ["gate_proj.weight", "has shape"]),
+            ("a tensor the job's model lacks", "model", "n_layer", 1, ["layers.1.", "a tensor the job's model lacks"])):
+        other = json.loads(json.dumps(cfg))
+        other[section][key] = value
+        other_job = os.path.join(scratch, f"job-{key}.toml")
+        harness.write_toml(other, other_job)
+        check_refused(checks, label, dcp_dir, other_job, scratch, [".metadata"] + expected)
+    retyped = os.path.join(scratch, "bad-dtype")
+    subprocess.run([sys.executable, PEER, "retype", dcp_dir, retyped, "model.model.norm.weight", "int32"],
+                   check=True, timeout=120, capture_output=True)
+    check_refused(checks, "an int32 tensor", retyped, job, scratch, ["model.model.norm.weight", "int32"])
+    checks.remove_unless_failed(scratch)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
