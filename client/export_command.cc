@@ -3,20 +3,26 @@
 #include <cctype>
 #include <iostream>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "client/render.h"
 #include "common/base/quoted.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_export.h"
+#include "common/checkpoint/dcp_export.h"
+#include "common/spec/job_spec.h"
 
 namespace shardline::ctl {
 
 void AddExportOptions(CLI::App* exp, ExportFlags* f) {
   exp->add_option("STEP_DIR", f->step_dir)->required();
-  exp->add_option("--out", f->out, "nanogpt: the .safetensors file to write; hf, peft: the directory")->required();
+  exp->add_option("--out", f->out, "nanogpt: the .safetensors file to write; hf, peft, dcp: the directory")->required();
   exp->add_option("--format", f->format, "nanogpt (one file, the engine's names), hf (a transformers "
-                                         "directory) or peft (a LoRA checkpoint's adapters)")
-      ->check(CLI::IsMember({"nanogpt", "hf", "peft"}));
+                                         "directory), peft (a LoRA checkpoint's adapters) or dcp (a PyTorch "
+                                         "Distributed Checkpoint of model and AdamW, for FSDP2 and torchtitan)")
+      ->check(CLI::IsMember({"nanogpt", "hf", "peft", "dcp"}));
+  exp->add_option("--job", f->job_file, "dcp: the job file the checkpoint was trained with (its [optimizer])");
   exp->add_option("--dtype", f->dtype, "hf, peft: fp32 or bf16 (default fp32)")->check(CLI::IsMember({"fp32", "bf16"}));
   exp->add_flag("--merge", f->merge, "hf, of a LoRA checkpoint: the base with the adapters merged in");
   exp->add_option("--tokenizer", f->tokenizer_dir,
@@ -48,6 +54,22 @@ absl::Status RunExport(const ExportFlags& a, bool json) {
   if (a.merge && a.format != "hf") return absl::InvalidArgumentError("--merge needs --format hf");
   if (!a.tokenizer_dir.empty() && a.format != "hf") {
     return absl::InvalidArgumentError("--tokenizer needs --format hf");
+  }
+  if (!a.job_file.empty() && a.format != "dcp") return absl::InvalidArgumentError("--job needs --format dcp");
+  if (a.format == "dcp") {
+    if (a.job_file.empty()) {
+      return absl::InvalidArgumentError("--format dcp needs --job JOB.toml: the optimizer settings the DCP holds");
+    }
+    SL_ASSIGN_OR_RETURN(JobConfig job, ResolveJobFile(a.job_file));
+    SL_ASSIGN_OR_RETURN(DcpExportReport r, ExportDcp(a.step_dir, job, a.out, a.overwrite));
+    if (json) {
+      std::cout << nlohmann::json{{"out", a.out}, {"step", r.step}, {"tensors", r.tensors}, {"bytes", r.bytes}}.dump()
+                << std::endl;
+    } else {
+      std::cout << "wrote " << a.out << " (DCP: " << r.tensors << " tensors, " << r.bytes << " bytes, step " << r.step
+                << ")" << std::endl;
+    }
+    return absl::OkStatus();
   }
   if (a.format == "hf") {
     HfExportOptions options;

@@ -1,7 +1,9 @@
 // `shardctl ckpt export`: a committed checkpoint written for other tools, on
 // this machine, with no coordinator (common/checkpoint/checkpoint_export.h):
 // one safetensors file of the engine's names (nanogpt), a transformers
-// directory (hf) or a PEFT adapter directory (peft).
+// directory (hf), a PEFT adapter directory (peft) or a PyTorch Distributed
+// Checkpoint of model and AdamW (dcp, which takes the job file for the
+// optimizer's settings).
 //
 // Errors are one line naming the flag or the file; nothing is written where
 // a flag is refused.
@@ -19,7 +21,7 @@ namespace shardline::ctl {
 
 struct ExportFlags {
   std::string step_dir, out;
-  std::string format = "nanogpt", dtype = "fp32", max_shard_size = "5GB", tokenizer_dir;
+  std::string format = "nanogpt", dtype = "fp32", max_shard_size = "5GB", tokenizer_dir, job_file;
   bool merge = false, overwrite = false;
 };
 

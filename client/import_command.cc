@@ -1,12 +1,10 @@
 #include "client/import_command.h"
 
-#include <filesystem>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/file_util.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/dcp_import.h"
 #include "common/spec/job_spec.h"
@@ -25,10 +23,7 @@ void AddImportOptions(CLI::App* cmd, ImportFlags* f) {
 }
 
 absl::Status RunImport(const ImportFlags& f, bool json) {
-  SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.job_file, "job file"));
-  std::error_code ec;
-  const std::string base = std::filesystem::absolute(std::filesystem::path(f.job_file), ec).parent_path().string();
-  SL_ASSIGN_OR_RETURN(JobConfig job, ResolveJobSpec(text, f.job_file, base));
+  SL_ASSIGN_OR_RETURN(JobConfig job, ResolveJobFile(f.job_file));
   SL_RETURN_IF_ERROR(ValidateJobConfig(job, job.workers, f.job_file));
   SL_ASSIGN_OR_RETURN(DcpImportReport r, ImportDcp(f.dcp_dir, job, f.out, {f.model_only, f.step, f.data_step}));
   if (json) {

@@ -1,7 +1,6 @@
 #include "client/plan_command.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <iostream>
 
 #include "absl/strings/match.h"
@@ -10,7 +9,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "common/base/file_util.h"
 #include "common/base/status_macros.h"
 #include "common/job/job_config.h"
 #include "common/model/model_shapes.h"
@@ -122,10 +120,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
   in.cluster = f.cluster;
   in.cluster.workers = 8;
   if (!f.job_file.empty()) {
-    SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.job_file, "job file"));
-    std::error_code ec;
-    const std::string base = std::filesystem::absolute(f.job_file, ec).parent_path().string();
-    SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobSpec(text, f.job_file, base));
+    SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobFile(f.job_file));
     // As `submit` would check it (its files aside: they need not exist where
     // a job is planned), before anything is computed from it.
     SL_RETURN_IF_ERROR(ValidateJobConfig(config, config.workers, f.job_file));

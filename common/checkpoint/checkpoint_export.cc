@@ -198,17 +198,18 @@ namespace {
 // from_pretrained load an adapter over the base it names).
 bool ReadByLoaders(absl::string_view name) {
   for (absl::string_view suffix : {".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt",
-                                   ".pth", ".ckpt", ".h5", ".msgpack", ".gguf"}) {
+                                   ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".distcp"}) {
     if (absl::EndsWith(name, suffix)) return true;
   }
-  return name == "config.json" || name == "adapter_config.json" || name == "generation_config.json";
+  return name == "config.json" || name == "adapter_config.json" || name == "generation_config.json" ||
+         name == ".metadata";
 }
 
-// The export's folder, created if missing, never through a symlink. Weights
-// left there by an earlier export would be loaded in place of these (one
+}  // namespace
+
+// Weights left by an earlier export would be loaded in place of these (one
 // model.safetensors beside a new sharded index is read by from_pretrained
-// first), so a folder with files is refused unless `overwrite`, which first
-// removes the files loaders read and keeps the rest (a README, a tokenizer).
+// first): hence an empty folder, or --overwrite.
 absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite) {
   SL_RETURN_IF_ERROR(MakeDirs(out_dir));
   SL_ASSIGN_OR_RETURN(UniqueFd dir, OpenDirectoryNoFollow(AT_FDCWD, out_dir, out_dir));
@@ -235,6 +236,8 @@ absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // The folder the job's model came from, where the manifest records one.
 std::string SourceModelDir(const CheckpointManifest& m) {

@@ -94,4 +94,10 @@ absl::StatusOr<HfExportReport> ExportHf(const std::string& step_dir, const std::
 absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype,
                         bool overwrite = false);
 
+// An export's folder, created if missing (parents too), never through a
+// symlink; one with files is refused unless `overwrite`, which removes the
+// files a loader reads (weights, indexes, configs, a DCP's .metadata and
+// .distcp files) and keeps the rest.
+absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite);
+
 }  // namespace shardline

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/quoted.h"
 #include "common/checkpoint/pickle_reader.h"
+#include "common/checkpoint/pickle_writer.h"
 
 namespace shardline {
 namespace {
@@ -193,6 +194,92 @@ absl::StatusOr<DcpMetadata> ParseDcpMetadata(absl::string_view data, const std::
   }
   if (const PickleValue* v = dec.Field(*top, "version"); v && v->Is(Kind::kString)) m.version = v->s;
   return m;
+}
+
+namespace {
+
+constexpr char kMetaModule[] = "torch.distributed.checkpoint.metadata";
+
+// A dataclass as Python pickles it: cls.__new__(cls), then its __dict__ set
+// from a dict whose entries `fill` writes (MARK key value ... SETITEMS).
+template <typename Fill>
+void Dataclass(PickleWriter& p, const char* module, const char* cls, Fill fill) {
+  p.Global(module, cls).EmptyTuple().NewObj().EmptyDict().Mark();
+  fill();
+  p.SetItems().Build();
+}
+
+void TorchSize(PickleWriter& p, const std::vector<int64_t>& v) {
+  p.Global("torch", "Size").Mark().IntTuple(v.data(), v.size()).Tuple().Reduce();
+}
+
+void TensorMeta(PickleWriter& p, const DcpTensorMeta& t) {
+  Dataclass(p, kMetaModule, "TensorStorageMetadata", [&] {
+    // TensorProperties pickles its state as a tuple (its __getstate__):
+    // (dtype, layout, requires_grad, memory_format, pin_memory).
+    p.String("properties").Global(kMetaModule, "TensorProperties").EmptyTuple().NewObj().Mark();
+    p.Global("torch", "float32");
+    p.Global("torch.serialization", "_get_layout").Mark().String("torch.strided").Tuple().Reduce();
+    p.Bool(false);
+    p.Global(kMetaModule, "_MEM_FORMAT_ENCODING").Mark().Int(0).Tuple().Reduce();  // TORCH_CONTIGUOUS
+    p.Bool(false).Tuple().Build();
+    p.String("size");
+    TorchSize(p, t.size);
+    p.String("chunks").EmptyList().Mark();
+    for (const DcpChunk& c : t.chunks) {
+      Dataclass(p, kMetaModule, "ChunkStorageMetadata", [&] {
+        p.String("offsets");
+        TorchSize(p, c.offsets);
+        p.String("sizes");
+        TorchSize(p, c.sizes);
+      });
+    }
+    p.Appends();
+  });
+}
+
+}  // namespace
+
+std::string WriteDcpMetadata(const DcpMetadata& m) {
+  PickleWriter p;
+  Dataclass(p, kMetaModule, "Metadata", [&] {
+    p.String("state_dict_metadata").EmptyDict().Mark();
+    for (const auto& [fqn, t] : m.tensors) {
+      p.String(fqn);
+      TensorMeta(p, t);
+    }
+    for (const std::string& fqn : m.values) {
+      p.String(fqn).Global(kMetaModule, "BytesStorageMetadata").EmptyTuple().NewObj();
+    }
+    p.SetItems();
+    p.String("planner_data").EmptyDict().Mark();
+    for (const auto& [fqn, path] : m.planner_data) {
+      p.String(fqn).Mark();
+      for (const DcpPathPart& part : path) part.index >= 0 ? p.Int(part.index) : p.String(part.key);
+      p.Tuple();
+    }
+    p.SetItems();
+    p.String("storage_data").EmptyDict().Mark();
+    for (const DcpStorage& s : m.storage) {
+      Dataclass(p, kMetaModule, "MetadataIndex", [&] {
+        p.String("fqn").String(s.fqn).String("offset");
+        if (m.tensors.count(s.fqn)) {
+          TorchSize(p, s.chunk_offsets);
+        } else {
+          p.None();
+        }
+        p.String("index").None();
+      });
+      Dataclass(p, "torch.distributed.checkpoint.filesystem", "_StorageInfo", [&] {
+        p.String("relative_path").String(s.relative_path).String("offset").Int(s.offset);
+        p.String("length").Int(s.length).String("transform_descriptors").None();
+      });
+    }
+    p.SetItems();
+    p.String("storage_meta").None();
+    p.String("version").String(m.version.empty() ? "1.0.0" : m.version);
+  });
+  return p.Finish();
 }
 
 }  // namespace shardline

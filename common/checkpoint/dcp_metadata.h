@@ -10,6 +10,10 @@
 // (pickled values, BytesStorageMetadata), and where each chunk or value lies
 // (file, byte offset, length) from storage_data.
 //
+// WriteDcpMetadata is the inverse: the pickle of a Metadata as torch 2.11
+// writes it (every tensor float32, strided, contiguous; a value a
+// BytesStorageMetadata), which Python's pickle loads into DCP's own classes.
+//
 // Errors: a malformed pickle, a foreign global, an entry of an unexpected
 // shape, a chunk outside its tensor, a storage file name that is not a plain
 // file name in the directory, or a negative offset or length is an
@@ -44,13 +48,25 @@ struct DcpStorage {
   int64_t offset = 0, length = 0;      // its bytes in that file
 };
 
+// One step of the path DCP's flatten_state_dict took to an entry (its
+// planner_data): a dict key, or a list index where index >= 0.
+struct DcpPathPart {
+  std::string key;
+  int64_t index = -1;
+};
+
 struct DcpMetadata {
   std::map<std::string, DcpTensorMeta> tensors;
   std::vector<std::string> values;  // the non-tensor entries (BytesStorageMetadata)
   std::vector<DcpStorage> storage;
   std::string version;  // Metadata.version, where written
+  // Written only (the reader leaves it empty): each entry's path.
+  std::map<std::string, std::vector<DcpPathPart>> planner_data;
 };
 
 absl::StatusOr<DcpMetadata> ParseDcpMetadata(absl::string_view data, const std::string& source);
+
+// The `.metadata` pickle of `m` (its tensors must be float32).
+std::string WriteDcpMetadata(const DcpMetadata& m);
 
 }  // namespace shardline

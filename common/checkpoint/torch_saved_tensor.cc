@@ -6,12 +6,16 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <set>
+
+#include <zlib.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/quoted.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/pickle_reader.h"
+#include "common/checkpoint/pickle_writer.h"
 #include "common/model/safetensors.h"
 
 namespace shardline {
@@ -281,5 +285,106 @@ absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSa
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+void PutLe(std::string* out, uint64_t v, int n) {
+  for (int k = 0; k < n; ++k) out->push_back(static_cast<char>((v >> (8 * k)) & 0xff));
+}
+
+// A zip archive of stored entries, built in memory in the layout torch.save
+// uses: local headers padded (extra field "FB") so each entry's data starts
+// at a multiple of 64 bytes, then the central directory and the end record.
+class StoredZipWriter {
+ public:
+  void Add(const std::string& name, absl::string_view data) {
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size())));
+    const size_t header_end = out_.size() + 30 + name.size();
+    size_t pad = (64 - (header_end + 4) % 64) % 64;  // the extra field's own 4 bytes, then padding
+    const size_t local = out_.size();
+    PutLe(&out_, 0x04034b50, 4);
+    PutLe(&out_, 20, 2);  // version needed: 2.0
+    PutLe(&out_, 0, 2);   // flags
+    PutLe(&out_, 0, 2);   // stored
+    PutLe(&out_, 0, 4);   // time, date
+    PutLe(&out_, crc, 4);
+    PutLe(&out_, data.size(), 4);
+    PutLe(&out_, data.size(), 4);
+    PutLe(&out_, name.size(), 2);
+    PutLe(&out_, 4 + pad, 2);
+    out_ += name;
+    PutLe(&out_, 0x4246, 2);  // "FB": torch's padding field
+    PutLe(&out_, pad, 2);
+    out_.append(pad, '\0');
+    out_.append(data.data(), data.size());
+    PutLe(&directory_, 0x02014b50, 4);
+    PutLe(&directory_, 20, 2);  // made by
+    PutLe(&directory_, 20, 2);  // needed
+    PutLe(&directory_, 0, 2);
+    PutLe(&directory_, 0, 2);
+    PutLe(&directory_, 0, 4);
+    PutLe(&directory_, crc, 4);
+    PutLe(&directory_, data.size(), 4);
+    PutLe(&directory_, data.size(), 4);
+    PutLe(&directory_, name.size(), 2);
+    PutLe(&directory_, 0, 2);   // extra
+    PutLe(&directory_, 0, 2);   // comment
+    PutLe(&directory_, 0, 2);   // disk
+    PutLe(&directory_, 0, 2);   // internal attributes
+    PutLe(&directory_, 0, 4);   // external attributes
+    PutLe(&directory_, local, 4);
+    directory_ += name;
+    ++entries_;
+  }
+
+  std::string Finish() {
+    const size_t at = out_.size();
+    out_ += directory_;
+    PutLe(&out_, 0x06054b50, 4);
+    PutLe(&out_, 0, 4);  // disk numbers
+    PutLe(&out_, entries_, 2);
+    PutLe(&out_, entries_, 2);
+    PutLe(&out_, directory_.size(), 4);
+    PutLe(&out_, at, 4);
+    PutLe(&out_, 0, 2);  // comment
+    return std::move(out_);
+  }
+
+ private:
+  std::string out_, directory_;
+  int entries_ = 0;
+};
+
+// The archive around `data_pkl` (and the tensor data, where given), with the
+// records torch.save writes beside them.
+std::string TorchSaveArchive(const std::string& data_pkl, const float* data, int64_t numel) {
+  StoredZipWriter zip;
+  zip.Add("archive/data.pkl", data_pkl);
+  zip.Add("archive/.format_version", "1");
+  zip.Add("archive/.storage_alignment", "64");
+  zip.Add("archive/byteorder", "little");
+  if (data) zip.Add("archive/data/0", absl::string_view(reinterpret_cast<const char*>(data), numel * 4));
+  zip.Add("archive/version", "3\n");
+  return zip.Finish();
+}
+
+}  // namespace
+
+std::string TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  std::vector<int64_t> stride(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) stride[d - 1] = stride[d] * shape[d];
+  PickleWriter p;
+  p.Global("torch._utils", "_rebuild_tensor_v2").Mark();
+  p.Mark().String("storage").Global("torch", "FloatStorage").String("0").String("cpu").Int(numel).Tuple();
+  p.PersistentId().Int(0).IntTuple(shape.data(), shape.size()).IntTuple(stride.data(), stride.size()).Bool(false);
+  p.Global("collections", "OrderedDict").EmptyTuple().Reduce();
+  p.Tuple().Reduce();
+  return TorchSaveArchive(p.Finish(), values, numel);
+}
+
+std::string TorchSaveValue(const std::string& data_pkl) { return TorchSaveArchive(data_pkl, nullptr, 0); }
 
 }  // namespace shardline

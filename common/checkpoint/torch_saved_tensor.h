@@ -17,7 +17,13 @@
 // bfloat16, float16 or float64) is DataLoss naming `path` and the range;
 // a short file is DataLoss naming `path`.
 //
-// Threads: both functions only pread `fd`; they may run on several threads.
+// Writing: TorchSaveFloatTensor and TorchSaveValue build, in memory, the
+// archive torch.save writes for an fp32 tensor or for a plain value, which
+// torch.load(weights_only=True) reads (DCP's FileSystemReader does, per
+// chunk). Each entry is stored with its CRC-32, the tensor's data aligned to
+// 64 bytes as torch aligns it; archives stay under 4 GiB (no zip64 written).
+//
+// Threads: the readers only pread `fd`; they may run on several threads.
 #pragma once
 
 #include <cstdint>
@@ -44,5 +50,15 @@ absl::StatusOr<TorchSavedTensor> ReadTorchSavedTensor(int fd, const std::string&
 // Elements [first, first + count) of `t` (row-major) into dst, as fp32.
 absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSavedTensor& t, int64_t first,
                                   int64_t count, float* dst);
+
+// The largest tensor data TorchSaveFloatTensor takes: callers split larger
+// tensors into chunks (DCP allows any number per tensor).
+inline constexpr int64_t kMaxTorchSaveBytes = int64_t{1} << 30;
+
+// torch.save(t) of the fp32 tensor of `shape` whose row-major elements are
+// `values` (numel of them; at most kMaxTorchSaveBytes).
+std::string TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values);
+// torch.save(v) of a value without tensors, whose pickle (PickleWriter) is `data_pkl`.
+std::string TorchSaveValue(const std::string& data_pkl);
 
 }  // namespace shardline

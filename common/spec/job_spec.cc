@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/file_util.h"
 #include "common/base/quoted.h"
 #include "common/data/token_count.h"
 #include "common/job/job_file.h"
@@ -115,6 +117,14 @@ absl::Status CheckJobFiles(const JobConfig& c, const std::string& source) {
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<JobConfig> ResolveJobFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(path, "job file");
+  if (!text.ok()) return text.status();
+  std::error_code ec;
+  const std::string base = std::filesystem::absolute(std::filesystem::path(path), ec).parent_path().string();
+  return ResolveJobSpec(*text, path, base);
 }
 
 }  // namespace shardline

@@ -30,6 +30,10 @@ namespace shardline {
 absl::StatusOr<JobConfig> ResolveJobSpec(const std::string& toml_text, const std::string& source,
                                          const std::string& base_dir);
 
+// ResolveJobSpec of the job file at `path`, its relative paths resolved
+// against the file's folder (as `shardctl submit` sends it).
+absl::StatusOr<JobConfig> ResolveJobFile(const std::string& path);
+
 // Checks the values that only make sense together, for a world of `world_size`
 // ranks (n_embd % n_head, batch divisibility, shard group size, ...).
 absl::Status ValidateJobConfig(const JobConfig& c, int world_size, const std::string& source);

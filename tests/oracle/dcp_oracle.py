@@ -19,7 +19,13 @@ Shardline (`shardctl ckpt import`, issue 28).
 4. The same checkpoint in torchtitan's names and interleaved RoPE rows
    (fsdp2_dcp.py titan, one process: whole tensors, one chunk each) imports to
    the same shard file, byte for byte: weights and both moments.
-5. Bad input is refused in one line naming the file or tensor, and nothing is
+5. Export (`ckpt export --format dcp`): Shardline trains 10 steps at N=3,
+   saving after 5; FSDP2 at N=2 loads the export of that checkpoint as a user
+   does (get_state_dict, dcp.load, set_state_dict) and runs steps 5..9, equal
+   to Shardline's own continuation within the same bound; one process with no
+   process group dcp.loads the model's weights from it, bitwise the
+   checkpoint's.
+6. Bad input is refused in one line naming the file or tensor, and nothing is
    committed: a .metadata that names a foreign global, a missing and a
    truncated .distcp, a job whose shapes disagree, a checkpoint of a deeper
    model (a tensor the job lacks), and an int32 tensor.
@@ -45,13 +51,20 @@ SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsdp2_dcp.py")
 
 
-def fsdp2_train(cfg, dump, out, dcp_dir):
+def peer_job(cfg, out):
     job = os.path.join(out, "job.json")
     with open(job, "w") as f:
         json.dump({**cfg, "oracle_model": NAME}, f)
+    return job
+
+
+def fsdp2(mode, cfg, dump, out, *args):
+    """fsdp2_dcp.py MODE at WORLD_FSDP ranks; its losses."""
+    os.makedirs(out, exist_ok=True)
+    job = peer_job(cfg, out)
     port = harness.free_port()
-    procs = [subprocess.Popen([sys.executable, PEER, "train", str(r), str(WORLD_FSDP), str(port), job, dump, out,
-                               str(STEPS), str(SAVE), dcp_dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, PEER, mode, str(r), str(WORLD_FSDP), str(port), job, dump, out,
+                               *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for r in range(WORLD_FSDP)]
     harness.wait_ranks(procs, 300, what="FSDP2")
     with open(os.path.join(out, "losses.json")) as f:
@@ -103,7 +116,7 @@ def main():
     subprocess.run([harness.TRAIN, "--config", job, "--dump-grads", dump], check=True, timeout=120)
 
     dcp_dir = os.path.join(scratch, "fsdp2-dcp")
-    fsdp_losses = fsdp2_train(cfg, dump, scratch, dcp_dir)
+    fsdp_losses = fsdp2("train", cfg, dump, scratch, STEPS, SAVE, dcp_dir)
     fsdp_at_save = load_file(os.path.join(scratch, f"params-{SAVE}.safetensors"))
     fsdp_final = load_file(os.path.join(scratch, "params.safetensors"))
 
@@ -152,6 +165,32 @@ def main():
     ours, theirs = (os.path.join(r["step_dir"], "rank-00000.safetensors") for r in (report, titan))
     checks.check(sha256(ours) == sha256(theirs), "torchtitan's checkpoint imports to the same shard file, byte for "
                  "byte (weights, exp_avg, exp_avg_sq; wq/wk permuted back)")
+
+    # Export: Shardline's checkpoint of step 5 continued by FSDP2.
+    ckpt = os.path.join(scratch, "shardline-ckpt")
+    sl_out, sl_ranks = harness.run(cfg, WORLD_SL, extra_args=["--ckpt-dir", ckpt, "--save-at", str(SAVE)])
+    sl_params = load_file(os.path.join(sl_out, "params.safetensors"))
+    sl_step_dir = os.path.join(ckpt, cfg["job"]["name"], "step-%08d" % SAVE)
+    exported = os.path.join(scratch, "exported-dcp")
+    r = shardctl("ckpt", "export", sl_step_dir, "--format", "dcp", "--job", job, "--out", exported)
+    checks.check(r.returncode == 0, "ckpt export --format dcp", (r.stdout + r.stderr).strip())
+    resumed = os.path.join(scratch, "fsdp2-resumed")
+    resumed_losses = fsdp2("resume", cfg, dump, resumed, SAVE, STEPS, exported)
+    theirs = load_file(os.path.join(resumed, "params.safetensors"))
+    diff = max(float((theirs[k] - sl_params[k]).abs().max()) for k in sl_params)
+    checks.check(sorted(theirs) == sorted(sl_params) and diff <= tol,
+                 f"FSDP2 N={WORLD_FSDP} from the export equals Shardline's N={WORLD_SL} continuation: params",
+                 f"max abs diff {diff:.2e} (tolerance {tol:.1e})")
+    sl_losses = [s["loss"] for s in sl_ranks[0]["steps"]][SAVE:]
+    rel = max(abs(a - b) / b for a, b in zip(resumed_losses, sl_losses))
+    checks.check(len(resumed_losses) == STEPS - SAVE and rel < 1e-5, "... and losses of steps 5..9",
+                 f"max rel diff {rel:.2e}")
+    one = os.path.join(scratch, "load1.safetensors")
+    subprocess.run([sys.executable, PEER, "load1", exported, peer_job(cfg, scratch), one], check=True, timeout=120,
+                   capture_output=True)
+    loaded, want = load_file(one), exported_weights(sl_step_dir, scratch, "export-step5")
+    same = sorted(loaded) == sorted(want) and all((loaded[k] == want[k]).all() for k in want)
+    checks.check(same, "one process dcp.loads the export's weights bitwise", f"{len(loaded)} tensors")
 
     # Bad input.
     bad = os.path.join(scratch, "bad-global")

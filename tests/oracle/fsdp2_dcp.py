@@ -11,6 +11,13 @@ transformers Llama, as a user trains it, and the DCP checkpoints it writes.
       OUT/params-SAVE_AT.safetensors and OUT/params.safetensors (full fp32
       weights at the save and at the end) and OUT/losses.json (the global loss
       of each step).
+  resume  RANK WORLD PORT JOB.json DUMP OUT START STOP DCP_DIR
+      The same model and optimizer, loaded from DCP_DIR as a user does
+      (get_state_dict, dcp.load, set_state_dict), then steps [START, STOP);
+      rank 0 writes OUT/params.safetensors and OUT/losses.json.
+  load1   DCP_DIR JOB.json OUT_FILE
+      One process, no process group: the model's state_dict loaded from
+      DCP_DIR with dcp.load, written to OUT_FILE.
   titan   DCP_DIR OUT_DIR N_HEAD N_KV_HEAD
       Re-saves a checkpoint train wrote (one process, no_dist) in torchtitan's
       names: model tensors at the top level (tok_embeddings.weight,
@@ -29,7 +36,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, \
+    set_state_dict
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
@@ -49,7 +57,7 @@ def save_dcp(model, opt, path):
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
 
 
-def train(rank, world, port, job_path, dump_path, out, stop, save_at, save_dir):
+def train(rank, world, port, job_path, dump_path, out, start, stop, save_at=None, save_dir=None, load_dir=None):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     with open(job_path) as f:
@@ -66,8 +74,13 @@ def train(rank, world, port, job_path, dump_path, out, stop, save_at, save_dir):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]),
                             eps=o["eps"], foreach=False)
+    if load_dir:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=load_dir)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     losses = []
-    for s in range(stop):
+    for s in range(start, stop):
         key = "batch" if s == 0 else f"batch.{s}"
         x, y = dump[f"{key}.inputs"], dump[f"{key}.targets"]
         rows = x.shape[0] // world
@@ -94,6 +107,14 @@ def train(rank, world, port, job_path, dump_path, out, stop, save_at, save_dir):
             json.dump(losses, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def load1(path, job_path, out_file):
+    with open(job_path) as f:
+        cfg = json.load(f)
+    sd = hf_model(cfg["oracle_model"], cfg["model"]).state_dict()
+    dcp.load({"model": sd}, checkpoint_id=path, no_dist=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, out_file)
 
 
 def load_flat(path):
@@ -151,7 +172,11 @@ def retype(src, dst, fqn, dtype):
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "train":
-        train(int(args[0]), int(args[1]), int(args[2]), args[3], args[4], args[5], int(args[6]), int(args[7]), args[8])
+        train(*map(int, args[:3]), *args[3:6], 0, int(args[6]), save_at=int(args[7]), save_dir=args[8])
+    elif mode == "resume":
+        train(*map(int, args[:3]), *args[3:6], int(args[6]), int(args[7]), load_dir=args[8])
+    elif mode == "load1":
+        load1(*args)
     elif mode == "titan":
         titan(args[0], args[1], int(args[2]), int(args[3]))
     elif mode == "retype":

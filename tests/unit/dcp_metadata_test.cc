@@ -1,8 +1,13 @@
 // The DCP .metadata reader on a file torch 2.11 wrote
-// (data/make_dcp_small.py), and pickles that must be refused.
+// (data/make_dcp_small.py), and pickles that must be refused; the writers
+// (WriteDcpMetadata, TorchSaveFloatTensor) read back by the readers. That
+// Python reads what they write is tests/oracle/dcp_oracle.py's part.
 #include "common/checkpoint/dcp_metadata.h"
 
 #include <gtest/gtest.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -10,6 +15,7 @@
 #include <string>
 
 #include "common/checkpoint/pickle_reader.h"
+#include "common/checkpoint/torch_saved_tensor.h"
 
 namespace shardline {
 namespace {
@@ -110,6 +116,74 @@ TEST(PickleReader, BuildsPlainDataAndSharesMemoizedValues) {
   EXPECT_TRUE(a->items[5]->b);
   EXPECT_EQ((*v)->Get("b")->s, "\xc3\xa9");
   EXPECT_EQ((*v)->Get("c"), a);
+}
+
+TEST(DcpMetadata, WhatIsWrittenReadsBack) {
+  DcpMetadata m;
+  m.tensors["model.w"] = {"float32", {4, 3}, {{{0, 0}, {3, 3}}, {{3, 0}, {1, 3}}}};
+  m.tensors["optim.state.w.step"] = {"float32", {}, {{{}, {}}}};
+  m.values = {"optim.param_groups.0.lr"};
+  m.storage = {{"model.w", {0, 0}, "__0_0.distcp", 0, 100},
+               {"model.w", {3, 0}, "__0_0.distcp", 100, 90},
+               {"optim.state.w.step", {}, "__0_0.distcp", 190, 80},
+               {"optim.param_groups.0.lr", {}, "__0_0.distcp", 270, 70000}};
+  m.planner_data["model.w"] = {{"model", -1}, {"w", -1}};
+  m.planner_data["optim.param_groups.0.lr"] = {{"optim", -1}, {"param_groups", -1}, {"", 0}, {"lr", -1}};
+  absl::StatusOr<DcpMetadata> back = ParseDcpMetadata(WriteDcpMetadata(m), "out/.metadata");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->tensors.size(), 2u);
+  const DcpTensorMeta& w = back->tensors.at("model.w");
+  EXPECT_EQ(w.size, (std::vector<int64_t>{4, 3}));
+  ASSERT_EQ(w.chunks.size(), 2u);
+  EXPECT_EQ(w.chunks[1].offsets, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(w.chunks[1].sizes, (std::vector<int64_t>{1, 3}));
+  EXPECT_TRUE(back->tensors.at("optim.state.w.step").size.empty());
+  EXPECT_EQ(back->values, m.values);
+  ASSERT_EQ(back->storage.size(), 4u);
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(back->storage[k].fqn, m.storage[k].fqn);
+    EXPECT_EQ(back->storage[k].chunk_offsets, m.storage[k].chunk_offsets);
+    EXPECT_EQ(back->storage[k].offset, m.storage[k].offset);
+    EXPECT_EQ(back->storage[k].length, m.storage[k].length);
+  }
+  EXPECT_EQ(back->version, "1.0.0");
+}
+
+// An archive in a file at an offset, as a .distcp holds it.
+int FileWith(const std::string& bytes) {
+  const int fd = memfd_create("distcp", 0);
+  EXPECT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  return fd;
+}
+
+TEST(TorchSavedTensor, WhatIsWrittenReadsBackAtAnOffset) {
+  const float values[6] = {1.5f, -2.0f, 3.25f, 0.0f, 1e-30f, -7.0f};
+  const std::string archive = TorchSaveFloatTensor({2, 3}, values);
+  const std::string before(1000, 'x');
+  const int fd = FileWith(before + archive + "tail");
+  absl::StatusOr<TorchSavedTensor> t = ReadTorchSavedTensor(fd, "a.distcp", 1000, archive.size());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->dtype, "float32");
+  EXPECT_EQ(t->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(t->data_offset % 64, 1000 % 64);  // 64-byte aligned within the archive
+  float got[4];
+  ASSERT_TRUE(ReadTorchSavedFloats(fd, "a.distcp", *t, 2, 4, got).ok());
+  EXPECT_EQ(std::vector<float>(got, got + 4), std::vector<float>(values + 2, values + 6));
+  EXPECT_FALSE(ReadTorchSavedFloats(fd, "a.distcp", *t, 3, 4, got).ok());  // past its 6 elements
+
+  const float step = 5.0f;
+  const std::string scalar = TorchSaveFloatTensor({}, &step);
+  const int fd2 = FileWith(scalar);
+  t = ReadTorchSavedTensor(fd2, "s.distcp", 0, scalar.size());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->shape.empty());
+  EXPECT_EQ(t->numel, 1);
+  // Any range other than the archive's: refused, naming the file.
+  absl::StatusOr<TorchSavedTensor> cut = ReadTorchSavedTensor(fd, "a.distcp", 1000, archive.size() - 30);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.status().message().rfind("a.distcp", 0), 0u) << cut.status();
+  close(fd);
+  close(fd2);
 }
 
 }  // namespace
