@@ -27,13 +27,16 @@ absl::Status RunImport(const ImportFlags& f, bool json) {
   SL_RETURN_IF_ERROR(ValidateJobConfig(job, job.workers, f.job_file));
   SL_ASSIGN_OR_RETURN(DcpImportReport r, ImportDcp(f.dcp_dir, job, f.out, {f.model_only, f.step, f.data_step}));
   if (json) {
-    std::cout << nlohmann::json{{"step_dir", r.step_dir}, {"step", r.step}, {"names", r.names},
-                                {"tensors_read", r.tensors_read}, {"bytes_read", r.bytes_read}}
+    std::cout << nlohmann::json{{"step_dir", r.step_dir},          {"step", r.step},
+                                {"data_step", r.data_step},        {"data_step_from", r.data_step_from},
+                                {"names", r.names},                {"tensors_read", r.tensors_read},
+                                {"bytes_read", r.bytes_read}}
                      .dump()
               << std::endl;
   } else {
     std::cout << "imported " << f.dcp_dir << " (" << r.names << " names, " << r.tensors_read << " tensors, "
-              << r.bytes_read << " bytes) as step " << r.step << ": " << r.step_dir << std::endl;
+              << r.bytes_read << " bytes) as step " << r.step << ", data from step " << r.data_step << " ("
+              << r.data_step_from << "): " << r.step_dir << std::endl;
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -48,6 +49,18 @@ class DcpSource {
   }
 
   bool Has(const std::string& fqn) const { return meta_.tensors.count(fqn) > 0; }
+
+  // The int entry `fqn` holds (a pickled int, or a one-element tensor), or
+  // nullopt where the checkpoint has no such entry.
+  absl::StatusOr<std::optional<int64_t>> Int(const std::string& fqn) {
+    for (const DcpStorage& s : meta_.storage) {
+      if (s.fqn != fqn) continue;
+      SL_ASSIGN_OR_RETURN(int fd, File(s.relative_path));
+      SL_ASSIGN_OR_RETURN(int64_t v, ReadTorchSavedInt(fd, dir_ + "/" + s.relative_path, s.offset, s.length));
+      return std::optional<int64_t>(v);
+    }
+    return std::optional<int64_t>();
+  }
   const std::map<std::string, DcpTensorMeta>& tensors() const { return meta_.tensors; }
   int64_t tensors_read() const { return tensors_read_; }
   int64_t bytes_read() const { return bytes_read_; }
@@ -248,7 +261,7 @@ absl::StatusOr<Naming> FindNaming(const DcpSource& src, const ModelConfig& m, co
 }
 
 // A model tensor of the checkpoint (under the model prefix, not optimizer
-// state) that the job's model lacks is an error naming it: a checkpoint of a
+// state, not a scalar) that the job's model lacks is an error naming it: a checkpoint of a
 // deeper or wider model must not be cut down silently. A tied model's head may
 // be stored beside the embedding, as transformers' state_dict does.
 absl::Status CheckNoExtraTensors(const DcpSource& src, const Naming& n, const ModelConfig& m,
@@ -259,8 +272,9 @@ absl::Status CheckNoExtraTensors(const DcpSource& src, const Naming& n, const Mo
   }
   if (m.tied()) expected.insert(n.model_prefix + n.Name("lm_head.weight"));
   for (const auto& [fqn, t] : src.tensors()) {
+    // Scalars are a trainer's counters (torchtitan's train_state.step), not weights.
     if (!absl::StartsWith(fqn, n.model_prefix) || absl::StartsWith(fqn, "optim.") ||
-        absl::StartsWith(fqn, "optimizer.") || expected.count(fqn)) {
+        absl::StartsWith(fqn, "optimizer.") || t.size.empty() || expected.count(fqn)) {
       continue;
     }
     return src.Bad(absl::StrCat(Shown(fqn, 200), ": a tensor the job's model lacks (", layouts.size(),
@@ -383,10 +397,26 @@ absl::StatusOr<DcpImportReport> ImportDcp(const std::string& dcp_dir, const JobC
   ::rmdir(staging.c_str());
 
   SL_ASSIGN_OR_RETURN(CheckpointManifest m, NewManifest(job.name, job, 1, step));
-  m.data_step = options.data_step >= 0 ? options.data_step : step;
+  // The data position: given, or where the checkpoint records its trainer's
+  // step (torchtitan's train_state, a top-level "step"), or AdamW's step.
+  std::string data_step_from = "--data-step";
+  m.data_step = options.data_step;
+  for (const char* entry : {"train_state.step", "step"}) {
+    if (m.data_step >= 0) break;
+    SL_ASSIGN_OR_RETURN(std::optional<int64_t> v, src->Int(entry));
+    if (!v) continue;
+    if (*v < 0) return src->Bad(absl::StrCat(entry, " is ", *v));
+    m.data_step = *v;
+    data_step_from = entry;
+  }
+  if (m.data_step < 0) {
+    m.data_step = step;
+    data_step_from = "the step";
+  }
   m.ranks = {rank_file};
   SL_RETURN_IF_ERROR(WriteManifestConfined(checkpoint_root, m));
-  return DcpImportReport{step_dir, naming.table, step, src->tensors_read(), src->bytes_read()};
+  return DcpImportReport{step_dir,       naming.table,        step, m.data_step, data_step_from,
+                         src->tensors_read(), src->bytes_read()};
 }
 
 }  // namespace shardline

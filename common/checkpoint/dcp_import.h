@@ -6,7 +6,10 @@
 // `shardctl submit --resume-from`).
 //
 // What is read, per parameter of the job's model: the weights, and AdamW's
-// exp_avg, exp_avg_sq and step. Names are found in one of three tables
+// exp_avg, exp_avg_sq and step. The data position is `data_step` where
+// given, else the trainer's step where the checkpoint records one
+// (torchtitan's `train_state.step`, or a top-level `step` as in
+// dcp.save({..., "step": n})), else AdamW's step. Names are found in one of three tables
 // (README, "Importing a DCP checkpoint"), chosen by which holds the token
 // embedding, under the prefix get_state_dict's dict put them (`model.`,
 // `optim.state.` / `optimizer.state.`, or none):
@@ -38,13 +41,15 @@ namespace shardline {
 struct DcpImportOptions {
   bool model_only = false;  // weights only: Adam's moments start at zero
   int64_t step = -1;        // the step to record; -1: AdamW's (0 with model_only)
-  int64_t data_step = -1;   // the global step whose batch comes next; -1: the step
+  int64_t data_step = -1;   // the global step whose batch comes next; -1: see below
 };
 
 struct DcpImportReport {
   std::string step_dir;  // the committed checkpoint written
   std::string names;     // "engine" or "torchtitan"
   int64_t step = 0;
+  int64_t data_step = 0;       // the global step whose batch comes next
+  std::string data_step_from;  // "--data-step", "train_state.step", "step" or "the step"
   int64_t tensors_read = 0, bytes_read = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 
 #include <zlib.h>
@@ -168,7 +169,9 @@ struct StorageType {
 constexpr StorageType kStorageTypes[] = {{"torch.FloatStorage", "float32", 4},
                                          {"torch.BFloat16Storage", "bfloat16", 2},
                                          {"torch.HalfStorage", "float16", 2},
-                                         {"torch.DoubleStorage", "float64", 8}};
+                                         {"torch.DoubleStorage", "float64", 8},
+                                         {"torch.IntStorage", "int32", 4},
+                                         {"torch.LongStorage", "int64", 8}};
 
 // A tuple of non-negative ints (a size or a stride).
 bool IntTuple(const PickleValue* v, std::vector<int64_t>* out) {
@@ -183,35 +186,51 @@ bool IntTuple(const PickleValue* v, std::vector<int64_t>* out) {
 
 }  // namespace
 
-absl::StatusOr<TorchSavedTensor> ReadTorchSavedTensor(int fd, const std::string& path, int64_t offset,
-                                                      int64_t length) {
+namespace {
+
+// An archive's directory and its data.pkl, read as data.
+struct OpenedArchive {
+  std::unique_ptr<StoredZip> zip;
+  std::string top;  // the folder its entries share ("archive")
+  std::unique_ptr<PickleReader> reader;
+  const PickleValue* root = nullptr;
+};
+
+absl::StatusOr<OpenedArchive> OpenArchive(int fd, const std::string& path, int64_t offset, int64_t length) {
   if (offset < 0 || length < 22) {
     return absl::DataLossError(absl::StrCat(path, ": chunk at byte ", offset, " of ", length, " bytes: not an archive"));
   }
-  StoredZip zip(fd, path, offset, length);
+  OpenedArchive a;
+  a.zip = std::make_unique<StoredZip>(fd, path, offset, length);
+  StoredZip& zip = *a.zip;
   SL_RETURN_IF_ERROR(zip.ReadDirectory());
-  std::string top;
   for (const auto& [name, e] : zip.entries()) {
-    if (absl::EndsWith(name, "/data.pkl")) top = name.substr(0, name.size() - 9);
+    if (absl::EndsWith(name, "/data.pkl")) a.top = name.substr(0, name.size() - 9);
   }
-  if (top.empty()) return zip.Bad("no data.pkl");
-  SL_ASSIGN_OR_RETURN(ZipEntry pkl, zip.Data(top + "/data.pkl"));
+  if (a.top.empty()) return zip.Bad("no data.pkl");
+  SL_ASSIGN_OR_RETURN(ZipEntry pkl, zip.Data(a.top + "/data.pkl"));
   if (pkl.size > kMaxPickleBytes) return zip.Bad("data.pkl too large for a tensor");
   std::string pickle(static_cast<size_t>(pkl.size), '\0');
   SL_RETURN_IF_ERROR(PreadExact(fd, path, pkl.local_offset, pkl.size, pickle.data()));
-  if (zip.entries().count(top + "/byteorder")) {
-    SL_ASSIGN_OR_RETURN(ZipEntry order, zip.Data(top + "/byteorder"));
+  if (zip.entries().count(a.top + "/byteorder")) {
+    SL_ASSIGN_OR_RETURN(ZipEntry order, zip.Data(a.top + "/byteorder"));
     char text[8] = {};
     if (order.size > 6) return zip.Bad("byteorder is neither little nor big");
     SL_RETURN_IF_ERROR(PreadExact(fd, path, order.local_offset, order.size, text));
     if (std::string(text) != "little") return zip.Bad(absl::StrCat("byte order ", Shown(text, 8), " (only little)"));
   }
-
   std::set<std::string> allowed = {"torch._utils._rebuild_tensor_v2", "collections.OrderedDict"};
   for (const StorageType& s : kStorageTypes) allowed.insert(s.global);
-  PickleReader reader(std::move(allowed), /*persistent_ids=*/true);
-  SL_ASSIGN_OR_RETURN(const PickleValue* v, reader.Read(pickle, absl::StrCat(path, " bytes [", offset, ", ",
-                                                                            offset + length, ") data.pkl")));
+  a.reader = std::make_unique<PickleReader>(std::move(allowed), /*persistent_ids=*/true);
+  SL_ASSIGN_OR_RETURN(a.root, a.reader->Read(pickle, absl::StrCat(path, " bytes [", offset, ", ", offset + length,
+                                                                   ") data.pkl")));
+  return a;
+}
+
+absl::StatusOr<TorchSavedTensor> TensorOf(int fd, const std::string& path, const OpenedArchive& a) {
+  const StoredZip& zip = *a.zip;
+  const PickleValue* v = a.root;
+  const std::string& top = a.top;
   using Kind = PickleValue::Kind;
   if (!v->IsObject("torch._utils._rebuild_tensor_v2") || v->items.size() < 4) {
     return zip.Bad("data.pkl is not one tensor (torch._utils._rebuild_tensor_v2)");
@@ -246,7 +265,7 @@ absl::StatusOr<TorchSavedTensor> ReadTorchSavedTensor(int fd, const std::string&
   }
   t.numel = expect;
   const int64_t storage_offset = v->items[1]->i, storage_numel = id->items[4]->i;
-  SL_ASSIGN_OR_RETURN(ZipEntry data, zip.Data(absl::StrCat(top, "/data/", id->items[2]->s)));
+  SL_ASSIGN_OR_RETURN(ZipEntry data, a.zip->Data(absl::StrCat(top, "/data/", id->items[2]->s)));
   if (storage_numel > data.size / t.element_bytes || storage_offset > storage_numel ||
       t.numel > storage_numel - storage_offset) {
     return zip.Bad(absl::StrCat("storage of ", data.size, " bytes too short for ", t.numel, " elements at ",
@@ -256,8 +275,38 @@ absl::StatusOr<TorchSavedTensor> ReadTorchSavedTensor(int fd, const std::string&
   return t;
 }
 
+}  // namespace
+
+absl::StatusOr<TorchSavedTensor> ReadTorchSavedTensor(int fd, const std::string& path, int64_t offset,
+                                                      int64_t length) {
+  SL_ASSIGN_OR_RETURN(OpenedArchive a, OpenArchive(fd, path, offset, length));
+  return TensorOf(fd, path, a);
+}
+
+absl::StatusOr<int64_t> ReadTorchSavedInt(int fd, const std::string& path, int64_t offset, int64_t length) {
+  SL_ASSIGN_OR_RETURN(OpenedArchive a, OpenArchive(fd, path, offset, length));
+  if (a.root->Is(PickleValue::Kind::kInt)) return a.root->i;
+  SL_ASSIGN_OR_RETURN(TorchSavedTensor t, TensorOf(fd, path, a));
+  if (t.numel != 1) return a.zip->Bad(absl::StrCat("a tensor of ", t.numel, " elements, not one int"));
+  char raw[8] = {};
+  SL_RETURN_IF_ERROR(PreadExact(fd, path, t.data_offset, t.element_bytes, raw));
+  if (t.dtype == "int32" || t.dtype == "int64") {
+    const int64_t v = static_cast<int64_t>(Le(raw, t.element_bytes));
+    return t.dtype == "int32" ? static_cast<int64_t>(static_cast<int32_t>(v)) : v;
+  }
+  float f = 0;
+  SL_RETURN_IF_ERROR(ReadTorchSavedFloats(fd, path, t, 0, 1, &f));
+  if (!(f >= 0 && f < 9.0e15f) || f != static_cast<float>(static_cast<int64_t>(f))) {
+    return a.zip->Bad(absl::StrCat("holds ", f, ", not a step"));
+  }
+  return static_cast<int64_t>(f);
+}
+
 absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSavedTensor& t, int64_t first,
                                   int64_t count, float* dst) {
+  if (t.dtype == "int32" || t.dtype == "int64") {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": a tensor of ", t.dtype, ", not floats"));
+  }
   if (first < 0 || count < 0 || first > t.numel - count) {
     return absl::OutOfRangeError(absl::StrCat(path, ": elements [", first, ", ", first + count, ") of a tensor of ",
                                               t.numel));

@@ -3,7 +3,8 @@
 // checkpoint_id's `storage_data` entry says where). The range is a zip
 // archive (stored, never compressed) of `<top>/data.pkl`, the pickled call
 // torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride,
-// requires_grad, hooks), and `<top>/data/<key>`, the storage's raw bytes.
+// requires_grad, hooks), and `<top>/data/<key>`, the storage's raw bytes
+// (float32, bfloat16, float16, float64; int32 and int64 for ReadTorchSavedInt).
 //
 // ReadTorchSavedTensor reads only the archive's directory and its data.pkl
 // (PickleReader, allowed: _rebuild_tensor_v2, the float storages,
@@ -13,8 +14,8 @@
 // Errors: anything that is not such an archive lying wholly inside the range
 // (a bad signature, an entry outside the range, compression, a pickle of
 // another shape, a storage too short for the tensor, strides that are not
-// row-major contiguous, big-endian data, a dtype other than float32,
-// bfloat16, float16 or float64) is DataLoss naming `path` and the range;
+// row-major contiguous, big-endian data, a storage type outside those above)
+// is DataLoss naming `path` and the range;
 // a short file is DataLoss naming `path`.
 //
 // Writing: TorchSaveFloatTensor and TorchSaveValue build, in memory, the
@@ -47,7 +48,13 @@ struct TorchSavedTensor {
 absl::StatusOr<TorchSavedTensor> ReadTorchSavedTensor(int fd, const std::string& path, int64_t offset,
                                                       int64_t length);
 
-// Elements [first, first + count) of `t` (row-major) into dst, as fp32.
+// The int torch.save wrote at the range: a plain Python int (a DCP value such
+// as dcp.save({..., "step": 5})) or a one-element tensor holding one
+// (torchtitan's train_state.step, int32; a float such as AdamW's step).
+absl::StatusOr<int64_t> ReadTorchSavedInt(int fd, const std::string& path, int64_t offset, int64_t length);
+
+// Elements [first, first + count) of the float tensor `t` (row-major) into
+// dst, as fp32; an integer tensor is InvalidArgument.
 absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSavedTensor& t, int64_t first,
                                   int64_t count, float* dst);
 

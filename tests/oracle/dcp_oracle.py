@@ -18,7 +18,8 @@ Shardline (`shardctl ckpt import`, issue 28).
    coordinator with three workers, whose step history holds those losses.
 4. The same checkpoint in torchtitan's names and interleaved RoPE rows
    (fsdp2_dcp.py titan, one process: whole tensors, one chunk each) imports to
-   the same shard file, byte for byte: weights and both moments.
+   the same shard file, byte for byte: weights and both moments; its
+   train_state.step (an int32 tensor) is the data position.
 5. Export (`ckpt export --format dcp`): Shardline trains 10 steps at N=3,
    saving after 5; FSDP2 at N=2 loads the export of that checkpoint as a user
    does (get_state_dict, dcp.load, set_state_dict) and runs steps 5..9, equal
@@ -157,11 +158,17 @@ def main():
 
     m = cfg["model"]
     titan_dir = os.path.join(scratch, "titan-dcp")
-    subprocess.run([sys.executable, PEER, "titan", dcp_dir, titan_dir, str(m["n_head"]), str(m["n_kv_head"])],
-                   check=True, timeout=120, capture_output=True)
+    subprocess.run([sys.executable, PEER, "titan", dcp_dir, titan_dir, str(m["n_head"]), str(m["n_kv_head"]),
+                    str(SAVE + 2)], check=True, timeout=120, capture_output=True)
     titan = imported(titan_dir, job, os.path.join(scratch, "imported-titan"))
     checks.check(titan["names"] == "torchtitan" and titan["step"] == SAVE, "torchtitan's names are recognised",
                  json.dumps(titan))
+    with open(os.path.join(titan["step_dir"], "manifest.json")) as f:
+        data_step = json.load(f)["data_step"]
+    checks.check(titan["data_step_from"] == "train_state.step" and data_step == SAVE + 2 and
+                 report["data_step"] == SAVE and report["data_step_from"] == "the step",
+                 "the data position is torchtitan's train_state.step where present, else AdamW's step",
+                 f"manifest data_step {data_step}; FSDP2's import: {report['data_step_from']}")
     ours, theirs = (os.path.join(r["step_dir"], "rank-00000.safetensors") for r in (report, titan))
     checks.check(sha256(ours) == sha256(theirs), "torchtitan's checkpoint imports to the same shard file, byte for "
                  "byte (weights, exp_avg, exp_avg_sq; wq/wk permuted back)")

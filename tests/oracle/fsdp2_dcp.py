@@ -18,12 +18,13 @@ transformers Llama, as a user trains it, and the DCP checkpoints it writes.
   load1   DCP_DIR JOB.json OUT_FILE
       One process, no process group: the model's state_dict loaded from
       DCP_DIR with dcp.load, written to OUT_FILE.
-  titan   DCP_DIR OUT_DIR N_HEAD N_KV_HEAD
+  titan   DCP_DIR OUT_DIR N_HEAD N_KV_HEAD TRAIN_STEP
       Re-saves a checkpoint train wrote (one process, no_dist) in torchtitan's
       names: model tensors at the top level (tok_embeddings.weight,
       layers.0.attention.wq.weight, ...), AdamW's under optimizer.state.; wq and
       wk (and their moments) permuted back to interleaved RoPE, as torchtitan's
-      convert_from_hf does.
+      convert_from_hf does; and its trainer's train_state.step (an int32 tensor),
+      set to TRAIN_STEP.
   retype  DCP_DIR OUT_DIR FQN DTYPE
       Re-saves it (no_dist) with tensor FQN cast to DTYPE (int32, bfloat16).
 """
@@ -149,8 +150,8 @@ def to_interleaved(w, heads):
     return w.view(heads, 2, out // heads // 2, dim).transpose(1, 2).reshape(out, dim).contiguous()
 
 
-def titan(src, dst, n_head, n_kv_head):
-    sd, new = load_flat(src), {}
+def titan(src, dst, n_head, n_kv_head, train_step):
+    sd, new = load_flat(src), {"train_state.step": torch.tensor(train_step, dtype=torch.int32)}
     for k, v in sd.items():
         if k.startswith("model."):
             hf, prefix, suffix = k[len("model."):], "", ""
@@ -178,7 +179,7 @@ def main():
     elif mode == "load1":
         load1(*args)
     elif mode == "titan":
-        titan(args[0], args[1], int(args[2]), int(args[3]))
+        titan(args[0], args[1], int(args[2]), int(args[3]), int(args[4]))
     elif mode == "retype":
         retype(*args)
     else:
