@@ -28,6 +28,18 @@ Columns:
     bound                max(0, comm - compute) + 10% of the step: issue 26's
                          goal for `exposed`
     sl_rss, pt_rss       peak RSS of the largest rank, MiB
+    plan s, err          `shardctl plan`'s predicted step time for the row's
+                         job and placement, and its error against sl's median
+                         step (issue 26: within 10%). The planner is given this
+                         machine's figures, measured once before the runs and
+                         apart from the engine: FLOP/s of PyTorch's forward and
+                         backward of the same model at one rank's batch on one
+                         thread, times the share of the cores each rank gets
+                         (cores / ranks); Gloo's bus bandwidth on loopback (a
+                         host's ranks share it); the shaped link, split among
+                         the ranks of a host that send over it at once.
+After each bandwidth, a line names the strategy the planner recommends for
+each placement among those measured, and the one that measured fastest.
 
 Needs root (network namespaces). Usage:
     .venv/bin/python bench/network_compare.py [--model gpt|llama100m] [--lora R]
@@ -51,6 +63,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 
 import harness  # noqa: E402
 import hosts as emulated  # noqa: E402
+import plan_accuracy  # noqa: E402
 import torch_compare  # noqa: E402
 
 PLACEMENTS = {"4x1": (4, 1), "2x2": (2, 2)}  # hosts x ranks per host
@@ -130,16 +143,45 @@ def shardline_config(a, strategy, world, per_host, model, data):
     return cfg
 
 
+def calibrate(a, model):
+    """(FLOP/s of one thread on one rank's batch, memory bytes/s, Gloo bus
+    bytes/s on loopback): the planner's inputs, measured apart from the engine."""
+    import torch
+    torch.set_num_threads(1)
+    net, _, loss_of = torch_compare.torch_model(a.model, model)
+    micro = max(1, a.batch // 4)
+    T, V = model["block_size"], model["vocab_size"]
+    x = torch.randint(0, V, (micro, T))
+    t = plan_accuracy.best_time(lambda: loss_of(net, x, x).backward())
+    n = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    flops = (6 * n + 12 * model["n_layer"] * model["n_embd"] * T) * micro * T / t
+    return flops, plan_accuracy.measure_mem_bw(), plan_accuracy.measure_gloo_busbw()
+
+
+def planned(job_toml, world, per_host, mbit, calib):
+    """shardctl plan's strategies for the job at this placement and link: {strategy: step_s}, recommended."""
+    flops, mem_bw, busbw = calib
+    share = min(1.0, (os.cpu_count() or 1) / world)
+    r = subprocess.run([plan_accuracy.SHARDCTL, "--json", "plan", job_toml, "--workers", str(world),
+                        "--gpus-per-node", str(per_host), "--flops", str(flops * share), "--mem-bw",
+                        str(mem_bw * share), "--intra-bw", str(busbw), "--inter-bw", str(mbit * 1e6 / 8 / per_host),
+                        "--gpu-memory", "1e12"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise harness.RunError(f"shardctl plan: {r.stderr.strip()}")
+    out = json.loads(r.stdout)
+    return {s["strategy"]: s["step_s"] for s in out["strategies"]}, out.get("recommended", "")
+
+
 def spread(values, fmt):
     return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
 
 
 def failed_row(placement, strategy, mbit, sl, pt, why):
     return (f"| {placement} | {strategy} | {mbit} | {len(sl)} runs | {len(pt)} runs | failed: {why[:160]} |"
-            + " |" * 11)
+            + " |" * 13)
 
 
-def row(placement, strategy, mbit, tokens, sl, pt):
+def row(placement, strategy, mbit, tokens, sl, pt, plan_s):
     mib = 1 << 20
     sl_tps = [tokens / s["step"] for s in sl]
     pt_tps = [tokens / p["step"] for p in pt]
@@ -154,12 +196,13 @@ def row(placement, strategy, mbit, tokens, sl, pt):
             f"{spread(ratio, '{:.2f}')} | {comm:.2f} | {exposed:.2f} | {ag:.2f} / {rs:.2f} / {exposed - ag - rs:.2f} | "
             f"{compute:.2f} | {opt:.2f} | {bound:.2f} | "
             f"{'yes' if exposed <= bound else 'NO'} | {statistics.median(s['rss'] for s in sl) / mib:.0f} | "
-            f"{statistics.median(p['rss'] for p in pt) / mib:.0f} | {sl[-1]['loss']:.4f} | {pt[-1]['loss']:.4f} |")
+            f"{statistics.median(p['rss'] for p in pt) / mib:.0f} | {plan_s:.2f} | {plan_s / step - 1:+.0%} | "
+            f"{sl[-1]['loss']:.4f} | {pt[-1]['loss']:.4f} |")
 
 
 HEADER = ("| placement | strategy | Mbit/s | sl_tok/s | pt_tok/s | ratio | comm s | exposed s | AG / RS / AR s | "
-          "compute s | optim s | bound s | within | sl_rss MiB | pt_rss MiB | sl_loss | pt_loss |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "compute s | optim s | bound s | within | sl_rss MiB | pt_rss MiB | plan s | err | sl_loss | pt_loss |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main():
@@ -189,9 +232,13 @@ def main():
     title = (f"# network_compare: {a.model}{lora}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed "
              f"steps after 1 warm-up, {a.repeats} repeats (median [min-max]), {os.cpu_count()} cores shared by "
              f"every rank, 1 thread per rank; torch {torch.__version__}; egress of every host shaped with tc tbf")
+    calib = calibrate(a, model)
+    title += (f"; planner given {calib[0] / 1e9:.1f} GFLOP/s per thread, {calib[1] / 1e9:.1f} GB/s memory, "
+              f"{calib[2] / 1e9:.2f} GB/s Gloo loopback")
     lines = [title, "", HEADER]
     print("\n".join(lines), flush=True)
     for mbit in [int(m) for m in a.mbits.split(",")]:
+        fastest, picks = {}, {}  # placement -> (step, strategy); placement -> the planner's choice
         for point in a.points.split(","):
             placement, strategy = point.split(":")
             n_hosts, per_host = PLACEMENTS[placement]
@@ -206,7 +253,14 @@ def main():
                         cfg = shardline_config(a, strategy, world, per_host, model, data)
                         sl.append(run_shardline(ranks, cfg, a.steps))
                         pt.append(run_torch(ranks, a, strategy, data))
-                line = row(placement, strategy, mbit, a.batch * T, sl, pt)
+                job = os.path.join(work, "plan-job.toml")
+                harness.write_toml(cfg, job)
+                steps, recommended = planned(job, world, per_host, mbit, calib)
+                line = row(placement, strategy, mbit, a.batch * T, sl, pt, steps[strategy])
+                step = statistics.median(s["step"] for s in sl)
+                fastest[placement] = min(fastest.get(placement, (step, strategy)), (step, strategy))
+                measured = [p.split(":")[1] for p in a.points.split(",") if p.startswith(placement + ":")]
+                picks[placement] = (min(measured, key=lambda x: steps.get(x, 1e30)), recommended)
             except harness.RunError as e:  # one side failed: say so, go on with the next point
                 line = failed_row(placement, strategy, mbit, sl, pt, str(e))
             lines.append(line)
@@ -214,6 +268,12 @@ def main():
             if a.save:  # after every row: a long run that stops keeps what it measured
                 with open(a.save, "w") as f:
                     f.write("\n".join(lines) + "\n")
+        for placement, (step, best) in fastest.items():
+            pick, overall = picks[placement]
+            note = (f"\n{mbit} Mbit/s, {placement}: of the strategies measured the planner picks {pick} (of all, "
+                    f"{overall}); measured fastest: {best} ({'agree' if pick == best else 'DISAGREE'})\n")
+            lines.append(note)
+            print(note, flush=True)
 
 
 if __name__ == "__main__":

@@ -121,13 +121,14 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
   in.cluster.workers = 8;
   if (!f.job_file.empty()) {
     SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobFile(f.job_file));
-    // As `submit` would check it (its files aside: they need not exist where
-    // a job is planned), before anything is computed from it.
-    SL_RETURN_IF_ERROR(ValidateJobConfig(config, config.workers, f.job_file));
+    // As `submit --workers` would check it (its files aside: they need not
+    // exist where a job is planned), before anything is computed from it.
+    const int world = f.workers > 0 ? f.workers : config.workers;
+    SL_RETURN_IF_ERROR(ValidateJobConfig(config, world, f.job_file));
     const ClusterSpec flags = in.cluster;
-    in = PlanInputForJob(config, config.workers);
+    in = PlanInputForJob(config, world);
     in.cluster = flags;
-    in.cluster.workers = config.workers;
+    in.cluster.workers = world;
   } else if (f.layers > 0 || f.hidden > 0 || f.heads > 0) {
     if (f.layers <= 0 || f.hidden <= 0 || f.heads <= 0) {
       return absl::InvalidArgumentError("plan: --layers, --hidden and --heads go together");

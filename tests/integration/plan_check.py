@@ -34,6 +34,16 @@ def main():
         ledger_transient = mem["peak"] - mem["state"] - mem["activation_peak"]
         print(f"  {strategy}: transient units plan {plan['transient_bytes']} vs engine ledger {ledger_transient}; "
               f"activations plan {plan['activation_bytes']} vs allocator {mem['tensor_peak'] - mem['peak']}")
+    # A job file is checked at the world size planned (--workers), not at its
+    # own [job] workers: shard groups of 2 do not divide the file's 1 worker.
+    cfg = harness.small_gpt_config("hybrid_shard", 4, STEPS, BATCH)
+    job = os.path.join(harness.scratch_dir("shardline-plan-"), "job.toml")
+    harness.write_toml(cfg, job)
+    r = subprocess.run([SHARDCTL, "--json", "plan", job, "--workers", "4", "--gpus-per-node", "2"],
+                       capture_output=True, text=True, timeout=60)
+    groups = {s["strategy"]: s["shard_group"] for s in json.loads(r.stdout)["strategies"]} if r.returncode == 0 else {}
+    c.check(groups.get("hybrid_shard") == 2, "plan --workers 4 of a job with shard groups of 2",
+            r.stderr.strip() or str(groups))
     c.finish()
 
 
