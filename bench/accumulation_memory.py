@@ -7,7 +7,7 @@ whole gradient across micro-batches.
 Columns (medians of --repeats runs, [min-max] where they vary):
     peak_grads   the engine's ledger: the most gradient bytes a rank held
     whole        the model's gradient in reduce_dtype (fp32), for scale
-    peak_rss     the largest rank's peak RSS (ru_maxrss)
+    peak_rss     the largest rank's peak RSS (VmHWM)
     tok/s        over the timed steps (the first is a warm-up)
     rs_bytes     reduce-scatter bytes a rank sent per step
 

@@ -34,7 +34,6 @@ adapters only.
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,16 @@ LLAMA_100M = {"family": "llama", "n_layer": 8, "n_head": 12, "n_kv_head": 4, "n_
               "intermediate_size": 2048, "vocab_size": 32000, "block_size": 256, "rope_theta": 10000.0,
               "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
 
+
+
+def peak_rss():
+    """This process's peak resident bytes: VmHWM, which exec resets (getrusage's
+    ru_maxrss carries the parent's peak into a child it started)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 def model_config(name, seq):
     m = dict(SMALL_GPT if name == "gpt" else LLAMA_100M)
@@ -174,7 +183,7 @@ def torch_rank(a):
             lv /= a.world
         losses.append(lv.item())
         times.append(time.perf_counter() - t0)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = peak_rss()
     with open(os.path.join(a.out, f"torch-{a.rank}.json"), "w") as f:
         json.dump({"times": times, "losses": losses, "peak_rss": rss}, f)
     dist.destroy_process_group()

@@ -12,7 +12,6 @@
 // parameters, nanoGPT names). --dump-grads FILE (world 1) instead computes
 // the gradients of step 0 and writes weights, batch, loss, gradients and the
 // engine's logits of the batch (Engine::Logits: its own forward schedule).
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -30,6 +29,7 @@
 #include "common/base/build_info.h"
 #include "common/base/file_util.h"
 #include "common/base/json_object.h"
+#include "common/base/process_memory.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_manifest.h"
 #include "common/model/model_shapes.h"
@@ -178,15 +178,13 @@ absl::Status WriteRankReport(const Engine& engine, const Flags& f, const Json& s
   for (int k = 0; k < kNumMemKinds; ++k) {
     mem[absl::StrCat("peak_", MemKindName(static_cast<MemKind>(k)))] = m.peak_by_kind[k];
   }
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
   mem["state"] = m.state_bytes;
   mem["peak"] = m.peak_bytes;
   mem["activation_peak"] = m.activation_peak_bytes;
   mem["init_peak"] = m.init_peak_bytes;
   mem["tensor_peak"] = m.tensor_peak_bytes;
   mem["reserved_peak"] = m.reserved_peak_bytes;
-  mem["peak_rss"] = int64_t{ru.ru_maxrss} * 1024;
+  mem["peak_rss"] = ProcessPeakRssBytes();  // VmHWM: ru_maxrss would carry a parent's peak
   Json units = Json::array();
   for (const ShardLayout& l : engine.trainable_layouts()) {
     units.push_back({{"unit", l.unit}, {"numel", l.numel}, {"padded", l.padded_numel}, {"shard", l.shard_numel}});

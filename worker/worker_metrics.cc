@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/base/process_memory.h"
 #include "absl/strings/str_cat.h"
 #include "common/job/device_spec.h"
 #include "common/model/model_shapes.h"
@@ -219,13 +220,6 @@ double DefaultPeakFlops(const std::string& device, int threads) {
   }
   if (mhz <= 0) mhz = 2000;  // unknown clock: a conservative guess
   return std::max(1, threads) * (avx512 ? 64.0 : 32.0) * mhz * 1e6;
-}
-
-int64_t ProcessRssBytes() {
-  std::ifstream in("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  if (!(in >> size >> resident)) return 0;
-  return resident * sysconf(_SC_PAGE_SIZE);
 }
 
 }  // namespace shardline

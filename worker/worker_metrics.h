@@ -92,7 +92,4 @@ class WorkerMetrics {
 // FMA, 64 with AVX-512) x the clock /proc/cpuinfo reports.
 double DefaultPeakFlops(const std::string& device, int threads);
 
-// This process's resident set size in bytes (/proc/self/statm); 0 if unknown.
-int64_t ProcessRssBytes();
-
 }  // namespace shardline
