@@ -31,20 +31,30 @@ Columns:
     plan s, err          `shardctl plan`'s predicted step time for the row's
                          job and placement, and its error against sl's median
                          step (issue 26: within 10%). The planner is given this
-                         machine's figures, measured once before the runs and
-                         apart from the engine: FLOP/s of PyTorch's forward and
-                         backward of the same model at one rank's batch on one
-                         thread, times the share of the cores each rank gets
-                         (cores / ranks); Gloo's bus bandwidth on loopback (a
-                         host's ranks share it); the shaped link, split among
-                         the ranks of a host that send over it at once.
+                         machine's figures, measured apart from the engine:
+                         FLOP/s of PyTorch's forward and backward of the same
+                         model at one rank's batch on one thread, times the
+                         share of the cores each rank gets (cores / ranks),
+                         and memory bandwidth, once before the runs; Gloo's
+                         bus bandwidth on loopback (a host's ranks share it);
+                         and, per bandwidth, the TCP payload rate one stream
+                         gets through a shaped link (tbf and TCP take their
+                         part of the nominal rate). A ring over hosts whose
+                         ranks are consecutive sends one stream out of each
+                         host at a time, so full_shard's ranks are given the
+                         whole link; hybrid's all-reduces across replicas run
+                         from every rank of a host at once, so each gets its
+                         share.
 After each bandwidth, a line names the strategy the planner recommends for
 each placement among those measured, and the one that measured fastest.
+`--replan FILE` recomputes the plan columns and lines of a table this program
+saved, from the figures its title records (the planner alone runs).
 
 Needs root (network namespaces). Usage:
     .venv/bin/python bench/network_compare.py [--model gpt|llama100m] [--lora R]
         [--points 4x1:full_shard,2x2:full_shard,2x2:hybrid_shard] [--mbits 100,300,1000]
         [--repeats 3] [--steps 4] [--batch 8] [--seq T] [--save bench/results/FILE.md]
+    .venv/bin/python bench/network_compare.py --replan bench/results/FILE.md
 """
 import argparse
 import atexit
@@ -158,18 +168,55 @@ def calibrate(a, model):
     return flops, plan_accuracy.measure_mem_bw(), plan_accuracy.measure_gloo_busbw()
 
 
-def planned(job_toml, world, per_host, mbit, calib):
-    """shardctl plan's strategies for the job at this placement and link: {strategy: step_s}, recommended."""
+LINK_PROBE = r"""
+import socket, sys, time
+if sys.argv[1] == "recv":
+    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", int(sys.argv[2]))); srv.listen(1); print("ready", flush=True)
+    c, _ = srv.accept(); got, t0 = 0, None
+    while True:
+        b = c.recv(1 << 20)
+        if not b: break
+        if t0 is None: t0 = time.perf_counter()
+        got += len(b)
+    print(got / (time.perf_counter() - t0))
+else:
+    s = socket.create_connection((sys.argv[2], int(sys.argv[3]))); buf = b"x" * (1 << 16)
+    for _ in range(int(sys.argv[4]) // len(buf)): s.sendall(buf)
+    s.close()
+"""
+
+
+def link_payload_rate(mbit):
+    """Bytes/s one TCP stream carries from one emulated host to another whose
+    egress is shaped to `mbit` (about 3 s of sending; the first bytes, while
+    tbf's bucket is full, are not timed apart)."""
+    with emulated.Hosts(2) as hs:
+        for h in hs:
+            hs.limit_egress(h, mbit)
+        recv = hs[1].popen([sys.executable, "-c", LINK_PROBE, "recv", str(PORT)], stdout=subprocess.PIPE, text=True)
+        recv.stdout.readline()
+        send = hs[0].popen([sys.executable, "-c", LINK_PROBE, "send", hs[1].address, str(PORT),
+                            str(int(mbit * 1e6 / 8 * 3))])
+        send.wait(timeout=120)
+        out, _ = recv.communicate(timeout=120)
+        return float(out.strip())
+
+
+def planned(job_toml, world, per_host, link, calib, strategy):
+    """shardctl plan's step time for `strategy` at this placement over a link
+    carrying `link` bytes/s out of each host, and its recommendation."""
     flops, mem_bw, busbw = calib
     share = min(1.0, (os.cpu_count() or 1) / world)
+    inter = link / per_host if strategy.startswith("hybrid") else link
     r = subprocess.run([plan_accuracy.SHARDCTL, "--json", "plan", job_toml, "--workers", str(world),
                         "--gpus-per-node", str(per_host), "--flops", str(flops * share), "--mem-bw",
-                        str(mem_bw * share), "--intra-bw", str(busbw), "--inter-bw", str(mbit * 1e6 / 8 / per_host),
+                        str(mem_bw * share), "--intra-bw", str(busbw), "--inter-bw", str(inter),
                         "--gpu-memory", "1e12"], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise harness.RunError(f"shardctl plan: {r.stderr.strip()}")
     out = json.loads(r.stdout)
-    return {s["strategy"]: s["step_s"] for s in out["strategies"]}, out.get("recommended", "")
+    return {s["strategy"]: s["step_s"] for s in out["strategies"]}[strategy], out.get("recommended", "")
 
 
 def spread(values, fmt):
@@ -205,6 +252,75 @@ HEADER = ("| placement | strategy | Mbit/s | sl_tok/s | pt_tok/s | ratio | comm 
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
+def plan_cell(a, model, placement, strategy, mbit, link, calib, work):
+    """(the planner's step time for the point's job, its recommendation)."""
+    n_hosts, per_host = PLACEMENTS[placement]
+    world = n_hosts * per_host
+    job = os.path.join(work, "plan-job.toml")
+    harness.write_toml(shardline_config(a, strategy, world, per_host, model, os.path.join(work, "tokens.bin")), job)
+    return planned(job, world, per_host, link, calib, strategy)
+
+
+def pick_lines(mbit, points):
+    """Per placement: the planner's pick among the strategies measured against
+    the fastest measured. points: (placement, strategy, measured step, plan step, recommended)."""
+    lines = []
+    for placement in dict.fromkeys(p[0] for p in points):
+        here = [p for p in points if p[0] == placement]
+        best = min(here, key=lambda p: p[2])[1]
+        pick = min(here, key=lambda p: p[3])[1]
+        lines.append(f"- {mbit} Mbit/s, {placement}: of the strategies measured the planner picks {pick} (of all, "
+                     f"{here[0][4]}); measured fastest: {best} ({'agree' if pick == best else 'DISAGREE'})")
+    return lines
+
+
+def link_line(mbit, link):
+    return f"- {mbit} Mbit/s: one TCP stream through the shaped link carries {link / 1e6:.2f} MB/s"
+
+
+def replan(path, a):
+    """Recomputes the plan columns and pick lines of a table saved by --save,
+    from the figures its title records and the link rates measured now."""
+    import re
+    lines = open(path).read().split("\n")
+    m = re.search(r"planner given ([\d.]+) GFLOP/s per thread, ([\d.]+) GB/s memory, ([\d.]+) GB/s", lines[0])
+    calib = (float(m[1]) * 1e9, float(m[2]) * 1e9, float(m[3]) * 1e9)
+    a.model = re.search(r"network_compare: (\w+)", lines[0])[1]
+    a.batch, T = map(int, re.search(r"global batch (\d+) x (\d+) tokens", lines[0]).groups())
+    model = torch_compare.model_config(a.model, T if T != torch_compare.model_config(a.model, 0)["block_size"] else 0)
+    work = tempfile.mkdtemp(prefix="net-compare-replan-")
+    table, notes, points, links, mbit = [], [], [], {}, None
+    for line in lines + ["| end |"]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        is_row = line.startswith("| ") and len(cells) == 19 and cells[2].isdigit()
+        if (line == "| end |" or is_row and int(cells[2]) != mbit) and points:
+            notes += pick_lines(mbit, points)
+            points = []
+        if line == "| end |":
+            break
+        if not is_row:
+            # Rows, then the notes (link rates, picks), written anew.
+            if not re.match(r"(- )?\d+ Mbit/s", line) and line and not table[3:]:
+                table.append(line)
+            elif not line and len(table) < 2:
+                table.append(line)
+            continue
+        placement, strategy, mbit = cells[0], cells[1], int(cells[2])
+        if mbit not in links:
+            links[mbit] = link_payload_rate(mbit)
+            notes.append(link_line(mbit, links[mbit]))
+        step = a.batch * T / float(cells[3].split()[0])
+        plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, links[mbit], calib, work)
+        cells[15], cells[16] = f"{plan_s:.2f}", f"{plan_s / step - 1:+.0%}"
+        points.append((placement, strategy, step, plan_s, recommended))
+        table.append("| " + " | ".join(cells) + " |")
+    out = table + [""] + notes
+    shutil.rmtree(work, True)
+    with open(path, "w") as f:
+        f.write("\n".join(out).rstrip("\n") + "\n")
+    print("\n".join(out))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt", choices=["gpt", "llama100m"])
@@ -217,10 +333,13 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=0)
     ap.add_argument("--save", default="", help="also write the table (markdown) to this file")
+    ap.add_argument("--replan", default="", help="recompute the plan columns of a table --save wrote, and exit")
     a = ap.parse_args()
     why = emulated.available()
     if why:
         sys.exit(f"network_compare: emulated hosts unavailable: {why}")
+    if a.replan:
+        return replan(a.replan, a)
     import torch
     model = torch_compare.model_config(a.model, a.seq)
     T = model["block_size"]
@@ -235,10 +354,18 @@ def main():
     calib = calibrate(a, model)
     title += (f"; planner given {calib[0] / 1e9:.1f} GFLOP/s per thread, {calib[1] / 1e9:.1f} GB/s memory, "
               f"{calib[2] / 1e9:.2f} GB/s Gloo loopback")
-    lines = [title, "", HEADER]
-    print("\n".join(lines), flush=True)
+    table, notes = [title, "", HEADER], []
+    print("\n".join(table), flush=True)
+
+    def save():  # after every row: a long run that stops keeps what it measured
+        if a.save:
+            with open(a.save, "w") as f:
+                f.write("\n".join(table + [""] + notes) + "\n")
     for mbit in [int(m) for m in a.mbits.split(",")]:
-        fastest, picks = {}, {}  # placement -> (step, strategy); placement -> the planner's choice
+        link = link_payload_rate(mbit)
+        notes.append(link_line(mbit, link))
+        print(notes[-1], flush=True)
+        points = []
         for point in a.points.split(","):
             placement, strategy = point.split(":")
             n_hosts, per_host = PLACEMENTS[placement]
@@ -253,28 +380,17 @@ def main():
                         cfg = shardline_config(a, strategy, world, per_host, model, data)
                         sl.append(run_shardline(ranks, cfg, a.steps))
                         pt.append(run_torch(ranks, a, strategy, data))
-                job = os.path.join(work, "plan-job.toml")
-                harness.write_toml(cfg, job)
-                steps, recommended = planned(job, world, per_host, mbit, calib)
-                line = row(placement, strategy, mbit, a.batch * T, sl, pt, steps[strategy])
-                step = statistics.median(s["step"] for s in sl)
-                fastest[placement] = min(fastest.get(placement, (step, strategy)), (step, strategy))
-                measured = [p.split(":")[1] for p in a.points.split(",") if p.startswith(placement + ":")]
-                picks[placement] = (min(measured, key=lambda x: steps.get(x, 1e30)), recommended)
+                plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, link, calib, work)
+                line = row(placement, strategy, mbit, a.batch * T, sl, pt, plan_s)
+                points.append((placement, strategy, statistics.median(s["step"] for s in sl), plan_s, recommended))
             except harness.RunError as e:  # one side failed: say so, go on with the next point
                 line = failed_row(placement, strategy, mbit, sl, pt, str(e))
-            lines.append(line)
+            table.append(line)
             print(line, flush=True)
-            if a.save:  # after every row: a long run that stops keeps what it measured
-                with open(a.save, "w") as f:
-                    f.write("\n".join(lines) + "\n")
-        for placement, (step, best) in fastest.items():
-            pick, overall = picks[placement]
-            note = (f"\n{mbit} Mbit/s, {placement}: of the strategies measured the planner picks {pick} (of all, "
-                    f"{overall}); measured fastest: {best} ({'agree' if pick == best else 'DISAGREE'})\n")
-            lines.append(note)
-            print(note, flush=True)
-
+            save()
+        notes.extend(pick_lines(mbit, points))
+        print("\n".join(pick_lines(mbit, points)), flush=True)
+        save()
 
 if __name__ == "__main__":
     main()

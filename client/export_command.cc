@@ -29,7 +29,7 @@ void AddExportOptions(CLI::App* exp, ExportFlags* f) {
                   "hf: copy the tokenizer and generation_config.json from DIR (default: the model directory the job "
                   "started from, if still there)");
   exp->add_flag("--overwrite", f->overwrite,
-                "hf, peft: export into a folder that has files, removing the weights and configs there first");
+                "hf, peft, dcp: export into a folder that has files, removing the weights and configs there first");
   exp->add_option("--max-shard-size", f->max_shard_size,
                   "hf: the largest weight file, as transformers writes it: 5GB, 500MB, 20KB (default 5GB)");
 }
@@ -57,6 +57,8 @@ absl::Status RunExport(const ExportFlags& a, bool json) {
   }
   if (!a.job_file.empty() && a.format != "dcp") return absl::InvalidArgumentError("--job needs --format dcp");
   if (a.format == "dcp") {
+    if (a.dtype != "fp32") return absl::InvalidArgumentError("--format dcp writes fp32 (AdamW's state is fp32)");
+    if (a.max_shard_size != "5GB") return absl::InvalidArgumentError("--max-shard-size needs --format hf");
     if (a.job_file.empty()) {
       return absl::InvalidArgumentError("--format dcp needs --job JOB.toml: the optimizer settings the DCP holds");
     }

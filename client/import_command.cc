@@ -18,7 +18,7 @@ void AddImportOptions(CLI::App* cmd, ImportFlags* f) {
   cmd->add_flag("--model-only", f->model_only, "weights only: no optimizer state (Adam starts afresh at step 0)");
   cmd->add_option("--step", f->step, "the step to record (default: AdamW's step in the checkpoint)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  cmd->add_option("--data-step", f->data_step, "the global step whose batch comes next (default: the step)")
+  cmd->add_option("--data-step", f->data_step, "the global step whose batch comes next (default: the trainer's step the checkpoint records, else the step)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
 }
 

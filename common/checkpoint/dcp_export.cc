@@ -61,7 +61,9 @@ class DcpWriter {
         c.offsets[0] = r;
         c.sizes[0] = std::min(per_chunk, rows - r);
       }
-      SL_ASSIGN_OR_RETURN(DcpStorage s, Append(TorchSaveFloatTensor(c.sizes, values + r * row)));
+      absl::StatusOr<std::string> archive = TorchSaveFloatTensor(c.sizes, values + r * row);
+      if (!archive.ok()) return absl::InvalidArgumentError(absl::StrCat(fqn, ": ", archive.status().message()));
+      SL_ASSIGN_OR_RETURN(DcpStorage s, Append(*archive));
       s.fqn = fqn;
       s.chunk_offsets = c.offsets;
       meta_.storage.push_back(std::move(s));

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,7 +31,9 @@ namespace {
 
 // A `.metadata` larger than this is not one DCP writes for any model here
 // (a 70B model with AdamW at 1024 ranks writes ~50 MB).
-constexpr int64_t kMaxMetadataBytes = int64_t{1} << 30;
+constexpr int64_t kMaxMetadataBytes = int64_t{256} << 20;
+// Steps from the file are held to the range the flags take.
+constexpr int64_t kMaxStep = int64_t{1} << 40;
 
 // The DCP directory: its metadata and the chunks of each tensor, read by range.
 class DcpSource {
@@ -94,29 +98,53 @@ class DcpSource {
  private:
   explicit DcpSource(std::string dir) : dir_(std::move(dir)) {}
 
-  // Chunks inside the tensor (ParseDcpMetadata checked), pairwise disjoint,
-  // whose volumes sum to the tensor's: together they are every element once.
+  // Chunks inside the tensor (ParseDcpMetadata checked), none empty, that
+  // together hold every element once. The common layout, whole rows along
+  // dimension 0 (FSDP2's Shard(0)), is checked as sorted intervals; any other
+  // as pairwise disjoint boxes whose volumes sum to the tensor's, for at most
+  // kMaxBoxChunks chunks (the pairs are quadratic).
   absl::Status CheckTiling(const std::string& fqn, const DcpTensorMeta& t) const {
+    constexpr size_t kMaxBoxChunks = 4096;
     int64_t numel = 1, covered = 0;
     for (int64_t d : t.size) numel *= d;
+    bool rows = !t.size.empty();
     std::vector<int64_t> volume;
     for (const DcpChunk& c : t.chunks) {
       volume.push_back(1);
       for (int64_t d : c.sizes) volume.back() *= d;
+      if (volume.back() == 0 && numel > 0) return Bad(absl::StrCat(Shown(fqn, 200), ": an empty chunk"));
       covered += volume.back();
+      if (covered > numel) break;
+      for (size_t d = 1; d < t.size.size(); ++d) rows = rows && c.offsets[d] == 0 && c.sizes[d] == t.size[d];
+    }
+    if (covered != numel) {
+      return Bad(absl::StrCat(Shown(fqn, 200), ": its chunks hold ", covered > numel ? "more than" : "", " ", covered,
+                              " of its ", numel, " elements"));
+    }
+    if (rows) {
+      std::vector<std::pair<int64_t, int64_t>> spans;  // [begin, end) along dimension 0
+      for (const DcpChunk& c : t.chunks) spans.push_back({c.offsets[0], c.offsets[0] + c.sizes[0]});
+      std::sort(spans.begin(), spans.end());
+      for (size_t k = 1; k < spans.size(); ++k) {
+        if (spans[k].first < spans[k - 1].second) {
+          return Bad(absl::StrCat(Shown(fqn, 200), ": chunks overlap at row ", spans[k].first));
+        }
+      }
+      return absl::OkStatus();
+    }
+    if (t.chunks.size() > kMaxBoxChunks) {
+      return Bad(absl::StrCat(Shown(fqn, 200), ": ", t.chunks.size(), " chunks that are not whole rows (at most ",
+                              kMaxBoxChunks, ")"));
     }
     for (size_t a = 0; a < t.chunks.size(); ++a) {
       for (size_t b = 0; b < a; ++b) {
         const DcpChunk &x = t.chunks[a], &y = t.chunks[b];
-        bool overlap = volume[a] > 0 && volume[b] > 0;
+        bool overlap = true;
         for (size_t d = 0; d < t.size.size(); ++d) {
           overlap = overlap && x.offsets[d] < y.offsets[d] + y.sizes[d] && y.offsets[d] < x.offsets[d] + x.sizes[d];
         }
         if (overlap) return Bad(absl::StrCat(Shown(fqn, 200), ": chunks ", b, " and ", a, " overlap"));
       }
-    }
-    if (covered != numel) {
-      return Bad(absl::StrCat(Shown(fqn, 200), ": its chunks hold ", covered, " of its ", numel, " elements"));
     }
     return absl::OkStatus();
   }
@@ -304,11 +332,15 @@ class Importer {
       SL_RETURN_IF_ERROR(ReadInto(optim + ".exp_avg", slot, &t, u->exp_avg.data()));
       SL_RETURN_IF_ERROR(ReadInto(optim + ".exp_avg_sq", slot, &t, u->exp_avg_sq.data()));
       SL_RETURN_IF_ERROR(src_->Read(optim + ".step", {}, &t));
+      // Whole and in range before any cast (NaN and 1e30 are a file's too).
+      if (!(t[0] >= 0 && t[0] <= static_cast<float>(kMaxStep)) || t[0] != std::floor(t[0])) {
+        return src_->Bad(absl::StrCat(optim, ".step is ", t[0], ", not a step"));
+      }
       if (step_ < 0) {
         step_ = static_cast<int64_t>(t[0]);
         step_from_ = optim + ".step";
       }
-      if (!(t[0] >= 0) || t[0] != static_cast<float>(step_)) {
+      if (static_cast<int64_t>(t[0]) != step_) {
         return src_->Bad(absl::StrCat(optim, ".step is ", t[0], ", ", step_from_, " is ", step_));
       }
     }
@@ -379,16 +411,32 @@ absl::StatusOr<DcpImportReport> ImportDcp(const std::string& dcp_dir, const JobC
   SL_RETURN_IF_ERROR(CheckNoExtraTensors(*src, naming, job.model, layouts));
   Importer importer(src.get(), naming, job.model);
 
+  auto committed = [&](int64_t step) -> absl::Status {
+    const std::string dir = absl::StrCat(checkpoint_root, "/", StepDirName(step));
+    if (ReadManifest(dir).ok()) return absl::AlreadyExistsError(absl::StrCat(dir, ": a committed checkpoint is already there"));
+    return absl::OkStatus();
+  };
+  if (options.step >= 0) SL_RETURN_IF_ERROR(committed(options.step));  // before anything is read
   // The step is AdamW's, known once the first unit is read: the units go to
-  // a folder of the root first, renamed to step-N when complete.
+  // a folder of this import's own first, moved to step-N when complete.
   SL_RETURN_IF_ERROR(MakeDirs(checkpoint_root));
-  const std::string staging = checkpoint_root + "/.import-staging";
-  SL_RETURN_IF_ERROR(MakeDirs(staging));
-  SL_ASSIGN_OR_RETURN(ManifestRankFile rank_file, WriteUnits(staging, layouts, &importer));
+  std::string staging = checkpoint_root + "/.import-XXXXXX";
+  if (::mkdtemp(staging.data()) == nullptr) {
+    return absl::PermissionDeniedError(absl::StrCat(checkpoint_root, ": cannot create a folder to import into"));
+  }
+  absl::StatusOr<ManifestRankFile> written = WriteUnits(staging, layouts, &importer);
+  if (!written.ok()) {
+    ::unlink((staging + "/" + RankFileName(0)).c_str());
+    ::rmdir(staging.c_str());
+    return written.status();
+  }
+  const ManifestRankFile rank_file = *written;
   const int64_t step = options.step >= 0 ? options.step : importer.step();
   const std::string step_dir = absl::StrCat(checkpoint_root, "/", StepDirName(step));
-  if (ReadManifest(step_dir).ok()) {
-    return absl::AlreadyExistsError(absl::StrCat(step_dir, ": a committed checkpoint is already there"));
+  if (absl::Status s = committed(step); !s.ok()) {
+    ::unlink((staging + "/" + rank_file.file).c_str());
+    ::rmdir(staging.c_str());
+    return s;
   }
   SL_RETURN_IF_ERROR(MakeDirs(step_dir));
   if (std::rename((staging + "/" + rank_file.file).c_str(), (step_dir + "/" + rank_file.file).c_str()) != 0) {
@@ -405,7 +453,7 @@ absl::StatusOr<DcpImportReport> ImportDcp(const std::string& dcp_dir, const JobC
     if (m.data_step >= 0) break;
     SL_ASSIGN_OR_RETURN(std::optional<int64_t> v, src->Int(entry));
     if (!v) continue;
-    if (*v < 0) return src->Bad(absl::StrCat(entry, " is ", *v));
+    if (*v < 0 || *v > kMaxStep) return src->Bad(absl::StrCat(entry, " is ", *v, ", not a step"));
     m.data_step = *v;
     data_step_from = entry;
   }

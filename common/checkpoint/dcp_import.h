@@ -9,7 +9,8 @@
 // exp_avg, exp_avg_sq and step. The data position is `data_step` where
 // given, else the trainer's step where the checkpoint records one
 // (torchtitan's `train_state.step`, or a top-level `step` as in
-// dcp.save({..., "step": n})), else AdamW's step. Names are found in one of three tables
+// dcp.save({..., "step": n})), else the step recorded (`step` where given,
+// else AdamW's). Names are found in one of three tables
 // (README, "Importing a DCP checkpoint"), chosen by which holds the token
 // embedding, under the prefix get_state_dict's dict put them (`model.`,
 // `optim.state.` / `optimizer.state.`, or none):

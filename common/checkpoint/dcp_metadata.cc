@@ -1,5 +1,7 @@
 #include "common/checkpoint/dcp_metadata.h"
 
+#include <algorithm>
+#include <cctype>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -42,12 +44,16 @@ class Decoder {
     spent_ += static_cast<int64_t>(d->entries.size()) + 1;
     return spent_ <= kLookupBudget ? d->Get(key) : nullptr;
   }
-  bool OverBudget() const { return spent_ > kLookupBudget; }
+  bool OverBudget() const { return spent_ > kLookupBudget || kept_ > kKeptBudget; }
 
   absl::Status Bad(const std::string& where, const std::string& what) const {
-    if (OverBudget()) {
+    if (spent_ > kLookupBudget) {
       return absl::InvalidArgumentError(absl::StrCat(source_, ": more than ", kLookupBudget,
                                                      " dict entries looked at: not a checkpoint's metadata"));
+    }
+    if (kept_ > kKeptBudget) {
+      return absl::InvalidArgumentError(absl::StrCat(source_, ": more than ", kKeptBudget,
+                                                     " bytes of names and sizes: not a checkpoint's metadata"));
     }
     // (`where` and `what` may hold names from the file: shown escaped.)
     return absl::InvalidArgumentError(absl::StrCat(source_, ": ", Shown(where, 300), ": ", Shown(what, 300)));
@@ -66,6 +72,10 @@ class Decoder {
     if (v && v->IsObject("torch.Size") && v->items.size() == 1) v = v->items[0];
     if (!v || !v->Is(Kind::kTuple)) return Bad(where, "not a torch.Size");
     if (v->items.size() > 16) return Bad(where, "more than 16 dimensions");
+    // What is kept is charged: a memoized entry can be repeated for a few
+    // bytes each, so the file's size alone does not bound it.
+    kept_ += 24 + 8 * static_cast<int64_t>(v->items.size());
+    if (OverBudget()) return Bad(where, "over budget");
     std::vector<int64_t> out;
     for (const PickleValue* e : v->items) {
       if (!e->Is(Kind::kInt) || e->i < 0) return Bad(where, "not a size of non-negative integers");
@@ -77,6 +87,8 @@ class Decoder {
   absl::StatusOr<std::string> String(const PickleValue* v, const std::string& where) {
     if (!v || !v->Is(Kind::kString)) return Bad(where, "not a string");
     if (v->s.size() > 4096) return Bad(where, "a name longer than 4096 bytes");
+    kept_ += 32 + static_cast<int64_t>(v->s.size());
+    if (OverBudget()) return Bad(where, "over budget");
     return v->s;
   }
 
@@ -140,8 +152,12 @@ class Decoder {
     }
     auto path = String(Field(value->state, "relative_path"), s.fqn + " relative_path");
     if (!path.ok()) return path.status();
-    if (path->empty() || path->find('/') != std::string::npos || *path == "." || *path == ".." ||
-        path->find('\0') != std::string::npos) {
+    // DCP names its files __<rank>_<n>.distcp: letters, digits, '.', '_' and
+    // '-' only, which also keeps a name that reaches an error message plain.
+    const bool plain = std::all_of(path->begin(), path->end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    });
+    if (path->empty() || !plain || *path == "." || *path == "..") {
       return Bad(s.fqn, absl::StrCat("storage file ", *path, " is not a file name in the checkpoint directory"));
     }
     s.relative_path = *path;
@@ -156,8 +172,11 @@ class Decoder {
 
  private:
   static constexpr int64_t kLookupBudget = int64_t{1} << 26;
+  // Bytes of names and sizes kept in DcpMetadata (a 70B model with AdamW at
+  // 1024 ranks keeps ~100 MB).
+  static constexpr int64_t kKeptBudget = int64_t{1} << 30;
   const std::string& source_;
-  int64_t spent_ = 0;
+  int64_t spent_ = 0, kept_ = 0;
 };
 
 }  // namespace

@@ -65,7 +65,8 @@ absl::StatusOr<const PickleValue*> PickleReader::Read(absl::string_view data, co
   std::vector<PickleValue*> stack;
   std::vector<size_t> marks;  // stack sizes at each open MARK
   std::vector<PickleValue*> memo;
-  size_t at = 0;  // the opcode's offset, for errors
+  int64_t copied = 0;  // argument pointers REDUCE and NEWOBJ copied, charged to kMaxValues
+  size_t at = 0;       // the opcode's offset, for errors
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": pickle at byte ", at, ": ", what));
   };
@@ -110,7 +111,9 @@ absl::StatusOr<const PickleValue*> PickleReader::Read(absl::string_view data, co
   };
 
   while (true) {
-    if (stack.size() > static_cast<size_t>(kMaxValues)) return bad("too deep a stack");
+    if (stack.size() > static_cast<size_t>(kMaxValues) || marks.size() > static_cast<size_t>(kMaxValues)) {
+      return bad("too deep a stack");
+    }
     at = in.pos();
     absl::string_view op_byte;
     if (!in.Take(1, &op_byte)) return bad("truncated: no STOP");
@@ -273,7 +276,10 @@ absl::StatusOr<const PickleValue*> PickleReader::Read(absl::string_view data, co
         if (!pop(&b) || !pop(&a) || !a->Is(Kind::kGlobal) || !b->Is(Kind::kTuple)) {
           return bad("REDUCE or NEWOBJ of other than a global and a tuple");
         }
-        PickleValue* v = make(Kind::kObject);
+        // The arguments are copied: a memoized tuple reduced again and again
+        // would otherwise copy more than any bound on values holds.
+        copied += static_cast<int64_t>(b->items.size());
+        PickleValue* v = copied <= kMaxValues ? make(Kind::kObject) : nullptr;
         if (!v) return bad("too many values");
         v->cls = a;
         v->items = b->items;

@@ -14,8 +14,8 @@
 // stored, or a pickle past the bounds below is an InvalidArgument naming
 // `source` and the byte offset.
 //
-// Bounds: at most kMaxValues values and stack entries, strings and bytes no
-// longer than the input. Values live in the reader (an arena) and are freed
+// Bounds: at most kMaxValues values, stack entries, open MARKs and argument
+// copies (REDUCE, NEWOBJ), strings and bytes no longer than the input. Values live in the reader (an arena) and are freed
 // with it, never by recursion. The tree may hold cycles (a memo reference to
 // a container still being filled): a consumer walks it to a depth of its own.
 //

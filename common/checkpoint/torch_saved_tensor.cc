@@ -1,9 +1,11 @@
 #include "common/checkpoint/torch_saved_tensor.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -131,15 +133,17 @@ class StoredZip {
     if (dir.size() - *p - 46 < name_n + extra_n + comment_n) return Bad("bad zip directory entry");
     const std::string name(c + 46, name_n);
     // Zip64's extra field holds, in this order, each of the three that is unset above.
-    for (const char* x = c + 46 + name_n; x + 4 <= c + 46 + name_n + extra_n;) {
-      const uint64_t id = Le(x, 2), n = Le(x + 2, 2);
-      const char* v = x + 4;
-      const char* end = std::min(v + n, c + 46 + name_n + extra_n);
+    // (Offsets within the field, never pointers past it.)
+    const char* extra = c + 46 + name_n;
+    for (uint64_t x = 0; x + 4 <= extra_n;) {
+      const uint64_t id = Le(extra + x, 2), n = Le(extra + x + 2, 2);
+      const uint64_t end = std::min<uint64_t>(x + 4 + n, extra_n);
+      uint64_t v = x + 4;
       if (id == 1) {
         for (uint64_t* f : {&usize, &csize, &local}) {
           if (*f != kUnset32) continue;
           if (v + 8 > end) return Bad(absl::StrCat("entry ", Shown(name, 128), ": short zip64 field"));
-          *f = Le(v, 8);
+          *f = Le(extra + v, 8);
           v += 8;
         }
       }
@@ -200,6 +204,14 @@ absl::StatusOr<OpenedArchive> OpenArchive(int fd, const std::string& path, int64
   if (offset < 0 || length < 22) {
     return absl::DataLossError(absl::StrCat(path, ": chunk at byte ", offset, " of ", length, " bytes: not an archive"));
   }
+  // The range lies in the file: every offset below stays inside it (and
+  // inside int64).
+  struct stat st;
+  if (fstat(fd, &st) != 0) return absl::DataLossError(absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
+  if (offset > st.st_size || length > st.st_size - offset) {
+    return absl::DataLossError(absl::StrCat(path, ": bytes [", offset, ", +", length, ") run past its end (",
+                                            st.st_size, " bytes): a short file"));
+  }
   OpenedArchive a;
   a.zip = std::make_unique<StoredZip>(fd, path, offset, length);
   StoredZip& zip = *a.zip;
@@ -250,20 +262,23 @@ absl::StatusOr<TorchSavedTensor> TensorOf(int fd, const std::string& path, const
       t.element_bytes = s.bytes;
     }
   }
+  if (t.dtype.empty()) return zip.Bad(absl::StrCat("storage type ", Shown(id->items[1]->s, 64), " is not a tensor's"));
   std::vector<int64_t> stride;
   if (!v->items[1]->Is(Kind::kInt) || v->items[1]->i < 0 || !IntTuple(v->items[2], &t.shape) ||
       !IntTuple(v->items[3], &stride) || stride.size() != t.shape.size()) {
     return zip.Bad("data.pkl: storage offset, size or stride malformed");
   }
-  // Row-major contiguous: each stride is the product of the sizes after it
-  // (a dimension of size 1 may have any stride).
-  int64_t expect = 1;
+  // Row-major contiguous: each stride is the product of the sizes after it,
+  // a size 0 counting as 1 there as torch counts it (a dimension of size 1
+  // may have any stride).
+  int64_t expect = 1, numel = 1;
   for (size_t d = t.shape.size(); d-- > 0;) {
-    if (t.shape[d] != 1 && stride[d] != expect) return zip.Bad("a tensor that is not row-major contiguous");
-    if (t.shape[d] != 0 && expect > (int64_t{1} << 50) / t.shape[d]) return zip.Bad("a tensor too large");
-    expect *= t.shape[d];
+    if (t.shape[d] > 1 && stride[d] != expect) return zip.Bad("a tensor that is not row-major contiguous");
+    if (t.shape[d] > 1 && expect > (int64_t{1} << 50) / t.shape[d]) return zip.Bad("a tensor too large");
+    expect *= std::max<int64_t>(t.shape[d], 1);
+    numel *= t.shape[d];
   }
-  t.numel = expect;
+  t.numel = numel;
   const int64_t storage_offset = v->items[1]->i, storage_numel = id->items[4]->i;
   SL_ASSIGN_OR_RETURN(ZipEntry data, a.zip->Data(absl::StrCat(top, "/data/", id->items[2]->s)));
   if (storage_numel > data.size / t.element_bytes || storage_offset > storage_numel ||
@@ -294,9 +309,19 @@ absl::StatusOr<int64_t> ReadTorchSavedInt(int fd, const std::string& path, int64
     const int64_t v = static_cast<int64_t>(Le(raw, t.element_bytes));
     return t.dtype == "int32" ? static_cast<int64_t>(static_cast<int32_t>(v)) : v;
   }
-  float f = 0;
-  SL_RETURN_IF_ERROR(ReadTorchSavedFloats(fd, path, t, 0, 1, &f));
-  if (!(f >= 0 && f < 9.0e15f) || f != static_cast<float>(static_cast<int64_t>(f))) {
+  // A float step, read at its own width (a float64 is never narrowed first).
+  double f = 0;
+  if (t.dtype == "float64") {
+    std::memcpy(&f, raw, 8);
+  } else if (t.dtype == "float32") {
+    float g;
+    std::memcpy(&g, raw, 4);
+    f = g;
+  } else {
+    const auto bits = static_cast<uint16_t>(Le(raw, 2));
+    f = t.dtype == "bfloat16" ? Bf16BitsToFloat(bits) : F16BitsToFloat(bits);
+  }
+  if (!(f >= 0 && f <= 1099511627776.0) || f != std::floor(f)) {  // [0, 2^40], whole
     return a.zip->Bad(absl::StrCat("holds ", f, ", not a step"));
   }
   return static_cast<int64_t>(f);
@@ -407,33 +432,38 @@ class StoredZipWriter {
 
 // The archive around `data_pkl` (and the tensor data, where given), with the
 // records torch.save writes beside them.
-std::string TorchSaveArchive(const std::string& data_pkl, const float* data, int64_t numel) {
+std::string TorchSaveArchive(const std::string& data_pkl, bool has_data, const float* data, int64_t numel) {
   StoredZipWriter zip;
   zip.Add("archive/data.pkl", data_pkl);
   zip.Add("archive/.format_version", "1");
   zip.Add("archive/.storage_alignment", "64");
   zip.Add("archive/byteorder", "little");
-  if (data) zip.Add("archive/data/0", absl::string_view(reinterpret_cast<const char*>(data), numel * 4));
+  if (has_data) zip.Add("archive/data/0", absl::string_view(reinterpret_cast<const char*>(data), numel * 4));
   zip.Add("archive/version", "3\n");
   return zip.Finish();
 }
 
 }  // namespace
 
-std::string TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values) {
+absl::StatusOr<std::string> TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values) {
   int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && numel > kMaxTorchSaveBytes / 4 / d)) {
+      return absl::InvalidArgumentError(absl::StrCat("a tensor chunk over ", kMaxTorchSaveBytes, " bytes"));
+    }
+    numel *= d;
+  }
   std::vector<int64_t> stride(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) stride[d - 1] = stride[d] * shape[d];
+  for (size_t d = shape.size(); d-- > 1;) stride[d - 1] = stride[d] * std::max<int64_t>(shape[d], 1);
   PickleWriter p;
   p.Global("torch._utils", "_rebuild_tensor_v2").Mark();
   p.Mark().String("storage").Global("torch", "FloatStorage").String("0").String("cpu").Int(numel).Tuple();
   p.PersistentId().Int(0).IntTuple(shape.data(), shape.size()).IntTuple(stride.data(), stride.size()).Bool(false);
   p.Global("collections", "OrderedDict").EmptyTuple().Reduce();
   p.Tuple().Reduce();
-  return TorchSaveArchive(p.Finish(), values, numel);
+  return TorchSaveArchive(p.Finish(), true, values, numel);
 }
 
-std::string TorchSaveValue(const std::string& data_pkl) { return TorchSaveArchive(data_pkl, nullptr, 0); }
+std::string TorchSaveValue(const std::string& data_pkl) { return TorchSaveArchive(data_pkl, false, nullptr, 0); }
 
 }  // namespace shardline

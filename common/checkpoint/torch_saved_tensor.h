@@ -7,7 +7,7 @@
 // (float32, bfloat16, float16, float64; int32 and int64 for ReadTorchSavedInt).
 //
 // ReadTorchSavedTensor reads only the archive's directory and its data.pkl
-// (PickleReader, allowed: _rebuild_tensor_v2, the float storages,
+// (PickleReader, allowed: _rebuild_tensor_v2, the float and int storages,
 // OrderedDict); ReadTorchSavedFloats then reads any element range of the
 // tensor's data by pread, never the whole chunk. Zip64 records are followed.
 //
@@ -15,8 +15,9 @@
 // (a bad signature, an entry outside the range, compression, a pickle of
 // another shape, a storage too short for the tensor, strides that are not
 // row-major contiguous, big-endian data, a storage type outside those above)
-// is DataLoss naming `path` and the range;
-// a short file is DataLoss naming `path`.
+// is DataLoss naming `path` and the range (InvalidArgument where data.pkl is
+// no pickle PickleReader runs); a range past the file's end is DataLoss
+// naming `path`.
 //
 // Writing: TorchSaveFloatTensor and TorchSaveValue build, in memory, the
 // archive torch.save writes for an fp32 tensor or for a plain value, which
@@ -63,8 +64,8 @@ absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSa
 inline constexpr int64_t kMaxTorchSaveBytes = int64_t{1} << 30;
 
 // torch.save(t) of the fp32 tensor of `shape` whose row-major elements are
-// `values` (numel of them; at most kMaxTorchSaveBytes).
-std::string TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values);
+// `values` (numel of them); InvalidArgument past kMaxTorchSaveBytes.
+absl::StatusOr<std::string> TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values);
 // torch.save(v) of a value without tensors, whose pickle (PickleWriter) is `data_pkl`.
 std::string TorchSaveValue(const std::string& data_pkl);
 

@@ -158,7 +158,7 @@ int FileWith(const std::string& bytes) {
 
 TEST(TorchSavedTensor, WhatIsWrittenReadsBackAtAnOffset) {
   const float values[6] = {1.5f, -2.0f, 3.25f, 0.0f, 1e-30f, -7.0f};
-  const std::string archive = TorchSaveFloatTensor({2, 3}, values);
+  const std::string archive = TorchSaveFloatTensor({2, 3}, values).value();
   const std::string before(1000, 'x');
   const int fd = FileWith(before + archive + "tail");
   absl::StatusOr<TorchSavedTensor> t = ReadTorchSavedTensor(fd, "a.distcp", 1000, archive.size());
@@ -172,7 +172,7 @@ TEST(TorchSavedTensor, WhatIsWrittenReadsBackAtAnOffset) {
   EXPECT_FALSE(ReadTorchSavedFloats(fd, "a.distcp", *t, 3, 4, got).ok());  // past its 6 elements
 
   const float step = 5.0f;
-  const std::string scalar = TorchSaveFloatTensor({}, &step);
+  const std::string scalar = TorchSaveFloatTensor({}, &step).value();
   const int fd2 = FileWith(scalar);
   t = ReadTorchSavedTensor(fd2, "s.distcp", 0, scalar.size());
   ASSERT_TRUE(t.ok()) << t.status();
@@ -182,6 +182,10 @@ TEST(TorchSavedTensor, WhatIsWrittenReadsBackAtAnOffset) {
   absl::StatusOr<TorchSavedTensor> cut = ReadTorchSavedTensor(fd, "a.distcp", 1000, archive.size() - 30);
   ASSERT_FALSE(cut.ok());
   EXPECT_EQ(cut.status().message().rfind("a.distcp", 0), 0u) << cut.status();
+  // A range past the file's end: refused before any offset is computed from it.
+  cut = ReadTorchSavedTensor(fd, "a.distcp", 1000, int64_t{1} << 62);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("run past its end"), std::string::npos) << cut.status();
   close(fd);
   close(fd2);
 }
