@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -70,21 +71,38 @@ namespace {
 
 // nlohmann turns a float into an int field with static_cast, which is
 // undefined behaviour outside int's range (a fuzzer found 1.1e125). The check
-// after decoding cannot see that, so floats are bounded before: no double
-// field of JobConfig means anything past 2^31 (rope_theta is at most ~1e7,
-// and 2^31 seconds is 68 years). Walks with its own stack: the text may nest
-// deeper than the thread's stack would allow a recursion.
-absl::Status RefuseHugeFloats(const nlohmann::json& root) {
-  constexpr double kLimit = 2147483648.0;
-  std::vector<const nlohmann::json*> todo = {&root};
+// after decoding cannot see that, so the text is walked first beside the
+// encoding of a default JobConfig, which has every field's JSON type: a float
+// where that holds an integer is refused; where it holds no number to compare
+// (a null optional, an empty list), a float past 2^31 is. A double field takes
+// any float (a test's lr of 1e30 among them). Walks with its own stack: the
+// text may nest deeper than the thread's stack would allow a recursion.
+absl::Status RefuseFloatsForInts(const nlohmann::json& root) {
+  static const nlohmann::json kTypes = nlohmann::json(JobConfig{});
+  struct Node {
+    const nlohmann::json* j;
+    const nlohmann::json* type;  // null: unknown
+    std::string path;            // a JSON pointer, for the error
+  };
+  std::vector<Node> todo = {{&root, &kTypes, ""}};
   while (!todo.empty()) {
-    const nlohmann::json* j = todo.back();
+    const Node n = std::move(todo.back());
     todo.pop_back();
-    if (j->is_number_float() && !(std::abs(j->get<double>()) < kLimit)) {
-      return absl::InvalidArgumentError(absl::StrCat("number ", Shown(j->dump(), 64), " out of range"));
-    }
-    if (j->is_structured()) {
-      for (const auto& child : *j) todo.push_back(&child);
+    if (n.j->is_number_float()) {
+      const bool for_int = n.type && n.type->is_number_integer();
+      const bool for_double = n.type && n.type->is_number_float();
+      if (for_int || (!for_double && !(std::abs(n.j->get<double>()) < 2147483648.0))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Shown(n.path, 128), ": not a value of its field's type and range, or no such field"));
+      }
+    } else if (n.j->is_object()) {
+      for (auto it = n.j->begin(); it != n.j->end(); ++it) {
+        const bool known = n.type && n.type->is_object() && n.type->contains(it.key());
+        todo.push_back({&it.value(), known ? &n.type->at(it.key()) : nullptr, n.path + "/" + it.key()});
+      }
+    } else if (n.j->is_array()) {
+      const nlohmann::json* element = n.type && n.type->is_array() && !n.type->empty() ? &n.type->front() : nullptr;
+      for (size_t k = 0; k < n.j->size(); ++k) todo.push_back({&(*n.j)[k], element, absl::StrCat(n.path, "/", k)});
     }
   }
   return absl::OkStatus();
@@ -100,7 +118,7 @@ absl::StatusOr<JobConfig> DecodeJobConfig(absl::string_view text, const std::str
   try {
     const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end());
     if (!j.is_object()) throw std::invalid_argument("not a JSON object");
-    if (absl::Status s = RefuseHugeFloats(j); !s.ok()) {
+    if (absl::Status s = RefuseFloatsForInts(j); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": job spec: ", s.message()));
     }
     JobConfig c = j.get<JobConfig>();

@@ -138,12 +138,12 @@ def main():
         f.write("")
     cases = [(("shardctl", "st"), ["status"]),
              (("shardctl", "s"), ["shards", "status", "submit"]),
-             (("shardctl", "ckpt", ""), ["export", "list", "save"]),
+             (("shardctl", "ckpt", ""), ["export", "import", "list", "save"]),
              (("shardctl", "--json", "ckpt", "l"), ["list"]),
              (("shardctl", "--coordinator", "h:1", "ckpt", "e"), ["export"]),
              (("shardctl", "status", "job-1", "--j"), ["--json"]),
              (("shardctl", "ckpt", "save", "--t"), ["--timeout", "--tls-ca", "--token-file"]),
-             (("shardctl", "ckpt", "export", "x", "--format", ""), ["hf", "nanogpt", "peft"]),
+             (("shardctl", "ckpt", "export", "x", "--format", ""), ["dcp", "hf", "nanogpt", "peft"]),
              (("shardctl", "completion", ""), ["bash", "zsh"]),
              (("shardctl", "--v"), ["--version"]),
              (("shardctl", "submit", os.path.join(d, "job.t")), [os.path.join(d, "job.toml")])]
@@ -160,8 +160,8 @@ def main():
         got, err = zsh_complete(scripts["zsh"], "shardctl", "st")  # zsh filters by the prefix itself
         c.check({"submit", "jobs", "status", "ckpt", "plan", "completion"} <= set(got)
                 and not any(g.startswith("-") for g in got), "zsh: shardctl st<TAB> offers the commands", f"{got} {err}")
-        zcases = [(("shardctl", "ckpt", ""), ["export", "list", "save"]),
-                  (("shardctl", "ckpt", "export", "x", "--format", ""), ["hf", "nanogpt", "peft"]),
+        zcases = [(("shardctl", "ckpt", ""), ["export", "import", "list", "save"]),
+                  (("shardctl", "ckpt", "export", "x", "--format", ""), ["dcp", "hf", "nanogpt", "peft"]),
                   (("shardctl", "submit", "j"), ["<files>"])]
         for words, want in zcases:
             got, err = zsh_complete(scripts["zsh"], *words)

@@ -135,7 +135,8 @@ TEST(JobWire, ADamagedSpecIsRefusedNamingTheField) {
   EXPECT_EQ(refusal(j), "job-7: job spec: /train/steps: not a value of its field's type and range, or no such field");
   j = good;
   j["precision"]["extra"] = 1;
-  EXPECT_EQ(refusal(j), "job-7: job spec: /precision/extra: not a value of its field's type and range, or no such field");
+  EXPECT_EQ(refusal(j),
+            "job-7: job spec: /precision/extra: not a value of its field's type and range, or no such field");
   j = good;
   j["parallelism"]["strategy"] = 99;
   EXPECT_NE(refusal(j).find("enum value 99 out of range"), std::string::npos) << refusal(j);
@@ -144,9 +145,18 @@ TEST(JobWire, ADamagedSpecIsRefusedNamingTheField) {
   EXPECT_NE(refusal(j).find("hf_dir"), std::string::npos) << refusal(j);
   j = good;
   // A float into an int field is converted by static_cast, undefined past
-  // int's range: refused before (a fuzzer found this one).
+  // int's range: refused before (a fuzzer found this one) ...
   j["model"]["n_layer"] = 1.09951e+125;
-  EXPECT_EQ(refusal(j), "job-7: job spec: number 1.09951e+125 out of range");
+  EXPECT_EQ(refusal(j),
+            "job-7: job spec: /model/n_layer: not a value of its field's type and range, or no such field");
+  j = good;
+  j["data"]["train"]["paths"] = nlohmann::json::array({1e300});  // an empty default list types nothing
+  EXPECT_EQ(refusal(j),
+            "job-7: job spec: /data/train/paths/0: not a value of its field's type and range, or no such field");
+  // ... while a double field takes any float: tests force divergence with lr = 1e30.
+  j = good;
+  j["optimizer"]["lr"] = 1e30;
+  EXPECT_EQ(refusal(j), "accepted");
   j = good;
   j["model"]["family"] = 3;
   EXPECT_EQ(refusal(j).rfind("job-7: job spec: ", 0), 0u) << refusal(j);
