@@ -184,9 +184,21 @@ DeviceMemory Device::Memory() const {
     return m;
   }
 #endif
-  m.allocated = m.reserved = TensorMemory::current();
-  m.peak_allocated = m.peak_reserved = TensorMemory::peak();
+  m.allocated = TensorMemory::current();
+  m.peak_allocated = TensorMemory::peak();
+  m.reserved = TensorMemory::reserved();
+  m.peak_reserved = TensorMemory::peak_reserved();
   return m;
+}
+
+void Device::ReleaseCachedMemory() const {
+#ifdef SHARDLINE_WITH_CUDA
+  if (is_cuda()) {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    return;
+  }
+#endif
+  TensorMemory::ReleaseCached();
 }
 
 void Device::ResetPeakMemory() const {

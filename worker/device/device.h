@@ -6,7 +6,7 @@
 //   reduce_scatter   gradient reduce-scatters (and all-reduces)
 //
 // On `cpu` every stream is the CPU's one stream, waits are no-ops and memory
-// is measured by TensorMemory: exactly what the engine always did. On
+// is TensorMemory's (which caches large blocks, as CUDA's allocator does). On
 // `cuda:N` the streams come from LibTorch's CUDA stream pool, allocation goes
 // through the CUDA caching allocator on the compute stream, and memory comes
 // from that allocator's statistics.
@@ -93,6 +93,9 @@ class Device {
 
   DeviceMemory Memory() const;
   void ResetPeakMemory() const;
+  // Returns the allocator's cached, unused blocks to the system, after a
+  // one-off peak (loading weights or a checkpoint) that steps never reach.
+  void ReleaseCachedMemory() const;
 
  private:
   explicit Device(at::Device device);

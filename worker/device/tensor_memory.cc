@@ -3,38 +3,74 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <mutex>
+#include <new>
 
 #include <c10/core/CPUAllocator.h>
+
+#include "worker/device/host_block_cache.h"
 
 namespace shardline {
 namespace {
 
-std::atomic<int64_t> g_current{0}, g_peak{0};
+// Tensor bytes live (and their peak); bytes held from the system for them,
+// malloc's plus the block cache's mappings (and their peak).
+std::atomic<int64_t> g_current{0}, g_peak{0}, g_malloced{0}, g_reserved_peak{0};
 
-void Count(int64_t delta) {
-  const int64_t now = g_current.fetch_add(delta) + delta;
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+void RaisePeak(std::atomic<int64_t>& peak, int64_t now) {
+  int64_t p = peak.load();
+  while (now > p && !peak.compare_exchange_weak(p, now)) {
   }
 }
 
-// Allocates 64-byte-aligned blocks (as LibTorch's own CPU allocator does) with
-// the block's size in a
-// 64-byte header just before the data (alignment stays 64). The DataPtr is a
-// "simple" one (context == data, raw_deleter set), as LibTorch's kernels
-// that use raw_allocate require.
+// A quarter of the high water: with it the bench's small GPT remaps no
+// block after its first step (HostBlockCache's header says why any slack).
+constexpr double kCacheSlack = 0.25;
+
+HostBlockCache& LargeBlocks() {
+  static HostBlockCache* cache = new HostBlockCache(kCacheSlack);  // never destroyed: tensors may outlive statics
+  return *cache;
+}
+
+bool CacheLargeBlocks() {
+  static const bool on = [] {
+    const char* v = std::getenv("SHARDLINE_HOST_BLOCK_CACHE");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+int64_t Reserved() { return g_malloced.load() + LargeBlocks().mapped_bytes(); }
+
+// Allocates 64-byte-aligned blocks (as LibTorch's own CPU allocator does)
+// with a 64-byte header just before the data (alignment stays 64): the
+// tensor's size and where its block came from, large ones from the
+// HostBlockCache and the rest from malloc. The DataPtr is a "simple" one
+// (context == data, raw_deleter set), as LibTorch's kernels that use
+// raw_allocate require.
 constexpr size_t kHeader = 64;
+struct BlockHeader {
+  size_t bytes;        // the tensor's
+  size_t block_bytes;  // the cache's mapping; 0 for malloc's
+};
+static_assert(sizeof(BlockHeader) <= kHeader);
 
 class CountingAllocator final : public at::Allocator {
  public:
   at::DataPtr allocate(size_t n) override {
     const size_t total = (n + kHeader + kHeader - 1) / kHeader * kHeader;
-    char* base = static_cast<char*>(std::aligned_alloc(kHeader, total));
+    HostBlockCache::Block block;
+    if (CacheLargeBlocks() && total >= HostBlockCache::kMinBytes) {
+      block = LargeBlocks().Allocate(total);
+    } else {
+      block.data = std::aligned_alloc(kHeader, total);
+      if (block.data) g_malloced.fetch_add(static_cast<int64_t>(total));
+    }
+    char* base = static_cast<char*>(block.data);
     if (!base) throw std::bad_alloc();
-    *reinterpret_cast<size_t*>(base) = n;
-    Count(static_cast<int64_t>(n));
+    new (base) BlockHeader{n, block.bytes};
+    RaisePeak(g_peak, g_current.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n));
+    RaisePeak(g_reserved_peak, Reserved());
     void* data = base + kHeader;
     return at::DataPtr(data, data, &Release, at::Device(at::kCPU));
   }
@@ -45,8 +81,14 @@ class CountingAllocator final : public at::Allocator {
   static void Release(void* data) {
     if (!data) return;
     char* base = static_cast<char*>(data) - kHeader;
-    Count(-static_cast<int64_t>(*reinterpret_cast<size_t*>(base)));
-    std::free(base);
+    const BlockHeader h = *reinterpret_cast<const BlockHeader*>(base);
+    g_current.fetch_sub(static_cast<int64_t>(h.bytes));
+    if (h.block_bytes != 0) {
+      LargeBlocks().Release(HostBlockCache::Block{base, h.block_bytes});
+    } else {
+      g_malloced.fetch_sub(static_cast<int64_t>((h.bytes + kHeader + kHeader - 1) / kHeader * kHeader));
+      std::free(base);
+    }
   }
 };
 
@@ -62,6 +104,14 @@ void TensorMemory::Install() {
 
 int64_t TensorMemory::current() { return g_current.load(); }
 int64_t TensorMemory::peak() { return g_peak.load(); }
-void TensorMemory::ResetPeak() { g_peak.store(g_current.load()); }
+int64_t TensorMemory::reserved() { return Reserved(); }
+int64_t TensorMemory::peak_reserved() { return g_reserved_peak.load(); }
+
+void TensorMemory::ResetPeak() {
+  g_peak.store(g_current.load());
+  g_reserved_peak.store(Reserved());
+}
+
+void TensorMemory::ReleaseCached() { LargeBlocks().Trim(); }
 
 }  // namespace shardline

@@ -89,7 +89,9 @@ absl::Status Engine::Init() {
   reduce_every_micro_ = ShardsGrads(config_.parallelism.strategy) &&
                         config_.train.grad_accumulation == GradAccumulation::kSharded;
   init_peak_ = ledger_.peak();
-  return device_->Synchronize(waiter_.timeout());
+  SL_RETURN_IF_ERROR(device_->Synchronize(waiter_.timeout()));
+  device_->ReleaseCachedMemory();  // the weights' loading buffers are not a step's
+  return absl::OkStatus();
 }
 
 absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSource* adapters) {

@@ -94,6 +94,7 @@ absl::Status JobRunner::Run() {
   if (!run_.resume_from.empty()) {
     SL_ASSIGN_OR_RETURN(CheckpointManifest m, LoadCheckpoint(*engine_, run_.config, run_.resume_from));
     start = m.step;
+    engine_->device().ReleaseCachedMemory();  // the load's buffers are not a step's
   }
   step_ = start;
   last_save_ = absl::Now();
