@@ -156,6 +156,12 @@ struct ParallelismConfig {
   // link for the next pick: worker/run/job_runner.cc).
   bool auto_strategy = false;
   int shard_group_size = 0;  // hybrid only; 0 means "the whole world"
+  // An untied token embedding whose parameters are sharded (full_shard,
+  // hybrid_shard, a sharded LoRA base) is never gathered: each rank looks up
+  // the rows of its shard for every rank's tokens, a reduce-scatter hands
+  // each rank its own, and its gradient is every rank's token gradients,
+  // gathered and added into the shard (worker/engine/sparse_embedding.h).
+  bool sparse_embedding = false;
 };
 struct PrecisionConfig {
   DType param_dtype = DType::kFloat32, reduce_dtype = DType::kFloat32, buffer_dtype = DType::kFloat32;

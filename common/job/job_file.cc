@@ -314,6 +314,7 @@ void ReadExecution(SectionReaders& r, JobConfig& c) {
     return Strategy::kFullShard;  // until the coordinator picks
   });
   par.Int("shard_group_size", &c.parallelism.shard_group_size, 0, kMaxRanks);
+  par.Bool("sparse_embedding", &c.parallelism.sparse_embedding);
   TableReader& prec = r["precision"];
   prec.Enum<DType>("param_dtype", &c.precision.param_dtype, ParseDType);
   prec.Enum<DType>("reduce_dtype", &c.precision.reduce_dtype, ParseDType);

@@ -55,10 +55,12 @@ def main():
     ap.add_argument("--backward-prefetch", default="pre")
     ap.add_argument("--worlds", default="1,2,3,4")
     ap.add_argument("--model", choices=sorted(harness.LLAMA_MODELS))
+    ap.add_argument("--sparse-embedding", action="store_true", help="[parallelism] sparse_embedding = true")
     args = ap.parse_args()
     checks = harness.Checks()
     extra = {"memory__activation_checkpointing": args.checkpointing,
-             "prefetch__backward": args.backward_prefetch}
+             "prefetch__backward": args.backward_prefetch,
+             "parallelism__sparse_embedding": args.sparse_embedding}
 
     def config(strategy, world, **kw):
         cfg = harness.config(strategy, world, **kw)

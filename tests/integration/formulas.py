@@ -78,6 +78,15 @@ def gathers_per_micro(sizes, elem, G, blocks_only=False):
     return sum(ring(s * elem, G) * (2 if 0 < i < len(sizes) - 1 else 1) for i, s in enumerate(sizes))
 
 
+def sparse_embedding(cfg, world):
+    """[parallelism] sparse_embedding applies: an untied token table whose
+    parameters stay sharded, over a shard group of more than one rank."""
+    model, strategy = cfg["model"], cfg["parallelism"]["strategy"]
+    untied = model.get("family") == "llama" and not model.get("tie_word_embeddings")
+    sharded = strategy in SHARDS_PARAMS or (bool(cfg.get("lora")) and cfg["lora"].get("base", "sharded") == "sharded")
+    return bool(cfg["parallelism"].get("sparse_embedding")) and untied and sharded and group_size(strategy, world, cfg) > 1
+
+
 def comm_bytes(cfg, world, steps):
     """Bytes this rank sends, by (communicator, op), over `steps` steps plus
     the final parameter gather that shardline-train --out performs. Under
@@ -103,6 +112,20 @@ def comm_bytes(cfg, world, steps):
     # micro-batch is reduce-scattered; the all-reduce across replicas is once.
     if strategy in SHARDS_GRADS and cfg["train"].get("grad_accumulation", "sharded") == "sharded":
         rs *= micro
+    if sparse_embedding(cfg, world):
+        # The table is never gathered nor reduce-scattered: per micro-batch
+        # the token ids (int64) are all-gathered and the [G x tokens, C]
+        # partial rows reduce-scattered, and in backward the rows' gradients
+        # (reduce dtype) all-gathered.
+        model = cfg["model"]
+        tokens, C = cfg["train"]["micro_batch_size"] * model["block_size"], model["n_embd"]
+        table = padded(unit_sizes(model)[0], G)
+        ag -= micro * ring(table * p, G)
+        ag += micro * ring(G * tokens * 8, G)
+        rs += micro * ring(G * tokens * C * p, G)
+        if not lora:
+            rs -= (micro if cfg["train"].get("grad_accumulation", "sharded") == "sharded" else 1) * ring(table * r, G)
+            ag += micro * ring(G * tokens * C * r, G)
     # grad norm, then loss + save vote (fp64)
     shard_ar = ring_all_reduce(8, 8, G) + ring_all_reduce(16, 8, G) if G > 1 else 0
     rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(16, 8, R)) if R > 1 else 0

@@ -86,6 +86,11 @@ absl::Status Engine::Init() {
     }
   }
   reduction_ = std::make_unique<GradReduction>(comms_.shard.get(), comms_.replicate.get(), &waiter_, &ledger_);
+  const FlatParam& embed = units_[0].base();
+  if (config_.parallelism.sparse_embedding && !m.tied() && !embed.options().persistent_params &&
+      comms_.shard->size() > 1) {
+    sparse_embedding_ = std::make_unique<SparseEmbedding>(embed.layout(), comms_.shard->rank());
+  }
   reduce_every_micro_ = ShardsGrads(config_.parallelism.strategy) &&
                         config_.train.grad_accumulation == GradAccumulation::kSharded;
   init_peak_ = ledger_.peak();
@@ -176,13 +181,20 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
   const int max_inflight = config_.prefetch.max_inflight_all_gathers;
   for (int u = 0; u < U; ++u) {
     Unit& unit = units_[u];
-    unit.Unshard(*comms_.shard);  // (unless prefetched)
-    SL_RETURN_IF_ERROR(unit.Wait(waiter_));
+    const bool sparse = u == 0 && sparse_embedding_;  // (never gathered)
+    if (!sparse) {
+      unit.Unshard(*comms_.shard);  // (unless prefetched)
+      SL_RETURN_IF_ERROR(unit.Wait(waiter_));
+    }
     if (config_.prefetch.forward) {
       const int until = std::min(U, u + 1 + lookahead);
       for (int v = u + 1; v < until && inflight_gathers() < max_inflight; ++v) Prefetch(v);
     }
-    h = UnitForward(u, h, pass);
+    if (sparse) {
+      SL_ASSIGN_OR_RETURN(h, EmbedSparse(h, pass));
+    } else {
+      h = UnitForward(u, h, pass);
+    }
     // The embed unit stays gathered for the tied lm_head. Training runs the
     // head's backward next, so it keeps the head too.
     if (model::IsBlock(m, u) || (u == head && !pass.train())) SL_RETURN_IF_ERROR(unit.Reshard());
@@ -218,6 +230,31 @@ at::Tensor Engine::UnitOutput(int u, const at::Tensor& h, const ForwardPass& pas
   return family_->HeadLoss(h, units_[u].weights(), embed, pass.targets, pass.loss_scale);
 }
 
+absl::StatusOr<at::Tensor> Engine::EmbedSparse(const at::Tensor& ids, const ForwardPass& pass) {
+  SL_ASSIGN_OR_RETURN(SparseEmbedding::Rows rows,
+                      sparse_embedding_->Lookup(*comms_.shard, waiter_, ids, units_[0].base().param_shard()));
+  if (pass.train()) {
+    Unit::Activation a;
+    a.input = ids;
+    a.all_ids = rows.all_ids;
+    a.output = rows.hidden;
+    TrackActivation(a.output, true);
+    units_[0].Keep(std::move(a));
+  }
+  return rows.hidden;
+}
+
+absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad) {
+  const Unit::Activation a = units_[0].Take();
+  TrackActivation(a.output, false);
+  FlatParam* f = units_[0].trainable();
+  SL_ASSIGN_OR_RETURN(const at::Tensor part, sparse_embedding_->Gradient(*comms_.shard, waiter_, a.all_ids, grad,
+                                                                         f->grad_shard().scalar_type()));
+  // Reduced in every micro-batch whatever the accumulation (its bytes are
+  // the tokens', not the table's); across replicate groups in the last.
+  return reduction_->AddShard(f, part, /*replace=*/micro == 0, /*last=*/final_micro);
+}
+
 absl::Status Engine::Backward(int u, at::Tensor* grad) {
   const ModelConfig& m = config_.model;
   Unit& unit = units_[u];
@@ -247,6 +284,10 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
   // Under LoRA the frozen embedding needs no backward at all.
   const int last = config_.lora.enabled ? 1 : 0;
   for (int u = U - 1; u >= last; --u) {
+    if (u == 0 && sparse_embedding_) {
+      SL_RETURN_IF_ERROR(BackwardSparseEmbed(micro, final_micro, grad));
+      break;
+    }
     Unit& unit = units_[u];
     unit.Unshard(*comms_.shard);  // (unless prefetched)
     SL_RETURN_IF_ERROR(unit.Wait(waiter_));

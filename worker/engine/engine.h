@@ -46,6 +46,7 @@
 #include "worker/device/device.h"
 #include "worker/engine/flat_param.h"
 #include "worker/engine/grad_reduction.h"
+#include "worker/engine/sparse_embedding.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/unit.h"
 #include "worker/model/family.h"
@@ -206,6 +207,11 @@ class Engine {
   // Backward of every unit in reverse order (after ForwardUnits' training
   // pass); the last micro-batch starts each unit's gradient reduction.
   absl::Status BackwardUnits(int micro, bool final_micro);
+  // The embed unit through SparseEmbedding ([parallelism] sparse_embedding):
+  // the rows of token ids `ids` (training keeps what its backward needs),
+  // and that backward given the gradient of those rows.
+  absl::StatusOr<at::Tensor> EmbedSparse(const at::Tensor& ids, const ForwardPass& pass);
+  absl::Status BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad);
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
@@ -240,6 +246,8 @@ class Engine {
   std::vector<FlatParam*> trainable_;
   std::vector<ShardLayout> trainable_layouts_;
   std::unique_ptr<GradReduction> reduction_;
+  // Where the embedding is untied, its parameters sharded and the job asks.
+  std::unique_ptr<SparseEmbedding> sparse_embedding_;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
   double optimizer_seconds_ = 0;  // the last OptimizerStep's update (StepResult::optimizer_seconds)

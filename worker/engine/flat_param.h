@@ -145,6 +145,9 @@ class FlatParam {
   // (reduce dtype) added to grad_shard on the compute stream.
   void AddToGradShard(const at::Tensor& reduced) { grad_shard_.add_(reduced); }
 
+  // This rank's shard of the parameters in the param dtype (sharded-params
+  // strategies; undefined where parameters persist unsharded).
+  const at::Tensor& param_shard() const { return param_shard_; }
   const at::Tensor& unsharded() const { return unsharded_; }
   const at::Tensor& grad_full() const { return grad_full_; }
   const std::vector<at::Tensor>& weights() const { return weights_; }

@@ -36,6 +36,28 @@ absl::Status GradReduction::Start(FlatParam* unit, bool accumulate, bool last) {
   return absl::OkStatus();
 }
 
+absl::Status GradReduction::Finish(Pending& p) {
+  // The compute stream waits before the buffers are freed: their memory
+  // then goes only to work ordered after the reduce-scatter.
+  SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.reduce_scatter, comm::Op::kReduceScatter));
+  p.scattered = true;
+  if (p.scratch.defined()) {
+    if (!shard_->ordered_on_device()) p.unit->AddToGradShard(p.scratch);  // (on the device: added in Start)
+    ledger_->Sub(MemKind::kGrads, p.scratch.nbytes());
+    p.scratch = at::Tensor();
+  }
+  if (p.cast.defined()) {
+    ledger_->Sub(MemKind::kGrads, p.cast.nbytes());
+    p.cast = at::Tensor();
+  }
+  if (!p.unit->options().persistent_grads) p.unit->FreeGrad();
+  // On the host (Gloo), the all-reduce may start only once the shard holds
+  // the reduce-scatter's result; the replicate communicator has its own
+  // connections, so its ops need only keep their order among themselves.
+  if (p.last && replicate_->size() > 1 && !p.all_reduce) p.all_reduce = replicate_->AllReduce(p.unit->grad_shard());
+  return absl::OkStatus();
+}
+
 absl::Status GradReduction::Pump(bool wait_all, size_t max_in_flight) {
   size_t in_flight = 0;
   for (const Pending& p : pending_) in_flight += p.scattered ? 0 : 1;
@@ -43,30 +65,35 @@ absl::Status GradReduction::Pump(bool wait_all, size_t max_in_flight) {
     if (p.scattered) continue;
     if (!wait_all && in_flight <= max_in_flight && !p.reduce_scatter->Done()) break;
     --in_flight;
-    // The compute stream waits before the buffers are freed: their memory
-    // then goes only to work ordered after the reduce-scatter.
-    SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.reduce_scatter, comm::Op::kReduceScatter));
-    p.scattered = true;
-    if (p.scratch.defined()) {
-      if (!shard_->ordered_on_device()) p.unit->AddToGradShard(p.scratch);  // (on the device: added in Start)
-      ledger_->Sub(MemKind::kGrads, p.scratch.nbytes());
-      p.scratch = at::Tensor();
-    }
-    if (p.cast.defined()) {
-      ledger_->Sub(MemKind::kGrads, p.cast.nbytes());
-      p.cast = at::Tensor();
-    }
-    if (!p.unit->options().persistent_grads) p.unit->FreeGrad();
-    // On the host (Gloo), the all-reduce may start only once the shard holds
-    // the reduce-scatter's result; the replicate communicator has its own
-    // connections, so its ops need only keep their order among themselves.
-    if (p.last && replicate_->size() > 1 && !p.all_reduce) p.all_reduce = replicate_->AllReduce(p.unit->grad_shard());
+    SL_RETURN_IF_ERROR(Finish(p));
   }
   if (!wait_all) return absl::OkStatus();
   for (Pending& p : pending_) {
     if (p.all_reduce) SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.all_reduce, comm::Op::kAllReduce));
   }
   pending_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status GradReduction::AddShard(FlatParam* unit, const at::Tensor& part, bool replace, bool last) {
+  // A unit's all-reduce must follow every all-reduce started before it, on
+  // every rank alike: the reductions started earlier finish first, in order.
+  const bool all_reduce = last && replicate_->size() > 1;
+  for (Pending& p : pending_) {
+    if (!p.scattered && (all_reduce || p.unit == unit)) SL_RETURN_IF_ERROR(Finish(p));
+  }
+  if (replace) {
+    unit->grad_shard().copy_(part);
+  } else {
+    unit->AddToGradShard(part);
+  }
+  if (all_reduce) {
+    Pending p;
+    p.unit = unit;
+    p.scattered = true;
+    p.all_reduce = replicate_->AllReduce(unit->grad_shard());
+    pending_.push_back(std::move(p));
+  }
   return absl::OkStatus();
 }
 

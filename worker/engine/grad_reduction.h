@@ -51,6 +51,12 @@ class GradReduction {
   // the gradient memory of a backward to that many units plus the one in
   // compute, as FSDP2 keeps one reduce-scatter in flight.
   absl::Status Pump(bool wait_all, size_t max_in_flight = SIZE_MAX);
+  // Where a unit's gradient shard was computed without a reduce-scatter
+  // (SparseEmbedding): writes `part` (this rank's shard, reduce dtype) into
+  // its grad_shard, or with `replace` false adds it, once any reduction of
+  // the unit already started has finished; `last` then all-reduces it across
+  // replicate groups, after every reduction started before it.
+  absl::Status AddShard(FlatParam* unit, const at::Tensor& part, bool replace, bool last);
 
  private:
   struct Pending {
@@ -62,6 +68,10 @@ class GradReduction {
     bool scattered = false;
     std::shared_ptr<comm::Work> all_reduce;  // across replicate groups
   };
+
+  // Waits for p's reduce-scatter, folds its result into the shard, frees its
+  // buffers and, where it is the last, starts its all-reduce.
+  absl::Status Finish(Pending& p);
 
   comm::Communicator* const shard_;
   comm::Communicator* const replicate_;

@@ -49,6 +49,7 @@ class Unit {
     at::Tensor input;   // what the unit was given (kept for recomputation)
     at::Tensor leaf;    // the grad-requiring copy of input the graph starts at
     at::Tensor output;  // the unit's output with its graph (unless recomputed)
+    at::Tensor all_ids;  // a sparse embedding's lookup: every rank's token ids
   };
 
   // `base` must be non-null; `adapters` is null without LoRA adapters, and

@@ -1,0 +1,67 @@
+#include "worker/engine/sparse_embedding.h"
+
+#include <algorithm>
+
+#include "common/base/status_macros.h"
+
+namespace shardline {
+
+SparseEmbedding::SparseEmbedding(const ShardLayout& layout, int shard_rank)
+    : table_offset_(layout.params.at(0).offset),
+      rows_(layout.params.at(0).spec.shape.at(0)),
+      width_(layout.params.at(0).spec.shape.at(1)),
+      shard_begin_(layout.ShardOffset(shard_rank)),
+      shard_numel_(layout.shard_numel) {}
+
+SparseEmbedding::Held SparseEmbedding::HeldRows(const at::Tensor& all_ids) const {
+  // Rows [lo, hi) overlap the shard's elements [shard_begin, shard_begin + numel).
+  const int64_t first = shard_begin_ - table_offset_, last = first + shard_numel_;  // table elements
+  const int64_t lo = std::clamp<int64_t>(first / width_, 0, rows_);
+  const int64_t hi = std::clamp<int64_t>((last + width_ - 1) / width_, lo, rows_);
+  Held h;
+  h.tokens = at::nonzero(all_ids.ge(lo).logical_and(all_ids.lt(hi))).squeeze(1);
+  const at::Tensor row_start = all_ids.index_select(0, h.tokens).mul(width_).sub_(first);  // [S], in the shard
+  h.positions = row_start.unsqueeze(1) + at::arange(width_, all_ids.options()).unsqueeze(0);  // [S, C]
+  h.inside = h.positions.ge(0).logical_and(h.positions.lt(shard_numel_));
+  h.positions.clamp_(0, std::max<int64_t>(0, shard_numel_ - 1));
+  return h;
+}
+
+absl::StatusOr<SparseEmbedding::Rows> SparseEmbedding::Lookup(comm::Communicator& shard, CommWaiter& waiter,
+                                                              const at::Tensor& ids,
+                                                              const at::Tensor& param_shard) const {
+  const int64_t g = shard.size(), n = ids.numel();
+  const at::Tensor own_ids = ids.reshape({-1}).to(at::kLong).contiguous();
+  Rows r;
+  r.all_ids = at::empty({g * n}, own_ids.options());
+  std::shared_ptr<comm::Work> gather = shard.AllGather(r.all_ids, own_ids);
+  SL_RETURN_IF_ERROR(waiter.OnDevice(*gather, comm::Op::kAllGather));
+  const Held held = HeldRows(r.all_ids);
+  const at::Tensor values = param_shard.index({held.positions}).masked_fill_(held.inside.logical_not(), 0);
+  const at::Tensor partial = at::zeros({g * n, width_}, param_shard.options());
+  partial.index_copy_(0, held.tokens, values);
+  const at::Tensor out = at::empty({n * width_}, param_shard.options());
+  std::shared_ptr<comm::Work> scatter = shard.ReduceScatter(out, partial.view({-1}));
+  SL_RETURN_IF_ERROR(waiter.OnDevice(*scatter, comm::Op::kReduceScatter));
+  std::vector<int64_t> shape = ids.sizes().vec();
+  shape.push_back(width_);
+  r.hidden = out.view(shape);
+  return r;
+}
+
+absl::StatusOr<at::Tensor> SparseEmbedding::Gradient(comm::Communicator& shard, CommWaiter& waiter,
+                                                     const at::Tensor& all_ids, const at::Tensor& grad,
+                                                     at::ScalarType reduce_dtype) const {
+  const int64_t g = shard.size();
+  const at::Tensor own = grad.reshape({-1}).to(reduce_dtype).contiguous();
+  const at::Tensor all = at::empty({g * own.numel()}, own.options());
+  std::shared_ptr<comm::Work> gather = shard.AllGather(all, own);
+  SL_RETURN_IF_ERROR(waiter.OnDevice(*gather, comm::Op::kAllGather));
+  const Held held = HeldRows(all_ids);
+  const at::Tensor rows = all.view({-1, width_}).index_select(0, held.tokens);  // [S, C]
+  at::Tensor part = at::zeros({shard_numel_}, own.options());
+  part.index_add_(0, held.positions.masked_select(held.inside), rows.masked_select(held.inside));
+  return part;
+}
+
+}  // namespace shardline
