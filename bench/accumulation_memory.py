@@ -11,6 +11,9 @@ Columns (medians of --repeats runs, [min-max] where they vary):
                  tensor LibTorch allocated, activations and temporaries
                  included): what peak RSS would be above the program's
                  own, with an allocator that returned every freed byte
+    plan         `shardctl plan`'s peak bytes per rank for the same job
+                 (what it predicts a device holds), and its error against
+                 tensors
     peak_rss     the largest rank's peak RSS (VmHWM)
     tok/s        over the timed steps (the first is a warm-up)
     rs_bytes     reduce-scatter bytes a rank sent per step
@@ -36,9 +39,12 @@ gradients it holds (its peak_grads over sharded's).
         [--allocators cache,malloc]
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
@@ -46,6 +52,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 import harness  # noqa: E402
 
 WORLD = 2
+SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
 
 
 def spread(values, fmt):
@@ -53,12 +60,29 @@ def spread(values, fmt):
     return fmt.format(mid) if lo == hi else f"{fmt.format(mid)} [{fmt.format(lo)}-{fmt.format(hi)}]"
 
 
-def run_once(a, allocator, micro, mode):
-    """One job of the small GPT; its largest rank's figures."""
+def job_config(a, micro, mode):
     cfg = harness.small_gpt_config("full_shard", WORLD, a.steps, WORLD * micro)
     cfg["model"]["block_size"] = a.seq
     cfg["train"]["micro_batch_size"] = 1
     cfg["train"]["grad_accumulation"] = mode
+    return cfg
+
+
+def planned_peak(a, micro, mode):
+    """`shardctl plan`'s peak tensor bytes per rank for full_shard."""
+    with tempfile.TemporaryDirectory() as work:
+        job = os.path.join(work, "job.toml")
+        harness.write_toml(job_config(a, micro, mode), job)
+        r = subprocess.run([SHARDCTL, "--json", "plan", job, "--workers", str(WORLD)], capture_output=True,
+                           text=True, timeout=60)
+    if r.returncode != 0:
+        raise harness.RunError(f"shardctl plan: {r.stderr.strip()}")
+    return next(s for s in json.loads(r.stdout)["strategies"] if s["strategy"] == "full_shard")["peak_bytes"]
+
+
+def run_once(a, allocator, micro, mode):
+    """One job of the small GPT; its largest rank's figures."""
+    cfg = job_config(a, micro, mode)
     os.environ["SHARDLINE_HOST_BLOCK_CACHE"] = "1" if allocator == "cache" else "0"  # the ranks inherit it
     try:
         _, ranks = harness.run(cfg, WORLD, timeout=1800, threads=1)
@@ -89,7 +113,7 @@ def main():
     print(f"# accumulation_memory: small GPT {harness.SMALL_GPT} at block {a.seq}, full_shard N={WORLD}, "
           f"micro-batch 1 sequence, fp32, {a.steps - 1} timed step(s) after 1, {a.repeats} repeats, "
           f"{os.cpu_count()} cores")
-    print(f"{'alloc':<6} {'micro':>5} {'mode':<10} {'peak_grads_MiB':>16} {'whole_MiB':>9} {'tensors_MiB':>16} {'peak_rss_MiB':>16} {'tok/s':>14} "
+    print(f"{'alloc':<6} {'micro':>5} {'mode':<10} {'peak_grads_MiB':>16} {'whole_MiB':>9} {'tensors_MiB':>16} {'plan_MiB (err)':>15} {'peak_rss_MiB':>16} {'tok/s':>14} "
           f"{'rs_MiB/step':>11}")
     ok = True
     rows = {}  # (allocator, micro, mode) -> (peak_grads, peak_rss) medians
@@ -97,6 +121,7 @@ def main():
     sharded_one = {}  # allocator -> sharded peak_grads at the first micro-batch count
     for micro in micros:
         for mode in ("sharded", "unsharded"):
+            plan = planned_peak(a, micro, mode)
             runs = {x: [] for x in allocators}
             for _ in range(a.repeats):
                 for allocator in allocators:  # in turn, so that drift on the machine reaches both
@@ -108,6 +133,7 @@ def main():
                 whole, scratch = r[0]["whole"], r[0]["scratch"]
                 print(f"{allocator:<6} {micro:>5} {mode:<10} {spread([g / mib for g in grads], '{:.1f}'):>16} "
                       f"{whole / mib:>9.1f} {spread([x['tensors'] / mib for x in r], '{:.0f}'):>16} "
+                      f"{plan / mib:>7.0f} ({plan / statistics.median(x['tensors'] for x in r) - 1:+.0%}) "
                       f"{spread([v / mib for v in rss], '{:.0f}'):>16} {spread([x['tps'] for x in r], '{:.0f}'):>14} "
                       f"{statistics.median(x['rs'] for x in r) / mib:>11.1f}", flush=True)
                 rows[(allocator, micro, mode)] = (statistics.median(grads), statistics.median(rss))
