@@ -51,7 +51,7 @@ each placement among those measured, and the one that measured fastest.
 saved, from the figures its title records (the planner alone runs).
 
 Needs root (network namespaces). Usage:
-    .venv/bin/python bench/network_compare.py [--model gpt|llama100m] [--lora R]
+    .venv/bin/python bench/network_compare.py [--model gpt|llama100m] [--lora R] [--sparse-embedding]
         [--points 4x1:full_shard,2x2:full_shard,2x2:hybrid_shard] [--mbits 100,300,1000]
         [--repeats 3] [--steps 4] [--batch 8] [--seq T] [--save bench/results/FILE.md]
     .venv/bin/python bench/network_compare.py --replan bench/results/FILE.md
@@ -150,6 +150,7 @@ def shardline_config(a, strategy, world, per_host, model, data):
         cfg["parallelism"]["shard_group_size"] = per_host if per_host > 1 else world // 2
     if a.lora:
         cfg["lora"] = {"rank": a.lora, "alpha": 2 * a.lora, "target_modules": "all-linear", "base": "sharded"}
+    cfg["parallelism"]["sparse_embedding"] = a.sparse_embedding
     return cfg
 
 
@@ -286,6 +287,9 @@ def replan(path, a):
     m = re.search(r"planner given ([\d.]+) GFLOP/s per thread, ([\d.]+) GB/s memory, ([\d.]+) GB/s", lines[0])
     calib = (float(m[1]) * 1e9, float(m[2]) * 1e9, float(m[3]) * 1e9)
     a.model = re.search(r"network_compare: (\w+)", lines[0])[1]
+    lora = re.search(r"LoRA r=(\d+)", lines[0])
+    a.lora = int(lora[1]) if lora else 0
+    a.sparse_embedding = "with sparse_embedding" in lines[0]
     a.batch, T = map(int, re.search(r"global batch (\d+) x (\d+) tokens", lines[0]).groups())
     model = torch_compare.model_config(a.model, T if T != torch_compare.model_config(a.model, 0)["block_size"] else 0)
     work = tempfile.mkdtemp(prefix="net-compare-replan-")
@@ -325,6 +329,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt", choices=["gpt", "llama100m"])
     ap.add_argument("--lora", type=int, default=0)
+    ap.add_argument("--sparse-embedding", action="store_true",
+                    help="Shardline's [parallelism] sparse_embedding (an untied table: llama100m)")
     ap.add_argument("--points", default="4x1:full_shard,2x2:full_shard,2x2:hybrid_shard",
                     help="placement:strategy pairs")
     ap.add_argument("--mbits", default="100,300,1000")
@@ -348,6 +354,7 @@ def main():
     torch_compare.write_tokens(data, a.steps * a.batch * T * 2 + 1, model["vocab_size"])
     atexit.register(shutil.rmtree, work, True)
     lora = f", LoRA r={a.lora} (base sharded; PEFT on the PyTorch side)" if a.lora else ""
+    lora += ", Shardline with sparse_embedding" if a.sparse_embedding else ""
     title = (f"# network_compare: {a.model}{lora}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed "
              f"steps after 1 warm-up, {a.repeats} repeats (median [min-max]), {os.cpu_count()} cores shared by "
              f"every rank, 1 thread per rank; torch {torch.__version__}; egress of every host shaped with tc tbf")

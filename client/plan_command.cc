@@ -73,6 +73,8 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
                   "over several micro-batches: sharded (reduce each) or unsharded (hold whole gradients); default: "
                   "the job file's, else sharded")
       ->check(CLI::IsMember({"sharded", "unsharded"}));
+  cmd->add_flag("--sparse-embedding", f->sparse_embedding,
+                "an untied, sharded token table moves its tokens' rows, never itself (default: the job file's)");
   cmd->add_option("--shard-group", f->shard_group, "hybrid shard group size (default: --gpus-per-node)")
       ->check(CLI::Range(1, kMaxRanks));
   cmd->add_option("--dtype", f->dtype, "parameter dtype, bf16 or fp32 (default: the job file's, else bf16)")
@@ -159,6 +161,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
         f.grad_accumulation == "unsharded" ? GradAccumulation::kUnsharded : GradAccumulation::kSharded;
   }
   if (f.shard_group > 0) in.shard_group_size = f.shard_group;
+  in.sparse_embedding = in.sparse_embedding || f.sparse_embedding;
   if (!f.dtype.empty()) {
     in.param_dtype = f.dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
     if (in.param_dtype == DType::kFloat32) in.reduce_dtype = DType::kFloat32;

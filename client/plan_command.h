@@ -22,6 +22,7 @@ struct PlanFlags {
   int workers = 0, batch = 0, micro_batch = 0, shard_group = 0;
   std::string dtype;  // bf16 | fp32; default: the job file's, else bf16
   std::string grad_accumulation;  // sharded | unsharded; default: the job file's, else sharded
+  bool sparse_embedding = false;  // or the job file's [parallelism] sparse_embedding
   // LoRA: --lora-rank > 0 plans adapters on the --lora-targets projections
   // (comma-separated, or all-linear; default PEFT's) over a --lora-base
   // (sharded | replicated) frozen base.

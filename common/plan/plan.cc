@@ -149,6 +149,7 @@ PlanInput PlanInputForJob(const JobConfig& c, int workers) {
   in.max_inflight_all_gathers = c.prefetch.max_inflight_all_gathers;
   in.shard_group_size = c.parallelism.shard_group_size;
   in.lora = c.lora;
+  in.sparse_embedding = c.parallelism.sparse_embedding;
   in.cluster.workers = workers;
   return in;
 }
@@ -230,7 +231,7 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
   // LoRA, the frozen base: sharded over the group or whole on every rank.
   SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> trained, model::TrainableOwnershipMap(m, in.lora, g));
   StateBytes(trained, s, p, r, &sp);
-  const UnitSizes t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
+  UnitSizes t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
   UnitSizes f;
   const bool base_sharded = lora && in.lora.base == LoraBase::kSharded && g > 1;
   if (lora) {
@@ -239,6 +240,18 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
     const int64_t frozen = p * (f.embed + f.head + m.n_layer * f.block) / (base_sharded ? g : 1);
     sp.params_bytes += frozen;
     sp.state_bytes += frozen;
+  }
+  // The sparse embedding: the table is never whole; a micro-batch moves its
+  // tokens' ids, partial rows (param dtype) and rows' gradients (reduce dtype).
+  const bool sparse = in.sparse_embedding && !m.tied() && g > 1 && (lora ? base_sharded : ShardsParams(s));
+  const int64_t rows = static_cast<int64_t>(g) * x.b * m.block_size;  // every rank's tokens
+  const int64_t lookup_bytes = sparse ? comm::RingAllGatherBytes(rows * 8, g) +
+                                            comm::RingReduceScatterBytes(rows * m.n_embd * p, g)
+                                      : 0;
+  const int64_t row_grad_bytes = sparse && !lora ? comm::RingAllGatherBytes(rows * m.n_embd * r, g) : 0;
+  if (sparse) {
+    (lora ? f : t).embed = 0;  // below: neither held, gathered nor reduce-scattered
+    sp.transient_bytes += rows * m.n_embd * (p + r);
   }
   const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
   if (ShardsParams(s)) sp.transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
@@ -277,16 +290,17 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
     return comm::RingAllGatherBytes(u.embed * p, g) + comm::RingAllGatherBytes(u.head * p, g) +
            2LL * m.n_layer * comm::RingAllGatherBytes(u.block * p, g);
   };
-  const int64_t first = comm::RingAllGatherBytes((base_sharded ? f.embed : t.embed) * p, g);
-  int64_t gathers = 0;
+  const int64_t first = sparse ? lookup_bytes : comm::RingAllGatherBytes((base_sharded ? f.embed : t.embed) * p, g);
+  int64_t gathers = lookup_bytes;
   if (ShardsParams(s)) gathers += gathers_per_micro(t);
   if (base_sharded) gathers += gathers_per_micro(f);
   if (gathers > 0) {
     add(static_cast<double>(x.micro_batches) * gathers - first, shard_bw, true);
     add(first, shard_bw, false);
   }
-  const int64_t full_p = t.embed + t.head + m.n_layer * t.block;
-  const int64_t embed = t.embed;
+  const int64_t embed = t.embed;  // (0 where sparse: its rows' gradients are row_grad_bytes)
+  const int64_t full_p = (sparse ? SizesOf(trained).embed : embed) + t.head + m.n_layer * t.block;
+  const int64_t reduced_p = embed + t.head + m.n_layer * t.block;  // what the reduce-scatters move
   if (!ShardsParams(s) && g > 1) {
     add(comm::RingAllGatherBytes(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
   }
@@ -294,15 +308,20 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
     // Sharded accumulation reduce-scatters every micro-batch; all but the
     // last hide behind the next micro-batch's compute.
     if (ShardsGrads(s) && in.grad_accumulation == GradAccumulation::kSharded && x.micro_batches > 1) {
-      add(static_cast<double>(x.micro_batches - 1) * comm::RingReduceScatterBytes(full_p * r, g), shard_bw, true);
+      add(static_cast<double>(x.micro_batches - 1) * comm::RingReduceScatterBytes(reduced_p * r, g), shard_bw, true);
     }
     // Reductions run during backward; the embedding's comes last (tied head).
-    add(comm::RingReduceScatterBytes((full_p - embed) * r, g), shard_bw, true);
+    add(comm::RingReduceScatterBytes((reduced_p - embed) * r, g), shard_bw, true);
     add(comm::RingReduceScatterBytes(embed * r, g), shard_bw, false);
+    // The sparse embedding's rows' gradients: every micro-batch, the last
+    // one's at the end of backward.
+    add(static_cast<double>(x.micro_batches - 1) * row_grad_bytes, shard_bw, true);
+    add(row_grad_bytes, shard_bw, false);
   }
   if (replicas > 1) {
-    add(comm::RingAllReduceBytes((full_p - embed) / g * r, r, replicas), rep_bw, true);
-    add(comm::RingAllReduceBytes(embed / g * r, r, replicas), rep_bw, false);
+    const int64_t embed_shard = sparse ? SizesOf(trained).embed : embed;  // all-reduced whole either way
+    add(comm::RingAllReduceBytes((full_p - embed_shard) / g * r, r, replicas), rep_bw, true);
+    add(comm::RingAllReduceBytes(embed_shard / g * r, r, replicas), rep_bw, false);
   }
   sp.comm_bytes = Saturated(bytes);
   sp.comm_s = overlapped + exposed;

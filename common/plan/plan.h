@@ -60,6 +60,10 @@ struct PlanInput {
   // per weight and token instead of 6). The adapters' rank-wide activations
   // are left out (r / hidden of a projection's).
   LoraConfig lora;
+  // [parallelism] sparse_embedding: an untied token table whose parameters
+  // are sharded moves its tokens' rows instead of itself, and is never held
+  // whole (worker/engine/sparse_embedding.h).
+  bool sparse_embedding = false;
   ClusterSpec cluster;
 };
 

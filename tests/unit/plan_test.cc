@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/base/ring_bytes.h"
 #include "common/model/model_shapes.h"
 
 namespace shardline {
@@ -311,6 +312,35 @@ TEST(Plan, SeventyBillionWithUnshardedAccumulationDoesNotFit) {
   absl::StatusOr<Plan> sharded = MakePlan(in);
   ASSERT_TRUE(sharded.ok()) << sharded.status();
   EXPECT_TRUE(Of(*sharded, Strategy::kFullShard).fits_checkpointed);
+}
+
+// [parallelism] sparse_embedding on an untied 8B llama over 8 GPUs: the
+// table's gather and reduce-scatter become its tokens' ids, rows and rows'
+// gradients, and neither the gathered table nor its unsharded gradient is
+// held. A tied model plans the same either way.
+TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
+  PlanInput in;
+  in.model = ModelForParams(8e9, 128256, 4096, "llama");
+  in.cluster.workers = 8;
+  in.batch_size = 8;
+  in.micro_batch_size = 1;
+  const StrategyPlan dense = Of(*MakePlan(in), Strategy::kFullShard);
+  in.sparse_embedding = true;
+  const StrategyPlan sparse = Of(*MakePlan(in), Strategy::kFullShard);
+  const int g = 8, p = 2, r = 4;  // bf16 parameters, fp32 reductions (the defaults)
+  const int64_t table = model::OwnershipMap(in.model, g)->front().padded_numel;
+  const int64_t rows = int64_t{g} * in.model.block_size, C = in.model.n_embd;
+  const int64_t saved = comm::RingAllGatherBytes(table * p, g) + comm::RingReduceScatterBytes(table * r, g);
+  const int64_t moved = comm::RingAllGatherBytes(rows * 8, g) + comm::RingReduceScatterBytes(rows * C * p, g) +
+                        comm::RingAllGatherBytes(rows * C * r, g);
+  EXPECT_EQ(dense.comm_bytes - sparse.comm_bytes, saved - moved);
+  EXPECT_EQ(dense.transient_bytes - sparse.transient_bytes, 2 * p * table - rows * C * (p + r));
+  EXPECT_EQ(dense.state_bytes, sparse.state_bytes);
+  EXPECT_LT(sparse.exposed_comm_s, dense.exposed_comm_s);
+  in.model.tie_word_embeddings = true;
+  const StrategyPlan tied_sparse = Of(*MakePlan(in), Strategy::kFullShard);
+  in.sparse_embedding = false;
+  EXPECT_EQ(tied_sparse.comm_bytes, Of(*MakePlan(in), Strategy::kFullShard).comm_bytes);
 }
 
 }  // namespace
