@@ -23,8 +23,9 @@ void RaisePeak(std::atomic<int64_t>& peak, int64_t now) {
   }
 }
 
-// A quarter of the high water: with it the bench's small GPT remaps no
-// block after its first step (HostBlockCache's header says why any slack).
+// A quarter of the high water: with it the bench's small GPT (16
+// micro-batches, 2 steps) unmapped 5 blocks, against 572 with none
+// (HostBlockCache's header says why any slack).
 constexpr double kCacheSlack = 0.25;
 
 HostBlockCache& LargeBlocks() {
