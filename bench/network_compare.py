@@ -154,9 +154,13 @@ def shardline_config(a, strategy, world, per_host, model, data):
     return cfg
 
 
-def calibrate(a, model):
+def calibrate(a, model, work):
     """(FLOP/s of one thread on one rank's batch, memory bytes/s, Gloo bus
-    bytes/s on loopback): the planner's inputs, measured apart from the engine."""
+    bytes/s on loopback): the planner's inputs, measured apart from the engine.
+    FLOPs are counted as the planner counts them (shardctl plan's
+    flops_per_token of the full model: the token lookup is none), else the
+    rate it is given and its FLOP count disagree (the llama's table is a
+    quarter of its parameters)."""
     import torch
     torch.set_num_threads(1)
     net, _, loss_of = torch_compare.torch_model(a.model, model)
@@ -164,8 +168,12 @@ def calibrate(a, model):
     T, V = model["block_size"], model["vocab_size"]
     x = torch.randint(0, V, (micro, T))
     t = plan_accuracy.best_time(lambda: loss_of(net, x, x).backward())
-    n = sum(p.numel() for p in net.parameters() if p.requires_grad)
-    flops = (6 * n + 12 * model["n_layer"] * model["n_embd"] * T) * micro * T / t
+    full = argparse.Namespace(**dict(vars(a), lora=0))
+    job = os.path.join(work, "calibrate-job.toml")
+    harness.write_toml(shardline_config(full, "full_shard", 1, 1, model, os.path.join(work, "tokens.bin")), job)
+    r = subprocess.run([plan_accuracy.SHARDCTL, "--json", "plan", job, "--workers", "1"], capture_output=True,
+                       text=True, timeout=60, check=True)
+    flops = json.loads(r.stdout)["flops_per_token"] * micro * T / t
     return flops, plan_accuracy.measure_mem_bw(), plan_accuracy.measure_gloo_busbw()
 
 
@@ -208,12 +216,20 @@ def planned(job_toml, world, per_host, link, calib, strategy):
     """shardctl plan's step time for `strategy` at this placement over a link
     carrying `link` bytes/s out of each host, and its recommendation."""
     flops, mem_bw, busbw = calib
-    share = min(1.0, (os.cpu_count() or 1) / world)
+    cores = os.cpu_count() or 1
+    share = min(1.0, cores / world)
     inter = link / per_host if strategy.startswith("hybrid") else link
+    # The kernel's TCP work for every byte a rank sends (and its peer
+    # receives) runs on the cores the ranks compute on. Gloo's loopback
+    # measurement ran plan_accuracy.WORLD ranks on these cores, each sending
+    # busbw bytes/s: a byte costs cores / (WORLD x busbw) core-seconds, which
+    # a rank pays out of its share of the cores.
+    cpu_per_byte = cores / (plan_accuracy.WORLD * busbw) / share
     r = subprocess.run([plan_accuracy.SHARDCTL, "--json", "plan", job_toml, "--workers", str(world),
                         "--gpus-per-node", str(per_host), "--flops", str(flops * share), "--mem-bw",
                         str(mem_bw * share), "--intra-bw", str(busbw), "--inter-bw", str(inter),
-                        "--gpu-memory", "1e12"], capture_output=True, text=True, timeout=60)
+                        "--comm-cpu-per-byte", str(cpu_per_byte), "--gpu-memory", "1e12"],
+                       capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise harness.RunError(f"shardctl plan: {r.stderr.strip()}")
     out = json.loads(r.stdout)
@@ -358,7 +374,7 @@ def main():
     title = (f"# network_compare: {a.model}{lora}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed "
              f"steps after 1 warm-up, {a.repeats} repeats (median [min-max]), {os.cpu_count()} cores shared by "
              f"every rank, 1 thread per rank; torch {torch.__version__}; egress of every host shaped with tc tbf")
-    calib = calibrate(a, model)
+    calib = calibrate(a, model, work)
     title += (f"; planner given {calib[0] / 1e9:.1f} GFLOP/s per thread, {calib[1] / 1e9:.1f} GB/s memory, "
               f"{calib[2] / 1e9:.2f} GB/s Gloo loopback")
     table, notes = [title, "", HEADER], []

@@ -65,6 +65,10 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--flops", f->cluster.flops, "achieved FLOP/s per device")->check(Within(1, 1e18));
   cmd->add_option("--mem-bw", f->cluster.memory_bw, "memory bytes/s per device (optimizer step)")
       ->check(Within(1, 1e15));
+  cmd->add_option("--comm-cpu-per-byte", f->cluster.comm_cpu_s_per_byte,
+                  "seconds of a rank's compute each byte it sends costs (0, the default: GPUs; Gloo on CPU "
+                  "workers that share cores: about 1 / loopback bus bandwidth)")
+      ->check(Within(0, 1));
   cmd->add_option("--batch", f->batch, "global batch in sequences (default: the job file's)")
       ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--micro-batch", f->micro_batch, "sequences per rank per forward (default: the job file's, else 1)")

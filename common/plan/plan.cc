@@ -11,6 +11,7 @@
 #include "common/base/ring_bytes.h"
 #include "common/base/status_macros.h"
 #include "common/model/model_shapes.h"
+#include "common/plan/step_schedule.h"
 #include "common/spec/job_spec.h"
 
 namespace shardline {
@@ -169,6 +170,9 @@ absl::Status CheckPlanInput(const PlanInput& in) {
     return absl::InvalidArgumentError("bandwidths must be positive (--intra-bw, --inter-bw)");
   }
   if (!positive(c.memory_bw)) return absl::InvalidArgumentError("--mem-bw must be positive");
+  if (!(c.comm_cpu_s_per_byte >= 0 && std::isfinite(c.comm_cpu_s_per_byte))) {
+    return absl::InvalidArgumentError("--comm-cpu-per-byte must be 0 or more");
+  }
   if (!positive(c.device_memory_bytes)) return absl::InvalidArgumentError("--gpu-memory must be positive");
   if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.vocab_size < 1 || m.block_size < 1) {
     return absl::InvalidArgumentError("model: layers, hidden, heads, vocab and seq must all be positive");
@@ -203,9 +207,62 @@ struct StepShape {
   int world = 1, b = 1;       // ranks, sequences per micro-batch
   int p = 4, r = 4;           // parameter and reduction bytes per element
   int micro_batches = 1;
-  double compute = 0, recompute = 0;                   // seconds per step per rank
+  // Seconds of compute per micro-batch per rank: one block's, and the
+  // head's (with the tied table's matmul); the token lookup counts none.
+  double block_forward = 0, block_backward = 0, head_forward = 0, head_backward = 0;
   double layer_act = 0, head_act = 0, layer_input = 0;  // activation bytes
 };
+
+// What one strategy moves: the units' sizes as it trains them (t; `whole`
+// keeps the sparse table's, which t zeroes) and the frozen base's (f, under
+// LoRA), over its shard group and replicas.
+struct Movement {
+  Strategy s;
+  int g = 1, replicas = 1;
+  UnitSizes t, whole, f;
+  bool lora = false, base_sharded = false, sparse = false;
+  int64_t lookup_bytes = 0, row_grad_bytes = 0;  // the sparse embedding's, per micro-batch
+};
+
+// The engine's step as StepSchedule takes it: per unit, its compute, what
+// it gathers (again in backward for a block), reduce-scatters and all-reduces
+// across replicas; the post-optimizer gather where parameters stay whole.
+ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement& mv) {
+  const ClusterSpec& c = in.cluster;
+  const ModelConfig& m = in.model;
+  const int g = mv.g, p = x.p, r = x.r;
+  ScheduleInput sch;
+  sch.micro_batches = x.micro_batches;
+  sch.reduce_every_micro = ShardsGrads(mv.s) && in.grad_accumulation == GradAccumulation::kSharded;
+  sch.max_inflight_gathers = in.max_inflight_all_gathers;
+  sch.shard_bw = g <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
+  sch.replica_bw = x.world <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
+  sch.cpu_s_per_byte = c.comm_cpu_s_per_byte;
+  const int units = model::NumUnits(m);
+  for (int u = 0; u < units; ++u) {
+    const bool block = u > 0 && u < units - 1;
+    auto size = [&](const UnitSizes& z) { return u == 0 ? z.embed : block ? z.block : z.head; };
+    UnitWork w;
+    w.forward_s = u == 0 ? 0 : block ? x.block_forward : x.head_forward;
+    w.backward_s = u == 0 ? 0 : block ? x.block_backward : x.head_backward;
+    if (ShardsParams(mv.s)) w.gather_bytes += comm::RingAllGatherBytes(size(mv.t) * p, g);
+    if (mv.base_sharded) w.gather_bytes += comm::RingAllGatherBytes(size(mv.f) * p, g);
+    w.gather_in_backward = block && w.gather_bytes > 0;
+    w.has_backward = !(mv.lora && u == 0);
+    if (g > 1) w.reduce_bytes = comm::RingReduceScatterBytes(size(mv.t) * r, g);
+    // The sparse table's shard is all-reduced whole either way.
+    const int64_t shard = (mv.sparse && u == 0 ? mv.whole.embed : size(mv.t)) / g;
+    if (mv.replicas > 1 && shard > 0) w.replica_bytes = comm::RingAllReduceBytes(shard * r, r, mv.replicas);
+    if (mv.sparse && u == 0) {
+      w.lookup_bytes = mv.lookup_bytes;
+      w.row_grad_bytes = mv.row_grad_bytes;
+    }
+    sch.units.push_back(w);
+  }
+  const int64_t full = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
+  if (!ShardsParams(mv.s) && g > 1) sch.after_step_gather_bytes = comm::RingAllGatherBytes(full * p, g);
+  return sch;
+}
 
 // One strategy's memory, communication and step time; none when its shard
 // group does not divide the world.
@@ -215,7 +272,6 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
   const ModelConfig& m = in.model;
   const int world = x.world, p = x.p, r = x.r;
   const bool lora = in.lora.enabled;
-  const double compute = x.compute, recompute = x.recompute;
   const double layer_act = x.layer_act, head_act = x.head_act, layer_input = x.layer_input;
   StrategyPlan sp;
   sp.strategy = s;
@@ -232,6 +288,7 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
   SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> trained, model::TrainableOwnershipMap(m, in.lora, g));
   StateBytes(trained, s, p, r, &sp);
   UnitSizes t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
+  const UnitSizes whole = t;  // (t's embed is zeroed below where the table is sparse)
   UnitSizes f;
   const bool base_sharded = lora && in.lora.base == LoraBase::kSharded && g > 1;
   if (lora) {
@@ -275,64 +332,23 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
   sp.fits = held + acts <= c.device_memory_bytes;
   sp.fits_checkpointed = held + acts_checkpointed <= c.device_memory_bytes;
 
-  // Communication per step, per rank: the engine's collectives.
-  const double shard_bw = g <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
-  const double rep_bw = world <= c.gpus_per_node ? c.intra_node_bw : c.inter_node_bw;
-  double overlapped = 0, exposed = 0;
-  double bytes = 0;
-  auto add = [&](double sent, double bw, bool overlaps) {
-    bytes += sent;
-    (overlaps ? overlapped : exposed) += sent / bw;
-  };
-  // Forward gathers every unit, backward the blocks again, per micro-batch;
-  // the first gather of a step cannot hide behind anything.
-  auto gathers_per_micro = [&](const UnitSizes& u) {
-    return comm::RingAllGatherBytes(u.embed * p, g) + comm::RingAllGatherBytes(u.head * p, g) +
-           2LL * m.n_layer * comm::RingAllGatherBytes(u.block * p, g);
-  };
-  const int64_t first = sparse ? lookup_bytes : comm::RingAllGatherBytes((base_sharded ? f.embed : t.embed) * p, g);
-  int64_t gathers = lookup_bytes;
-  if (ShardsParams(s)) gathers += gathers_per_micro(t);
-  if (base_sharded) gathers += gathers_per_micro(f);
-  if (gathers > 0) {
-    add(static_cast<double>(x.micro_batches) * gathers - first, shard_bw, true);
-    add(first, shard_bw, false);
-  }
-  const int64_t embed = t.embed;  // (0 where sparse: its rows' gradients are row_grad_bytes)
-  const int64_t full_p = (sparse ? SizesOf(trained).embed : embed) + t.head + m.n_layer * t.block;
-  const int64_t reduced_p = embed + t.head + m.n_layer * t.block;  // what the reduce-scatters move
-  if (!ShardsParams(s) && g > 1) {
-    add(comm::RingAllGatherBytes(full_p * p, g), shard_bw, false);  // updated parameters, after the optimizer
-  }
-  if (g > 1) {
-    // Sharded accumulation reduce-scatters every micro-batch; all but the
-    // last hide behind the next micro-batch's compute.
-    if (ShardsGrads(s) && in.grad_accumulation == GradAccumulation::kSharded && x.micro_batches > 1) {
-      add(static_cast<double>(x.micro_batches - 1) * comm::RingReduceScatterBytes(reduced_p * r, g), shard_bw, true);
-    }
-    // Reductions run during backward; the embedding's comes last (tied head).
-    add(comm::RingReduceScatterBytes((reduced_p - embed) * r, g), shard_bw, true);
-    add(comm::RingReduceScatterBytes(embed * r, g), shard_bw, false);
-    // The sparse embedding's rows' gradients: every micro-batch, the last
-    // one's at the end of backward.
-    add(static_cast<double>(x.micro_batches - 1) * row_grad_bytes, shard_bw, true);
-    add(row_grad_bytes, shard_bw, false);
-  }
-  if (replicas > 1) {
-    const int64_t embed_shard = sparse ? SizesOf(trained).embed : embed;  // all-reduced whole either way
-    add(comm::RingAllReduceBytes((full_p - embed_shard) / g * r, r, replicas), rep_bw, true);
-    add(comm::RingAllReduceBytes(embed_shard / g * r, r, replicas), rep_bw, false);
-  }
-  sp.comm_bytes = Saturated(bytes);
-  sp.comm_s = overlapped + exposed;
-  sp.compute_s = compute;
-  sp.exposed_comm_s = exposed + std::max(0.0, overlapped - compute);
+  // Communication and time per step, per rank: the engine's collectives,
+  // unit by unit, as it issues them (step_schedule.h).
+  const Movement mv{s, g, replicas, t, whole, f, lora, base_sharded, sparse, lookup_bytes, row_grad_bytes};
+  ScheduleInput sch = ScheduleOf(in, x, mv);
+  const int64_t full_p = whole.embed + whole.head + m.n_layer * whole.block;
+  const ScheduleTimes times = SimulateStep(sch);
+  sp.comm_bytes = Saturated(times.bytes);
+  sp.comm_s = times.comm_s;
+  sp.compute_s = times.compute_s;
+  sp.exposed_comm_s = times.step_s - times.compute_s;
   // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
   const int64_t owned = ShardsGrads(s) || s == Strategy::kZero1 ? full_p / g : full_p;
   sp.optimizer_s = owned * (3 * 4 * 2 + r + p) / c.memory_bw;
-  sp.step_s = compute + sp.exposed_comm_s + sp.optimizer_s;
-  sp.step_s_checkpointed = compute + recompute + exposed + std::max(0.0, overlapped - compute - recompute) +
-                           sp.optimizer_s;
+  sp.step_s = times.step_s + sp.optimizer_s;
+  // Checkpointing: every block's forward again before its backward.
+  for (size_t u = 1; u + 1 < sch.units.size(); ++u) sch.units[u].backward_s += sch.units[u].forward_s;
+  sp.step_s_checkpointed = SimulateStep(sch).step_s + sp.optimizer_s;
   sp.tokens_per_second = tokens_per_step / sp.step_s;
   return std::optional<StrategyPlan>(sp);
 }
@@ -380,14 +396,20 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   plan.flops_per_token = model::TrainingFlopsPerToken(m, in.lora);
   plan.tokens_per_step = batch * m.block_size;
   plan.micro_batches = static_cast<int>(batch / per_step);
-  const double tokens_per_rank = static_cast<double>(plan.tokens_per_step) / world;
-  const double compute = plan.flops_per_token * tokens_per_rank / c.flops;
-  // Recomputation repeats the blocks' forward: 2 FLOPs per weight and a
-  // third of attention's.
+  // Per token: a block's matmuls (2 FLOPs per weight forward, 4 backward; 2
+  // under LoRA, whose frozen weights get no gradient, plus 6 per adapter
+  // weight) and attention (12 L H Q T, a third of it forward); the head's
+  // share is the rest of model::TrainingFlopsPerToken, split the same way.
   double block_numel = 0;
   for (const ParamSpec& spec : model::UnitParams(m, 1)) block_numel += spec.numel();
-  const double recompute_flops = 2.0 * block_numel * m.n_layer + 4.0 * m.n_layer * m.n_head * m.head_dim() * m.block_size;
-  const double recompute = recompute_flops * tokens_per_rank / c.flops;
+  const bool lora = in.lora.enabled;
+  const double adapters = lora ? static_cast<double>(model::NumAdapterParams(m, in.lora)) / m.n_layer : 0;
+  const double attention = 12.0 * m.n_head * m.head_dim() * m.block_size;
+  const double block_forward = 2 * block_numel + 2 * adapters + attention / 3;
+  const double block_backward = (lora ? 2 : 4) * block_numel + 4 * adapters + 2 * attention / 3;
+  const double head = plan.flops_per_token - m.n_layer * (block_forward + block_backward);
+  const double head_forward = lora ? head / 2 : head / 3;
+  const double seconds_per_flop = static_cast<double>(b) * m.block_size / c.flops;  // one micro-batch's tokens'
 
   const double layer_act = LayerActivationBytes(m, b, p);
   const double head_act = 2.0 * b * m.block_size * m.vocab_size * 4;  // fp32 logits and their gradient
@@ -395,7 +417,8 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
 
   StepShape x;
   x.world = world, x.b = b, x.p = p, x.r = r, x.micro_batches = plan.micro_batches;
-  x.compute = compute, x.recompute = recompute;
+  x.block_forward = block_forward * seconds_per_flop, x.block_backward = block_backward * seconds_per_flop;
+  x.head_forward = head_forward * seconds_per_flop, x.head_backward = (head - head_forward) * seconds_per_flop;
   x.layer_act = layer_act, x.head_act = head_act, x.layer_input = layer_input;
   for (Strategy s : kStrategies) {
     SL_ASSIGN_OR_RETURN(std::optional<StrategyPlan> sp, PlanStrategy(in, x, s, plan.tokens_per_step));

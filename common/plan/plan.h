@@ -17,9 +17,9 @@
 //    recomputation;
 //  - compute is (6N + 12*L*H*Q*T) FLOPs per token (+1/3 with checkpointing)
 //    at the given FLOP/s; communication is ring bytes at the bandwidth of
-//    the link the group spans; per-unit collectives overlap compute, the
-//    post-optimizer parameter all-gather and the first gather / last
-//    reduction do not.
+//    the link the group spans; the step's time is the engine's unit schedule
+//    over those (step_schedule.h), so that only what the engine overlaps is
+//    hidden.
 //
 // Pure arithmetic: no LibTorch, no I/O. Errors name the flag at fault.
 #pragma once
@@ -40,6 +40,11 @@ struct ClusterSpec {
   double inter_node_bw = 25e9;   // bytes/s per rank
   double flops = 400e12;         // achieved FLOP/s per device
   double memory_bw = 2e12;       // bytes/s per device (optimizer step)
+  // Seconds of a rank's compute each byte it sends costs, where the transport
+  // runs on the cores that compute (Gloo over TCP on CPU workers: the kernel
+  // copies and checksums every byte on both ends). 0 for GPUs, whose copies
+  // run beside the compute.
+  double comm_cpu_s_per_byte = 0;
 };
 
 struct PlanInput {

@@ -1,0 +1,144 @@
+#include "common/plan/step_schedule.h"
+
+#include <algorithm>
+#include <map>
+
+namespace shardline {
+namespace {
+
+// One link: collectives in issue order, one at a time.
+class LinkQueue {
+ public:
+  LinkQueue(double bandwidth, ScheduleTimes* totals) : bandwidth_(bandwidth), totals_(totals) {}
+
+  // Issues `bytes` at time `issued`; returns when they are all sent.
+  // Moves everything queued `seconds` later (micro-batches left out).
+  void Shift(double seconds) { free_at_ += seconds; }
+
+  double Send(double issued, double bytes) {
+    const double seconds = bytes / bandwidth_;
+    free_at_ = std::max(issued, free_at_) + seconds;
+    totals_->comm_s += seconds;
+    totals_->bytes += bytes;
+    return free_at_;
+  }
+
+ private:
+  const double bandwidth_;
+  double free_at_ = 0;
+  ScheduleTimes* totals_;
+};
+
+struct Clock {
+  double now = 0;  // the step thread's
+  void WaitFor(double t) { now = std::max(now, t); }
+};
+
+// Forward of one micro-batch: each unit waits for its gather, then issues
+// the gathers after it while fewer than the limit are in flight.
+void Forward(const ScheduleInput& in, LinkQueue& shard, Clock& clock, ScheduleTimes& out) {
+  const int n = static_cast<int>(in.units.size());
+  std::map<int, double> gathered;  // unit -> when its gather ends
+  auto issue = [&](int u) {
+    if (in.units[u].gather_bytes > 0 && !gathered.count(u)) gathered[u] = shard.Send(clock.now, in.units[u].gather_bytes);
+  };
+  for (int u = 0; u < n; ++u) {
+    const UnitWork& w = in.units[u];
+    if (w.lookup_bytes > 0) clock.now = shard.Send(clock.now, w.lookup_bytes);
+    issue(u);
+    if (gathered.count(u)) clock.WaitFor(gathered[u]);
+    int in_flight = 0;
+    for (const auto& [v, end] : gathered) in_flight += v > u;
+    for (int v = u + 1; v < n && in_flight < in.max_inflight_gathers; ++v) {
+      if (in.units[v].gather_bytes > 0 && !gathered.count(v)) {
+        issue(v);
+        ++in_flight;
+      }
+    }
+    clock.now += w.forward_s;
+    out.compute_s += w.forward_s;
+  }
+}
+
+// Backward of one micro-batch, last unit first: a resharded unit is gathered
+// again (the one before it prefetched), computed, then reduce-scattered; the
+// replicas' all-reduce follows each reduce-scatter in the last micro-batch.
+void Backward(const ScheduleInput& in, bool last_micro, LinkQueue& shard, LinkQueue& replica, Clock& clock,
+              ScheduleTimes& out, std::vector<double>* ends) {
+  const int n = static_cast<int>(in.units.size());
+  const bool reduce = last_micro || in.reduce_every_micro;
+  std::map<int, double> gathered;
+  double previous_reduction = -1;
+  for (int u = n - 1; u >= 0; --u) {
+    const UnitWork& w = in.units[u];
+    if (!w.has_backward) continue;
+    if (w.gather_in_backward) {
+      if (!gathered.count(u)) gathered[u] = shard.Send(clock.now, w.gather_bytes);
+      clock.WaitFor(gathered[u]);
+    }
+    // The unit before is prefetched once this one is ready (BackwardPrefetch::kPre).
+    if (u > 0 && in.units[u - 1].gather_in_backward) gathered[u - 1] = shard.Send(clock.now, in.units[u - 1].gather_bytes);
+    clock.now += w.backward_s;
+    out.compute_s += w.backward_s;
+    if (w.row_grad_bytes > 0) clock.now = shard.Send(clock.now, w.row_grad_bytes);
+    if (!reduce) continue;
+    double reduced = clock.now;
+    if (w.reduce_bytes > 0) {
+      reduced = shard.Send(clock.now, w.reduce_bytes);
+      ends->push_back(reduced);
+      if (in.reduce_every_micro && previous_reduction >= 0) clock.WaitFor(previous_reduction);
+      previous_reduction = reduced;
+    }
+    if (last_micro && w.replica_bytes > 0) ends->push_back(replica.Send(reduced, w.replica_bytes));
+  }
+}
+
+// One pass over the step's micro-batches.
+ScheduleTimes Simulate(const ScheduleInput& in) {
+  ScheduleTimes out;
+  LinkQueue shard(in.shard_bw, &out), replica(in.replica_bw, &out);
+  Clock clock;
+  std::vector<double> ends;
+  // Micro-batches between the first and the last repeat the second one's
+  // timeline (the links drain the same way each time): simulated once and
+  // counted as many times, so a batch of 2^24 costs three micro-batches.
+  const int m = in.micro_batches;
+  for (int k = 0; k < std::min(m, 3); ++k) {
+    const ScheduleTimes before = out;
+    const double start = clock.now;
+    const bool last = k == std::min(m, 3) - 1;
+    Forward(in, shard, clock, out);
+    Backward(in, last, shard, replica, clock, out, &ends);
+    if (k == 1 && m > 3) {
+      const double repeats = m - 3, seconds = (clock.now - start) * repeats;
+      clock.now += seconds;
+      shard.Shift(seconds);
+      replica.Shift(seconds);
+      out.compute_s += (out.compute_s - before.compute_s) * repeats;
+      out.comm_s += (out.comm_s - before.comm_s) * repeats;
+      out.bytes += (out.bytes - before.bytes) * repeats;
+    }
+  }
+  for (double t : ends) clock.WaitFor(t);
+  if (in.after_step_gather_bytes > 0) clock.now = shard.Send(clock.now, in.after_step_gather_bytes);
+  out.step_s = clock.now;
+  return out;
+}
+
+}  // namespace
+
+ScheduleTimes SimulateStep(const ScheduleInput& in) {
+  const ScheduleTimes first = Simulate(in);
+  if (!(in.cpu_s_per_byte > 0) || !(first.compute_s > 0)) return first;
+  // The bytes do not depend on the timeline: a second pass, every unit's
+  // compute stretched by the CPU its step's sends take.
+  ScheduleInput stretched = in;
+  const double stretch = 1 + in.cpu_s_per_byte * first.bytes / first.compute_s;
+  for (UnitWork& w : stretched.units) {
+    w.forward_s *= stretch;
+    w.backward_s *= stretch;
+  }
+  return Simulate(stretched);
+}
+
+}  // namespace shardline

@@ -1,0 +1,59 @@
+// StepSchedule: one training step of one rank, unit by unit, in the order the
+// engine issues its work (worker/engine/engine.cc), on two links modelled as
+// queues: the shard group's and the replicas'. It is what `shardctl plan`
+// predicts a step's time with.
+//
+// Why a schedule and not max(compute, communication): a collective hides only
+// behind the compute that runs while it is in flight, and the engine bounds
+// that window. Forward keeps at most `max_inflight_gathers` gathers ahead;
+// backward prefetches one block ahead; sharded accumulation keeps one
+// reduce-scatter in flight (the one after it waits); the first gather, a
+// large head's gather behind two blocks' compute, the sparse embedding's
+// waited-on exchanges and the last reductions hide behind nothing. On the
+// emulated hosts the aggregate model was 23-43% short wherever compute and
+// communication were of one size (bench/results/network_compare_*.md).
+//
+// Each link sends one collective at a time, in the order they were issued, at
+// its bandwidth (a ring's bytes per rank / bus bandwidth). Compute runs at the
+// figures the caller gives. Pure arithmetic; thread-compatible.
+#pragma once
+
+#include <vector>
+
+namespace shardline {
+
+struct UnitWork {
+  double forward_s = 0, backward_s = 0;  // compute, per micro-batch
+  double gather_bytes = 0;               // all-gathered before forward; 0 = held whole
+  bool gather_in_backward = false;       // resharded after forward, gathered again for backward
+  bool has_backward = true;              // (a frozen embedding's is skipped)
+  double reduce_bytes = 0;               // reduce-scattered after its backward
+  double replica_bytes = 0;              // all-reduced across replicas in the last micro-batch
+  double lookup_bytes = 0;               // sparse embedding: exchanged and waited on before forward
+  double row_grad_bytes = 0;             // sparse embedding: exchanged and waited on in backward
+};
+
+struct ScheduleInput {
+  std::vector<UnitWork> units;  // in forward order
+  int micro_batches = 1;
+  // Sharded accumulation: every micro-batch reduce-scatters, one in flight.
+  // Otherwise only the last micro-batch's backward reduces, none waited on.
+  bool reduce_every_micro = true;
+  int max_inflight_gathers = 2;
+  double shard_bw = 1, replica_bw = 1;  // bytes/s per rank
+  double after_step_gather_bytes = 0;   // parameters gathered after the optimizer, waited on
+  // Compute seconds each byte sent costs the rank (ClusterSpec's): every
+  // unit's compute stretches by the step's share of it.
+  double cpu_s_per_byte = 0;
+};
+
+struct ScheduleTimes {
+  double step_s = 0;     // to the last collective's end (the optimizer excluded)
+  double compute_s = 0;  // the units' compute
+  double comm_s = 0;     // seconds the links sent
+  double bytes = 0;      // sent per rank per step
+};
+
+ScheduleTimes SimulateStep(const ScheduleInput& in);
+
+}  // namespace shardline

@@ -1,0 +1,153 @@
+// StepSchedule against timelines worked by hand: what hides behind compute
+// and what does not, for the engine's prefetch depth, backward regathers,
+// one reduce-scatter in flight, replicas, the sparse embedding's waits,
+// micro-batches and the CPU that sends take.
+#include "common/plan/step_schedule.h"
+
+#include <gtest/gtest.h>
+
+namespace shardline {
+namespace {
+
+// Units of equal size: an embedding with no compute, `blocks` blocks and a
+// head; 1 byte/s links, so bytes read as seconds.
+ScheduleInput Uniform(int blocks, double gather, double forward, double backward, double reduce) {
+  ScheduleInput in;
+  in.shard_bw = in.replica_bw = 1;
+  for (int u = 0; u < blocks + 2; ++u) {
+    UnitWork w;
+    const bool block = u > 0 && u <= blocks;
+    w.gather_bytes = gather;
+    w.gather_in_backward = block && gather > 0;
+    w.forward_s = u == 0 ? 0 : forward;
+    w.backward_s = u == 0 ? 0 : backward;
+    w.reduce_bytes = reduce;
+    in.units.push_back(w);
+  }
+  return in;
+}
+
+TEST(StepScheduleTest, ComputeBoundHidesAllButTheEdges) {
+  // Gathers of 1 s behind 10 s of forward each: the embedding's and the
+  // first block's are waited on (the lookup has no compute to hide a
+  // gather behind). Backward: the head and embedding stay gathered, each
+  // block's regather is prefetched behind the unit after it; the reductions
+  // of 1 s hide behind 20 s of backward, except the last block's and the
+  // embedding's, which has no compute either.
+  const ScheduleInput in = Uniform(2, 1, 10, 20, 1);
+  const ScheduleTimes t = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(t.compute_s, 3 * 10 + 3 * 20);
+  EXPECT_DOUBLE_EQ(t.step_s, 2 + 90 + 2);
+  EXPECT_DOUBLE_EQ(t.bytes, 4 + 2 + 4);  // 4 gathers, 2 regathers, 4 reductions
+  EXPECT_DOUBLE_EQ(t.comm_s, 10);
+}
+
+TEST(StepScheduleTest, LinkBoundStepIsTheLinksTimeWhateverTheCompute) {
+  // 10 s gathers behind 1 s computes: the link never idles once the step
+  // starts, so the step is the link's busy time plus the compute that no
+  // collective runs beside (the head's backward waits for nothing, its
+  // reduction then runs alone; the last unit waits its reduction).
+  const ScheduleInput in = Uniform(4, 10, 1, 2, 10);
+  const ScheduleTimes t = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(t.comm_s, 6 * 10 + 4 * 10 + 6 * 10);
+  EXPECT_GE(t.step_s, t.comm_s);
+  EXPECT_LE(t.step_s, t.comm_s + t.compute_s);
+}
+
+TEST(StepScheduleTest, PrefetchDepthBoundsWhatAForwardHides) {
+  // A large head (gather 30 s) behind blocks of 10 s forward: with two
+  // gathers in flight its gather starts when the block two before it starts,
+  // and waits; with more in flight it starts earlier and hides further.
+  // (Forward alone: no backward compute, regathers or reductions.)
+  ScheduleInput in = Uniform(6, 1, 10, 0, 0);
+  for (UnitWork& w : in.units) w.gather_in_backward = false;
+  in.units.back().gather_bytes = 30;
+  in.max_inflight_gathers = 2;
+  const double two = SimulateStep(in).step_s;
+  in.max_inflight_gathers = 8;
+  const double eight = SimulateStep(in).step_s;
+  // Eight in flight: every gather queued at the start, the head's ends at
+  // 1 + 6 + 30 = 37, before its turn at 2 + 60 (the first block waits for
+  // its gather behind the embedding's): 62 + 10 s of head.
+  EXPECT_DOUBLE_EQ(eight, 2 + 60 + 10);
+  // Two in flight: the head's gather is issued when block 5 starts (at 42),
+  // ends at 72, 10 s after the blocks end at 62.
+  EXPECT_DOUBLE_EQ(two, 72 + 10);
+}
+
+TEST(StepScheduleTest, OneReductionInFlightMakesBackwardWaitForThePreviousOne) {
+  // Reductions of 15 s behind 10 s backwards: sharded accumulation waits for
+  // the previous reduction before the next unit, unsharded does not wait.
+  ScheduleInput in = Uniform(3, 0, 0, 10, 15);
+  in.reduce_every_micro = true;
+  const ScheduleTimes sharded = SimulateStep(in);
+  in.reduce_every_micro = false;
+  const ScheduleTimes unsharded = SimulateStep(in);
+  // Either way the link sends 5 x 15 s back to back from the head's end at
+  // 10: the step ends with the last reduction at 10 + 75 = 85.
+  EXPECT_DOUBLE_EQ(sharded.step_s, 85);
+  EXPECT_DOUBLE_EQ(unsharded.step_s, 85);
+  // With two micro-batches the second backward starts only after the first
+  // one's last wait under sharded accumulation, and unsharded sends nothing
+  // in the first micro-batch.
+  in.micro_batches = 2;
+  in.reduce_every_micro = true;
+  const ScheduleTimes sharded2 = SimulateStep(in);
+  in.reduce_every_micro = false;
+  const ScheduleTimes unsharded2 = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(sharded2.bytes, 2 * unsharded2.bytes);
+  EXPECT_DOUBLE_EQ(unsharded2.step_s, 40 + 85);  // 40 s of compute, then as one micro-batch
+  EXPECT_GT(sharded2.step_s, unsharded2.step_s);
+}
+
+TEST(StepScheduleTest, ReplicaAllReduceFollowsEachReductionOnItsOwnLink) {
+  ScheduleInput in = Uniform(1, 0, 0, 10, 1);
+  for (UnitWork& w : in.units) w.replica_bytes = 4;
+  in.replica_bw = 2;  // 2 s each
+  const ScheduleTimes t = SimulateStep(in);
+  // Backward: head 0-10 (reduced 10-11, all-reduced 11-13), block 10-20
+  // (20-21, 21-23), embedding no compute, reduced 21-22, all-reduced 23-25.
+  EXPECT_DOUBLE_EQ(t.step_s, 25);
+  EXPECT_DOUBLE_EQ(t.bytes, 3 * 1 + 3 * 4);
+}
+
+TEST(StepScheduleTest, SparseEmbeddingExchangesAreWaitedOn) {
+  ScheduleInput in = Uniform(1, 0, 10, 10, 0);
+  in.units.front().lookup_bytes = 3;
+  in.units.front().row_grad_bytes = 5;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 3 + 20 + 20 + 5);
+}
+
+TEST(StepScheduleTest, ParametersGatheredAfterTheOptimizerAreWaitedOn) {
+  ScheduleInput in = Uniform(1, 0, 10, 10, 0);
+  in.after_step_gather_bytes = 7;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 40 + 7);
+}
+
+TEST(StepScheduleTest, ManyMicroBatchesCostWhatEachRepeats) {
+  // Compute-bound micro-batches repeat exactly: each takes the 94 s of one
+  // alone (its embedding's gather queues behind the previous one's last
+  // reduction, as the first one's behind nothing but its own edges),
+  // whether simulated one by one (3) or extrapolated (2^20).
+  ScheduleInput in = Uniform(2, 1, 10, 20, 1);
+  for (int m : {3, 4, 1 << 20}) {
+    in.micro_batches = m;
+    const ScheduleTimes t = SimulateStep(in);
+    EXPECT_DOUBLE_EQ(t.compute_s, 90.0 * m) << m;
+    EXPECT_NEAR(t.step_s, 94.0 * m, 1e-6 * m) << m;
+    EXPECT_DOUBLE_EQ(t.bytes, 10.0 * m) << m;
+  }
+}
+
+TEST(StepScheduleTest, SendsStretchComputeByTheirCpu) {
+  // 10 bytes per step at 0.9 s of compute each: 9 s more compute over the
+  // 90 s of the units, every unit 10% slower.
+  ScheduleInput in = Uniform(2, 1, 10, 20, 1);
+  in.cpu_s_per_byte = 0.9;
+  const ScheduleTimes t = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(t.compute_s, 99);
+  EXPECT_DOUBLE_EQ(t.step_s, 2 + 99 + 2);
+}
+
+}  // namespace
+}  // namespace shardline
