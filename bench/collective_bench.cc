@@ -8,7 +8,10 @@
 // all-gather chunk in its place, every reduced element at its position.
 //
 //   collective_bench --world N [--min-bytes B] [--max-bytes B] [--threads T] [--rounds R]
+//                    [--iters I] [--ops all_gather,reduce_scatter,all_reduce]
 // Rank 0 spawns the other ranks as processes (this same binary) and prints.
+// Across hosts, the caller starts every rank itself, one per host:
+//   collective_bench --launched --world N --rank R --master ADDR0 --port P --hostname ADDR_R ...
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -17,6 +20,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <iostream>
 
@@ -26,6 +30,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/comm/gloo_communicator.h"
 
@@ -40,7 +46,16 @@ struct Flags {
   int world = 2, rank = 0, port = 0, threads = 1;
   int64_t min_bytes = 1 << 10, max_bytes = int64_t{256} << 20;
   int rounds = 3;
+  int iters = 0;  // timed calls per measurement; 0: 256 MiB worth, 3 to 200
+  std::string ops = "all_gather,reduce_scatter,all_reduce";
+  bool launched = false;               // every rank started by the caller
+  std::string master = "127.0.0.1";    // rank 0's address: the store
+  std::string hostname = "127.0.0.1";  // this rank's address: its Gloo pairs
 };
+
+bool Wants(const Flags& f, const std::string& op) {
+  return absl::StrContains(absl::StrCat(",", f.ops, ","), absl::StrCat(",", op, ","));
+}
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
@@ -89,13 +104,14 @@ bool SpawnRanks(const Flags& f, int port_number, std::vector<pid_t>* children) {
   const std::string port = std::to_string(port_number);
   const std::string world = std::to_string(f.world), threads = std::to_string(f.threads);
   const std::string lo = std::to_string(f.min_bytes), hi = std::to_string(f.max_bytes);
-  const std::string rounds = std::to_string(f.rounds);
+  const std::string rounds = std::to_string(f.rounds), iters = std::to_string(f.iters);
   for (int r = 1; r < f.world; ++r) {
     const std::string rank = std::to_string(r);
     std::vector<const char*> argv = {"/proc/self/exe", "--world", world.c_str(), "--rank", rank.c_str(),
                                      "--port", port.c_str(), "--threads", threads.c_str(),
                                      "--min-bytes", lo.c_str(), "--max-bytes", hi.c_str(),
-                                     "--rounds", rounds.c_str(), nullptr};
+                                     "--rounds", rounds.c_str(), "--iters", iters.c_str(),
+                                     "--ops", f.ops.c_str(), nullptr};
     pid_t pid;
     if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, const_cast<char**>(argv.data()), environ) != 0) {
       std::cerr << "collective_bench: cannot spawn rank " << r << std::endl;
@@ -112,7 +128,8 @@ void MeasureSize(comm::Communicator& comm, c10d::ProcessGroupGloo& raw, const Fl
   const int n = f.world, r = f.rank;
   const int64_t elems = bytes / 4 / n * n;  // fp32, divisible by n
   const int64_t S = elems * 4;
-  const int iters = std::max<int64_t>(3, std::min<int64_t>(200, (int64_t{256} << 20) / std::max<int64_t>(S, 1)));
+  const int iters = f.iters > 0 ? f.iters
+                                 : std::max<int64_t>(3, std::min<int64_t>(200, (int64_t{256} << 20) / std::max<int64_t>(S, 1)));
   at::Tensor full = at::empty({elems}), chunk = at::full({elems / n}, r + 1.0f);
   at::Tensor src = at::ones({elems}), dst = at::empty({elems});
   auto memcpy_t = TimeIt(raw, iters, [&] { std::memcpy(dst.data_ptr(), src.data_ptr(), S); });
@@ -137,15 +154,19 @@ void MeasureSize(comm::Communicator& comm, c10d::ProcessGroupGloo& raw, const Fl
   // all-gather (the raw call writes its own buffer; ours is checked after
   // a last call of its own, every rank's chunk in its place)
   const int64_t c = elems / n;
+  double t = 0, rt = 0;
+  if (Wants(f, "all_gather")) {
   at::Tensor raw_ag = at::empty({elems});
   std::vector<std::vector<at::Tensor>> ag_out{raw_ag.chunk(n)};
   std::vector<at::Tensor> ag_in{chunk};
-  auto [t, rt] = best_of([&] { Must(comm.AllGather(full, chunk)->Wait(absl::Seconds(60)), "all_gather", S); },
-                         [&] { raw.allgather(ag_out, ag_in)->wait(); });
+  std::tie(t, rt) = best_of([&] { Must(comm.AllGather(full, chunk)->Wait(absl::Seconds(60)), "all_gather", S); },
+                            [&] { raw.allgather(ag_out, ag_in)->wait(); });
   full.fill_(-1.0f);
   Must(comm.AllGather(full, chunk)->Wait(absl::Seconds(60)), "all_gather", S);
   Check(full.view({n, c}).eq(at::arange(1, n + 1).to(at::kFloat).unsqueeze(1)).all().item<bool>(), "all_gather", S);
   row("all_gather", t, ring, rt);
+  }
+  if (Wants(f, "reduce_scatter")) {
   // reduce-scatter (input is scratch, so it is refilled each call; the raw
   // c10d Gloo call is an all-reduce of the whole input followed by a slice)
   at::Tensor rs_out = at::empty({c}), raw_rs_out = at::empty({c});
@@ -163,6 +184,8 @@ void MeasureSize(comm::Communicator& comm, c10d::ProcessGroupGloo& raw, const Fl
   Must(comm.ReduceScatter(rs_out, full)->Wait(absl::Seconds(60)), "reduce_scatter", S);
   Check(rs_out.equal(ReduceSum(r * c, c, n)), "reduce_scatter", S);
   row("reduce_scatter", t, ring, rt);
+  }
+  if (!Wants(f, "all_reduce")) return;
   // all-reduce
   at::Tensor raw_full = at::empty({elems});
   std::vector<at::Tensor> ar{raw_full};
@@ -188,21 +211,23 @@ int Run(const Flags& f) {
   so.isServer = f.rank == 0;
   so.numWorkers = f.world;
   so.waitWorkers = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  auto store = c10::make_intrusive<c10d::TCPStore>(f.master, so);
   std::vector<pid_t> children;
-  if (f.rank == 0 && !SpawnRanks(f, store->getPort(), &children)) return 1;
+  if (f.rank == 0 && !f.launched && !SpawnRanks(f, store->getPort(), &children)) return 1;
   const int n = f.world, r = f.rank;
-  auto comm = comm::CreateGlooCommunicator(store, "comm/", r, n, comm::GlooOptions{});
+  comm::GlooOptions gloo;
+  gloo.hostname = f.hostname;
+  auto comm = comm::CreateGlooCommunicator(store, "comm/", r, n, gloo);
   if (!comm.ok()) {
     std::cerr << comm.status() << std::endl;
     return 1;
   }
   auto opts = c10d::ProcessGroupGloo::Options::create();
-  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(f.hostname));
   c10d::ProcessGroupGloo raw(c10::make_intrusive<c10d::PrefixStore>("raw/", store), r, n, opts);
   if (r == 0) {
-    std::printf("# N=%d ranks (processes) on loopback, %d intra-op thread(s) each; times are the slowest rank's\n", n,
-                f.threads);
+    std::printf("# N=%d ranks (processes) %s, %d intra-op thread(s) each; times are the slowest rank's\n", n,
+                f.launched ? "started by the caller" : "on loopback", f.threads);
     std::printf("%-15s %10s %10s %9s %9s %10s %9s %9s %11s %8s\n", "op", "bytes", "time_us", "algbw", "busbw",
                 "raw_us", "raw_busbw", "overhead", "memcpy_GBs", "bus/mcpy");
   }
@@ -228,6 +253,11 @@ int main(int argc, char** argv) {
   app.add_option("--min-bytes", f.min_bytes);
   app.add_option("--max-bytes", f.max_bytes);
   app.add_option("--rounds", f.rounds, "alternate ours and raw this many times, keep each one's best");
+  app.add_option("--iters", f.iters, "timed calls per measurement (default: 256 MiB worth, 3 to 200)");
+  app.add_option("--ops", f.ops, "comma-separated: all_gather, reduce_scatter, all_reduce");
+  app.add_flag("--launched", f.launched, "every rank is started by the caller (one per host); rank 0 spawns none");
+  app.add_option("--master", f.master, "rank 0's address (the store)");
+  app.add_option("--hostname", f.hostname, "this rank's address (its Gloo connections)");
   CLI11_PARSE(app, argc, argv);
   return shardline::bench::Run(f);
 }
