@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -146,6 +147,19 @@ absl::StatusOr<UniqueFd> OpenRegularFileNoFollow(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   return fd;
+}
+
+absl::Status ReadExactlyAt(int fd, const std::string& path, int64_t at, int64_t n, char* dst) {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, dst, static_cast<size_t>(std::min<int64_t>(n, int64_t{1} << 26)), at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return absl::DataLossError(absl::StrCat(path, ": read at byte ", at, ": ", std::strerror(errno)));
+    if (got == 0) return absl::DataLossError(absl::StrCat(path, ": short file: no byte ", at));
+    dst += got;
+    at += got;
+    n -= got;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path) {

@@ -94,6 +94,11 @@ absl::StatusOr<UniqueFd> OpenDirectoryNoFollow(int at, const std::string& name, 
 // lead out of the checkpoint's directory.
 absl::StatusOr<UniqueFd> OpenRegularFileNoFollow(const std::string& path);
 
+// Reads exactly `n` bytes at offset `at` of the open file `fd` into `dst`
+// (retrying short reads and EINTR); a file that ends first is DataLoss
+// naming `path` and the first byte missing.
+absl::Status ReadExactlyAt(int fd, const std::string& path, int64_t at, int64_t n, char* dst);
+
 // The whole of the open file `fd` (read from offset 0); errors name `path`.
 absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path);
 

@@ -1,6 +1,7 @@
 #include "common/checkpoint/checkpoint_manifest.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
 #include "common/base/quoted.h"
+#include "common/base/status_macros.h"
 #include "common/model/hf_config.h"
 #include "common/model/model_shapes.h"
 #include "common/model/weight_source.h"
@@ -47,6 +49,17 @@ ModelConfig LoraBaseModel(const CheckpointManifest& m) {
     if (from.rfind(prefix, 0) == 0) *field = from.substr(prefix.size());
   }
   return base;
+}
+
+absl::Status DescribeWrittenRankFile(const std::string& path, ManifestRankFile* f) {
+  SL_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFileNoFollow(path));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": cannot stat after writing: ", std::strerror(errno)));
+  }
+  f->size = st.st_size;
+  SL_ASSIGN_OR_RETURN(f->sha256, Sha256OfOpenFile(fd.get(), path));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CheckpointManifest> NewManifest(const std::string& job, const JobConfig& c, int world_size,

@@ -69,6 +69,12 @@ std::string RankFileName(int rank, int attempt = 0);
 // checkpoint root; the coordinator accepts no other in a report.
 std::string RankFilePath(const std::string& checkpoint_root, int64_t step, int rank, int attempt = 0);
 
+// Sets `f`'s size and sha256 from the rank file just written at `path`,
+// opened without following a symlink: what goes into the manifest (which the
+// job's owner can read) is the file written, never what a link planted under
+// its name points to. Errors name `path`.
+absl::Status DescribeWrittenRankFile(const std::string& path, ManifestRankFile* f);
+
 // The manifest of job `job` after `step` completed steps, at `world_size`
 // ranks (the ownership map is the job's trainable one at its shard group
 // size); the rank files are added once every rank reported.

@@ -388,11 +388,7 @@ absl::StatusOr<ManifestRankFile> WriteUnits(const std::string& step_dir, const s
     }
   }
   SL_RETURN_IF_ERROR(writer->Finish());
-  SL_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFileNoFollow(path));
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return absl::DataLossError(absl::StrCat(path, ": cannot stat after writing"));
-  f.size = st.st_size;
-  SL_ASSIGN_OR_RETURN(f.sha256, Sha256OfOpenFile(fd.get(), path));
+  SL_RETURN_IF_ERROR(DescribeWrittenRankFile(path, &f));
   return f;
 }
 

@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/file_util.h"
 #include "common/base/quoted.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/pickle_reader.h"
@@ -34,20 +35,6 @@ uint64_t Le(const char* p, int n) {
   uint64_t v = 0;
   for (int k = 0; k < n; ++k) v |= uint64_t{static_cast<uint8_t>(p[k])} << (8 * k);
   return v;
-}
-
-// Reads exactly `n` bytes at `at` of the file.
-absl::Status PreadExact(int fd, const std::string& path, int64_t at, int64_t n, char* dst) {
-  while (n > 0) {
-    const ssize_t got = ::pread(fd, dst, static_cast<size_t>(std::min<int64_t>(n, int64_t{1} << 26)), at);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return absl::DataLossError(absl::StrCat(path, ": read at byte ", at, ": ", std::strerror(errno)));
-    if (got == 0) return absl::DataLossError(absl::StrCat(path, ": short file: no byte ", at));
-    dst += got;
-    at += got;
-    n -= got;
-  }
-  return absl::OkStatus();
 }
 
 struct ZipEntry {
@@ -123,7 +110,7 @@ class StoredZip {
   }
 
  private:
-  absl::Status Pread(int64_t at, int64_t n, char* dst) const { return PreadExact(fd_, path_, base_ + at, n, dst); }
+  absl::Status Pread(int64_t at, int64_t n, char* dst) const { return ReadExactlyAt(fd_, path_, base_ + at, n, dst); }
 
   absl::Status ReadEntry(const std::string& dir, size_t* p) {
     if (dir.size() - *p < 46 || Le(dir.data() + *p, 4) != 0x02014b50) return Bad("bad zip directory entry");
@@ -223,12 +210,12 @@ absl::StatusOr<OpenedArchive> OpenArchive(int fd, const std::string& path, int64
   SL_ASSIGN_OR_RETURN(ZipEntry pkl, zip.Data(a.top + "/data.pkl"));
   if (pkl.size > kMaxPickleBytes) return zip.Bad("data.pkl too large for a tensor");
   std::string pickle(static_cast<size_t>(pkl.size), '\0');
-  SL_RETURN_IF_ERROR(PreadExact(fd, path, pkl.local_offset, pkl.size, pickle.data()));
+  SL_RETURN_IF_ERROR(ReadExactlyAt(fd, path, pkl.local_offset, pkl.size, pickle.data()));
   if (zip.entries().count(a.top + "/byteorder")) {
     SL_ASSIGN_OR_RETURN(ZipEntry order, zip.Data(a.top + "/byteorder"));
     char text[8] = {};
     if (order.size > 6) return zip.Bad("byteorder is neither little nor big");
-    SL_RETURN_IF_ERROR(PreadExact(fd, path, order.local_offset, order.size, text));
+    SL_RETURN_IF_ERROR(ReadExactlyAt(fd, path, order.local_offset, order.size, text));
     if (std::string(text) != "little") return zip.Bad(absl::StrCat("byte order ", Shown(text, 8), " (only little)"));
   }
   std::set<std::string> allowed = {"torch._utils._rebuild_tensor_v2", "collections.OrderedDict"};
@@ -304,7 +291,7 @@ absl::StatusOr<int64_t> ReadTorchSavedInt(int fd, const std::string& path, int64
   SL_ASSIGN_OR_RETURN(TorchSavedTensor t, TensorOf(fd, path, a));
   if (t.numel != 1) return a.zip->Bad(absl::StrCat("a tensor of ", t.numel, " elements, not one int"));
   char raw[8] = {};
-  SL_RETURN_IF_ERROR(PreadExact(fd, path, t.data_offset, t.element_bytes, raw));
+  SL_RETURN_IF_ERROR(ReadExactlyAt(fd, path, t.data_offset, t.element_bytes, raw));
   if (t.dtype == "int32" || t.dtype == "int64") {
     const int64_t v = static_cast<int64_t>(Le(raw, t.element_bytes));
     return t.dtype == "int32" ? static_cast<int64_t>(static_cast<int32_t>(v)) : v;
@@ -341,7 +328,7 @@ absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSa
   for (int64_t done = 0; done < count;) {
     const int64_t n = std::min(kPiece, count - done);
     SL_RETURN_IF_ERROR(
-        PreadExact(fd, path, t.data_offset + (first + done) * t.element_bytes, n * t.element_bytes, raw.data()));
+        ReadExactlyAt(fd, path, t.data_offset + (first + done) * t.element_bytes, n * t.element_bytes, raw.data()));
     for (int64_t i = 0; i < n; ++i) {
       const char* p = raw.data() + i * t.element_bytes;
       if (t.element_bytes == 4) {

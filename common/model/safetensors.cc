@@ -203,9 +203,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::FromOpenFi
   absl::StatusOr<uint64_t> len = SafetensorsHeaderLength(head, st.st_size, path);
   if (!len.ok()) return len.status();
   head.resize(8 + *len);
-  if (::pread(r->fd_.get(), head.data() + 8, *len, 8) != static_cast<ssize_t>(*len)) {
-    return absl::DataLossError(absl::StrCat(path, ": truncated header"));
-  }
+  SL_RETURN_IF_ERROR(ReadExactlyAt(r->fd_.get(), path, 8, static_cast<int64_t>(*len), head.data() + 8));
   absl::StatusOr<SafetensorsHeader> h = ParseSafetensorsHeader(head, st.st_size, path);
   if (!h.ok()) return h.status();
   r->header_ = *std::move(h);
@@ -219,10 +217,7 @@ absl::StatusOr<std::string> SafetensorsReader::Fingerprint(int blocks) const {
   auto read = [&](int64_t at, int64_t n) -> absl::Status {
     const size_t old = out.size();
     out.resize(old + n);
-    if (::pread(fd_.get(), out.data() + old, n, at) != n) {
-      return absl::DataLossError(absl::StrCat(path_, ": cannot read ", n, " bytes at ", at));
-    }
-    return absl::OkStatus();
+    return ReadExactlyAt(fd_.get(), path_, at, n, out.data() + old);
   };
   SL_RETURN_IF_ERROR(read(0, header_.data_start));
   const int64_t data = file_bytes_ - header_.data_start;
@@ -250,13 +245,9 @@ absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t firs
   // 16-bit values are read into the upper half of dst and widened in place,
   // front to back (element i's source bytes lie at or after its result's).
   char* out = reinterpret_cast<char*>(dst) + (size == 2 ? count * 2 : 0);
-  int64_t left = count * size, at = header_.data_start + e.begin + first * size;
-  while (left > 0) {
-    const ssize_t n = ::pread(fd_.get(), out, left, at);
-    if (n <= 0) return absl::DataLossError(absl::StrCat(path_, ": short read of ", Shown(name)));
-    out += n;
-    at += n;
-    left -= n;
+  const int64_t at = header_.data_start + e.begin + first * size;
+  if (absl::Status s = ReadExactlyAt(fd_.get(), path_, at, count * size, out); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(s.message(), " (tensor ", Shown(name), ")"));
   }
   if (size == 2) {
     const char* src = reinterpret_cast<const char*>(dst) + count * 2;

@@ -86,16 +86,7 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
                                             InjectProcessFault("shardline", "stop-mid-write", step);
                                           }
                                         }));
-  // Size and checksum of the file just written, not of whatever a symlink
-  // put under its name would point to: both go into the manifest, which the
-  // job's owner can read.
-  SL_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFileNoFollow(path));
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) {
-    return absl::DataLossError(absl::StrCat(path, ": cannot stat after writing: ", std::strerror(errno)));
-  }
-  f.size = st.st_size;
-  SL_ASSIGN_OR_RETURN(f.sha256, Sha256OfOpenFile(fd.get(), path));
+  SL_RETURN_IF_ERROR(DescribeWrittenRankFile(path, &f));
   InjectProcessFault("shardline", "before-report", step);
   return f;
 }

@@ -56,10 +56,13 @@ struct BlockHeader {
 };
 static_assert(sizeof(BlockHeader) <= kHeader);
 
+// A tensor of `n` bytes takes its header and n, rounded up to the alignment.
+size_t BlockBytes(size_t n) { return (n + kHeader + kHeader - 1) / kHeader * kHeader; }
+
 class CountingAllocator final : public at::Allocator {
  public:
   at::DataPtr allocate(size_t n) override {
-    const size_t total = (n + kHeader + kHeader - 1) / kHeader * kHeader;
+    const size_t total = BlockBytes(n);
     HostBlockCache::Block block;
     if (CacheLargeBlocks() && total >= HostBlockCache::kMinBytes) {
       block = LargeBlocks().Allocate(total);
@@ -87,7 +90,7 @@ class CountingAllocator final : public at::Allocator {
     if (h.block_bytes != 0) {
       LargeBlocks().Release(HostBlockCache::Block{base, h.block_bytes});
     } else {
-      g_malloced.fetch_sub(static_cast<int64_t>((h.bytes + kHeader + kHeader - 1) / kHeader * kHeader));
+      g_malloced.fetch_sub(static_cast<int64_t>(BlockBytes(h.bytes)));
       std::free(base);
     }
   }

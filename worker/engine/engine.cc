@@ -195,8 +195,9 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
     } else {
       h = UnitForward(u, h, pass);
     }
-    // The embed unit stays gathered for the tied lm_head. Training runs the
-    // head's backward next, so it keeps the head too.
+    // The embed unit (where it is gathered at all: not the sparse one) stays
+    // gathered for the tied lm_head. Training runs the head's backward next,
+    // so it keeps the head too.
     if (model::IsBlock(m, u) || (u == head && !pass.train())) SL_RETURN_IF_ERROR(unit.Reshard());
   }
   if (!pass.train()) SL_RETURN_IF_ERROR(units_[0].Reshard());

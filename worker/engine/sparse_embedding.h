@@ -65,7 +65,9 @@ class SparseEmbedding {
  private:
   // The tokens of `all_ids` whose rows this shard holds a part of, and for
   // each the shard positions of its row's C elements ([S, C], int64) with
-  // a mask of those inside the shard.
+  // a mask of those inside the shard. Lookup and Gradient each compute it
+  // from the ids rather than keep it from forward to backward: the positions
+  // alone are twice the rows' fp32 bytes, held through the whole model.
   struct Held {
     at::Tensor tokens, positions, inside;
   };
