@@ -33,18 +33,20 @@ Columns:
                          step (issue 26: within 10%). The planner is given this
                          machine's figures, measured apart from the engine:
                          FLOP/s of PyTorch's forward and backward of the same
-                         model at one rank's batch on one thread, times the
-                         share of the cores each rank gets (cores / ranks),
-                         and memory bandwidth, once before the runs; Gloo's
-                         bus bandwidth on loopback (a host's ranks share it);
-                         and, per bandwidth, the TCP payload rate one stream
-                         gets through a shaped link (tbf and TCP take their
-                         part of the nominal rate). A ring over hosts whose
-                         ranks are consecutive sends one stream out of each
-                         host at a time, so full_shard's ranks are given the
-                         whole link; hybrid's all-reduces across replicas run
-                         from every rank of a host at once, so each gets its
-                         share.
+                         model at one rank's batch on one thread (FLOPs
+                         counted as the planner counts them), times the share
+                         of the cores each rank gets (cores / ranks), and
+                         memory bandwidth, once before the runs; Gloo's bus
+                         bandwidth on loopback (a host's ranks share it), and
+                         from it the CPU each byte sent costs on these cores
+                         (--comm-cpu-per-byte); and, per bandwidth, the bus
+                         bandwidth of Shardline's all-gather over 4 shaped
+                         hosts (collective_bench, one rank per host). A ring
+                         over hosts whose ranks are consecutive sends one
+                         stream out of each host at a time, so full_shard's
+                         ranks are given that whole; hybrid's all-reduces
+                         across replicas run from every rank of a host at
+                         once, so each gets its share.
 After each bandwidth, a line names the strategy the planner recommends for
 each placement among those measured, and the one that measured fastest.
 `--replan FILE` recomputes the plan columns and lines of a table this program
@@ -288,49 +290,56 @@ def link_line(mbit, link):
 
 
 def replan(path, a):
-    """Recomputes the plan columns and pick lines of a table saved by --save,
-    from the figures its title records and the link rates measured now."""
+    """Recomputes, in place, the plan columns, link lines and pick lines of a
+    file of tables saved by --save (one or several sections, each under its
+    title line, as bench/results/ keeps them), from the figures each title
+    records and link rates measured now. Everything else is kept."""
     import re
     lines = open(path).read().split("\n")
-    m = re.search(r"planner given ([\d.]+) GFLOP/s per thread, ([\d.]+) GB/s memory, ([\d.]+) GB/s", lines[0])
-    calib = (float(m[1]) * 1e9, float(m[2]) * 1e9, float(m[3]) * 1e9)
-    a.model = re.search(r"network_compare: (\w+)", lines[0])[1]
-    lora = re.search(r"LoRA r=(\d+)", lines[0])
-    a.lora = int(lora[1]) if lora else 0
-    a.sparse_embedding = "with sparse_embedding" in lines[0]
-    a.batch, T = map(int, re.search(r"global batch (\d+) x (\d+) tokens", lines[0]).groups())
-    model = torch_compare.model_config(a.model, T if T != torch_compare.model_config(a.model, 0)["block_size"] else 0)
     work = tempfile.mkdtemp(prefix="net-compare-replan-")
-    table, notes, points, links, mbit = [], [], [], {}, None
-    for line in lines + ["| end |"]:
+    links, points, title = {}, {}, None  # points: (title line, mbit) -> rows
+    for n, line in enumerate(lines):
+        if "network_compare:" in line and "planner given" in line:
+            title = n
+            t = line
+            m = re.search(r"planner given ([\d.]+) GFLOP/s per thread, ([\d.]+) GB/s memory, ([\d.]+) GB/s", t)
+            calib = (float(m[1]) * 1e9, float(m[2]) * 1e9, float(m[3]) * 1e9)
+            a.model = re.search(r"network_compare: (\w+)", t)[1]
+            lora = re.search(r"LoRA r=(\d+)", t)
+            a.lora = int(lora[1]) if lora else 0
+            a.sparse_embedding = "with sparse_embedding" in t
+            a.batch, T = map(int, re.search(r"global batch (\d+) x (\d+) tokens", t).groups())
+            seq = T if T != torch_compare.model_config(a.model, 0)["block_size"] else 0
+            model = torch_compare.model_config(a.model, seq)
+            continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        is_row = line.startswith("| ") and len(cells) == 19 and cells[2].isdigit()
-        if (line == "| end |" or is_row and int(cells[2]) != mbit) and points:
-            notes += pick_lines(mbit, points)
-            points = []
-        if line == "| end |":
-            break
-        if not is_row:
-            # Rows, then the notes (link rates, picks), written anew.
-            if not re.match(r"(- )?\d+ Mbit/s", line) and line and not table[3:]:
-                table.append(line)
-            elif not line and len(table) < 2:
-                table.append(line)
+        if not (line.startswith("| ") and len(cells) == 19 and cells[2].isdigit()) or title is None:
             continue
         placement, strategy, mbit = cells[0], cells[1], int(cells[2])
         if mbit not in links:
             links[mbit] = link_payload_rate(mbit)
-            notes.append(link_line(mbit, links[mbit]))
         step = a.batch * T / float(cells[3].split()[0])
         plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, links[mbit], calib, work)
         cells[15], cells[16] = f"{plan_s:.2f}", f"{plan_s / step - 1:+.0%}"
-        points.append((placement, strategy, step, plan_s, recommended))
-        table.append("| " + " | ".join(cells) + " |")
-    out = table + [""] + notes
+        points.setdefault((title, mbit), []).append((placement, strategy, step, plan_s, recommended))
+        lines[n] = "| " + " | ".join(cells) + " |"
+    # The notes under each section: its link and pick lines, anew.
+    section = None
+    for n, line in enumerate(lines):
+        if "network_compare:" in line and "planner given" in line:
+            section = n
+        link = re.match(r"- (\d+) Mbit/s: ", line)
+        pick = re.match(r"- (\d+) Mbit/s, (\w+): of the strategies measured", line)
+        if link and int(link[1]) in links:
+            lines[n] = link_line(int(link[1]), links[int(link[1])])
+        elif pick and (section, int(pick[1])) in points:
+            mine = [x for x in pick_lines(int(pick[1]), points[(section, int(pick[1]))])
+                    if x.startswith(f"- {pick[1]} Mbit/s, {pick[2]}:")]
+            lines[n] = mine[0] if mine else line
     shutil.rmtree(work, True)
     with open(path, "w") as f:
-        f.write("\n".join(out).rstrip("\n") + "\n")
-    print("\n".join(out))
+        f.write("\n".join(lines).rstrip("\n") + "\n")
+    print("\n".join(lines))
 
 
 def main():
