@@ -62,12 +62,12 @@ import argparse
 import atexit
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -294,7 +294,6 @@ def replan(path, a):
     file of tables saved by --save (one or several sections, each under its
     title line, as bench/results/ keeps them), from the figures each title
     records and link rates measured now. Everything else is kept."""
-    import re
     lines = open(path).read().split("\n")
     work = tempfile.mkdtemp(prefix="net-compare-replan-")
     links, points, title = {}, {}, None  # points: (title line, mbit) -> rows
