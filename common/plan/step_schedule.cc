@@ -1,6 +1,7 @@
 #include "common/plan/step_schedule.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 
 namespace shardline {
@@ -35,23 +36,28 @@ struct Clock {
 };
 
 // Forward of one micro-batch: each unit waits for its gather, then issues
-// the gathers after it while fewer than the limit are in flight.
+// the gathers after it while fewer than the limit are in flight. Gathers are
+// issued in unit order, so `next` (the first unit not yet issued) and the
+// gathers past `u` are all the state there is: linear in the units.
 void Forward(const ScheduleInput& in, LinkQueue& shard, Clock& clock, ScheduleTimes& out) {
   const int n = static_cast<int>(in.units.size());
   std::map<int, double> gathered;  // unit -> when its gather ends
+  int next = 0;
   auto issue = [&](int u) {
-    if (in.units[u].gather_bytes > 0 && !gathered.count(u)) gathered[u] = shard.Send(clock.now, in.units[u].gather_bytes);
+    if (in.units[u].gather_bytes > 0) gathered[u] = shard.Send(clock.now, in.units[u].gather_bytes);
   };
   for (int u = 0; u < n; ++u) {
     const UnitWork& w = in.units[u];
     if (w.lookup_bytes > 0) clock.now = shard.Send(clock.now, w.lookup_bytes);
-    issue(u);
-    if (gathered.count(u)) clock.WaitFor(gathered[u]);
-    int in_flight = 0;
-    for (const auto& [v, end] : gathered) in_flight += v > u;
-    for (int v = u + 1; v < n && in_flight < in.max_inflight_gathers; ++v) {
-      if (in.units[v].gather_bytes > 0 && !gathered.count(v)) {
-        issue(v);
+    if (next <= u) issue(next++);
+    if (auto it = gathered.find(u); it != gathered.end()) {
+      clock.WaitFor(it->second);
+      gathered.erase(gathered.begin(), std::next(it));  // (consumed)
+    }
+    int in_flight = static_cast<int>(gathered.size());
+    for (; next < n && in_flight < in.max_inflight_gathers; ++next) {
+      if (in.units[next].gather_bytes > 0) {
+        issue(next);
         ++in_flight;
       }
     }
