@@ -182,11 +182,11 @@ def calibrate(a, model, work):
 RING_BYTES = 16 << 20  # between the models' block units (GPT 12.6 MB, llama 25 MB in fp32)
 
 
-def link_payload_rate(mbit, n_hosts=4):
+def ring_bus_bandwidth(mbit, n_hosts=4):
     """Bus bandwidth (bytes/s per rank) of Shardline's all-gather over a ring
     of `n_hosts` emulated hosts, one rank each, whose egress is shaped to
-    `mbit` (bench/collective_bench across the hosts, RING_BYTES, the best of
-    3 calls): the link as the collectives get it, as nccl-tests' busbw is
+    `mbit` (bench/collective_bench across the hosts, RING_BYTES, the mean of
+    3 calls after 2 warm-ups): the link as the collectives get it, as nccl-tests' busbw is
     what a planner is given on GPUs. One TCP stream alone gets 1-2% more
     (its ACKs do not queue behind data); a ring's steps also wait for their
     slowest hop."""
@@ -316,7 +316,7 @@ def replan(path, a):
             continue
         placement, strategy, mbit = cells[0], cells[1], int(cells[2])
         if mbit not in links:
-            links[mbit] = link_payload_rate(mbit)
+            links[mbit] = ring_bus_bandwidth(mbit)
         step = a.batch * T / float(cells[3].split()[0])
         plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, links[mbit], calib, work)
         cells[15], cells[16] = f"{plan_s:.2f}", f"{plan_s / step - 1:+.0%}"
@@ -385,7 +385,7 @@ def main():
             with open(a.save, "w") as f:
                 f.write("\n".join(table + [""] + notes) + "\n")
     for mbit in [int(m) for m in a.mbits.split(",")]:
-        link = link_payload_rate(mbit)
+        link = ring_bus_bandwidth(mbit)
         notes.append(link_line(mbit, link))
         print(notes[-1], flush=True)
         points = []
