@@ -79,12 +79,15 @@ def gathers_per_micro(sizes, elem, G, blocks_only=False):
 
 
 def sparse_embedding(cfg, world):
-    """[parallelism] sparse_embedding applies: an untied token table whose
-    parameters stay sharded, over a shard group of more than one rank."""
-    model, strategy = cfg["model"], cfg["parallelism"]["strategy"]
-    untied = model.get("family") == "llama" and not model.get("tie_word_embeddings")
+    """[parallelism] sparse_embedding applies: a token table whose parameters
+    stay sharded, over a shard group of more than one rank."""
+    strategy = cfg["parallelism"]["strategy"]
     sharded = strategy in SHARDS_PARAMS or (bool(cfg.get("lora")) and cfg["lora"].get("base", "sharded") == "sharded")
-    return bool(cfg["parallelism"].get("sparse_embedding")) and untied and sharded and group_size(strategy, world, cfg) > 1
+    return bool(cfg["parallelism"].get("sparse_embedding")) and sharded and group_size(strategy, world, cfg) > 1
+
+
+def tied(model):
+    return model.get("family") != "llama" or bool(model.get("tie_word_embeddings"))
 
 
 def comm_bytes(cfg, world, steps):
@@ -113,18 +116,22 @@ def comm_bytes(cfg, world, steps):
     if strategy in SHARDS_GRADS and cfg["train"].get("grad_accumulation", "sharded") == "sharded":
         rs *= micro
     if sparse_embedding(cfg, world):
-        # The table is never gathered nor reduce-scattered: per micro-batch
-        # the token ids (int64) are all-gathered and the [G x tokens, C]
-        # partial rows reduce-scattered, and in backward the rows' gradients
-        # (reduce dtype) all-gathered.
+        # Per micro-batch the ids (int64: tokens, and GPT-2's positions) are
+        # all-gathered and the [G x tokens, C] partial rows reduce-scattered,
+        # and in backward the rows' gradients (reduce dtype) all-gathered.
+        # An untied table is then never gathered nor reduce-scattered; a tied
+        # one is, for the head, as often as before.
         model = cfg["model"]
         tokens, C = cfg["train"]["micro_batch_size"] * model["block_size"], model["n_embd"]
+        tables = 1 if model.get("family") == "llama" else 2
         table = padded(unit_sizes(model)[0], G)
-        ag -= micro * ring(table * p, G)
-        ag += micro * ring(G * tokens * 8, G)
+        if not tied(model):
+            ag -= micro * ring(table * p, G)
+        ag += micro * ring(G * tokens * 8 * tables, G)
         rs += micro * ring(G * tokens * C * p, G)
         if not lora:
-            rs -= (micro if cfg["train"].get("grad_accumulation", "sharded") == "sharded" else 1) * ring(table * r, G)
+            if not tied(model):
+                rs -= (micro if cfg["train"].get("grad_accumulation", "sharded") == "sharded" else 1) * ring(table * r, G)
             ag += micro * ring(G * tokens * C * r, G)
     # grad norm, then loss + save vote (fp64)
     shard_ar = ring_all_reduce(8, 8, G) + ring_all_reduce(16, 8, G) if G > 1 else 0

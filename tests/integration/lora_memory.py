@@ -10,8 +10,9 @@ every strategy and both placements of the frozen base ([lora] base):
   - a replicated base holds N times the sharded one's parameter bytes and
     sends no base all-gathers, so the choice is the one the formulas state;
   - with [parallelism] sparse_embedding the sharded base's token table is
-    never gathered (the bytes follow formulas.comm_bytes) and every loss and
-    parameter is the gathered table's, bit for bit.
+    looked up without being gathered (the bytes follow formulas.comm_bytes:
+    an untied table is never gathered, GPT-2's tied one for its head alone)
+    and every loss and parameter is the gathered table's, bit for bit.
 """
 import formulas
 import harness
@@ -19,12 +20,36 @@ import harness
 WORLD = 4
 
 
-def lora_config(strategy, base):
+def lora_config(strategy, base, model="llama3"):
     cfg = harness.config(strategy, WORLD, micro_batches=2, precision__param_dtype="bf16",
                          precision__reduce_dtype="bf16", train__steps=2)
-    cfg["model"] = harness.llama_model("llama3")
-    cfg["lora"] = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"], "base": base}
+    targets = ["c_attn", "c_fc"]
+    if model != "gpt":
+        cfg["model"] = harness.llama_model(model)
+        targets = ["q_proj", "v_proj", "down_proj"]
+    cfg["lora"] = {"rank": 4, "alpha": 8, "target_modules": targets, "base": base}
     return cfg
+
+
+def check_sparse_embedding(checks, model):
+    """[parallelism] sparse_embedding under a sharded base: its rows come
+    exactly (zeros added to every element but the owner's; GPT-2's position
+    row added to its token row once, as the dense lookup adds them), so
+    nothing a step computes changes, to the bit."""
+    dense_out, dense = harness.run(lora_config("full_shard", "sharded", model), WORLD)
+    cfg = lora_config("full_shard", "sharded", model)
+    cfg["parallelism"]["sparse_embedding"] = True
+    sparse_out, ranks = harness.run(cfg, WORLD)
+    comm = formulas.comm_bytes(cfg, WORLD, cfg["train"]["steps"])
+    got = {(c, op): ranks[0]["comm"][c][op]["bytes"] for (c, op) in comm}
+    checks.check(got == comm and comm != formulas.comm_bytes(lora_config("full_shard", "sharded", model), WORLD, 2),
+                 f"{model} full_shard base sharded, sparse embedding: bytes per collective",
+                 "" if got == comm else f"got {got} expected {comm}")
+    same = [s["loss"] for s in ranks[0]["steps"]] == [s["loss"] for s in dense[0]["steps"]]
+    adapters_dense, adapters_sparse = harness.load_params(dense_out), harness.load_params(sparse_out)
+    same = same and all((adapters_dense[k] == adapters_sparse[k]).all() for k in adapters_dense)
+    checks.check(same, f"{model} full_shard base sharded: the sparse embedding's losses and parameters equal the "
+                 "gathered table's, to the bit")
 
 
 def main():
@@ -56,23 +81,8 @@ def main():
                 checks.check(trained <= bound, f"{name} rank {r['rank']}: no gradient, master or Adam state for the base",
                              f"{trained} <= {bound} (14 bytes per adapter parameter)")
             sent[(strategy, base)] = ranks[0]["comm"]["shard"]["all_gather"]["bytes"]
-    # [parallelism] sparse_embedding: the sharded base's token table is never
-    # gathered; its rows come exactly (zeros added to every element but the
-    # owner's), so nothing a step computes changes, to the bit.
-    dense_out, dense = harness.run(lora_config("full_shard", "sharded"), WORLD)
-    cfg = lora_config("full_shard", "sharded")
-    cfg["parallelism"]["sparse_embedding"] = True
-    sparse_out, ranks = harness.run(cfg, WORLD)
-    comm = formulas.comm_bytes(cfg, WORLD, cfg["train"]["steps"])
-    got = {(c, op): ranks[0]["comm"][c][op]["bytes"] for (c, op) in comm}
-    checks.check(got == comm and comm != formulas.comm_bytes(lora_config("full_shard", "sharded"), WORLD, 2),
-                 "full_shard base sharded, sparse embedding: bytes per collective",
-                 "" if got == comm else f"got {got} expected {comm}")
-    same = [s["loss"] for s in ranks[0]["steps"]] == [s["loss"] for s in dense[0]["steps"]]
-    adapters_dense, adapters_sparse = harness.load_params(dense_out), harness.load_params(sparse_out)
-    same = same and all((adapters_dense[k] == adapters_sparse[k]).all() for k in adapters_dense)
-    checks.check(same, "full_shard base sharded: the sparse embedding's losses and parameters equal the gathered "
-                 "table's, to the bit")
+    for model in ("llama3", "gpt"):
+        check_sparse_embedding(checks, model)
     base_gathers = sent[("full_shard", "sharded")] - sent[("full_shard", "replicated")]
     checks.check(base_gathers > 5 * sent[("full_shard", "replicated")],
                  "full_shard: the sharded base's all-gathers dominate what a replicated base sends",

@@ -87,9 +87,9 @@ absl::Status Engine::Init() {
   }
   reduction_ = std::make_unique<GradReduction>(comms_.shard.get(), comms_.replicate.get(), &waiter_, &ledger_);
   const FlatParam& embed = units_[0].base();
-  if (config_.parallelism.sparse_embedding && !m.tied() && !embed.options().persistent_params &&
-      comms_.shard->size() > 1) {
+  if (config_.parallelism.sparse_embedding && !embed.options().persistent_params && comms_.shard->size() > 1) {
     sparse_embedding_ = std::make_unique<SparseEmbedding>(embed.layout(), comms_.shard->rank());
+    tied_sparse_ = m.tied();
   }
   reduce_every_micro_ = ShardsGrads(config_.parallelism.strategy) &&
                         config_.train.grad_accumulation == GradAccumulation::kSharded;
@@ -160,7 +160,19 @@ int Engine::inflight_gathers() const {
 void Engine::Prefetch(int u) {
   const int limit = config_.prefetch.max_inflight_all_gathers;
   if (u < 0 || u >= static_cast<int>(units_.size()) || inflight_gathers() >= limit) return;
+  Unshard(u);
+}
+
+bool Engine::NeedsTable(int u) const { return tied_sparse_ && u == model::HeadUnit(config_.model); }
+
+void Engine::Unshard(int u) {
+  if (NeedsTable(u)) units_[0].Unshard(*comms_.shard);
   units_[u].Unshard(*comms_.shard);
+}
+
+absl::Status Engine::WaitUnsharded(int u) {
+  if (NeedsTable(u)) SL_RETURN_IF_ERROR(units_[0].Wait(waiter_));
+  return units_[u].Wait(waiter_);
 }
 
 // ---- the unit schedule ----------------------------------------------------
@@ -181,23 +193,24 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
   const int max_inflight = config_.prefetch.max_inflight_all_gathers;
   for (int u = 0; u < U; ++u) {
     Unit& unit = units_[u];
-    const bool sparse = u == 0 && sparse_embedding_;  // (never gathered)
-    if (!sparse) {
-      unit.Unshard(*comms_.shard);  // (unless prefetched)
-      SL_RETURN_IF_ERROR(unit.Wait(waiter_));
+    const bool sparse = u == 0 && sparse_embedding_;  // (not gathered for the lookup)
+    if (sparse) {
+      // The lookup's exchanges go first: they are small, and every unit
+      // after waits for them (queued behind prefetches, they would wait for
+      // those).
+      SL_ASSIGN_OR_RETURN(h, EmbedSparse(h, pass));
+    } else {
+      Unshard(u);  // (unless prefetched)
+      SL_RETURN_IF_ERROR(WaitUnsharded(u));
     }
     if (config_.prefetch.forward) {
       const int until = std::min(U, u + 1 + lookahead);
       for (int v = u + 1; v < until && inflight_gathers() < max_inflight; ++v) Prefetch(v);
     }
-    if (sparse) {
-      SL_ASSIGN_OR_RETURN(h, EmbedSparse(h, pass));
-    } else {
-      h = UnitForward(u, h, pass);
-    }
-    // The embed unit (where it is gathered at all: not the sparse one) stays
-    // gathered for the tied lm_head. Training runs the head's backward next,
-    // so it keeps the head too.
+    if (!sparse) h = UnitForward(u, h, pass);
+    // The embed unit stays gathered for the tied lm_head (where it is
+    // gathered at all: the sparse one is for the head). Training runs the
+    // head's backward next, so it keeps the head too.
     if (model::IsBlock(m, u) || (u == head && !pass.train())) SL_RETURN_IF_ERROR(unit.Reshard());
   }
   if (!pass.train()) SL_RETURN_IF_ERROR(units_[0].Reshard());
@@ -232,8 +245,12 @@ at::Tensor Engine::UnitOutput(int u, const at::Tensor& h, const ForwardPass& pas
 }
 
 absl::StatusOr<at::Tensor> Engine::EmbedSparse(const at::Tensor& ids, const ForwardPass& pass) {
-  SL_ASSIGN_OR_RETURN(SparseEmbedding::Rows rows,
-                      sparse_embedding_->Lookup(*comms_.shard, waiter_, ids, units_[0].base().param_shard()));
+  at::Tensor positions;  // (as GptFamily::Embed's)
+  if (sparse_embedding_->by_position()) {
+    positions = pass.packing.packed() ? pass.packing.positions : at::arange(ids.size(1), ids.options());
+  }
+  SL_ASSIGN_OR_RETURN(SparseEmbedding::Rows rows, sparse_embedding_->Lookup(*comms_.shard, waiter_, ids, positions,
+                                                                            units_[0].base().param_shard()));
   if (pass.train()) {
     Unit::Activation a;
     a.input = ids;
@@ -252,8 +269,12 @@ absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::
   SL_ASSIGN_OR_RETURN(const at::Tensor part, sparse_embedding_->Gradient(*comms_.shard, waiter_, a.all_ids, grad,
                                                                          f->grad_shard().scalar_type()));
   // Reduced in every micro-batch whatever the accumulation (its bytes are
-  // the tokens', not the table's); across replicate groups in the last.
-  return reduction_->AddShard(f, part, /*replace=*/micro == 0, /*last=*/final_micro);
+  // the tokens', not the table's); across replicate groups in the last. A
+  // tied table's shard already holds the head's part where that was reduced
+  // (ReduceTiedTable) in this micro-batch; otherwise the first micro-batch's
+  // rows replace what the shard held.
+  const bool head_reduced = tied_sparse_ && (final_micro || reduce_every_micro_);
+  return reduction_->AddShard(f, part, /*replace=*/micro == 0 && !head_reduced, /*last=*/final_micro);
 }
 
 absl::Status Engine::Backward(int u, at::Tensor* grad) {
@@ -290,20 +311,23 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
       break;
     }
     Unit& unit = units_[u];
-    unit.Unshard(*comms_.shard);  // (unless prefetched)
-    SL_RETURN_IF_ERROR(unit.Wait(waiter_));
+    Unshard(u);  // (unless prefetched)
+    SL_RETURN_IF_ERROR(WaitUnsharded(u));
     if (bp == BackwardPrefetch::kPre && u - 1 >= 1) Prefetch(u - 1);
     SL_RETURN_IF_ERROR(Backward(u, &grad));
     if (bp == BackwardPrefetch::kPost && u - 1 >= 1) Prefetch(u - 1);
     if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(unit.Reshard());
+    if (NeedsTable(u)) SL_RETURN_IF_ERROR(units_[0].Reshard());  // (its lookup's backward needs no parameters)
     // A unit is reduced as soon as its gradient is complete: in every
     // micro-batch under sharded accumulation, else in the last one only
     // (earlier ones accumulate unsharded, with no communication). (The
-    // embed unit comes last, after the tied lm_head added to wte.)
+    // embed unit comes last, after the tied lm_head added to wte; a tied
+    // table looked up sparsely right after the head, ReduceTiedTable.)
     if (final_micro || reduce_every_micro_) {
       if (FlatParam* f = unit.trainable()) {
         SL_RETURN_IF_ERROR(reduction_->Start(f, /*accumulate=*/reduce_every_micro_ && micro > 0, final_micro));
       }
+      if (NeedsTable(u)) SL_RETURN_IF_ERROR(ReduceTiedTable(micro));
       // Sharded accumulation keeps one reduction in flight, so that a
       // rank's gradient memory stays near two units whatever the model.
       SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, reduce_every_micro_ ? 1 : SIZE_MAX));
@@ -312,6 +336,17 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
   for (int u = 0; u < last; ++u) TrackActivation(units_[u].Take().output, false);  // (no backward ran)
   SL_RETURN_IF_ERROR(units_[0].Reshard());
   return units_[model::HeadUnit(m)].Reshard();
+}
+
+absl::Status Engine::ReduceTiedTable(int micro) {
+  FlatParam* table = units_[0].trainable();
+  if (!table) return absl::OkStatus();  // (frozen under LoRA)
+  // The head's part of the gradient is all of it but the lookup's rows,
+  // which BackwardSparseEmbed adds at the end; the all-reduce across
+  // replicas follows that. Past the first micro-batch the shard holds
+  // earlier parts (this one's under sharded accumulation, the lookups'
+  // under unsharded), so the reduce-scatter adds to it.
+  return reduction_->Start(table, /*accumulate=*/micro > 0, /*last=*/false);
 }
 
 Packing Engine::PackingOf(const at::Tensor& positions) const {

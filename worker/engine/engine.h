@@ -212,6 +212,10 @@ class Engine {
   // and that backward given the gradient of those rows.
   absl::StatusOr<at::Tensor> EmbedSparse(const at::Tensor& ids, const ForwardPass& pass);
   absl::Status BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad);
+  // A tied table looked up sparsely: starts reducing the head's part of its
+  // gradient right after the head's backward, so that it overlaps every
+  // block's backward instead of ending the step.
+  absl::Status ReduceTiedTable(int micro);
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
@@ -219,6 +223,12 @@ class Engine {
 
   // Starts unit u's all-gathers unless max_inflight_all_gathers are in flight.
   void Prefetch(int u);
+  // Unit u's unshard and wait (unit.h), with the embed unit's where u is the
+  // head of a tied table looked up sparsely (NeedsTable): the table is
+  // gathered for the head alone, behind the blocks' forward, not first.
+  void Unshard(int u);
+  absl::Status WaitUnsharded(int u);
+  bool NeedsTable(int u) const;
   int inflight_gathers() const;
 
   // Squared global gradient norm (fp64 device scalar), summed over the shard group.
@@ -246,8 +256,10 @@ class Engine {
   std::vector<FlatParam*> trainable_;
   std::vector<ShardLayout> trainable_layouts_;
   std::unique_ptr<GradReduction> reduction_;
-  // Where the embedding is untied, its parameters sharded and the job asks.
+  // Where the embedding's parameters are sharded and the job asks; tied, the
+  // head still gathers the table (NeedsTable).
   std::unique_ptr<SparseEmbedding> sparse_embedding_;
+  bool tied_sparse_ = false;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
   double optimizer_seconds_ = 0;  // the last OptimizerStep's update (StepResult::optimizer_seconds)

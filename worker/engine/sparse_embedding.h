@@ -1,36 +1,44 @@
-// SparseEmbedding: the token table of an untied embed unit whose parameters
-// are sharded ([parallelism] sparse_embedding), looked up and trained without
-// ever being gathered.
+// SparseEmbedding: the token table of an embed unit whose parameters are
+// sharded ([parallelism] sparse_embedding), looked up and trained without
+// being gathered for it.
 //
-// Why: the embed unit is the first all-gather of every forward and, untied,
-// the last reduce-scatter of every backward, with no compute to hide behind
-// (bench/results/network_compare_llama100m.md), and it is the largest unit
-// (vocab x hidden: 2^30 bytes for Llama 3 8B in bf16), though a micro-batch
-// reads only its tokens' rows of it. Here a rank moves a few rows per token
-// instead.
+// Why: the embed unit is the first all-gather of every forward and the last
+// reduce-scatter of every backward, with no compute to hide behind
+// (bench/results/network_compare_*.md), and it is the largest unit (vocab x
+// hidden: 2^30 bytes for Llama 3 8B in bf16), though a micro-batch reads
+// only its tokens' rows of it. Here a rank moves a few rows per token
+// instead. Untied, the table is then never gathered; tied, the head still
+// needs it whole, and the engine gathers it behind the blocks' forward and
+// reduces the head's part of its gradient behind their backward
+// (engine.h).
 //
-// Each rank's shard of the flat unit holds a contiguous range of the table's
-// elements (whole rows, and parts of rows at its ends).
-//  - Lookup: every rank's token ids are all-gathered over the shard group;
-//    each rank writes, for every token of every rank, the elements of its row
-//    that its shard holds (zero elsewhere), and a reduce-scatter of those
+// The unit's parameters are its tables, [rows, C] each, summed into the
+// hidden state: the first looked up by token id, a second (GPT-2's wpe) by
+// position. Each rank's shard of the flat unit holds a contiguous range of
+// their elements (whole rows, and parts of rows at its ends).
+//  - Lookup: every rank's ids (tokens, and positions where there is a second
+//    table) are all-gathered over the shard group; each rank writes, for
+//    every token of every rank, the sum of the elements of its rows that its
+//    shard holds (zero elsewhere), and a reduce-scatter of those
 //    [ranks x tokens, C] partial rows hands each rank its own tokens' rows.
-//    Every element comes from exactly one rank and the others add zeros, so
-//    the rows are the table's, exactly.
+//    Every element of each table comes from exactly one rank and the others
+//    add zeros, so the rows are the tables' (and their sum), exactly.
 //  - Gradient: every rank's output gradients are all-gathered (in the reduce
 //    dtype) and each rank adds those of the tokens whose rows it holds into
-//    a shard-sized gradient (index_add, in token order). The sum is the
-//    dense reduce-scatter's in another order.
-// Bytes a rank receives per micro-batch of N tokens over a group of G:
-// (G-1) N (8 + C param bytes) forward and (G-1) N C reduce bytes backward,
-// against (G-1)/G V C (param + reduce bytes) gathered and reduce-scattered.
+//    a shard-sized gradient (index_add, in token order, table by table). The
+//    sum is the dense reduce-scatter's in another order.
+// Bytes a rank receives per micro-batch of N tokens over a group of G, with
+// K tables: (G-1) N (8 K + C param bytes) forward and (G-1) N C reduce bytes
+// backward, against (G-1)/G V C (param + reduce bytes) gathered and
+// reduce-scattered.
 //
 // Not thread-safe: the engine's step thread drives it. Errors: a failed
 // collective (the communicator's). Token ids are the dataset's, which
-// refuses any outside the vocabulary.
+// refuses any outside the vocabulary; positions are below block_size.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -43,19 +51,24 @@ namespace shardline {
 
 class SparseEmbedding {
  public:
-  // The embed unit's layout (its first parameter is the [V, C] table) and
-  // this rank's place in the shard group.
+  // The embed unit's layout (its parameters are the tables: [V, C] by token,
+  // then at most one [T, C] by position) and this rank's place in the shard
+  // group.
   SparseEmbedding(const ShardLayout& layout, int shard_rank);
 
+  // Whether a second table is looked up by position.
+  bool by_position() const { return tables_.size() > 1; }
+
   struct Rows {
-    at::Tensor hidden;  // [B, T, C], the table's dtype: this rank's tokens' rows
-    at::Tensor all_ids;  // every rank's token ids, in rank order: what Gradient needs
+    at::Tensor hidden;   // [B, T, C], the tables' dtype: this rank's tokens' rows, summed
+    at::Tensor all_ids;  // every rank's ids, [ranks, tables, B * T]: what Gradient needs
   };
-  // The rows of token ids `ids` [B, T] (int64) from this rank's shard of the
-  // unit (`param_shard`, shard_numel elements). Every rank of the group calls
-  // it with the same B and T.
+  // The hidden states of token ids `ids` [B, T] at `positions` [B, T]
+  // (undefined where there is no table by position) from this rank's shard
+  // of the unit (`param_shard`, shard_numel elements). Every rank of the
+  // group calls it with the same B and T.
   absl::StatusOr<Rows> Lookup(comm::Communicator& shard, CommWaiter& waiter, const at::Tensor& ids,
-                              const at::Tensor& param_shard) const;
+                              const at::Tensor& positions, const at::Tensor& param_shard) const;
   // This rank's shard (shard_numel, `reduce_dtype`) of the table's gradient
   // for the lookup that gave `all_ids`, given this rank's output gradient
   // `grad` [B, T, C]. Every rank of the group calls it.
@@ -63,17 +76,24 @@ class SparseEmbedding {
                                       const at::Tensor& grad, at::ScalarType reduce_dtype) const;
 
  private:
-  // The tokens of `all_ids` whose rows this shard holds a part of, and for
-  // each the shard positions of its row's C elements ([S, C], int64) with
-  // a mask of those inside the shard. Lookup and Gradient each compute it
-  // from the ids rather than keep it from forward to backward: the positions
-  // alone are twice the rows' fp32 bytes, held through the whole model.
+  struct Table {
+    int64_t offset, rows;  // in the flat unit
+  };
+  // The tokens of `ids` (every rank's ids into `table`) whose rows this
+  // shard holds a part of, and for each the shard positions of its row's C
+  // elements ([S, C], int64) with a mask of those inside the shard. Lookup
+  // and Gradient each compute it from the ids rather than keep it from
+  // forward to backward: the positions alone are twice the rows' fp32
+  // bytes, held through the whole model.
   struct Held {
     at::Tensor tokens, positions, inside;
   };
-  Held HeldRows(const at::Tensor& all_ids) const;
+  Held HeldRows(const Table& table, const at::Tensor& ids) const;
+  // Table k's ids of every rank, in rank order, from Rows::all_ids.
+  static at::Tensor IdsOf(const at::Tensor& all_ids, int k);
 
-  int64_t table_offset_, rows_, width_;
+  std::vector<Table> tables_;
+  int64_t width_;
   int64_t shard_begin_, shard_numel_;
 };
 
