@@ -111,6 +111,7 @@ def comm_bytes(cfg, world, steps):
     if lora and cfg["lora"].get("base", "sharded") == "sharded":
         ag += micro * gathers_per_micro([padded(n, G) for n in unit_sizes(cfg["model"])], p, G)
     rs = sum(ring(s * r, G) for s in sizes)
+    rep_ag = rep_ar_table = 0  # (sparse embedding, below)
     # Sharded accumulation (the default where gradients are sharded): every
     # micro-batch is reduce-scattered; the all-reduce across replicas is once.
     if strategy in SHARDS_GRADS and cfg["train"].get("grad_accumulation", "sharded") == "sharded":
@@ -133,16 +134,29 @@ def comm_bytes(cfg, world, steps):
             if not tied(model):
                 rs -= (micro if cfg["train"].get("grad_accumulation", "sharded") == "sharded" else 1) * ring(table * r, G)
             ag += micro * ring(G * tokens * C * r, G)
+            # Across R replicas, where every replica's rows are fewer bytes
+            # than the shard's all-reduce (SparseEmbedding::RowsBeatAllReduce),
+            # the rows' gradients and ids are gathered across them too: in
+            # every micro-batch for an untied table, whose shard is then never
+            # all-reduced; in the last for a tied one, after the head's part was.
+            if R > 1 and R * G * tokens * C < 2 * (table // G):
+                gathers = micro if not tied(model) else 1
+                rep_ag += gathers * (ring(R * G * tokens * C * r, R) + ring(R * G * tables * tokens * 8, R))
+                if not tied(model):
+                    rep_ar_table = ring_all_reduce(table // G * r, r, R)
     # grad norm, then loss + save vote (fp64)
     shard_ar = ring_all_reduce(8, 8, G) + ring_all_reduce(16, 8, G) if G > 1 else 0
     rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(16, 8, R)) if R > 1 else 0
     final_gather = sum(ring(s * 4, G) for s in sizes)
-    return {
+    counts = {
         ("shard", "all_gather"): steps * ag + final_gather,
         ("shard", "reduce_scatter"): steps * rs,
         ("shard", "all_reduce"): steps * shard_ar,
-        ("replicate", "all_reduce"): steps * rep_ar,
+        ("replicate", "all_reduce"): steps * (rep_ar - rep_ar_table),
     }
+    if rep_ag:
+        counts[("replicate", "all_gather")] = steps * rep_ag
+    return counts
 
 
 def state_bytes(cfg, world):

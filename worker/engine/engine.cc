@@ -90,6 +90,9 @@ absl::Status Engine::Init() {
   if (config_.parallelism.sparse_embedding && !embed.options().persistent_params && comms_.shard->size() > 1) {
     sparse_embedding_ = std::make_unique<SparseEmbedding>(embed.layout(), comms_.shard->rank());
     tied_sparse_ = m.tied();
+    const int64_t tokens = int64_t{config_.train.micro_batch_size} * m.block_size;
+    world_rows_ = comms_.replicate->size() > 1 &&
+                  sparse_embedding_->RowsBeatAllReduce(tokens, comms_.shard->size(), comms_.replicate->size());
   }
   reduce_every_micro_ = ShardsGrads(config_.parallelism.strategy) &&
                         config_.train.grad_accumulation == GradAccumulation::kSharded;
@@ -266,15 +269,24 @@ absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::
   const Unit::Activation a = units_[0].Take();
   TrackActivation(a.output, false);
   FlatParam* f = units_[0].trainable();
-  SL_ASSIGN_OR_RETURN(const at::Tensor part, sparse_embedding_->Gradient(*comms_.shard, waiter_, a.all_ids, grad,
-                                                                         f->grad_shard().scalar_type()));
+  // Every replica's rows (world_rows_) where nothing all-reduces the shard
+  // after them: untied, always; tied, once the head's part was all-reduced,
+  // in the last micro-batch (ReduceTiedTable).
+  const bool world = world_rows_ && (!tied_sparse_ || final_micro);
+  // On a host backend the replicas' all-reduces start as reduce-scatters
+  // finish; every one started must be issued before the rows' gathers, so
+  // that every rank queues them in one order.
+  if (world) SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, /*max_in_flight=*/0));
+  SL_ASSIGN_OR_RETURN(const at::Tensor part,
+                      sparse_embedding_->Gradient(*comms_.shard, world ? comms_.replicate.get() : nullptr, waiter_,
+                                                  a.all_ids, grad, f->grad_shard().scalar_type()));
   // Reduced in every micro-batch whatever the accumulation (its bytes are
-  // the tokens', not the table's); across replicate groups in the last. A
-  // tied table's shard already holds the head's part where that was reduced
-  // (ReduceTiedTable) in this micro-batch; otherwise the first micro-batch's
-  // rows replace what the shard held.
+  // the tokens', not the table's); across replicate groups in the last,
+  // unless the rows were every replica's. A tied table's shard already
+  // holds the head's part where that was reduced in this micro-batch;
+  // otherwise the first micro-batch's rows replace what the shard held.
   const bool head_reduced = tied_sparse_ && (final_micro || reduce_every_micro_);
-  return reduction_->AddShard(f, part, /*replace=*/micro == 0 && !head_reduced, /*last=*/final_micro);
+  return reduction_->AddShard(f, part, /*replace=*/micro == 0 && !head_reduced, /*last=*/final_micro && !world);
 }
 
 absl::Status Engine::Backward(int u, at::Tensor* grad) {
@@ -327,7 +339,7 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
       if (FlatParam* f = unit.trainable()) {
         SL_RETURN_IF_ERROR(reduction_->Start(f, /*accumulate=*/reduce_every_micro_ && micro > 0, final_micro));
       }
-      if (NeedsTable(u)) SL_RETURN_IF_ERROR(ReduceTiedTable(micro));
+      if (NeedsTable(u)) SL_RETURN_IF_ERROR(ReduceTiedTable(micro, final_micro));
       // Sharded accumulation keeps one reduction in flight, so that a
       // rank's gradient memory stays near two units whatever the model.
       SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, reduce_every_micro_ ? 1 : SIZE_MAX));
@@ -338,15 +350,16 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
   return units_[model::HeadUnit(m)].Reshard();
 }
 
-absl::Status Engine::ReduceTiedTable(int micro) {
+absl::Status Engine::ReduceTiedTable(int micro, bool final_micro) {
   FlatParam* table = units_[0].trainable();
   if (!table) return absl::OkStatus();  // (frozen under LoRA)
   // The head's part of the gradient is all of it but the lookup's rows,
-  // which BackwardSparseEmbed adds at the end; the all-reduce across
-  // replicas follows that. Past the first micro-batch the shard holds
-  // earlier parts (this one's under sharded accumulation, the lookups'
-  // under unsharded), so the reduce-scatter adds to it.
-  return reduction_->Start(table, /*accumulate=*/micro > 0, /*last=*/false);
+  // which BackwardSparseEmbed adds at the end. Past the first micro-batch
+  // the shard holds earlier parts (this one's under sharded accumulation,
+  // the lookups' under unsharded), so the reduce-scatter adds to it. The
+  // all-reduce across replicas follows it here where the last rows are
+  // every replica's (world_rows_), else those rows.
+  return reduction_->Start(table, /*accumulate=*/micro > 0, /*last=*/final_micro && world_rows_);
 }
 
 Packing Engine::PackingOf(const at::Tensor& positions) const {

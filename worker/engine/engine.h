@@ -215,7 +215,7 @@ class Engine {
   // A tied table looked up sparsely: starts reducing the head's part of its
   // gradient right after the head's backward, so that it overlaps every
   // block's backward instead of ending the step.
-  absl::Status ReduceTiedTable(int micro);
+  absl::Status ReduceTiedTable(int micro, bool final_micro);
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
@@ -260,6 +260,9 @@ class Engine {
   // head still gathers the table (NeedsTable).
   std::unique_ptr<SparseEmbedding> sparse_embedding_;
   bool tied_sparse_ = false;
+  // The lookup's row gradients are gathered across replicas too, instead of
+  // the table's shard being all-reduced (SparseEmbedding::RowsBeatAllReduce).
+  bool world_rows_ = false;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
   double optimizer_seconds_ = 0;  // the last OptimizerStep's update (StepResult::optimizer_seconds)

@@ -81,6 +81,7 @@ absl::Status GradReduction::AddShard(FlatParam* unit, const at::Tensor& part, bo
   const bool all_reduce = last && replicate_->size() > 1;
   for (Pending& p : pending_) {
     if (!p.scattered && (all_reduce || p.unit == unit)) SL_RETURN_IF_ERROR(Finish(p));
+    if (p.unit == unit && p.all_reduce) SL_RETURN_IF_ERROR(waiter_->OnDevice(*p.all_reduce, comm::Op::kAllReduce));
   }
   if (replace) {
     unit->grad_shard().copy_(part);

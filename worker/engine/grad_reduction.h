@@ -54,8 +54,9 @@ class GradReduction {
   // Where a unit's gradient shard was computed without a reduce-scatter
   // (SparseEmbedding): writes `part` (this rank's shard, reduce dtype) into
   // its grad_shard, or with `replace` false adds it, once any reduction of
-  // the unit already started has finished; `last` then all-reduces it across
-  // replicate groups, after every reduction started before it.
+  // the unit already started has finished, its all-reduce included (`part`
+  // is then reduced across replicas already); `last` then all-reduces it
+  // across replicate groups, after every reduction started before it.
   absl::Status AddShard(FlatParam* unit, const at::Tensor& part, bool replace, bool last);
 
  private:

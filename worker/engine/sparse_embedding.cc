@@ -64,17 +64,34 @@ absl::StatusOr<SparseEmbedding::Rows> SparseEmbedding::Lookup(comm::Communicator
   return r;
 }
 
-absl::StatusOr<at::Tensor> SparseEmbedding::Gradient(comm::Communicator& shard, CommWaiter& waiter,
-                                                     const at::Tensor& all_ids, const at::Tensor& grad,
-                                                     at::ScalarType reduce_dtype) const {
+bool SparseEmbedding::RowsBeatAllReduce(int64_t tokens, int shard_size, int replicas) const {
+  // Received: (R - 1) G N C elements; a ring all-reduce sends 2 (R - 1) / R
+  // of the shard.
+  return int64_t{replicas} * shard_size * tokens * width_ < 2 * shard_numel_;
+}
+
+absl::StatusOr<at::Tensor> SparseEmbedding::Gradient(comm::Communicator& shard, comm::Communicator* replicas,
+                                                     CommWaiter& waiter, const at::Tensor& all_ids,
+                                                     const at::Tensor& grad, at::ScalarType reduce_dtype) const {
   const int64_t g = shard.size();
   const at::Tensor own = grad.reshape({-1}).to(reduce_dtype).contiguous();
-  const at::Tensor all = at::empty({g * own.numel()}, own.options());
+  at::Tensor all = at::empty({g * own.numel()}, own.options());
   std::shared_ptr<comm::Work> gather = shard.AllGather(all, own);
   SL_RETURN_IF_ERROR(waiter.OnDevice(*gather, comm::Op::kAllGather));
+  at::Tensor ids = all_ids;
+  if (replicas && replicas->size() > 1) {  // every replica's rows and ids, replica by replica
+    const int64_t r = replicas->size();
+    const at::Tensor world = at::empty({r * all.numel()}, all.options());
+    ids = at::empty({r * all_ids.size(0), all_ids.size(1), all_ids.size(2)}, all_ids.options());
+    std::shared_ptr<comm::Work> rows = replicas->AllGather(world, all);
+    std::shared_ptr<comm::Work> world_ids = replicas->AllGather(ids.view({-1}), all_ids.reshape({-1}));
+    SL_RETURN_IF_ERROR(waiter.OnDevice(*rows, comm::Op::kAllGather));
+    SL_RETURN_IF_ERROR(waiter.OnDevice(*world_ids, comm::Op::kAllGather));
+    all = world;
+  }
   at::Tensor part = at::zeros({shard_numel_}, own.options());
   for (size_t t = 0; t < tables_.size(); ++t) {
-    const Held held = HeldRows(tables_[t], IdsOf(all_ids, static_cast<int>(t)));
+    const Held held = HeldRows(tables_[t], IdsOf(ids, static_cast<int>(t)));
     const at::Tensor rows = all.view({-1, width_}).index_select(0, held.tokens);  // [S, C]
     part.index_add_(0, held.positions.masked_select(held.inside), rows.masked_select(held.inside));
   }

@@ -26,7 +26,12 @@
 //  - Gradient: every rank's output gradients are all-gathered (in the reduce
 //    dtype) and each rank adds those of the tokens whose rows it holds into
 //    a shard-sized gradient (index_add, in token order, table by table). The
-//    sum is the dense reduce-scatter's in another order.
+//    sum is the dense reduce-scatter's in another order. Across replicas
+//    (hybrid strategies) the shard is then all-reduced as any unit's, or,
+//    where every replica's rows are fewer bytes than that all-reduce
+//    (RowsBeatAllReduce), those rows are all-gathered across the replicas
+//    too and added likewise: the gradient is then the world's, and no
+//    all-reduce of the table's shard ends the step.
 // Bytes a rank receives per micro-batch of N tokens over a group of G, with
 // K tables: (G-1) N (8 K + C param bytes) forward and (G-1) N C reduce bytes
 // backward, against (G-1)/G V C (param + reduce bytes) gathered and
@@ -58,6 +63,11 @@ class SparseEmbedding {
 
   // Whether a second table is looked up by position.
   bool by_position() const { return tables_.size() > 1; }
+  // Whether gathering the rows' gradients of `replicas` replicas, each of
+  // a shard group of `shard_size` ranks with `tokens` per micro-batch,
+  // moves fewer bytes than all-reducing the shard across them: then the
+  // gathered rows are also fewer bytes than two shards.
+  bool RowsBeatAllReduce(int64_t tokens, int shard_size, int replicas) const;
 
   struct Rows {
     at::Tensor hidden;   // [B, T, C], the tables' dtype: this rank's tokens' rows, summed
@@ -71,9 +81,12 @@ class SparseEmbedding {
                               const at::Tensor& positions, const at::Tensor& param_shard) const;
   // This rank's shard (shard_numel, `reduce_dtype`) of the table's gradient
   // for the lookup that gave `all_ids`, given this rank's output gradient
-  // `grad` [B, T, C]. Every rank of the group calls it.
-  absl::StatusOr<at::Tensor> Gradient(comm::Communicator& shard, CommWaiter& waiter, const at::Tensor& all_ids,
-                                      const at::Tensor& grad, at::ScalarType reduce_dtype) const;
+  // `grad` [B, T, C]: over the shard group, or with `replicas` (null: none)
+  // over every replica of it too. Every rank of the group (and of
+  // `replicas`) calls it.
+  absl::StatusOr<at::Tensor> Gradient(comm::Communicator& shard, comm::Communicator* replicas, CommWaiter& waiter,
+                                      const at::Tensor& all_ids, const at::Tensor& grad,
+                                      at::ScalarType reduce_dtype) const;
 
  private:
   struct Table {
