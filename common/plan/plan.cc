@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 #include <cmath>
 #include <limits>
 
@@ -214,14 +215,19 @@ struct StepShape {
 };
 
 // What one strategy moves: the units' sizes as it trains them (t; `whole`
-// keeps the sparse table's, which t zeroes) and the frozen base's (f, under
-// LoRA), over its shard group and replicas.
+// keeps the untied sparse table's, which t zeroes) and the frozen base's (f,
+// under LoRA), over its shard group and replicas.
 struct Movement {
   Strategy s;
   int g = 1, replicas = 1;
   UnitSizes t, whole, f;
-  bool lora = false, base_sharded = false, sparse = false;
-  int64_t lookup_bytes = 0, row_grad_bytes = 0;  // the sparse embedding's, per micro-batch
+  bool lora = false, base_sharded = false;
+  // The sparse embedding's (per micro-batch): whether it applies, to a tied
+  // table, whose rows' gradients are gathered across replicas (instead of
+  // the shard's all-reduce: world_rows); the bytes of its lookup, of its
+  // rows' gradients over the shard group and across replicas.
+  bool sparse = false, tied = false, world_rows = false;
+  int64_t lookup_bytes = 0, row_grad_bytes = 0, replica_row_grad_bytes = 0;
 };
 
 // The engine's step as StepSchedule takes it: per unit, its compute, what
@@ -250,14 +256,30 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     w.gather_in_backward = block && w.gather_bytes > 0;
     w.has_backward = !(mv.lora && u == 0);
     if (g > 1) w.reduce_bytes = comm::RingReduceScatterBytes(size(mv.t) * r, g);
-    // The sparse table's shard is all-reduced whole either way.
+    // The sparse table's shard is all-reduced whole, unless its rows'
+    // gradients are every replica's and it is untied.
     const int64_t shard = (mv.sparse && u == 0 ? mv.whole.embed : size(mv.t)) / g;
-    if (mv.replicas > 1 && shard > 0) w.replica_bytes = comm::RingAllReduceBytes(shard * r, r, mv.replicas);
+    const bool all_reduced = !(mv.sparse && u == 0 && mv.world_rows && !mv.tied);
+    if (mv.replicas > 1 && shard > 0 && all_reduced) {
+      w.replica_bytes = comm::RingAllReduceBytes(shard * r, r, mv.replicas);
+    }
     if (mv.sparse && u == 0) {
       w.lookup_bytes = mv.lookup_bytes;
       w.row_grad_bytes = mv.row_grad_bytes;
+      w.replica_row_grad_bytes = mv.replica_row_grad_bytes;
+      w.replica_rows_last_only = mv.tied;
     }
     sch.units.push_back(w);
+  }
+  if (mv.sparse && mv.tied) {
+    // The tied table is gathered with the head and reduce-scattered right
+    // after the head's backward; all-reduced then where the last rows are
+    // every replica's, else after them.
+    UnitWork& table = sch.units.front();
+    UnitWork& head = sch.units.back();
+    head.gather_bytes += std::exchange(table.gather_bytes, 0);
+    head.reduce_bytes += std::exchange(table.reduce_bytes, 0);
+    if (mv.world_rows) head.replica_bytes += std::exchange(table.replica_bytes, 0);
   }
   const int64_t full = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
   if (!ShardsParams(mv.s) && g > 1) sch.after_step_gather_bytes = comm::RingAllGatherBytes(full * p, g);
@@ -298,17 +320,25 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
     sp.params_bytes += frozen;
     sp.state_bytes += frozen;
   }
-  // The sparse embedding: the table is never whole; a micro-batch moves its
-  // tokens' ids, partial rows (param dtype) and rows' gradients (reduce dtype).
-  const bool sparse = in.sparse_embedding && !m.tied() && g > 1 && (lora ? base_sharded : ShardsParams(s));
-  const int64_t rows = static_cast<int64_t>(g) * x.b * m.block_size;  // every rank's tokens
-  const int64_t lookup_bytes = sparse ? comm::RingAllGatherBytes(rows * 8, g) +
-                                            comm::RingReduceScatterBytes(rows * m.n_embd * p, g)
+  // The sparse embedding: a micro-batch moves its tokens' ids (and GPT-2's
+  // positions), partial rows (param dtype) and rows' gradients (reduce
+  // dtype), those across replicas too where they are fewer bytes than the
+  // table shard's all-reduce (SparseEmbedding::RowsBeatAllReduce). Untied,
+  // the table is never whole.
+  const bool sparse = in.sparse_embedding && g > 1 && (lora ? base_sharded : ShardsParams(s));
+  const int64_t tokens = int64_t{x.b} * m.block_size, C = m.n_embd, tables = m.is_llama() ? 1 : 2;
+  const int64_t rows = g * tokens;  // every rank's of the shard group
+  const int64_t table_shard = (lora ? f : t).embed / g;
+  const bool world_rows = sparse && !lora && replicas > 1 && replicas * rows * C < 2 * table_shard;
+  const int64_t lookup_bytes = sparse ? comm::RingAllGatherBytes(rows * 8 * tables, g) +
+                                            comm::RingReduceScatterBytes(rows * C * p, g)
                                       : 0;
-  const int64_t row_grad_bytes = sparse && !lora ? comm::RingAllGatherBytes(rows * m.n_embd * r, g) : 0;
+  const int64_t row_grad_bytes = sparse && !lora ? comm::RingAllGatherBytes(rows * C * r, g) : 0;
+  const int64_t replica_row_grad_bytes =
+      world_rows ? comm::RingAllGatherBytes(replicas * rows * (C * r + 8 * tables), replicas) : 0;
   if (sparse) {
-    (lora ? f : t).embed = 0;  // below: neither held, gathered nor reduce-scattered
-    sp.transient_bytes += rows * m.n_embd * (p + r);
+    if (!m.tied()) (lora ? f : t).embed = 0;  // below: neither held, gathered nor reduce-scattered
+    sp.transient_bytes += rows * C * (p + (world_rows ? replicas : 1) * r);
   }
   const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
   if (ShardsParams(s)) sp.transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
@@ -334,7 +364,15 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
 
   // Communication and time per step, per rank: the engine's collectives,
   // unit by unit, as it issues them (step_schedule.h).
-  const Movement mv{s, g, replicas, t, whole, f, lora, base_sharded, sparse, lookup_bytes, row_grad_bytes};
+  Movement mv{s, g, replicas, t, whole, f};
+  mv.lora = lora;
+  mv.base_sharded = base_sharded;
+  mv.sparse = sparse;
+  mv.tied = m.tied();
+  mv.world_rows = world_rows;
+  mv.lookup_bytes = lookup_bytes;
+  mv.row_grad_bytes = row_grad_bytes;
+  mv.replica_row_grad_bytes = replica_row_grad_bytes;
   ScheduleInput sch = ScheduleOf(in, x, mv);
   const int64_t full_p = whole.embed + whole.head + m.n_layer * whole.block;
   const ScheduleTimes times = SimulateStep(sch);

@@ -65,9 +65,11 @@ struct PlanInput {
   // per weight and token instead of 6). The adapters' rank-wide activations
   // are left out (r / hidden of a projection's).
   LoraConfig lora;
-  // [parallelism] sparse_embedding: an untied token table whose parameters
-  // are sharded moves its tokens' rows instead of itself, and is never held
-  // whole (worker/engine/sparse_embedding.h).
+  // [parallelism] sparse_embedding: a token table whose parameters are
+  // sharded is looked up by moving its tokens' rows; untied, it is never
+  // gathered nor held whole; tied, it is gathered for the head alone and its
+  // reduction starts after the head's backward
+  // (worker/engine/sparse_embedding.h).
   bool sparse_embedding = false;
   ClusterSpec cluster;
 };

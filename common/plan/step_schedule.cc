@@ -87,6 +87,9 @@ void Backward(const ScheduleInput& in, bool last_micro, LinkQueue& shard, LinkQu
     clock.now += w.backward_s;
     out.compute_s += w.backward_s;
     if (w.row_grad_bytes > 0) clock.now = shard.Send(clock.now, w.row_grad_bytes);
+    if (w.replica_row_grad_bytes > 0 && (last_micro || !w.replica_rows_last_only)) {
+      clock.now = replica.Send(clock.now, w.replica_row_grad_bytes);
+    }
     if (!reduce) continue;
     double reduced = clock.now;
     if (w.reduce_bytes > 0) {

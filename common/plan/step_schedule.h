@@ -31,6 +31,10 @@ struct UnitWork {
   double replica_bytes = 0;              // all-reduced across replicas in the last micro-batch
   double lookup_bytes = 0;               // sparse embedding: exchanged and waited on before forward
   double row_grad_bytes = 0;             // sparse embedding: exchanged and waited on in backward
+  // Sparse embedding: the rows' gradients gathered across replicas and
+  // waited on, after row_grad_bytes: every micro-batch, or the last only.
+  double replica_row_grad_bytes = 0;
+  bool replica_rows_last_only = false;
 };
 
 struct ScheduleInput {

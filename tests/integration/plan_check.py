@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 
+import formulas
 import harness
 
 SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
@@ -44,7 +45,39 @@ def main():
     groups = {s["strategy"]: s["shard_group"] for s in json.loads(r.stdout)["strategies"]} if r.returncode == 0 else {}
     c.check(groups.get("hybrid_shard") == 2, "plan --workers 4 of a job with shard groups of 2",
             r.stderr.strip() or str(groups))
+    check_comm_bytes(c)
     c.finish()
+
+
+def check_comm_bytes(c):
+    """The planner's bytes per step equal what the engine sent, for the
+    tiny GPT and llama (tied and untied tables, vocabulary 1024) at N=4 in
+    2 groups of 2, gathered and with the sparse embedding (whose rows'
+    gradients are then gathered across the replicas). The engine's count
+    less its last step's parameter gather for --out and the norm's and
+    loss's all-reduces (fp64 scalars), which the planner leaves out."""
+    for model in ("gpt", "llama3"):
+        for sparse in (False, True):
+            cfg = harness.config("hybrid_shard", 4, train__steps=2, parallelism__sparse_embedding=sparse)
+            if model != "gpt":
+                cfg["model"] = harness.llama_model(model)
+            cfg["model"]["vocab_size"] = 1024
+            out, ranks = harness.run(cfg, 4)
+            r = subprocess.run([SHARDCTL, "--json", "plan", os.path.join(out, "job.toml"), "--workers", "4",
+                                "--gpus-per-node", "2"], capture_output=True, text=True, timeout=60)
+            name = f"{model} hybrid_shard N=4{' sparse embedding' if sparse else ''}"
+            if not c.check(r.returncode == 0, f"{name}: shardctl plan runs", r.stderr.strip()):
+                continue
+            plan = {s["strategy"]: s for s in json.loads(r.stdout)["strategies"]}["hybrid_shard"]
+            G, R = 2, 2
+            sizes = [formulas.padded(n, G) for n in formulas.unit_sizes(cfg["model"])]
+            final_gather = sum(formulas.ring(s * 4, G) for s in sizes)
+            scalars = (formulas.ring_all_reduce(8, 8, G) + formulas.ring_all_reduce(16, 8, G) +
+                       formulas.ring_all_reduce(16, 8, R))
+            sent = sum(v["bytes"] for comm in ranks[0]["comm"].values() for v in comm.values())
+            per_step = (sent - final_gather) / cfg["train"]["steps"] - scalars
+            c.check(plan["comm_bytes"] == per_step, f"{name}: the planner's bytes per step are the engine's",
+                    f"plan {plan['comm_bytes']} engine {per_step}")
 
 
 if __name__ == "__main__":

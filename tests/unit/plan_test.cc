@@ -317,7 +317,8 @@ TEST(Plan, SeventyBillionWithUnshardedAccumulationDoesNotFit) {
 // [parallelism] sparse_embedding on an untied 8B llama over 8 GPUs: the
 // table's gather and reduce-scatter become its tokens' ids, rows and rows'
 // gradients, and neither the gathered table nor its unsharded gradient is
-// held. A tied model plans the same either way.
+// held. Tied, the head still gathers and reduces the table: the rows come on
+// top, and the table's edges move behind the blocks.
 TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
   PlanInput in;
   in.model = ModelForParams(8e9, 128256, 4096, "llama");
@@ -337,10 +338,42 @@ TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
   EXPECT_EQ(dense.transient_bytes - sparse.transient_bytes, 2 * p * table - rows * C * (p + r));
   EXPECT_EQ(dense.state_bytes, sparse.state_bytes);
   EXPECT_LT(sparse.exposed_comm_s, dense.exposed_comm_s);
+
   in.model.tie_word_embeddings = true;
   const StrategyPlan tied_sparse = Of(*MakePlan(in), Strategy::kFullShard);
   in.sparse_embedding = false;
-  EXPECT_EQ(tied_sparse.comm_bytes, Of(*MakePlan(in), Strategy::kFullShard).comm_bytes);
+  const StrategyPlan tied_dense = Of(*MakePlan(in), Strategy::kFullShard);
+  EXPECT_EQ(tied_sparse.comm_bytes - tied_dense.comm_bytes, moved);
+  EXPECT_EQ(tied_sparse.transient_bytes - tied_dense.transient_bytes, rows * C * (p + r));
+  EXPECT_LT(tied_sparse.exposed_comm_s, tied_dense.exposed_comm_s);
+}
+
+// Across replicas (hybrid_shard, 2 groups of 4) at 2048 tokens a sequence
+// the untied table's rows' gradients, gathered across the replicas, are
+// fewer bytes than its shard's all-reduce, which they replace.
+TEST(Plan, SparseEmbeddingGathersRowsAcrossReplicas) {
+  PlanInput in;
+  in.model = ModelForParams(8e9, 128256, 4096, "llama");
+  in.model.block_size = 2048;
+  in.cluster.workers = 8;
+  in.cluster.gpus_per_node = 4;
+  in.batch_size = 8;
+  in.micro_batch_size = 1;
+  const StrategyPlan dense = Of(*MakePlan(in), Strategy::kHybridShard);
+  in.sparse_embedding = true;
+  const StrategyPlan sparse = Of(*MakePlan(in), Strategy::kHybridShard);
+  const int g = 4, replicas = 2, p = 2, r = 4;
+  const int64_t table = model::OwnershipMap(in.model, g)->front().padded_numel;
+  const int64_t rows = int64_t{g} * in.model.block_size, C = in.model.n_embd;
+  ASSERT_LT(replicas * rows * C, 2 * table / g) << "the rows must be the fewer bytes";
+  const int64_t saved = comm::RingAllGatherBytes(table * p, g) + comm::RingReduceScatterBytes(table * r, g) +
+                        comm::RingAllReduceBytes(table / g * r, r, replicas);
+  const int64_t moved = comm::RingAllGatherBytes(rows * 8, g) + comm::RingReduceScatterBytes(rows * C * p, g) +
+                        comm::RingAllGatherBytes(rows * C * r, g) +
+                        comm::RingAllGatherBytes(replicas * rows * (C * r + 8), replicas);
+  EXPECT_EQ(dense.comm_bytes - sparse.comm_bytes, saved - moved);
+  EXPECT_EQ(dense.transient_bytes - sparse.transient_bytes, 2 * p * table - rows * C * (p + replicas * r));
+  EXPECT_LT(sparse.step_s, dense.step_s);
 }
 
 }  // namespace

@@ -116,6 +116,15 @@ TEST(StepScheduleTest, SparseEmbeddingExchangesAreWaitedOn) {
   in.units.front().lookup_bytes = 3;
   in.units.front().row_grad_bytes = 5;
   EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 3 + 20 + 20 + 5);
+  // The rows' gradients gathered across replicas after them, waited on too:
+  // in every micro-batch (an untied table), or in the last alone (a tied
+  // one, whose shard the earlier ones' rows reach through its all-reduce).
+  in.units.front().replica_row_grad_bytes = 2;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 3 + 20 + 20 + 5 + 2);
+  in.micro_batches = 2;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 2 * (3 + 20 + 20 + 5 + 2));
+  in.units.front().replica_rows_last_only = true;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 2 * (3 + 20 + 20 + 5) + 2);
 }
 
 TEST(StepScheduleTest, ParametersGatheredAfterTheOptimizerAreWaitedOn) {
