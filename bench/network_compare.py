@@ -346,7 +346,7 @@ def main():
     ap.add_argument("--model", default="gpt", choices=["gpt", "llama100m"])
     ap.add_argument("--lora", type=int, default=0)
     ap.add_argument("--sparse-embedding", action="store_true",
-                    help="Shardline's [parallelism] sparse_embedding (an untied table: llama100m)")
+                    help="Shardline's [parallelism] sparse_embedding")
     ap.add_argument("--points", default="4x1:full_shard,2x2:full_shard,2x2:hybrid_shard",
                     help="placement:strategy pairs")
     ap.add_argument("--mbits", default="100,300,1000")

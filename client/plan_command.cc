@@ -78,7 +78,7 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
                   "the job file's, else sharded")
       ->check(CLI::IsMember({"sharded", "unsharded"}));
   cmd->add_flag("--sparse-embedding", f->sparse_embedding,
-                "an untied, sharded token table moves its tokens' rows, never itself (default: the job file's)");
+                "a sharded token table is looked up by moving its tokens' rows (untied: never gathered) (default: the job file's)");
   cmd->add_option("--shard-group", f->shard_group, "hybrid shard group size (default: --gpus-per-node)")
       ->check(CLI::Range(1, kMaxRanks));
   cmd->add_option("--dtype", f->dtype, "parameter dtype, bf16 or fp32 (default: the job file's, else bf16)")

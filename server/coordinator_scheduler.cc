@@ -311,6 +311,7 @@ void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*
   } else {
     r.config.parallelism.strategy = choice->strategy;
     r.config.train.grad_accumulation = choice->grad_accumulation;  // the job's own unless left to auto
+    r.config.parallelism.sparse_embedding = choice->sparse_embedding;  // likewise
     j.set_strategy_reason(choice->why);
   }
   j.set_strategy(StrategyName(r.config.parallelism.strategy));

@@ -156,12 +156,18 @@ struct ParallelismConfig {
   // link for the next pick: worker/run/job_runner.cc).
   bool auto_strategy = false;
   int shard_group_size = 0;  // hybrid only; 0 means "the whole world"
-  // An untied token embedding whose parameters are sharded (full_shard,
-  // hybrid_shard, a sharded LoRA base) is never gathered: each rank looks up
-  // the rows of its shard for every rank's tokens, a reduce-scatter hands
-  // each rank its own, and its gradient is every rank's token gradients,
-  // gathered and added into the shard (worker/engine/sparse_embedding.h).
+  // A token embedding whose parameters are sharded (full_shard,
+  // hybrid_shard, a sharded LoRA base) is looked up without being gathered:
+  // each rank looks up the rows of its shard for every rank's tokens, a
+  // reduce-scatter hands each rank its own, and its gradient is every rank's
+  // token gradients, gathered and added into the shard. Untied it is never
+  // gathered; tied, for the head alone (worker/engine/sparse_embedding.h).
   bool sparse_embedding = false;
+  // Resolved, never a key: strategy = "auto" and the file names no
+  // sparse_embedding, so the coordinator weighs the table gathered and
+  // sparse with the strategies (common/plan/strategy_choice.h) and sets
+  // sparse_embedding.
+  bool auto_sparse_embedding = false;
 };
 struct PrecisionConfig {
   DType param_dtype = DType::kFloat32, reduce_dtype = DType::kFloat32, buffer_dtype = DType::kFloat32;

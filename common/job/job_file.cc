@@ -378,6 +378,9 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   if (!s.ok()) return s;
   const toml::table* train = root["train"].as_table();
   c.train.auto_grad_accumulation = c.parallelism.auto_strategy && !(train && train->contains("grad_accumulation"));
+  const toml::table* par = root["parallelism"].as_table();
+  c.parallelism.auto_sparse_embedding =
+      c.parallelism.auto_strategy && !(par && par->contains("sparse_embedding"));
   return c;
 }
 

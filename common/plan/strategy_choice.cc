@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/plan/plan.h"
 
@@ -26,24 +27,33 @@ absl::StatusOr<StrategyChoice> ChooseStrategy(const JobConfig& c, const AttemptC
   const bool ckpt = c.memory.activation_checkpointing;
   std::vector<GradAccumulation> modes = {c.train.grad_accumulation};
   if (c.train.auto_grad_accumulation) modes = {GradAccumulation::kSharded, GradAccumulation::kUnsharded};
+  std::vector<bool> tables = {c.parallelism.sparse_embedding};
+  if (c.parallelism.auto_sparse_embedding) tables = {false, true};
   struct Candidate {
     StrategyPlan plan;
     GradAccumulation mode;
+    bool sparse;
     int64_t peak() const { return plan.peak_bytes; }
   };
   std::vector<Candidate> candidates;
-  for (GradAccumulation mode : modes) {
-    in.grad_accumulation = mode;
-    absl::StatusOr<Plan> plan = MakePlan(in);
-    if (!plan.ok()) return plan.status();
-    for (StrategyPlan& p : plan->strategies) {
-      if (IsHybrid(p.strategy)) continue;  // needs a shard group
-      // The mode means nothing where gradients are whole anyway.
-      if (mode != modes.front() && !ShardsGrads(p.strategy)) continue;
-      if (ckpt) {  // the job's own setting decides which figures count
-        p.peak_bytes = p.peak_bytes_checkpointed, p.fits = p.fits_checkpointed, p.step_s = p.step_s_checkpointed;
+  for (bool sparse : tables) {
+    for (GradAccumulation mode : modes) {
+      in.grad_accumulation = mode;
+      in.sparse_embedding = sparse;
+      absl::StatusOr<Plan> plan = MakePlan(in);
+      if (!plan.ok()) return plan.status();
+      for (StrategyPlan& p : plan->strategies) {
+        if (IsHybrid(p.strategy)) continue;  // needs a shard group
+        // The mode means nothing where gradients are whole anyway, nor the
+        // sparse table where the table is whole.
+        if (mode != modes.front() && !ShardsGrads(p.strategy)) continue;
+        const bool table_sharded = in.lora.enabled ? in.lora.base == LoraBase::kSharded : ShardsParams(p.strategy);
+        if (sparse != tables.front() && !(table_sharded && a.world > 1)) continue;
+        if (ckpt) {  // the job's own setting decides which figures count
+          p.peak_bytes = p.peak_bytes_checkpointed, p.fits = p.fits_checkpointed, p.step_s = p.step_s_checkpointed;
+        }
+        candidates.push_back({p, mode, sparse});
       }
-      candidates.push_back({p, mode});
     }
   }
   const Candidate* best = nullptr;
@@ -60,9 +70,11 @@ absl::StatusOr<StrategyChoice> ChooseStrategy(const JobConfig& c, const AttemptC
   StrategyChoice out;
   out.strategy = pick.plan.strategy;
   out.grad_accumulation = pick.mode;
-  const std::string mode = c.train.auto_grad_accumulation && ShardsGrads(pick.plan.strategy)
-                               ? absl::StrFormat(" with %s gradient accumulation", GradAccumulationName(pick.mode))
-                               : "";
+  out.sparse_embedding = pick.sparse;
+  std::string mode = c.train.auto_grad_accumulation && ShardsGrads(pick.plan.strategy)
+                         ? absl::StrFormat(" with %s gradient accumulation", GradAccumulationName(pick.mode))
+                         : "";
+  if (c.parallelism.auto_sparse_embedding && pick.sparse) absl::StrAppend(&mode, " and the sparse embedding");
   if (best) {
     out.why = absl::StrFormat(
         "auto: %s%s, the fastest that fits: %.3g s/step predicted, %.3g of %.3g GB per rank, at %d ranks and %s",

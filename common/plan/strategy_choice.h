@@ -9,8 +9,10 @@
 // Only the strategies that need no shard group are candidates (no_shard,
 // zero1, shard_grad_op, full_shard); the job's own activation checkpointing
 // setting is kept. Where the job file leaves [train] grad_accumulation to
-// it, each candidate is weighed in both modes. Pure arithmetic;
-// thread-compatible.
+// it, each candidate is weighed in both modes; where it leaves
+// [parallelism] sparse_embedding, with the table gathered and sparse (where
+// that applies: sharded parameters or a sharded LoRA base). Pure
+// arithmetic; thread-compatible.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,10 @@ struct StrategyChoice {
   // faster of the two modes that fits (unsharded: less communication, more
   // memory; it matters only with several micro-batches).
   GradAccumulation grad_accumulation = GradAccumulation::kSharded;
+  // The job's own, or where ParallelismConfig.auto_sparse_embedding lets it
+  // whichever is faster (sparse: a few rows per token moved, more bytes for
+  // a tied table whose head still gathers it).
+  bool sparse_embedding = false;
   std::string why;  // one line for Job.message and shardctl status
 };
 

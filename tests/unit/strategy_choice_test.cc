@@ -133,6 +133,59 @@ TEST(StrategyChoice, WeighsBothAccumulationModesUnlessTheFileNamesOne) {
   EXPECT_NE(tight->why.find("the fastest that fits"), std::string::npos) << tight->why;
 }
 
+// Left to auto, the sparse embedding is weighed with the strategies: for an
+// untied 128k-token table over a slow link it moves far fewer bytes than the
+// table and is picked; for a tied one (whose head still gathers the table)
+// the rows are bytes on top, and the planner's faster way is picked.
+TEST(StrategyChoice, WeighsTheSparseEmbedding) {
+  JobConfig c = Llama1B();
+  c.model.vocab_size = 128256;
+  AttemptCluster a;
+  a.world = 4;
+  a.hosts = 4;
+  a.device_kind = "cuda";
+  a.measured_bus_bandwidth = 1e9;
+  auto plan_of = [&](const JobConfig& job, bool sparse, Strategy s) {
+    PlanInput in = PlanInputForJob(job, a.world);
+    in.cluster.gpus_per_node = 1;
+    in.cluster.intra_node_bw = in.cluster.inter_node_bw = a.measured_bus_bandwidth;
+    in.sparse_embedding = sparse;
+    for (const StrategyPlan& p : MakePlan(in)->strategies) {
+      if (p.strategy == s) return p;
+    }
+    return StrategyPlan();
+  };
+  // Room for full_shard alone, either way.
+  auto room_for_full_shard = [&] {
+    const int64_t fs = std::max(plan_of(c, false, Strategy::kFullShard).peak_bytes_checkpointed,
+                                plan_of(c, true, Strategy::kFullShard).peak_bytes_checkpointed);
+    a.min_memory_bytes = fs + (int64_t{1} << 20);
+    ASSERT_GT(plan_of(c, false, Strategy::kShardGradOp).peak_bytes_checkpointed, a.min_memory_bytes);
+  };
+  room_for_full_shard();
+  auto step = [&](bool sparse) { return plan_of(c, sparse, Strategy::kFullShard).step_s_checkpointed; };
+
+  absl::StatusOr<StrategyChoice> named = ChooseStrategy(c, a);
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->strategy, Strategy::kFullShard) << named->why;
+  EXPECT_FALSE(named->sparse_embedding) << named->why;  // the job's own (off)
+
+  c.parallelism.auto_sparse_embedding = true;
+  ASSERT_LT(step(true), step(false));
+  absl::StatusOr<StrategyChoice> untied = ChooseStrategy(c, a);
+  ASSERT_TRUE(untied.ok()) << untied.status();
+  EXPECT_EQ(untied->strategy, Strategy::kFullShard) << untied->why;
+  EXPECT_TRUE(untied->sparse_embedding) << untied->why;
+  EXPECT_NE(untied->why.find("full_shard and the sparse embedding, the fastest"), std::string::npos) << untied->why;
+
+  c.model.tie_word_embeddings = true;
+  room_for_full_shard();
+  absl::StatusOr<StrategyChoice> tied = ChooseStrategy(c, a);
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  EXPECT_EQ(tied->strategy, Strategy::kFullShard) << tied->why;
+  EXPECT_EQ(tied->sparse_embedding, step(true) < step(false)) << tied->why;
+}
+
 TEST(StrategyChoice, TheJobFileSaysAuto) {
   absl::StatusOr<JobConfig> c = ResolveJobSpec(R"(
 [model]
@@ -147,12 +200,14 @@ strategy = "auto"
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->parallelism.auto_strategy);
   EXPECT_TRUE(c->train.auto_grad_accumulation);  // the file names no mode
+  EXPECT_TRUE(c->parallelism.auto_sparse_embedding);  // nor the table's
   absl::StatusOr<JobConfig> named = ResolveJobSpec(
       "[model]\nn_layer = 1\nn_head = 2\nn_embd = 8\nvocab_size = 16\nblock_size = 4\n"
-      "[train]\ngrad_accumulation = \"sharded\"\n[parallelism]\nstrategy = \"auto\"\n",
+      "[train]\ngrad_accumulation = \"sharded\"\n[parallelism]\nstrategy = \"auto\"\nsparse_embedding = false\n",
       "named.toml", "");
   ASSERT_TRUE(named.ok()) << named.status();
   EXPECT_FALSE(named->train.auto_grad_accumulation);
+  EXPECT_FALSE(named->parallelism.auto_sparse_embedding);
   EXPECT_FALSE(ResolveJobSpec("[model]\nn_layer = 1\n[parallelism]\nstrategy = \"automatic\"\n", "x.toml", "").ok());
 }
 

@@ -5,30 +5,47 @@
 #include "common/base/status_macros.h"
 
 namespace shardline {
+namespace {
+int64_t FloorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+int64_t CeilDiv(int64_t a, int64_t b) { return -FloorDiv(-a, b); }
+}  // namespace
 
 SparseEmbedding::SparseEmbedding(const ShardLayout& layout, int shard_rank)
     : width_(layout.params.at(0).spec.shape.at(1)),
       shard_begin_(layout.ShardOffset(shard_rank)),
       shard_numel_(layout.shard_numel) {
-  for (const auto& p : layout.params) tables_.push_back({p.offset, p.spec.shape.at(0)});
+  for (const auto& p : layout.params) {
+    tables_.push_back({p.offset, p.spec.shape.at(0)});
+    held_.push_back(HeldOf(tables_.back()));
+  }
+}
+
+SparseEmbedding::Held SparseEmbedding::HeldOf(const Table& table) const {
+  const int64_t c = width_;
+  const int64_t begin = shard_begin_ - table.offset, end = begin + shard_numel_;  // the shard, in table elements
+  Held h;
+  h.full_lo = std::clamp<int64_t>(CeilDiv(begin, c), 0, table.rows);
+  h.full_hi = std::clamp<int64_t>(FloorDiv(end, c), h.full_lo, table.rows);
+  h.full_at = h.full_lo * c - begin;
+  auto part = [&](int64_t row) {
+    if (row < 0 || row >= table.rows) return;
+    const int64_t first = std::max(row * c, begin), last = std::min((row + 1) * c, end);
+    if (last <= first || (first == row * c && last == (row + 1) * c)) return;  // none, or whole
+    h.parts.push_back({row, first - row * c, last - first, first - begin});
+  };
+  part(FloorDiv(begin, c));
+  if (FloorDiv(end - 1, c) != FloorDiv(begin, c)) part(FloorDiv(end - 1, c));
+  return h;
+}
+
+bool SparseEmbedding::RowsBeatAllReduce(int64_t tokens, int shard_size, int replicas) const {
+  // Received: (R - 1) G N C elements; a ring all-reduce sends 2 (R - 1) / R
+  // of the shard.
+  return int64_t{replicas} * shard_size * tokens * width_ < 2 * shard_numel_;
 }
 
 at::Tensor SparseEmbedding::IdsOf(const at::Tensor& all_ids, int k) {
   return all_ids.select(1, k).reshape({-1});
-}
-
-SparseEmbedding::Held SparseEmbedding::HeldRows(const Table& table, const at::Tensor& ids) const {
-  // Rows [lo, hi) overlap the shard's elements [shard_begin, shard_begin + numel).
-  const int64_t first = shard_begin_ - table.offset, last = first + shard_numel_;  // table elements
-  const int64_t lo = std::clamp<int64_t>(first / width_, 0, table.rows);
-  const int64_t hi = std::clamp<int64_t>((last + width_ - 1) / width_, lo, table.rows);
-  Held h;
-  h.tokens = at::nonzero(ids.ge(lo).logical_and(ids.lt(hi))).squeeze(1);
-  const at::Tensor row_start = ids.index_select(0, h.tokens).mul(width_).sub_(first);  // [S], in the shard
-  h.positions = row_start.unsqueeze(1) + at::arange(width_, ids.options()).unsqueeze(0);  // [S, C]
-  h.inside = h.positions.ge(0).logical_and(h.positions.lt(shard_numel_));
-  h.positions.clamp_(0, std::max<int64_t>(0, shard_numel_ - 1));
-  return h;
 }
 
 absl::StatusOr<SparseEmbedding::Rows> SparseEmbedding::Lookup(comm::Communicator& shard, CommWaiter& waiter,
@@ -44,15 +61,28 @@ absl::StatusOr<SparseEmbedding::Rows> SparseEmbedding::Lookup(comm::Communicator
   SL_RETURN_IF_ERROR(waiter.OnDevice(*gather, comm::Op::kAllGather));
   const at::Tensor partial = at::zeros({g * n, width_}, param_shard.options());
   for (int t = 0; t < k; ++t) {
-    const Held held = HeldRows(tables_[t], IdsOf(r.all_ids, t));
-    const at::Tensor values = param_shard.index({held.positions}).masked_fill_(held.inside.logical_not(), 0);
+    const Held& h = held_[t];
+    const at::Tensor table_ids = IdsOf(r.all_ids, t);
     // The first table's elements are copied, so that its rows stay the
     // table's to the bit (-0.0 included); a second one's are added, one
-    // rounding, as the dense lookup's sum.
-    if (t == 0) {
-      partial.index_copy_(0, held.tokens, values);
-    } else {
-      partial.index_add_(0, held.tokens, values);
+    // rounding, as the dense lookup's sum. (A token's row is whole or in
+    // part, never both: the copies do not overlap.)
+    auto write = [&](at::Tensor into, const at::Tensor& tokens, const at::Tensor& values) {
+      if (t == 0) {
+        into.index_copy_(0, tokens, values);
+      } else {
+        into.index_add_(0, tokens, values);
+      }
+    };
+    if (h.full_hi > h.full_lo) {
+      const at::Tensor tokens = at::nonzero(table_ids.ge(h.full_lo).logical_and(table_ids.lt(h.full_hi))).squeeze(1);
+      const at::Tensor held = param_shard.narrow(0, h.full_at, (h.full_hi - h.full_lo) * width_).view({-1, width_});
+      write(partial, tokens, held.index_select(0, table_ids.index_select(0, tokens).sub(h.full_lo)));
+    }
+    for (const PartRow& p : h.parts) {
+      const at::Tensor tokens = at::nonzero(table_ids.eq(p.row)).squeeze(1);
+      const at::Tensor run = param_shard.narrow(0, p.at, p.width).unsqueeze(0).expand({tokens.size(0), p.width});
+      write(partial.narrow(1, p.column, p.width), tokens, run.contiguous());
     }
   }
   const at::Tensor out = at::empty({n * width_}, param_shard.options());
@@ -62,12 +92,6 @@ absl::StatusOr<SparseEmbedding::Rows> SparseEmbedding::Lookup(comm::Communicator
   shape.push_back(width_);
   r.hidden = out.view(shape);
   return r;
-}
-
-bool SparseEmbedding::RowsBeatAllReduce(int64_t tokens, int shard_size, int replicas) const {
-  // Received: (R - 1) G N C elements; a ring all-reduce sends 2 (R - 1) / R
-  // of the shard.
-  return int64_t{replicas} * shard_size * tokens * width_ < 2 * shard_numel_;
 }
 
 absl::StatusOr<at::Tensor> SparseEmbedding::Gradient(comm::Communicator& shard, comm::Communicator* replicas,
@@ -89,11 +113,21 @@ absl::StatusOr<at::Tensor> SparseEmbedding::Gradient(comm::Communicator& shard, 
     SL_RETURN_IF_ERROR(waiter.OnDevice(*world_ids, comm::Op::kAllGather));
     all = world;
   }
+  const at::Tensor grads = all.view({-1, width_});  // a row per token
   at::Tensor part = at::zeros({shard_numel_}, own.options());
   for (size_t t = 0; t < tables_.size(); ++t) {
-    const Held held = HeldRows(tables_[t], IdsOf(ids, static_cast<int>(t)));
-    const at::Tensor rows = all.view({-1, width_}).index_select(0, held.tokens);  // [S, C]
-    part.index_add_(0, held.positions.masked_select(held.inside), rows.masked_select(held.inside));
+    const Held& h = held_[t];
+    const at::Tensor table_ids = IdsOf(ids, static_cast<int>(t));
+    if (h.full_hi > h.full_lo) {
+      const at::Tensor tokens = at::nonzero(table_ids.ge(h.full_lo).logical_and(table_ids.lt(h.full_hi))).squeeze(1);
+      part.narrow(0, h.full_at, (h.full_hi - h.full_lo) * width_)
+          .view({-1, width_})
+          .index_add_(0, table_ids.index_select(0, tokens).sub(h.full_lo), grads.index_select(0, tokens));
+    }
+    for (const PartRow& p : h.parts) {
+      const at::Tensor tokens = at::nonzero(table_ids.eq(p.row)).squeeze(1);
+      part.narrow(0, p.at, p.width).add_(grads.index_select(0, tokens).narrow(1, p.column, p.width).sum(0));
+    }
   }
   return part;
 }

@@ -92,20 +92,25 @@ class SparseEmbedding {
   struct Table {
     int64_t offset, rows;  // in the flat unit
   };
-  // The tokens of `ids` (every rank's ids into `table`) whose rows this
-  // shard holds a part of, and for each the shard positions of its row's C
-  // elements ([S, C], int64) with a mask of those inside the shard. Lookup
-  // and Gradient each compute it from the ids rather than keep it from
-  // forward to backward: the positions alone are twice the rows' fp32
-  // bytes, held through the whole model.
-  struct Held {
-    at::Tensor tokens, positions, inside;
+  // What this shard holds of a table: rows [full_lo, full_hi) whole, from
+  // shard position full_at on ([rows, C] as they are), and at most two rows
+  // in part (the shard's ends), each a run of its elements. Lookup and
+  // Gradient move whole rows with index_select / index_add on that [rows,
+  // C] view, which costs what the rows weigh (per-element positions would
+  // cost twice the rows' fp32 bytes again in int64 indices).
+  struct PartRow {
+    int64_t row, column, width, at;  // elements [column, column + width) at shard position `at`
   };
-  Held HeldRows(const Table& table, const at::Tensor& ids) const;
+  struct Held {
+    int64_t full_lo = 0, full_hi = 0, full_at = 0;
+    std::vector<PartRow> parts;
+  };
+  Held HeldOf(const Table& table) const;
   // Table k's ids of every rank, in rank order, from Rows::all_ids.
   static at::Tensor IdsOf(const at::Tensor& all_ids, int k);
 
   std::vector<Table> tables_;
+  std::vector<Held> held_;  // per table
   int64_t width_;
   int64_t shard_begin_, shard_numel_;
 };
