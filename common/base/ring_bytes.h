@@ -17,4 +17,13 @@ inline int64_t RingAllReduceBytes(int64_t bytes, int elem_size, int n) {
   return 2 * (padded / n * (n - 1));
 }
 
+// Whether all-gathering `rows_numel` elements from each of `replicas` ranks
+// receives fewer elements than a ring all-reduce of `shard_numel` across
+// them sends: rows against 2 (R-1)/R shard. The sparse embedding
+// gathers its rows' gradients across replicas where it does (the engine's
+// SparseEmbedding and the planner decide by this one test).
+inline bool RowsGatherBeatsAllReduce(int64_t rows_numel, int64_t shard_numel, int replicas) {
+  return int64_t{replicas} * rows_numel < 2 * shard_numel;
+}
+
 }  // namespace shardline::comm

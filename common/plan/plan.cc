@@ -326,12 +326,13 @@ absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, co
   // table shard's all-reduce (SparseEmbedding::RowsBeatAllReduce). Untied,
   // the table is never whole.
   const bool sparse = in.sparse_embedding && g > 1 && (lora ? base_sharded : ShardsParams(s));
+  sp.sparse_embedding = sparse;
   // Every parameter of the embed unit is a table looked up (SparseEmbedding's).
   const int64_t tables = static_cast<int64_t>(model::UnitParams(m, 0).size());
   const int64_t tokens = int64_t{x.b} * m.block_size, C = m.n_embd;
   const int64_t rows = g * tokens;  // every rank's of the shard group
   const int64_t table_shard = (lora ? f : t).embed / g;
-  const bool world_rows = sparse && !lora && replicas > 1 && replicas * rows * C < 2 * table_shard;
+  const bool world_rows = sparse && !lora && replicas > 1 && comm::RowsGatherBeatsAllReduce(rows * C, table_shard, replicas);
   const int64_t lookup_bytes = sparse ? comm::RingAllGatherBytes(rows * 8 * tables, g) +
                                             comm::RingReduceScatterBytes(rows * C * p, g)
                                       : 0;

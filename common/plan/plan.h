@@ -77,6 +77,9 @@ struct PlanInput {
 struct StrategyPlan {
   Strategy strategy = Strategy::kFullShard;
   int shard_group = 1;
+  // Whether the job's sparse_embedding applies: a table sharded over a
+  // group of more than one rank (else it is gathered as any unit's).
+  bool sparse_embedding = false;
   int64_t params_bytes = 0, grads_bytes = 0, master_bytes = 0, optimizer_bytes = 0, state_bytes = 0;
   int64_t transient_bytes = 0;  // unsharded units and gradients in flight
   int64_t activation_bytes = 0, activation_bytes_checkpointed = 0;

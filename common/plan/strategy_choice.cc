@@ -45,10 +45,9 @@ absl::StatusOr<StrategyChoice> ChooseStrategy(const JobConfig& c, const AttemptC
       for (StrategyPlan& p : plan->strategies) {
         if (IsHybrid(p.strategy)) continue;  // needs a shard group
         // The mode means nothing where gradients are whole anyway, nor the
-        // sparse table where the table is whole.
+        // sparse table where the planner did not apply it.
         if (mode != modes.front() && !ShardsGrads(p.strategy)) continue;
-        const bool table_sharded = in.lora.enabled ? in.lora.base == LoraBase::kSharded : ShardsParams(p.strategy);
-        if (sparse != tables.front() && !(table_sharded && a.world > 1)) continue;
+        if (sparse != tables.front() && !p.sparse_embedding) continue;
         if (ckpt) {  // the job's own setting decides which figures count
           p.peak_bytes = p.peak_bytes_checkpointed, p.fits = p.fits_checkpointed, p.step_s = p.step_s_checkpointed;
         }

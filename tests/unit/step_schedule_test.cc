@@ -75,6 +75,24 @@ TEST(StepScheduleTest, PrefetchDepthBoundsWhatAForwardHides) {
   EXPECT_DOUBLE_EQ(two, 72 + 10);
 }
 
+TEST(StepScheduleTest, BackwardPrefetchesAsDeepAsTheLimitBehindALargeHead) {
+  // Three blocks regathered for backward (10 s each) behind a head whose
+  // backward takes 30 s and blocks of 1 s; no compute in forward, no
+  // reductions. Forward is the three gathers back to back, 0-30.
+  ScheduleInput in = Uniform(3, 10, 0, 1, 0);
+  in.units.front().gather_bytes = in.units.back().gather_bytes = 0;
+  in.units.back().backward_s = 30;
+  // One in flight: only block 3's regather (30-40) runs beside the head's
+  // backward (30-60); block 2's starts when block 3 is ready at 60 (60-70),
+  // block 1's at 70 (70-80): the step ends at 81.
+  in.max_inflight_gathers = 1;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 81);
+  // Three in flight: all three (30-60) run beside the head's backward, and
+  // the blocks' backwards follow it at once: 63.
+  in.max_inflight_gathers = 3;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 63);
+}
+
 TEST(StepScheduleTest, OneReductionInFlightMakesBackwardWaitForThePreviousOne) {
   // Reductions of 15 s behind 10 s backwards: sharded accumulation waits for
   // the previous reduction before the next unit, unsharded does not wait.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/base/ring_bytes.h"
 #include "common/base/status_macros.h"
 
 namespace shardline {
@@ -39,9 +40,7 @@ SparseEmbedding::Held SparseEmbedding::HeldOf(const Table& table) const {
 }
 
 bool SparseEmbedding::RowsBeatAllReduce(int64_t tokens, int shard_size, int replicas) const {
-  // Received: (R - 1) G N C elements; a ring all-reduce sends 2 (R - 1) / R
-  // of the shard.
-  return int64_t{replicas} * shard_size * tokens * width_ < 2 * shard_numel_;
+  return comm::RowsGatherBeatsAllReduce(int64_t{shard_size} * tokens * width_, shard_numel_, replicas);
 }
 
 at::Tensor SparseEmbedding::IdsOf(const at::Tensor& all_ids, int k) {
