@@ -67,9 +67,8 @@ void Forward(const ScheduleInput& in, LinkQueue& shard, Clock& clock, ScheduleTi
 }
 
 // Backward of one micro-batch, last unit first: a resharded unit is gathered
-// again (the ones before it prefetched while fewer than the limit are in
-// flight, nearest first), computed, then reduce-scattered; the replicas'
-// all-reduce follows each reduce-scatter in the last micro-batch.
+// again (the one before it prefetched), computed, then reduce-scattered; the
+// replicas' all-reduce follows each reduce-scatter in the last micro-batch.
 void Backward(const ScheduleInput& in, bool last_micro, LinkQueue& shard, LinkQueue& replica, Clock& clock,
               ScheduleTimes& out, std::vector<double>* ends) {
   const int n = static_cast<int>(in.units.size());
@@ -82,15 +81,9 @@ void Backward(const ScheduleInput& in, bool last_micro, LinkQueue& shard, LinkQu
     if (w.gather_in_backward) {
       if (!gathered.count(u)) gathered[u] = shard.Send(clock.now, w.gather_bytes);
       clock.WaitFor(gathered[u]);
-      gathered.erase(u);  // (consumed)
     }
-    // The units before are prefetched once this one is ready
-    // (BackwardPrefetch::kPre, Engine::PrefetchBefore).
-    for (int v = u - 1; v >= 0 && static_cast<int>(gathered.size()) < in.max_inflight_gathers; --v) {
-      if (in.units[v].gather_in_backward && !gathered.count(v)) {
-        gathered[v] = shard.Send(clock.now, in.units[v].gather_bytes);
-      }
-    }
+    // The unit before is prefetched once this one is ready (BackwardPrefetch::kPre).
+    if (u > 0 && in.units[u - 1].gather_in_backward) gathered[u - 1] = shard.Send(clock.now, in.units[u - 1].gather_bytes);
     clock.now += w.backward_s;
     out.compute_s += w.backward_s;
     if (w.row_grad_bytes > 0) clock.now = shard.Send(clock.now, w.row_grad_bytes);

@@ -5,8 +5,8 @@
 //
 // Why a schedule and not max(compute, communication): a collective hides only
 // behind the compute that runs while it is in flight, and the engine bounds
-// that window. Forward and backward keep at most `max_inflight_gathers`
-// gathers ahead; sharded accumulation keeps one
+// that window. Forward keeps at most `max_inflight_gathers` gathers ahead;
+// backward prefetches one block ahead; sharded accumulation keeps one
 // reduce-scatter in flight (the one after it waits); the first gather, a
 // large head's gather behind two blocks' compute, the sparse embedding's
 // waited-on exchanges and the last reductions hide behind nothing. On the

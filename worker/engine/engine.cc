@@ -166,12 +166,6 @@ void Engine::Prefetch(int u) {
   Unshard(u);
 }
 
-void Engine::PrefetchBefore(int u) {
-  // Unit 0's backward needs no parameters (a lookup's gradient).
-  const int limit = config_.prefetch.max_inflight_all_gathers;
-  for (int v = u - 1; v >= 1 && inflight_gathers() < limit; --v) Prefetch(v);
-}
-
 bool Engine::NeedsTable(int u) const { return tied_sparse_ && u == model::HeadUnit(config_.model); }
 
 void Engine::Unshard(int u) {
@@ -331,9 +325,9 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
     Unit& unit = units_[u];
     Unshard(u);  // (unless prefetched)
     SL_RETURN_IF_ERROR(WaitUnsharded(u));
-    if (bp == BackwardPrefetch::kPre) PrefetchBefore(u);
+    if (bp == BackwardPrefetch::kPre && u - 1 >= 1) Prefetch(u - 1);
     SL_RETURN_IF_ERROR(Backward(u, &grad));
-    if (bp == BackwardPrefetch::kPost) PrefetchBefore(u);
+    if (bp == BackwardPrefetch::kPost && u - 1 >= 1) Prefetch(u - 1);
     if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(unit.Reshard());
     if (NeedsTable(u)) SL_RETURN_IF_ERROR(units_[0].Reshard());  // (its lookup's backward needs no parameters)
     // A unit is reduced as soon as its gradient is complete: in every

@@ -223,12 +223,6 @@ class Engine {
 
   // Starts unit u's all-gathers unless max_inflight_all_gathers are in flight.
   void Prefetch(int u);
-  // Backward's prefetch: the units before u, nearest first, while fewer
-  // than max_inflight_all_gathers are in flight, as forward's runs ahead.
-  // One unit ahead left the link idle through a large head's backward,
-  // whose compute could hide two or more blocks' gathers
-  // (bench/results/network_compare_*.md).
-  void PrefetchBefore(int u);
   // Unit u's unshard and wait (unit.h), with the embed unit's where u is the
   // head of a tied table looked up sparsely (NeedsTable): the table is
   // gathered for the head alone, behind the blocks' forward, not first.
