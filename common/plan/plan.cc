@@ -230,6 +230,12 @@ struct Movement {
   int64_t lookup_bytes = 0, row_grad_bytes = 0, replica_row_grad_bytes = 0;
 };
 
+// The sparse embedding's rows per micro-batch: every token of every rank of
+// the shard group.
+int64_t SparseRows(const Movement& mv, const StepShape& x, const ModelConfig& m) {
+  return int64_t{mv.g} * x.b * m.block_size;
+}
+
 // The engine's step as StepSchedule takes it: per unit, its compute, what
 // it gathers (again in backward for a block), reduce-scatters and all-reduces
 // across replicas; the post-optimizer gather where parameters stay whole.
@@ -286,111 +292,127 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
   return sch;
 }
 
-// One strategy's memory, communication and step time; none when its shard
-// group does not divide the world.
-absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, const StepShape& x, Strategy s,
-                                                         int64_t tokens_per_step) {
+// What strategy s trains and moves at this world size, and the bytes its
+// state holds (into *sp, with its shard group and whether the sparse
+// embedding applies); none when its shard group does not divide the world.
+absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const StepShape& x, Strategy s,
+                                                   StrategyPlan* sp) {
   const ClusterSpec& c = in.cluster;
   const ModelConfig& m = in.model;
   const int world = x.world, p = x.p, r = x.r;
   const bool lora = in.lora.enabled;
-  const double layer_act = x.layer_act, head_act = x.head_act, layer_input = x.layer_input;
-  StrategyPlan sp;
-  sp.strategy = s;
+  Movement mv{s};
   int g = world;
   if (s == Strategy::kNoShard) g = 1;
   if (IsHybrid(s)) {
     g = in.shard_group_size > 0 ? in.shard_group_size : std::min(world, c.gpus_per_node);
-    if (world % g != 0) return std::optional<StrategyPlan>();  // not a valid grouping at this world size
+    if (world % g != 0) return std::optional<Movement>();  // not a valid grouping at this world size
   }
-  sp.shard_group = g;
-  const int replicas = world / g;
+  sp->shard_group = mv.g = g;
+  mv.replicas = world / g;
+  mv.lora = lora;
+  mv.tied = m.tied();
   // What trains (every unit, or the blocks' adapters under LoRA) and, under
   // LoRA, the frozen base: sharded over the group or whole on every rank.
   SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> trained, model::TrainableOwnershipMap(m, in.lora, g));
-  StateBytes(trained, s, p, r, &sp);
-  UnitSizes t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
-  const UnitSizes whole = t;  // (t's embed is zeroed below where the table is sparse)
-  UnitSizes f;
-  const bool base_sharded = lora && in.lora.base == LoraBase::kSharded && g > 1;
+  StateBytes(trained, s, p, r, sp);
+  mv.t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
+  mv.whole = mv.t;  // (t's embed is zeroed below where the table is sparse)
+  mv.base_sharded = lora && in.lora.base == LoraBase::kSharded && g > 1;
   if (lora) {
-    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> base, model::OwnershipMap(m, base_sharded ? g : 1));
-    f = SizesOf(base);
-    const int64_t frozen = p * (f.embed + f.head + m.n_layer * f.block) / (base_sharded ? g : 1);
-    sp.params_bytes += frozen;
-    sp.state_bytes += frozen;
+    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> base, model::OwnershipMap(m, mv.base_sharded ? g : 1));
+    mv.f = SizesOf(base);
+    const int64_t frozen = p * (mv.f.embed + mv.f.head + m.n_layer * mv.f.block) / (mv.base_sharded ? g : 1);
+    sp->params_bytes += frozen;
+    sp->state_bytes += frozen;
   }
   // The sparse embedding: a micro-batch moves its tokens' ids (and GPT-2's
   // positions), partial rows (param dtype) and rows' gradients (reduce
   // dtype), those across replicas too where they are fewer bytes than the
   // table shard's all-reduce (SparseEmbedding::RowsBeatAllReduce). Untied,
   // the table is never whole.
-  const bool sparse = in.sparse_embedding && g > 1 && (lora ? base_sharded : ShardsParams(s));
-  sp.sparse_embedding = sparse;
+  mv.sparse = in.sparse_embedding && g > 1 && (lora ? mv.base_sharded : ShardsParams(s));
+  sp->sparse_embedding = mv.sparse;
+  if (!mv.sparse) return std::optional<Movement>(mv);
   // Every parameter of the embed unit is a table looked up (SparseEmbedding's).
   const int64_t tables = static_cast<int64_t>(model::UnitParams(m, 0).size());
-  const int64_t tokens = int64_t{x.b} * m.block_size, C = m.n_embd;
-  const int64_t rows = g * tokens;  // every rank's of the shard group
-  const int64_t table_shard = (lora ? f : t).embed / g;
-  const bool world_rows = sparse && !lora && replicas > 1 && comm::RowsGatherBeatsAllReduce(rows * C, table_shard, replicas);
-  const int64_t lookup_bytes = sparse ? comm::RingAllGatherBytes(rows * 8 * tables, g) +
-                                            comm::RingReduceScatterBytes(rows * C * p, g)
-                                      : 0;
-  const int64_t row_grad_bytes = sparse && !lora ? comm::RingAllGatherBytes(rows * C * r, g) : 0;
-  const int64_t replica_row_grad_bytes =
-      world_rows ? comm::RingAllGatherBytes(replicas * rows * (C * r + 8 * tables), replicas) : 0;
-  if (sparse) {
-    if (!m.tied()) (lora ? f : t).embed = 0;  // below: neither held, gathered nor reduce-scattered
-    sp.transient_bytes += rows * C * (p + (world_rows ? replicas : 1) * r);
+  const int64_t C = m.n_embd, rows = SparseRows(mv, x, m);
+  const int64_t table_shard = (lora ? mv.f : mv.t).embed / g;
+  mv.world_rows = !lora && mv.replicas > 1 && comm::RowsGatherBeatsAllReduce(rows * C, table_shard, mv.replicas);
+  mv.lookup_bytes = comm::RingAllGatherBytes(rows * 8 * tables, g) + comm::RingReduceScatterBytes(rows * C * p, g);
+  if (!lora) mv.row_grad_bytes = comm::RingAllGatherBytes(rows * C * r, g);
+  if (mv.world_rows) {
+    mv.replica_row_grad_bytes = comm::RingAllGatherBytes(mv.replicas * rows * (C * r + 8 * tables), mv.replicas);
   }
+  if (!mv.tied) (lora ? mv.f : mv.t).embed = 0;  // neither held, gathered nor reduce-scattered
+  return std::optional<Movement>(mv);
+}
+
+// A strategy's memory per rank beyond its state: the units and gradients
+// unsharded at once, the sparse embedding's rows, and activations (with and
+// without checkpointing), and whether they fit.
+void PlanMemory(const PlanInput& in, const StepShape& x, const Movement& mv, StrategyPlan* sp) {
+  const ModelConfig& m = in.model;
+  const int p = x.p, r = x.r;
+  const UnitSizes& t = mv.t;
+  if (mv.sparse) sp->transient_bytes += SparseRows(mv, x, m) * m.n_embd * (p + (mv.world_rows ? mv.replicas : 1) * r);
   const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
-  if (ShardsParams(s)) sp.transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
-  if (base_sharded) sp.transient_bytes += p * (f.embed + f.head + live_blocks * f.block);
+  if (ShardsParams(mv.s)) sp->transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
+  if (mv.base_sharded) sp->transient_bytes += p * (mv.f.embed + mv.f.head + live_blocks * mv.f.block);
   // Unsharded gradients: under sharded accumulation (or one micro-batch)
   // the unit in compute and the one being reduced; under unsharded
   // accumulation every unit's, held across the micro-batches.
-  const bool hold_grads = ShardsGrads(s) && x.micro_batches > 1 && in.grad_accumulation == GradAccumulation::kUnsharded;
+  const bool hold_grads =
+      ShardsGrads(mv.s) && x.micro_batches > 1 && in.grad_accumulation == GradAccumulation::kUnsharded;
   if (hold_grads) {
-    sp.transient_bytes += p * (t.embed + t.head + m.n_layer * t.block);
-  } else if (ShardsGrads(s)) {
-    sp.transient_bytes += p * (t.embed + 2 * t.block);
+    sp->transient_bytes += p * (t.embed + t.head + m.n_layer * t.block);
+  } else if (ShardsGrads(mv.s)) {
+    sp->transient_bytes += p * (t.embed + 2 * t.block);
   }
-  const double acts = m.n_layer * layer_act + head_act;
-  const double acts_checkpointed = m.n_layer * layer_input + layer_act + head_act;
-  const double held = static_cast<double>(sp.state_bytes) + static_cast<double>(sp.transient_bytes);
-  sp.activation_bytes = Saturated(acts);
-  sp.activation_bytes_checkpointed = Saturated(acts_checkpointed);
-  sp.peak_bytes = Saturated(held + acts);
-  sp.peak_bytes_checkpointed = Saturated(held + acts_checkpointed);
-  sp.fits = held + acts <= c.device_memory_bytes;
-  sp.fits_checkpointed = held + acts_checkpointed <= c.device_memory_bytes;
+  const double acts = m.n_layer * x.layer_act + x.head_act;
+  const double acts_checkpointed = m.n_layer * x.layer_input + x.layer_act + x.head_act;
+  const double held = static_cast<double>(sp->state_bytes) + static_cast<double>(sp->transient_bytes);
+  sp->activation_bytes = Saturated(acts);
+  sp->activation_bytes_checkpointed = Saturated(acts_checkpointed);
+  sp->peak_bytes = Saturated(held + acts);
+  sp->peak_bytes_checkpointed = Saturated(held + acts_checkpointed);
+  sp->fits = held + acts <= in.cluster.device_memory_bytes;
+  sp->fits_checkpointed = held + acts_checkpointed <= in.cluster.device_memory_bytes;
+}
 
-  // Communication and time per step, per rank: the engine's collectives,
-  // unit by unit, as it issues them (step_schedule.h).
-  Movement mv{s, g, replicas, t, whole, f};
-  mv.lora = lora;
-  mv.base_sharded = base_sharded;
-  mv.sparse = sparse;
-  mv.tied = m.tied();
-  mv.world_rows = world_rows;
-  mv.lookup_bytes = lookup_bytes;
-  mv.row_grad_bytes = row_grad_bytes;
-  mv.replica_row_grad_bytes = replica_row_grad_bytes;
+// A strategy's communication and step time per rank: the engine's
+// collectives, unit by unit, as it issues them (step_schedule.h), and the
+// optimizer's update.
+void PlanTime(const PlanInput& in, const StepShape& x, const Movement& mv, int64_t tokens_per_step,
+              StrategyPlan* sp) {
+  const ModelConfig& m = in.model;
   ScheduleInput sch = ScheduleOf(in, x, mv);
-  const int64_t full_p = whole.embed + whole.head + m.n_layer * whole.block;
+  const int64_t full_p = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
   const ScheduleTimes times = SimulateStep(sch);
-  sp.comm_bytes = Saturated(times.bytes);
-  sp.comm_s = times.comm_s;
-  sp.compute_s = times.compute_s;
-  sp.exposed_comm_s = times.step_s - times.compute_s;
+  sp->comm_bytes = Saturated(times.bytes);
+  sp->comm_s = times.comm_s;
+  sp->compute_s = times.compute_s;
+  sp->exposed_comm_s = times.step_s - times.compute_s;
   // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
-  const int64_t owned = ShardsGrads(s) || s == Strategy::kZero1 ? full_p / g : full_p;
-  sp.optimizer_s = owned * (3 * 4 * 2 + r + p) / c.memory_bw;
-  sp.step_s = times.step_s + sp.optimizer_s;
+  const int64_t owned = ShardsGrads(mv.s) || mv.s == Strategy::kZero1 ? full_p / mv.g : full_p;
+  sp->optimizer_s = owned * (3 * 4 * 2 + x.r + x.p) / in.cluster.memory_bw;
+  sp->step_s = times.step_s + sp->optimizer_s;
   // Checkpointing: every block's forward again before its backward.
   for (size_t u = 1; u + 1 < sch.units.size(); ++u) sch.units[u].backward_s += sch.units[u].forward_s;
-  sp.step_s_checkpointed = SimulateStep(sch).step_s + sp.optimizer_s;
-  sp.tokens_per_second = tokens_per_step / sp.step_s;
+  sp->step_s_checkpointed = SimulateStep(sch).step_s + sp->optimizer_s;
+  sp->tokens_per_second = tokens_per_step / sp->step_s;
+}
+
+// One strategy's memory, communication and step time; none when its shard
+// group does not divide the world.
+absl::StatusOr<std::optional<StrategyPlan>> PlanStrategy(const PlanInput& in, const StepShape& x, Strategy s,
+                                                         int64_t tokens_per_step) {
+  StrategyPlan sp;
+  sp.strategy = s;
+  SL_ASSIGN_OR_RETURN(const std::optional<Movement> mv, MovementOf(in, x, s, &sp));
+  if (!mv) return std::optional<StrategyPlan>();
+  PlanMemory(in, x, *mv, &sp);
+  PlanTime(in, x, *mv, tokens_per_step, &sp);
   return std::optional<StrategyPlan>(sp);
 }
 

@@ -110,16 +110,30 @@ def numerics(checks):
 
 
 def shared_gpu(checks):
-    ref_out, ref = harness.run(harness.config("no_shard", 1), 1, extra_args=GPU)
-    ref_p = harness.load_params(ref_out)
-    runs = [(s, w, "gloo", {}) for s in harness.STRATEGIES for w in (2, 4)]
+    runs = [(s, w, "gloo", {}, {}) for s in harness.STRATEGIES for w in (2, 4)]
+    # The sparse embedding (GPT-2's tied wte and wpe looked up and reduced as
+    # rows, the table gathered for the head alone) on the device: within the
+    # shard group at N = 2, and at vocabulary 1024 with hybrid_shard N = 4,
+    # where the rows' gradients are also gathered across the replicas
+    # (SparseEmbedding::RowsBeatAllReduce) and the tied shard's all-reduce
+    # runs before the last rows are added.
+    sparse = {"parallelism__sparse_embedding": True}
+    runs += [("full_shard", 2, "gloo", {}, sparse),
+             ("hybrid_shard", 4, "gloo", {}, dict(sparse, model__vocab_size=1024))]
     nccl = torch.cuda.nccl.version()
     if nccl >= (2, 30, 0):
-        runs += [(s, 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}) for s in ("full_shard", "hybrid_shard")]
+        runs += [(s, 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, {}) for s in ("full_shard", "hybrid_shard")]
+        runs += [("full_shard", 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, sparse)]
     else:
         print(f"NOTE NCCL {'.'.join(map(str, nccl))} refuses two ranks on one GPU: the NCCL runs need 2.30+")
-    for strategy, world, backend, env in runs:
-        cfg = harness.config(strategy, world)
+    refs = {}  # vocabulary -> (params, ranks) of the one-rank cuda:0 run
+    for strategy, world, backend, env, keys in runs:
+        cfg = harness.config(strategy, world, **keys)
+        vocab = cfg["model"]["vocab_size"]
+        if vocab not in refs:
+            out, ranks = harness.run(harness.config("no_shard", 1, model__vocab_size=vocab), 1, extra_args=GPU)
+            refs[vocab] = harness.load_params(out), ranks
+        ref_p, ref = refs[vocab]
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
@@ -130,7 +144,7 @@ def shared_gpu(checks):
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        name = f"{strategy} N={world} {backend} on cuda:0"
+        name = f"{strategy} N={world} {backend}{' sparse embedding' if keys else ''} on cuda:0"
         check_params(checks, name, harness.load_params(out), ref_p, 1e-4)
         r = max_rel(losses_of(ranks), losses_of(ref))
         checks.check(r <= 1e-5, f"{name}: losses", f"max rel diff {r:.2e} (tol 1e-5)")
