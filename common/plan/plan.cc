@@ -329,7 +329,7 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
   // The sparse embedding: a micro-batch moves its tokens' ids (and GPT-2's
   // positions), partial rows (param dtype) and rows' gradients (reduce
   // dtype), those across replicas too where they are fewer bytes than the
-  // table shard's all-reduce (SparseEmbedding::RowsBeatAllReduce). Untied,
+  // table shard's all-reduce (comm::RowsGatherBeatsAllReduce). Untied,
   // the table is never whole.
   mv.sparse = in.sparse_embedding && g > 1 && (lora ? mv.base_sharded : ShardsParams(s));
   sp->sparse_embedding = mv.sparse;

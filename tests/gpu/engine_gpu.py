@@ -12,7 +12,9 @@ numerics   One rank on cuda:0, fp32 with TF32 off, 10 steps of the tiny GPT
 shared_gpu Several ranks sharing cuda:0: N = 2 and 4 processes over Gloo
            (CUDA buffers staged through host memory) for every strategy equal
            the one-rank cuda:0 run within 1e-4 (params) and 1e-5 (losses),
-           and their bytes per collective equal the ring formulas. Where
+           and their bytes per collective equal the ring formulas; so do
+           the sparse embedding's runs (full_shard N = 2, and hybrid_shard
+           N = 4 at vocabulary 1024 against a one-rank run there). Where
            PyTorch's NCCL is 2.30 or later, also N = 2 over NCCL with
            NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL 2.28, the wheel's pin, refuses
            two ranks on one GPU).
