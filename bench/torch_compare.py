@@ -197,13 +197,12 @@ def run_torch(model, seq, strategy, world, threads, steps, batch_size, data, lor
                                "--steps", str(steps), "--batch", str(batch_size), "--data", data, "--out", out,
                                "--model", model, "--seq", str(seq), "--lora", str(lora)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
-    errs = []
-    for r, p in enumerate(procs):
-        _, err = p.communicate(timeout=1800)
-        if p.returncode != 0:
-            errs.append(f"rank {r}: {err.strip().splitlines()[-1] if err.strip() else p.returncode}")
-    if errs:
-        return None, "; ".join(errs)
+    # A rank that wrote its report and then aborted in Gloo's teardown
+    # ("terminate called without an active exception") still counts.
+    try:
+        harness.wait_ranks(procs, 1800, done=lambda r: os.path.exists(os.path.join(out, f"torch-{r}.json")))
+    except harness.RunError as e:
+        return None, str(e).strip().splitlines()[-1]  # one line for the table
     ranks = [json.load(open(os.path.join(out, f"torch-{r}.json"))) for r in range(world)]
     return ranks, ""
 

@@ -67,7 +67,7 @@ def fsdp2(mode, cfg, dump, out, *args):
     procs = [subprocess.Popen([sys.executable, PEER, mode, str(r), str(WORLD_FSDP), str(port), job, dump, out,
                                *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for r in range(WORLD_FSDP)]
-    harness.wait_ranks(procs, 300, what="FSDP2")
+    harness.wait_ranks(procs, 300, what="FSDP2", done=lambda r: os.path.exists(os.path.join(out, f"rank-{r}.done")))
     with open(os.path.join(out, "losses.json")) as f:
         return json.load(f)
 
