@@ -47,7 +47,10 @@ Columns:
                          ranks are given that whole; hybrid's all-reduces
                          across replicas run from every rank of a host at
                          once, so each gets its share.
-After each bandwidth, a line names the strategy the planner recommends for
+Under the table, a line per point says where the cores went in Shardline's
+steps: every rank's CPU seconds against the cores' (how busy), and per rank
+the step thread's CPU within its compute seconds and the other threads' (the
+transport's). After each bandwidth, a line names the strategy the planner recommends for
 each placement among those measured, and the one that measured fastest.
 `--replan FILE` recomputes the plan columns and lines of a table this program
 saved, from the figures its title records (the planner alone runs).
@@ -118,9 +121,14 @@ def run_shardline(ranks, cfg, steps):
     ag = ops["shard"]["all_gather"]
     final_gather = sum(u["shard"] for u in reports[0]["units"]) * (g - 1) * 4
     comm = (total - ag["seconds"] * final_gather / max(1, ag["bytes"])) / steps
+    # CPU per step, every rank's: where the shared cores' seconds went.
+    cpu = [sum(s["cpu_seconds"] for s in r["steps"][1:]) / len(timed) for r in reports]
+    thread = [sum(s["step_thread_cpu_seconds"] for s in r["steps"][1:]) / len(timed) for r in reports]
     return {"step": step, "exposed": exposed, "comm": comm, "ag": mean("exposed_all_gather_seconds"),
             "rs": mean("exposed_reduce_scatter_seconds"), "opt": mean("optimizer_seconds"),
-            "rss": max(r["memory"]["peak_rss"] for r in reports), "loss": reports[0]["steps"][-1]["loss"]}
+            "rss": max(r["memory"]["peak_rss"] for r in reports), "loss": reports[0]["steps"][-1]["loss"],
+            "cpu": sum(cpu), "cpu_step_thread": statistics.mean(thread),
+            "cpu_other": statistics.mean(c - t for c, t in zip(cpu, thread))}
 
 
 def run_torch(ranks, a, strategy, data):
@@ -258,6 +266,19 @@ def row(placement, strategy, mbit, tokens, sl, pt, plan_s):
             f"{sl[-1]['loss']:.4f} | {pt[-1]['loss']:.4f} |")
 
 
+def cpu_line(placement, strategy, mbit, sl):
+    """Where the cores went in Shardline's steps (medians of the repeats):
+    if every rank's threads together kept the cores busy, the step was bound
+    by the CPU, and the transport's CPU came out of some rank's compute."""
+    cores = os.cpu_count() or 1
+    step, cpu = (statistics.median(s[k] for s in sl) for k in ("step", "cpu"))
+    compute = statistics.median(s["step"] - s["exposed"] for s in sl)
+    thread, other = (statistics.median(s[k] for s in sl) for k in ("cpu_step_thread", "cpu_other"))
+    return (f"- {mbit} Mbit/s, {placement} {strategy}, CPU a step: every rank's threads {cpu:.2f} core-s of the "
+            f"{cores} cores' {cores * step:.2f} ({cpu / (cores * step):.0%} busy); per rank, the step thread "
+            f"{thread:.2f} s in its {compute:.2f} s of compute, the other threads (transport) {other:.2f} s")
+
+
 HEADER = ("| placement | strategy | Mbit/s | sl_tok/s | pt_tok/s | ratio | comm s | exposed s | AG / RS / AR s | "
           "compute s | optim s | bound s | within | sl_rss MiB | pt_rss MiB | plan s | err | sl_loss | pt_loss |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -393,7 +414,7 @@ def main():
             placement, strategy = point.split(":")
             n_hosts, per_host = PLACEMENTS[placement]
             world = n_hosts * per_host
-            sl, pt = [], []
+            sl, pt, cpu = [], [], ""
             try:
                 for _ in range(a.repeats):
                     with emulated.Hosts(n_hosts) as hs:
@@ -406,10 +427,14 @@ def main():
                 plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, link, calib, work)
                 line = row(placement, strategy, mbit, a.batch * T, sl, pt, plan_s)
                 points.append((placement, strategy, statistics.median(s["step"] for s in sl), plan_s, recommended))
+                cpu = cpu_line(placement, strategy, mbit, sl)
             except harness.RunError as e:  # one side failed: say so, go on with the next point
                 line = failed_row(placement, strategy, mbit, sl, pt, str(e))
             table.append(line)
             print(line, flush=True)
+            if cpu:
+                notes.append(cpu)
+                print(cpu, flush=True)
             save()
         notes.extend(pick_lines(mbit, points))
         print("\n".join(pick_lines(mbit, points)), flush=True)

@@ -164,6 +164,8 @@ Json StepObject(const StepResult& r) {
           {"exposed_all_gather_seconds", r.exposed_all_gather_seconds},
           {"exposed_reduce_scatter_seconds", r.exposed_reduce_scatter_seconds},
           {"optimizer_seconds", r.optimizer_seconds},
+          {"cpu_seconds", r.cpu_seconds},
+          {"step_thread_cpu_seconds", r.step_thread_cpu_seconds},
           {"tokens_per_s", FiniteOrNull(r.tokens / r.seconds)},
           {"val_loss", FiniteOrNull(r.val_loss)},
           {"skipped", r.skipped}};

@@ -13,6 +13,7 @@ whole gradient and the first at least half of it less.
 --model runs one of harness.LLAMA_MODELS instead of the tiny GPT-2.
 """
 import argparse
+import os
 
 import numpy as np
 
@@ -26,8 +27,8 @@ LOSS_TOL = 1e-6
 
 def check_time_split(checks, name, ranks, moving):
     """Each step's split of its time (StepResult): the waits on all-gathers
-    and on reduce-scatters are parts of the exposed communication, and every
-    step spent time in the optimizer. A step never waited on an op kind the
+    and on reduce-scatters are parts of the exposed communication, every
+    step spent time in the optimizer, and its CPU clocks are consistent. A step never waited on an op kind the
     rank never issued; it did on one that moved bytes between processes
     (`moving`, from formulas): dozens of host waits on Gloo ops over a run add
     up to more than nothing, so a wait filed under the wrong kind shows."""
@@ -42,11 +43,18 @@ def check_time_split(checks, name, ranks, moving):
             if not (ag >= 0 and rs >= 0 and ag + rs <= s["exposed_comm_seconds"] + 1e-9 and s["optimizer_seconds"] > 0):
                 bad.append(f"rank {r['rank']} step {s['step']}: all-gather {ag}, reduce-scatter {rs}, "
                            f"exposed {s['exposed_comm_seconds']}, optimizer {s['optimizer_seconds']}")
+            # CPU clocks: the step thread's is part of the process's, and no
+            # thread outruns the wall clock (10 ms: the clocks' tick slack).
+            cpu, thread = s["cpu_seconds"], s["step_thread_cpu_seconds"]
+            if not (0 < thread <= cpu + 0.01 and thread <= s["seconds"] + 0.01
+                    and cpu <= s["seconds"] * (os.cpu_count() or 1) + 0.01):
+                bad.append(f"rank {r['rank']} step {s['step']}: cpu {cpu}, step thread cpu {thread}, "
+                           f"seconds {s['seconds']}")
         for op, t in total.items():
             if (t > 0 and op not in issued) or (op in moving and t == 0):
                 bad.append(f"rank {r['rank']}: {t} s waiting on {op} ({'issued' if op in issued else 'never issued'}"
                            f"{', moving bytes' if op in moving else ''})")
-    checks.check(not bad, f"{name} step time split (exposed all-gather, reduce-scatter, optimizer)", "; ".join(bad[:2]))
+    checks.check(not bad, f"{name} step time split (exposed all-gather, reduce-scatter, optimizer, CPU)", "; ".join(bad[:2]))
 
 
 def main():

@@ -1,5 +1,6 @@
 #include "worker/engine/engine.h"
 
+#include "common/base/cpu_time.h"
 #include "common/base/fault_injection.h"
 
 #include <cmath>
@@ -471,6 +472,7 @@ absl::StatusOr<double> Engine::ComputeGradients(int64_t step) {
 absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   const Device::ComputeScope on_device(*device_);
   const absl::Time t0 = absl::Now();
+  const double cpu0 = ProcessCpuSeconds(), thread_cpu0 = ThreadCpuSeconds();
   waiter_.ResetExposed();
   const TrainConfig& t = config_.train;
   SL_ASSIGN_OR_RETURN(at::Tensor loss, ForwardBackwardAll(step));
@@ -503,6 +505,8 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   r.exposed_all_gather_seconds = waiter_.exposed_seconds(comm::Op::kAllGather);
   r.exposed_reduce_scatter_seconds = waiter_.exposed_seconds(comm::Op::kReduceScatter);
   r.optimizer_seconds = r.skipped ? 0 : optimizer_seconds_;
+  r.cpu_seconds = ProcessCpuSeconds() - cpu0;
+  r.step_thread_cpu_seconds = ThreadCpuSeconds() - thread_cpu0;
   const int interval = t.eval_interval;
   if (val_ && interval > 0 && ((step + 1) % interval == 0 || step + 1 == t.steps)) {
     const absl::Time e0 = absl::Now();

@@ -72,6 +72,11 @@ struct StepResult {
   double exposed_all_gather_seconds = 0;
   double exposed_reduce_scatter_seconds = 0;
   double optimizer_seconds = 0;
+  // CPU seconds over the step (common/base/cpu_time.h): every thread of the
+  // process, and the step thread alone. Where ranks share cores, the rest
+  // (the collectives' transport) is taken from some rank's compute.
+  double cpu_seconds = 0;
+  double step_thread_cpu_seconds = 0;
   // Mean loss over [train] eval_batches of the validation stream, after this
   // step's update; NaN where the step ran no evaluation.
   double val_loss = std::numeric_limits<double>::quiet_NaN();
