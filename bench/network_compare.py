@@ -50,7 +50,10 @@ Columns:
 Under the table, a line per point says where the cores went in Shardline's
 steps: every rank's CPU seconds against the cores' (how busy), and per rank
 the step thread's CPU within its compute seconds and the other threads' (the
-transport's). After each bandwidth, a line names the strategy the planner recommends for
+transport's); and the bus bandwidth the shard group's all-gathers and
+reduce-scatters got in the run (bytes sent over the seconds they ran, waits
+for a late peer included), against the all-gather's alone, where that group
+spans hosts. After each bandwidth, a line names the strategy the planner recommends for
 each placement among those measured, and the one that measured fastest.
 `--replan FILE` recomputes the plan columns and lines of a table this program
 saved, from the figures its title records (the planner alone runs).
@@ -127,6 +130,12 @@ def run_shardline(ranks, cfg, steps):
     return {"step": step, "exposed": exposed, "comm": comm, "ag": mean("exposed_all_gather_seconds"),
             "rs": mean("exposed_reduce_scatter_seconds"), "opt": mean("optimizer_seconds"),
             "rss": max(r["memory"]["peak_rss"] for r in reports), "loss": reports[0]["steps"][-1]["loss"],
+            # The shard group's all-gathers and reduce-scatters as the run
+            # had them (its steps, and the all-gather of the trained
+            # parameters after them): bytes each rank sent over the seconds
+            # they ran, the bus bandwidth collective_bench measures alone.
+            "ag_busbw": ag["bytes"] / max(ag["seconds"], 1e-9),
+            "rs_busbw": ops["shard"]["reduce_scatter"]["bytes"] / max(ops["shard"]["reduce_scatter"]["seconds"], 1e-9),
             "cpu": sum(cpu), "cpu_step_thread": statistics.mean(thread),
             "cpu_other": statistics.mean(c - t for c, t in zip(cpu, thread))}
 
@@ -266,17 +275,24 @@ def row(placement, strategy, mbit, tokens, sl, pt, plan_s):
             f"{sl[-1]['loss']:.4f} | {pt[-1]['loss']:.4f} |")
 
 
-def cpu_line(placement, strategy, mbit, sl):
+def cpu_line(placement, strategy, mbit, sl, link):
     """Where the cores went in Shardline's steps (medians of the repeats):
     if every rank's threads together kept the cores busy, the step was bound
-    by the CPU, and the transport's CPU came out of some rank's compute."""
+    by the CPU, and the transport's CPU came out of some rank's compute. And
+    the bus bandwidth the shard group's collectives got in the run, against
+    `link`, what its all-gather gets alone (where the group spans hosts)."""
     cores = os.cpu_count() or 1
+    ag, rs = (statistics.median(s[k] for s in sl) / 1e6 for k in ("ag_busbw", "rs_busbw"))
     step, cpu = (statistics.median(s[k] for s in sl) for k in ("step", "cpu"))
     compute = statistics.median(s["step"] - s["exposed"] for s in sl)
     thread, other = (statistics.median(s[k] for s in sl) for k in ("cpu_step_thread", "cpu_other"))
-    return (f"- {mbit} Mbit/s, {placement} {strategy}, CPU a step: every rank's threads {cpu:.2f} core-s of the "
+    line = (f"- {mbit} Mbit/s, {placement} {strategy}, CPU a step: every rank's threads {cpu:.2f} core-s of the "
             f"{cores} cores' {cores * step:.2f} ({cpu / (cores * step):.0%} busy); per rank, the step thread "
             f"{thread:.2f} s in its {compute:.2f} s of compute, the other threads (transport) {other:.2f} s")
+    if strategy.startswith("hybrid"):  # its shard group is a host's: loopback
+        return line
+    return line + (f"; all-gather {ag:.1f} and reduce-scatter {rs:.1f} MB/s bus bandwidth in the run "
+                   f"({link / 1e6:.1f} alone)")
 
 
 HEADER = ("| placement | strategy | Mbit/s | sl_tok/s | pt_tok/s | ratio | comm s | exposed s | AG / RS / AR s | "
@@ -427,7 +443,7 @@ def main():
                 plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, link, calib, work)
                 line = row(placement, strategy, mbit, a.batch * T, sl, pt, plan_s)
                 points.append((placement, strategy, statistics.median(s["step"] for s in sl), plan_s, recommended))
-                cpu = cpu_line(placement, strategy, mbit, sl)
+                cpu = cpu_line(placement, strategy, mbit, sl, link)
             except harness.RunError as e:  # one side failed: say so, go on with the next point
                 line = failed_row(placement, strategy, mbit, sl, pt, str(e))
             table.append(line)
