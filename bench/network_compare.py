@@ -34,7 +34,8 @@ Columns:
                          machine's figures, measured apart from the engine:
                          FLOP/s of PyTorch's forward and backward of the same
                          model at one rank's batch on one thread (FLOPs
-                         counted as the planner counts them), times the share
+                         counted as the planner counts them; under --lora,
+                         PEFT's model and LoRA's FLOPs), times the share
                          of the cores each rank gets (cores / ranks), and
                          memory bandwidth, once before the runs; Gloo's bus
                          bandwidth on loopback (a host's ranks share it), and
@@ -179,17 +180,24 @@ def calibrate(a, model, work):
     FLOPs are counted as the planner counts them (shardctl plan's
     flops_per_token of the full model: the token lookup is none), else the
     rate it is given and its FLOP count disagree (the llama's table is a
-    quarter of its parameters)."""
+    quarter of its parameters). Under --lora the step timed is PEFT's, and
+    its FLOPs are LoRA's as the planner counts them (4 per frozen weight, 6
+    per adapter weight): the adapters' scale-and-add over each projection's
+    output is memory-bound work the planner counts no FLOPs for, which a
+    full model's rate leaves out."""
     import torch
     torch.set_num_threads(1)
     net, _, loss_of = torch_compare.torch_model(a.model, model)
+    if a.lora:
+        from peft import LoraConfig, get_peft_model
+        net = get_peft_model(net, LoraConfig(r=a.lora, lora_alpha=2 * a.lora, lora_dropout=0.0,
+                                             target_modules=torch_compare.LORA_TARGETS[a.model]))
     micro = max(1, a.batch // 4)
     T, V = model["block_size"], model["vocab_size"]
     x = torch.randint(0, V, (micro, T))
     t = plan_accuracy.best_time(lambda: loss_of(net, x, x).backward())
-    full = argparse.Namespace(**dict(vars(a), lora=0))
     job = os.path.join(work, "calibrate-job.toml")
-    harness.write_toml(shardline_config(full, "full_shard", 1, 1, model, os.path.join(work, "tokens.bin")), job)
+    harness.write_toml(shardline_config(a, "full_shard", 1, 1, model, os.path.join(work, "tokens.bin")), job)
     r = subprocess.run([plan_accuracy.SHARDCTL, "--json", "plan", job, "--workers", "1"], capture_output=True,
                        text=True, timeout=60, check=True)
     flops = json.loads(r.stdout)["flops_per_token"] * micro * T / t
@@ -289,7 +297,7 @@ def cpu_line(placement, strategy, mbit, sl, link):
     line = (f"- {mbit} Mbit/s, {placement} {strategy}, CPU a step: every rank's threads {cpu:.2f} core-s of the "
             f"{cores} cores' {cores * step:.2f} ({cpu / (cores * step):.0%} busy); per rank, the step thread "
             f"{thread:.2f} s in its {compute:.2f} s of compute, the other threads (transport) {other:.2f} s")
-    if strategy.startswith("hybrid"):  # its shard group is a host's: loopback
+    if strategy.startswith("hybrid") or ag == 0:  # its shard group is a host's (loopback), or one rank
         return line
     return line + (f"; all-gather {ag:.1f} and reduce-scatter {rs:.1f} MB/s bus bandwidth in the run "
                    f"({link / 1e6:.1f} alone)")
@@ -338,7 +346,7 @@ def replan(path, a):
         if "network_compare:" in line and "planner given" in line:
             title = n
             t = line
-            m = re.search(r"planner given ([\d.]+) GFLOP/s per thread, ([\d.]+) GB/s memory, ([\d.]+) GB/s", t)
+            m = re.search(r"planner given ([\d.]+) GFLOP/s per thread[^,]*, ([\d.]+) GB/s memory, ([\d.]+) GB/s", t)
             calib = (float(m[1]) * 1e9, float(m[2]) * 1e9, float(m[3]) * 1e9)
             a.model = re.search(r"network_compare: (\w+)", t)[1]
             lora = re.search(r"LoRA r=(\d+)", t)
@@ -412,7 +420,8 @@ def main():
              f"steps after 1 warm-up, {a.repeats} repeats (median [min-max]), {os.cpu_count()} cores shared by "
              f"every rank, 1 thread per rank; torch {torch.__version__}; egress of every host shaped with tc tbf")
     calib = calibrate(a, model, work)
-    title += (f"; planner given {calib[0] / 1e9:.1f} GFLOP/s per thread, {calib[1] / 1e9:.1f} GB/s memory, "
+    title += (f"; planner given {calib[0] / 1e9:.1f} GFLOP/s per thread{' (LoRA step)' if a.lora else ''}, "
+              f"{calib[1] / 1e9:.1f} GB/s memory, "
               f"{calib[2] / 1e9:.2f} GB/s Gloo loopback")
     table, notes = [title, "", HEADER], []
     print("\n".join(table), flush=True)
