@@ -76,9 +76,7 @@ def flops_per_token(family, m, lora):
         n = sum(p.numel() for p in model.parameters())  # a tied weight is counted once
         n_lora = 0
         if lora:
-            from peft import LoraConfig, get_peft_model
-            model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0,
-                                                     target_modules=tc.LORA_TARGETS[family]))
+            model = tc.with_lora(model, family, lora)
             n_lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
     attn = 12 * m["n_layer"] * m["n_embd"] * m["block_size"]
     return (4 * n + 6 * n_lora if lora else 6 * n) + attn, n, n_lora
@@ -104,9 +102,7 @@ def torch_run(a):
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02) if p.dim() >= 2 else None
     if lora:
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0,
-                                                 target_modules=tc.LORA_TARGETS[family]))
+        model = tc.with_lora(model, family, lora)
     model.to(dev)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in blocks:

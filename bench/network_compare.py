@@ -113,8 +113,8 @@ def run_shardline(ranks, cfg, steps):
     timed = reports[0]["steps"][1:]
     step = sum(s["seconds"] for s in timed) / len(timed)
 
-    def mean(key):
-        return sum(s[key] for s in timed) / len(timed)
+    def mean(key, report=reports[0]):  # over the timed steps
+        return sum(s[key] for s in report["steps"][1:]) / len(timed)
     exposed = mean("exposed_comm_seconds")
     # The communication threads' seconds per step (the warm-up's included),
     # less the fp32 gather of the trained parameters for params.safetensors
@@ -126,8 +126,8 @@ def run_shardline(ranks, cfg, steps):
     final_gather = sum(u["shard"] for u in reports[0]["units"]) * (g - 1) * 4
     comm = (total - ag["seconds"] * final_gather / max(1, ag["bytes"])) / steps
     # CPU per step, every rank's: where the shared cores' seconds went.
-    cpu = [sum(s["cpu_seconds"] for s in r["steps"][1:]) / len(timed) for r in reports]
-    thread = [sum(s["step_thread_cpu_seconds"] for s in r["steps"][1:]) / len(timed) for r in reports]
+    cpu = [mean("cpu_seconds", r) for r in reports]
+    thread = [mean("step_thread_cpu_seconds", r) for r in reports]
     return {"step": step, "exposed": exposed, "comm": comm, "ag": mean("exposed_all_gather_seconds"),
             "rs": mean("exposed_reduce_scatter_seconds"), "opt": mean("optimizer_seconds"),
             "rss": max(r["memory"]["peak_rss"] for r in reports), "loss": reports[0]["steps"][-1]["loss"],
@@ -189,9 +189,7 @@ def calibrate(a, model, work):
     torch.set_num_threads(1)
     net, _, loss_of = torch_compare.torch_model(a.model, model)
     if a.lora:
-        from peft import LoraConfig, get_peft_model
-        net = get_peft_model(net, LoraConfig(r=a.lora, lora_alpha=2 * a.lora, lora_dropout=0.0,
-                                             target_modules=torch_compare.LORA_TARGETS[a.model]))
+        net = torch_compare.with_lora(net, a.model, a.lora)
     micro = max(1, a.batch // 4)
     T, V = model["block_size"], model["vocab_size"]
     x = torch.randint(0, V, (micro, T))

@@ -95,6 +95,15 @@ LORA_TARGETS = {"gpt": ["c_attn", "c_proj", "c_fc"],
                 "llama100m": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
+def with_lora(model, name, rank):
+    """PEFT's rank-`rank` adapters (alpha 2 rank, no dropout) on every
+    projection of `model` (torch_model's `name`), its base frozen: the peer of
+    Shardline's [lora] with target_modules "all-linear"."""
+    from peft import LoraConfig, get_peft_model
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                            target_modules=LORA_TARGETS[name]))
+
+
 PEER = {"no_shard": "DDP", "zero1": "DDP+ZeRO-1", "shard_grad_op": "FSDP2 no-reshard", "full_shard": "FSDP2",
         "hybrid_shard": "HSDP", "hybrid_shard_zero2": "HSDP no-reshard"}
 
@@ -131,9 +140,7 @@ def torch_rank(a):
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.02) if p.dim() >= 2 else None
     if a.lora:
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=a.lora, lora_alpha=2 * a.lora, lora_dropout=0.0,
-                                                 target_modules=LORA_TARGETS[a.model]))
+        model = with_lora(model, a.model, a.lora)
     opt_args = dict(lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
 
     def groups(params):

@@ -28,8 +28,9 @@ LOSS_TOL = 1e-6
 def check_time_split(checks, name, ranks, moving):
     """Each step's split of its time (StepResult): the waits on all-gathers
     and on reduce-scatters are parts of the exposed communication, every
-    step spent time in the optimizer, and its CPU clocks are consistent. A step never waited on an op kind the
-    rank never issued; it did on one that moved bytes between processes
+    step spent time in the optimizer, and its CPU clocks are consistent. A
+    step never waited on an op kind the rank never issued; it did on one
+    that moved bytes between processes
     (`moving`, from formulas): dozens of host waits on Gloo ops over a run add
     up to more than nothing, so a wait filed under the wrong kind shows."""
     bad = []
