@@ -8,6 +8,9 @@ Placements:
           (ranks 0,1 and 2,3 talk over their host's loopback), only the
           all-reduce across replicas crosses the link; full_shard's ring
           crosses it in every collective.
+    2x1   2 hosts, one rank each: on a 2-core machine, a core per rank, so
+          that the overlap the schedule gets can be told apart from what
+          ranks sharing cores cost it (full_shard only).
 
 Both sides train the same model on the same tokens with the same global batch,
 AdamW and clipping (bench/torch_compare.py's peers: FSDP2 fully_shard per
@@ -62,7 +65,7 @@ saved, from the figures its title records (the planner alone runs).
 Needs root (network namespaces). Usage:
     .venv/bin/python bench/network_compare.py [--model gpt|llama100m] [--lora R] [--sparse-embedding]
         [--points 4x1:full_shard,2x2:full_shard,2x2:hybrid_shard] [--mbits 100,300,1000]
-        [--repeats 3] [--steps 4] [--batch 8] [--seq T] [--save bench/results/FILE.md]
+        [--repeats 3] [--steps 4] [--batch 8] [--seq T] [--save bench/results/FILE.md] [--trace DIR]
     .venv/bin/python bench/network_compare.py --replan bench/results/FILE.md
 """
 import argparse
@@ -85,7 +88,7 @@ import hosts as emulated  # noqa: E402
 import plan_accuracy  # noqa: E402
 import torch_compare  # noqa: E402
 
-PLACEMENTS = {"4x1": (4, 1), "2x2": (2, 2)}  # hosts x ranks per host
+PLACEMENTS = {"4x1": (4, 1), "2x2": (2, 2), "2x1": (2, 1)}  # hosts x ranks per host
 PORT = 29500  # every host is its own namespace: a fixed port is free on each
 TIMEOUT = 3600
 
@@ -95,20 +98,25 @@ def rank_hosts(hs, per_host):
     return [hs[r // per_host] for r in range(len(hs) * per_host)]
 
 
-def run_shardline(ranks, cfg, steps):
+def run_shardline(ranks, cfg, steps, trace=""):
     """Per step of rank 0: seconds, exposed (and its all-gather and
-    reduce-scatter parts), optimizer and comm; every rank's peak RSS."""
+    reduce-scatter parts), optimizer and comm; every rank's peak RSS.
+    `trace`: a folder to keep every rank's timeline in (--trace)."""
     world = len(ranks)
     out = tempfile.mkdtemp(prefix="net-compare-sl-")
     path = os.path.join(out, "job.toml")
     harness.write_toml(cfg, path)
     procs = [h.popen([harness.TRAIN, "--config", path, "--rank", str(r), "--world", str(world),
                       "--store-host", ranks[0].address, "--store-port", str(PORT), "--interface", h.interface,
-                      "--threads", "1", "--out", out, "--timeout", "600"],
+                      "--threads", "1", "--out", out, "--timeout", "600"] + (["--trace"] if trace else []),
                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for r, h in enumerate(ranks)]
     harness.wait_ranks(procs, TIMEOUT, what="shardline")
     reports = [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(world)]
+    if trace:
+        os.makedirs(trace, exist_ok=True)
+        for r in range(world):
+            shutil.copy(os.path.join(out, f"trace-rank-{r}.json"), trace)
     shutil.rmtree(out, ignore_errors=True)  # params.safetensors: 100 MB a run
     timed = reports[0]["steps"][1:]
     step = sum(s["seconds"] for s in timed) / len(timed)
@@ -397,6 +405,8 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=0)
+    ap.add_argument("--trace", default="", help="keep every rank's timeline (shardline-train --trace) in "
+                    "DIR/<placement>-<strategy>-<mbit>-<repeat>/")
     ap.add_argument("--save", default="", help="also write the table (markdown) to this file")
     ap.add_argument("--replan", default="", help="recompute the plan columns of a table --save wrote, and exit")
     a = ap.parse_args()
@@ -445,7 +455,8 @@ def main():
                             hs.limit_egress(h, mbit)
                         ranks = rank_hosts(hs, per_host)
                         cfg = shardline_config(a, strategy, world, per_host, model, data)
-                        sl.append(run_shardline(ranks, cfg, a.steps))
+                        where = os.path.join(a.trace, f"{placement}-{strategy}-{mbit}-{len(sl)}") if a.trace else ""
+                        sl.append(run_shardline(ranks, cfg, a.steps, where))
                         pt.append(run_torch(ranks, a, strategy, data))
                 plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, link, calib, work)
                 line = row(placement, strategy, mbit, a.batch * T, sl, pt, plan_s)

@@ -12,6 +12,9 @@
 // parameters, nanoGPT names). --dump-grads FILE (world 1) instead computes
 // the gradients of step 0 and writes weights, batch, loss, gradients and the
 // engine's logits of the batch (Engine::Logits: its own forward schedule).
+// --trace (with --out) also writes DIR/trace-rank-<r>.json, the rank's
+// timeline in Chrome's trace event format (worker/comm/timeline.h), also
+// when the run fails.
 #include <unistd.h>
 
 #include <cmath>
@@ -38,6 +41,7 @@
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/tensor_file.h"
 #include "worker/comm/groups.h"
+#include "worker/comm/timeline.h"
 #include "worker/engine/engine.h"
 #include "worker/run/collective_address.h"
 #include "worker/run/job_runner.h"
@@ -50,6 +54,7 @@ struct Flags {
   std::string listen_address, interface;  // worker/run/collective_address.h
   int rank = 0, world = 1, store_port = 0, threads = 1, steps = 0, save_at = 0, stop_after = 0;
   double timeout_s = 60;
+  bool trace = false;
 };
 
 using Json = nlohmann::ordered_json;
@@ -215,8 +220,8 @@ absl::Status CheckOutputFolder(const std::string& out) {
   return absl::OkStatus();
 }
 
-absl::Status Run(const Flags& f) {
-  if (!f.out.empty()) SL_RETURN_IF_ERROR(CheckOutputFolder(f.out));
+// `timeline`: where --trace records (null: not tracing).
+absl::Status RunRank(const Flags& f, Timeline* timeline) {
   SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.config, "job file"));
   // Paths in the job file are taken as given (relative to the working directory).
   SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobSpec(text, f.config, ""));
@@ -249,6 +254,12 @@ absl::Status Run(const Flags& f) {
   StoreSink sink(config, f, store.get());
   Json steps = Json::array();
   JobHooks hooks;
+  if (timeline) {
+    hooks.opened = [&](Communicators& comms) {
+      comms.shard->set_observer(timeline->Observer(Timeline::Lane::kShard));
+      comms.replicate->set_observer(timeline->Observer(Timeline::Lane::kReplicate));
+    };
+  }
   hooks.stepped = [&](const StepResult& r, const Engine&) {
     steps.push_back(StepObject(r));
     if (f.rank == 0) std::cout << steps.back().dump() << std::endl;
@@ -264,11 +275,25 @@ absl::Status Run(const Flags& f) {
   JobRunner runner(std::move(run), &sink, std::move(hooks));
   SL_RETURN_IF_ERROR(runner.Start(store, device, backend));
   if (!f.dump_grads.empty()) return DumpGradients(runner.engine(), config, f.dump_grads);
+  if (timeline) runner.engine().set_timeline(timeline);
   SL_RETURN_IF_ERROR(runner.Run());
   if (f.out.empty()) return absl::OkStatus();
   SL_ASSIGN_OR_RETURN(NamedTensors params, GatherParams(runner.engine()));
   if (f.rank == 0) SL_RETURN_IF_ERROR(WriteSafetensors(f.out + "/params.safetensors", params));
   return WriteRankReport(runner.engine(), f, steps);
+}
+
+absl::Status Run(const Flags& f) {
+  if (!f.out.empty()) SL_RETURN_IF_ERROR(CheckOutputFolder(f.out));
+  if (!f.trace) return RunRank(f, nullptr);
+  // Written whatever the run's outcome: a failed run's timeline shows where.
+  Timeline timeline(f.rank);
+  const absl::Status ran = RunRank(f, &timeline);
+  const std::string path = absl::StrCat(f.out, "/trace-rank-", f.rank, ".json");
+  if (absl::Status w = timeline.Write(path); !w.ok()) {
+    std::cerr << "shardline-train: --trace " << path << ": " << w.message() << std::endl;
+  }
+  return ran;
 }
 
 }  // namespace
@@ -293,6 +318,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", f.steps, "override [train] steps");
   app.add_option("--timeout", f.timeout_s, "deadline of rendezvous and of every collective, seconds");
   app.add_option("--out", f.out, "directory for rank-N.json and params.safetensors");
+  app.add_flag("--trace", f.trace, "also write DIR/trace-rank-N.json: the steps' timeline (needs --out)")
+      ->needs("--out");
   app.add_option("--dump-grads", f.dump_grads, "write step-0 weights and gradients here and exit");
   app.add_option("--ckpt-dir", f.ckpt_dir, "checkpoint root: saves go to DIR/<job>/step-<8 digits>/");
   app.add_option("--save-at", f.save_at, "save a checkpoint after this many steps");

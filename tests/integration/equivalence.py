@@ -5,7 +5,8 @@ run's parameters, with per-step losses within 1e-6 relative. The bytes each
 rank sent, by collective, must equal the ring formulas. Strategies that shard
 gradients run twice, with sharded and with unsharded accumulation over the
 micro-batches; on an 8-layer model with 4 micro-batches the second holds the
-whole gradient and the first at least half of it less.
+whole gradient and the first at least half of it less. Each run's timeline
+(shardline-train --trace) must agree with its report.
 
     equivalence.py STRATEGY [--checkpointing] [--prefetch none|post] [--model llama3|qwen2|qwen3]
                    [--sparse-embedding] [--vocab V] [--worlds 1,2,3,4]
@@ -13,6 +14,7 @@ whole gradient and the first at least half of it less.
 --model runs one of harness.LLAMA_MODELS instead of the tiny GPT-2.
 """
 import argparse
+import json
 import os
 
 import numpy as np
@@ -58,6 +60,43 @@ def check_time_split(checks, name, ranks, moving):
     checks.check(not bad, f"{name} step time split (exposed all-gather, reduce-scatter, optimizer, CPU)", "; ".join(bad[:2]))
 
 
+def check_timeline(checks, name, out, ranks, cfg, world):
+    """Each rank's --trace timeline agrees with its report: per step, its
+    waits add up to the step's exposed communication (each span's
+    microseconds are truncated: 1 us each), every unit ran forward and
+    backward once per micro-batch, and every collective the communicators
+    counted is a span of its lane."""
+    t = cfg["train"]
+    micro = t["batch_size"] // world // t["micro_batch_size"]
+    bad = []
+    for r in ranks:
+        with open(os.path.join(out, f"trace-rank-{r['rank']}.json")) as f:
+            trace = json.load(f)
+        spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+        lanes = {lane: sum(1 for e in spans if e["tid"] == tid) for tid, lane in enumerate(["step", "shard", "replicate"])}
+        for lane in ("shard", "replicate"):
+            calls = sum(v["calls"] for v in r["comm"][lane].values())
+            if lanes[lane] != calls:
+                bad.append(f"rank {r['rank']}: {lanes[lane]} {lane} spans, {calls} collectives counted")
+        for s in r["steps"]:
+            step = [e for e in spans if e["tid"] == 0 and e["name"] == f"step {s['step'] + 1}"]
+            if len(step) != 1:
+                bad.append(f"rank {r['rank']}: {len(step)} spans of step {s['step'] + 1}")
+                continue
+            lo, hi = step[0]["ts"], step[0]["ts"] + step[0]["dur"]
+            inside = [e for e in spans if e["tid"] == 0 and lo <= e["ts"] and e["ts"] + e["dur"] <= hi]
+            waits = [e["dur"] for e in inside if e["name"].startswith("wait ")]
+            if abs(sum(waits) * 1e-6 - s["exposed_comm_seconds"]) > len(waits) * 1e-6 + 1e-9:
+                bad.append(f"rank {r['rank']} step {s['step']}: waits {sum(waits) * 1e-6:.6f} s, "
+                           f"exposed {s['exposed_comm_seconds']:.6f} s")
+            for u in r["units"]:
+                for phase in ("forward", "backward"):
+                    n = sum(1 for e in inside if e["name"] == f"{phase} {u['unit']}")
+                    if n != micro:
+                        bad.append(f"rank {r['rank']} step {s['step']}: {n} spans of {phase} {u['unit']}, {micro} expected")
+    checks.check(not bad, f"{name} timeline (--trace) agrees with the report", "; ".join(bad[:2]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("strategy")
@@ -93,7 +132,7 @@ def main():
     for world in [int(w) for w in args.worlds.split(",")]:
         for mode in modes:
             cfg = config(args.strategy, world, train__grad_accumulation=mode, **extra)
-            out, ranks = harness.run(cfg, world)
+            out, ranks = harness.run(cfg, world, extra_args=("--trace",))
             params = harness.load_params(out)
             diff = max(float(np.max(np.abs(params[k] - ref_params[k]))) for k in ref_params)
             losses = [s["loss"] for s in ranks[0]["steps"]]
@@ -111,6 +150,7 @@ def main():
                 checks.check(got == expected, f"{name} rank {r['rank']} bytes per collective",
                              "" if got == expected else f"got {got} expected {expected}")
             check_time_split(checks, name, ranks, {op for (_, op), b in expected.items() if b > 0})
+            check_timeline(checks, name, out, ranks, cfg, world)
     if len(modes) > 1 and not args.vocab:
         # Gradient memory, on a deeper model with 4 micro-batches at N = 2:
         # unsharded accumulation holds every unit's whole gradient across

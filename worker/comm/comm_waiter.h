@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/timeline.h"
 
 namespace shardline {
 
@@ -31,18 +32,24 @@ class CommWaiter {
   double exposed_seconds(comm::Op op) const { return exposed_[static_cast<int>(op)]; }
   double exposed_seconds() const { return std::accumulate(exposed_.begin(), exposed_.end(), 0.0); }
   void ResetExposed() { exposed_.fill(0); }
+  // Where set (it must outlive this waiter), every wait is a span of its
+  // step lane.
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
  private:
   template <typename F>
   absl::Status Timed(comm::Op op, F wait) {
     const absl::Time t0 = absl::Now();
     absl::Status s = wait();
-    exposed_[static_cast<int>(op)] += absl::ToDoubleSeconds(absl::Now() - t0);
+    const absl::Time t1 = absl::Now();
+    exposed_[static_cast<int>(op)] += absl::ToDoubleSeconds(t1 - t0);
+    if (timeline_) timeline_->Add(Timeline::Lane::kStep, absl::StrCat("wait ", comm::OpName(op)), t0, t1);
     return s;
   }
 
   const absl::Duration timeout_;
   std::array<double, comm::kNumOps> exposed_{};
+  Timeline* timeline_ = nullptr;
 };
 
 }  // namespace shardline

@@ -202,6 +202,7 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
       // The lookup's exchanges go first: they are small, and every unit
       // after waits for them (queued behind prefetches, they would wait for
       // those).
+      const Timeline::Scope span(timeline_, "forward", unit.name());
       SL_ASSIGN_OR_RETURN(h, EmbedSparse(h, pass));
     } else {
       Unshard(u);  // (unless prefetched)
@@ -211,7 +212,10 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
       const int until = std::min(U, u + 1 + lookahead);
       for (int v = u + 1; v < until && inflight_gathers() < max_inflight; ++v) Prefetch(v);
     }
-    if (!sparse) h = UnitForward(u, h, pass);
+    if (!sparse) {
+      const Timeline::Scope span(timeline_, "forward", unit.name());
+      h = UnitForward(u, h, pass);
+    }
     // The embed unit stays gathered for the tied lm_head (where it is
     // gathered at all: the sparse one is for the head). Training runs the
     // head's backward next, so it keeps the head too.
@@ -320,6 +324,7 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
   const int last = config_.lora.enabled ? 1 : 0;
   for (int u = U - 1; u >= last; --u) {
     if (u == 0 && sparse_embedding_) {
+      const Timeline::Scope span(timeline_, "backward", units_[0].name());
       SL_RETURN_IF_ERROR(BackwardSparseEmbed(micro, final_micro, grad));
       break;
     }
@@ -327,7 +332,10 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
     Unshard(u);  // (unless prefetched)
     SL_RETURN_IF_ERROR(WaitUnsharded(u));
     if (bp == BackwardPrefetch::kPre && u - 1 >= 1) Prefetch(u - 1);
-    SL_RETURN_IF_ERROR(Backward(u, &grad));
+    {
+      const Timeline::Scope span(timeline_, "backward", unit.name());
+      SL_RETURN_IF_ERROR(Backward(u, &grad));
+    }
     if (bp == BackwardPrefetch::kPost && u - 1 >= 1) Prefetch(u - 1);
     if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(unit.Reshard());
     if (NeedsTable(u)) SL_RETURN_IF_ERROR(units_[0].Reshard());  // (its lookup's backward needs no parameters)
@@ -426,6 +434,7 @@ absl::Status Engine::OptimizerStep(int64_t step, double lr, const at::Tensor& cl
   s.eps = o.eps;
   s.weight_decay = o.weight_decay;
   s.step = step + 1;
+  const Timeline::Scope span(timeline_, "optimizer");
   const absl::Time t0 = absl::Now();
   for (FlatParam* f : trainable_) f->OptimizerStep(s, clip_coef);
   optimizer_seconds_ = absl::ToDoubleSeconds(absl::Now() - t0);
@@ -471,6 +480,7 @@ absl::StatusOr<double> Engine::ComputeGradients(int64_t step) {
 
 absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   const Device::ComputeScope on_device(*device_);
+  const Timeline::Scope span(timeline_, "step", absl::StrCat(step + 1));
   const absl::Time t0 = absl::Now();
   const double cpu0 = ProcessCpuSeconds(), thread_cpu0 = ThreadCpuSeconds();
   waiter_.ResetExposed();
@@ -517,19 +527,6 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   tensor_peak_ = mem.peak_allocated;
   reserved_peak_ = mem.peak_reserved;
   return r;
-}
-
-absl::Status NonFiniteSteps::Check(const StepResult& r) {
-  if (r.skipped && skipped_ < max_skips_) {
-    ++skipped_;
-    return absl::OkStatus();
-  }
-  if (!r.skipped && std::isfinite(r.loss) && std::isfinite(r.grad_norm)) return absl::OkStatus();
-  std::string skips;
-  if (max_skips_ > 0) skips = absl::StrFormat(" after %d skipped steps ([train] max_nonfinite_skips = %d)", skipped_, max_skips_);
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "step %d: the loss is %g and the gradient norm %g%s: training diverged (lower [optimizer] lr, or check the data)",
-      r.step + 1, r.loss, r.grad_norm, skips));
 }
 
 absl::StatusOr<double> Engine::Evaluate() {

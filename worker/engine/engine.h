@@ -47,62 +47,12 @@
 #include "worker/engine/flat_param.h"
 #include "worker/engine/grad_reduction.h"
 #include "worker/engine/sparse_embedding.h"
+#include "worker/engine/step_result.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/unit.h"
 #include "worker/model/family.h"
 
 namespace shardline {
-
-struct StepResult {
-  int64_t step = 0;
-  double loss = 0;        // mean cross-entropy over the global batch
-  double grad_norm = 0;   // before clipping
-  double lr = 0;
-  // Passes over the training data once this step is done (EpochAt); NaN for
-  // synthetic data.
-  double epoch = 0;
-  int64_t tokens = 0;     // tokens of the global batch
-  double seconds = 0;
-  double exposed_comm_seconds = 0;  // time the step thread waited on collectives
-  // Where the step's time went: its waits on all-gathers (parameters) and on
-  // reduce-scatters (gradients), apart from the rest of exposed_comm_seconds
-  // (all-reduces: the replicas' gradients under hybrid, the norm, the loss),
-  // and the host's time in the optimizer's update (on a GPU, the time to
-  // queue it). Compute is seconds less these.
-  double exposed_all_gather_seconds = 0;
-  double exposed_reduce_scatter_seconds = 0;
-  double optimizer_seconds = 0;
-  // CPU seconds over the step (common/base/cpu_time.h): every thread of the
-  // process, and the step thread alone. Where ranks share cores, the rest
-  // (the collectives' transport) is taken from some rank's compute.
-  double cpu_seconds = 0;
-  double step_thread_cpu_seconds = 0;
-  // Mean loss over [train] eval_batches of the validation stream, after this
-  // step's update; NaN where the step ran no evaluation.
-  double val_loss = std::numeric_limits<double>::quiet_NaN();
-  double eval_seconds = 0;  // not part of `seconds`
-  // The gradient norm was not finite and [train] max_nonfinite_skips allowed
-  // skipping: the step made no update.
-  bool skipped = false;
-  // Some rank voted to save after this step (Step's vote_save): the same on
-  // every rank.
-  bool save = false;
-};
-
-// Counts the non-finite steps of one run against [train] max_nonfinite_skips:
-// OK for a finite step and for a skipped one within the limit; otherwise an
-// InvalidArgument naming the step, so that a diverged job fails rather than
-// ends SUCCEEDED with NaN weights.
-class NonFiniteSteps {
- public:
-  explicit NonFiniteSteps(int max_skips) : max_skips_(max_skips) {}
-  absl::Status Check(const StepResult& r);
-  int skipped() const { return skipped_; }
-
- private:
-  const int max_skips_;
-  int skipped_ = 0;
-};
 
 // Per-rank memory by kind; at rest (between steps) and the peak of all kinds
 // together during the last step.
@@ -152,6 +102,13 @@ class Engine {
   // Trainable unit `i` (an index into trainable_layouts()).
   const at::Tensor& GradShard(int i) const { return trainable_[i]->grad_shard(); }
   const Device& device() const { return *device_; }
+  // Records the steps' spans from now on (worker/comm/timeline.h: each
+  // unit's forward and backward, the optimizer, every wait on a
+  // collective); `timeline` must outlive the engine, or be reset to null.
+  void set_timeline(Timeline* timeline) {
+    timeline_ = timeline;
+    waiter_.set_timeline(timeline);
+  }
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -275,6 +232,7 @@ class Engine {
   int64_t init_peak_ = 0;
   int64_t tensor_peak_ = 0, reserved_peak_ = 0;
   double loss_scale_ = 0;
+  Timeline* timeline_ = nullptr;  // not owned; null: no spans
   // Sharded gradient accumulation (GradAccumulation::kSharded under a
   // strategy that shards gradients): every micro-batch is reduced.
   bool reduce_every_micro_ = false;

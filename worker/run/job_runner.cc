@@ -49,6 +49,7 @@ absl::Status JobRunner::Start(c10::intrusive_ptr<c10d::Store> store, std::shared
   const GroupPlan plan = PlanGroups(run_.config, run_.rank, run_.world);
   SL_ASSIGN_OR_RETURN(Communicators comms,
                       ConnectGroups(store, plan, *device, backend, run_.collective_timeout, run_.collective_address));
+  if (hooks_.opened) hooks_.opened(comms);
   double bus_bandwidth = 0;
   if (run_.config.parallelism.auto_strategy && run_.world > 1 && comms.shard->size() == run_.world) {
     SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(*comms.shard, *device, run_.collective_timeout));

@@ -58,6 +58,9 @@ struct JobRun {
 };
 
 struct JobHooks {
+  // Once the communicators are connected, before their first collective
+  // (e.g. observers that must see every collective, as Stats counts them).
+  std::function<void(Communicators&)> opened;
   // Once the communicators are connected, before the engine is built (e.g.
   // their observers). `bus_bandwidth`: with strategy = "auto", what a timed
   // all-reduce over the world measured (bytes/s); 0 otherwise.
