@@ -259,7 +259,8 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     w.backward_s = u == 0 ? 0 : block ? x.block_backward : x.head_backward;
     if (ShardsParams(mv.s)) w.gather_bytes += comm::RingAllGatherBytes(size(mv.t) * p, g);
     if (mv.base_sharded) w.gather_bytes += comm::RingAllGatherBytes(size(mv.f) * p, g);
-    w.gather_in_backward = block && w.gather_bytes > 0;
+    // The last block stays gathered from its forward to its backward.
+    w.gather_in_backward = block && u != units - 2 && w.gather_bytes > 0;
     w.has_backward = !(mv.lora && u == 0);
     if (g > 1) w.reduce_bytes = comm::RingReduceScatterBytes(size(mv.t) * r, g);
     // The sparse table's shard is all-reduced whole, unless its rows'

@@ -39,7 +39,11 @@ struct Clock {
 // the gathers after it while fewer than the limit are in flight. Gathers are
 // issued in unit order, so `next` (the first unit not yet issued) and the
 // gathers past `u` are all the state there is: linear in the units.
-void Forward(const ScheduleInput& in, LinkQueue& shard, Clock& clock, ScheduleTimes& out) {
+// At the head (the last unit, whose loss is fused with its backward) the
+// backward's first gathers are issued, as many as the limit allows, into
+// `for_backward`.
+void Forward(const ScheduleInput& in, LinkQueue& shard, Clock& clock, ScheduleTimes& out,
+             std::map<int, double>* for_backward) {
   const int n = static_cast<int>(in.units.size());
   std::map<int, double> gathered;  // unit -> when its gather ends
   int next = 0;
@@ -61,6 +65,12 @@ void Forward(const ScheduleInput& in, LinkQueue& shard, Clock& clock, ScheduleTi
         ++in_flight;
       }
     }
+    for (int v = n - 2; u == n - 1 && v >= 0 && in_flight < in.max_inflight_gathers; --v) {
+      if (in.units[v].gather_in_backward) {
+        (*for_backward)[v] = shard.Send(clock.now, in.units[v].gather_bytes);
+        ++in_flight;
+      }
+    }
     clock.now += w.forward_s;
     out.compute_s += w.forward_s;
   }
@@ -70,10 +80,9 @@ void Forward(const ScheduleInput& in, LinkQueue& shard, Clock& clock, ScheduleTi
 // again (the one before it prefetched), computed, then reduce-scattered; the
 // replicas' all-reduce follows each reduce-scatter in the last micro-batch.
 void Backward(const ScheduleInput& in, bool last_micro, LinkQueue& shard, LinkQueue& replica, Clock& clock,
-              ScheduleTimes& out, std::vector<double>* ends) {
+              ScheduleTimes& out, std::vector<double>* ends, std::map<int, double> gathered) {
   const int n = static_cast<int>(in.units.size());
   const bool reduce = last_micro || in.reduce_every_micro;
-  std::map<int, double> gathered;
   double previous_reduction = -1;
   for (int u = n - 1; u >= 0; --u) {
     const UnitWork& w = in.units[u];
@@ -83,7 +92,9 @@ void Backward(const ScheduleInput& in, bool last_micro, LinkQueue& shard, LinkQu
       clock.WaitFor(gathered[u]);
     }
     // The unit before is prefetched once this one is ready (BackwardPrefetch::kPre).
-    if (u > 0 && in.units[u - 1].gather_in_backward) gathered[u - 1] = shard.Send(clock.now, in.units[u - 1].gather_bytes);
+    if (u > 0 && in.units[u - 1].gather_in_backward && !gathered.count(u - 1)) {
+      gathered[u - 1] = shard.Send(clock.now, in.units[u - 1].gather_bytes);
+    }
     clock.now += w.backward_s;
     out.compute_s += w.backward_s;
     if (w.row_grad_bytes > 0) clock.now = shard.Send(clock.now, w.row_grad_bytes);
@@ -116,8 +127,9 @@ ScheduleTimes Simulate(const ScheduleInput& in) {
     const ScheduleTimes before = out;
     const double start = clock.now;
     const bool last = k == std::min(m, 3) - 1;
-    Forward(in, shard, clock, out);
-    Backward(in, last, shard, replica, clock, out, &ends);
+    std::map<int, double> for_backward;
+    Forward(in, shard, clock, out, &for_backward);
+    Backward(in, last, shard, replica, clock, out, &ends, std::move(for_backward));
     if (k == 1 && m > 3) {
       const double repeats = m - 3, seconds = (clock.now - start) * repeats;
       clock.now += seconds;

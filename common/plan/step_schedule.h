@@ -6,7 +6,8 @@
 // Why a schedule and not max(compute, communication): a collective hides only
 // behind the compute that runs while it is in flight, and the engine bounds
 // that window. Forward keeps at most `max_inflight_gathers` gathers ahead;
-// backward prefetches one block ahead; sharded accumulation keeps one
+// the head (its loss fused with its backward) issues as many of backward's
+// first gathers; backward prefetches one block ahead; sharded accumulation keeps one
 // reduce-scatter in flight (the one after it waits); the first gather, a
 // large head's gather behind two blocks' compute, the sparse embedding's
 // waited-on exchanges and the last reductions hide behind nothing. On the
@@ -25,7 +26,7 @@ namespace shardline {
 struct UnitWork {
   double forward_s = 0, backward_s = 0;  // compute, per micro-batch
   double gather_bytes = 0;               // all-gathered before forward; 0 = held whole
-  bool gather_in_backward = false;       // resharded after forward, gathered again for backward
+  bool gather_in_backward = false;       // resharded after forward, gathered again for backward (not the last block)
   bool has_backward = true;              // (a frozen embedding's is skipped)
   double reduce_bytes = 0;               // reduce-scattered after its backward
   double replica_bytes = 0;              // all-reduced across replicas in the last micro-batch

@@ -72,10 +72,12 @@ def ring_all_reduce(nbytes, elem, n):
 
 def gathers_per_micro(sizes, elem, G, blocks_only=False):
     """All-gather bytes of one micro-batch where parameters stay sharded:
-    blocks are gathered in forward and again in backward, embed and head once."""
-    if blocks_only:
-        return sum(ring(s * elem, G) * 2 for s in sizes)
-    return sum(ring(s * elem, G) * (2 if 0 < i < len(sizes) - 1 else 1) for i, s in enumerate(sizes))
+    blocks are gathered in forward and again in backward, but the last,
+    which stays gathered from its forward to its backward; embed and head
+    once. `blocks_only`: `sizes` are the blocks' alone."""
+    if not blocks_only:
+        return ring(sizes[0] * elem, G) + ring(sizes[-1] * elem, G) + gathers_per_micro(sizes[1:-1], elem, G, True)
+    return sum(ring(s * elem, G) * (2 if i < len(sizes) - 1 else 1) for i, s in enumerate(sizes))
 
 
 def sparse_embedding(cfg, world):

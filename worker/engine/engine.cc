@@ -212,14 +212,25 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
       const int until = std::min(U, u + 1 + lookahead);
       for (int v = u + 1; v < until && inflight_gathers() < max_inflight; ++v) Prefetch(v);
     }
+    // The head's loss is fused with its backward (LinearCrossEntropy), so
+    // training's backward prefetch starts at the head: the blocks backward
+    // needs first are gathered while the head computes, where the link
+    // would idle (trace-rank-N.json), not later behind the head's
+    // reduce-scatters.
+    if (pass.train() && u == head && config_.prefetch.backward == BackwardPrefetch::kPre) {
+      for (int v = head - 2; v >= 1 && inflight_gathers() < max_inflight; --v) Prefetch(v);
+    }
     if (!sparse) {
       const Timeline::Scope span(timeline_, "forward", unit.name());
       h = UnitForward(u, h, pass);
     }
     // The embed unit stays gathered for the tied lm_head (where it is
     // gathered at all: the sparse one is for the head). Training runs the
-    // head's backward next, so it keeps the head too.
-    if (model::IsBlock(m, u) || (u == head && !pass.train())) SL_RETURN_IF_ERROR(unit.Reshard());
+    // head's backward next, so it keeps the head too, and the last block,
+    // whose backward follows the head's (torchtitan leaves it unsharded
+    // after forward: resharding it would gather it again at once).
+    const bool keep = pass.train() && (u == head || u == head - 1);
+    if ((model::IsBlock(m, u) || u == head) && !keep) SL_RETURN_IF_ERROR(unit.Reshard());
   }
   if (!pass.train()) SL_RETURN_IF_ERROR(units_[0].Reshard());
   return h;
