@@ -33,7 +33,8 @@ ShardSnapshot TinySnapshot() {
 class RankWrite : public ::testing::Test {
  protected:
   void SetUp() override {
-    base_ = ::testing::TempDir() + "/rank-write";
+    // One folder per test: ctest -j runs this binary's tests side by side.
+    base_ = ::testing::TempDir() + "/rank-write-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     fs::remove_all(base_);
     victim_step_ = base_ + "/a/job-1/step-00000010";
     fs::create_directories(victim_step_);
