@@ -26,4 +26,17 @@ inline bool RowsGatherBeatsAllReduce(int64_t rows_numel, int64_t shard_numel, in
   return int64_t{replicas} * rows_numel < 2 * shard_numel;
 }
 
+// Whether the vocabulary-parallel head (worker/engine/vocab_parallel_head.h)
+// moves fewer bytes per micro-batch than gathering a tied table for the head:
+// every rank's hidden states all-gathered (param bytes) and their gradients
+// reduce-scattered (reduce bytes), `group_tokens` x `width` elements each,
+// against the table's `table_numel` gathered and, where it trains
+// (`table_reduce_bytes` > 0; 0: frozen), reduce-scattered. Both are ring
+// collectives over one group, so the (G-1)/G factors cancel. The engine and
+// the planner decide by this one test.
+inline bool VocabParallelBeatsGather(int64_t group_tokens, int64_t width, int64_t table_numel, int param_bytes,
+                                     int reduce_bytes, int table_reduce_bytes) {
+  return group_tokens * width * (param_bytes + reduce_bytes) < table_numel * (param_bytes + table_reduce_bytes);
+}
+
 }  // namespace shardline::comm

@@ -161,7 +161,9 @@ struct ParallelismConfig {
   // each rank looks up the rows of its shard for every rank's tokens, a
   // reduce-scatter hands each rank its own, and its gradient is every rank's
   // token gradients, gathered and added into the shard. Untied it is never
-  // gathered; tied, for the head alone (worker/engine/sparse_embedding.h).
+  // gathered; tied, the head computes its loss over the table's shards
+  // where that moves fewer bytes (worker/engine/vocab_parallel_head.h), and
+  // gathers the table otherwise (worker/engine/sparse_embedding.h).
   bool sparse_embedding = false;
   // Resolved, never a key: strategy = "auto" and the file names no
   // sparse_embedding, so the coordinator weighs the table gathered and

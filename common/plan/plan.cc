@@ -12,6 +12,7 @@
 #include "common/base/ring_bytes.h"
 #include "common/base/status_macros.h"
 #include "common/model/model_shapes.h"
+#include "common/model/table_shard.h"
 #include "common/plan/step_schedule.h"
 #include "common/spec/job_spec.h"
 
@@ -228,6 +229,12 @@ struct Movement {
   // rows' gradients over the shard group and across replicas.
   bool sparse = false, tied = false, world_rows = false;
   int64_t lookup_bytes = 0, row_grad_bytes = 0, replica_row_grad_bytes = 0;
+  // A tied sparse table's head computed over the vocabulary
+  // (VocabParallelHead): the group's hidden states, targets and statistics
+  // gathered before its loss, dL/dh reduce-scattered after it, per
+  // micro-batch; the table is then never gathered.
+  bool vocab_head = false;
+  int64_t head_exchange_bytes = 0, head_grad_bytes = 0;
 };
 
 // The sparse embedding's rows per micro-batch: every token of every rank of
@@ -280,12 +287,20 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
   }
   if (mv.sparse && mv.tied) {
     // The tied table is gathered with the head and reduce-scattered right
-    // after the head's backward; all-reduced then where the last rows are
-    // every replica's, else after them.
+    // after the head's backward (under the vocabulary-parallel head,
+    // neither: the head's exchanges are waited on, before and after its
+    // compute); all-reduced then where the last rows are every replica's,
+    // else after them.
     UnitWork& table = sch.units.front();
     UnitWork& head = sch.units.back();
-    head.gather_bytes += std::exchange(table.gather_bytes, 0);
-    head.reduce_bytes += std::exchange(table.reduce_bytes, 0);
+    const double gather = std::exchange(table.gather_bytes, 0), reduce = std::exchange(table.reduce_bytes, 0);
+    if (mv.vocab_head) {
+      head.lookup_bytes += mv.head_exchange_bytes;
+      head.row_grad_bytes += mv.head_grad_bytes;
+    } else {
+      head.gather_bytes += gather;
+      head.reduce_bytes += reduce;
+    }
     if (mv.world_rows) head.replica_bytes += std::exchange(table.replica_bytes, 0);
   }
   const int64_t full = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
@@ -346,6 +361,19 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
     mv.replica_row_grad_bytes = comm::RingAllGatherBytes(mv.replicas * rows * (C * r + 8 * tables), mv.replicas);
   }
   if (!mv.tied) (lora ? mv.f : mv.t).embed = 0;  // neither held, gathered nor reduce-scattered
+  // Tied, the head's loss over the vocabulary where that moves fewer bytes
+  // than the table (comm::VocabParallelBeatsGather, as the engine decides):
+  // hidden states (param dtype), targets and [rows, 2 + cut rows] fp32
+  // statistics gathered, dL/dh (reduce dtype) reduce-scattered.
+  const int64_t table = (lora ? mv.f : mv.t).embed;
+  mv.vocab_head = mv.tied && comm::VocabParallelBeatsGather(rows, C, table, p, r, lora ? 0 : r);
+  if (mv.vocab_head) {
+    SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> units, model::OwnershipMap(m, g));
+    const int64_t stats = 2 + static_cast<int64_t>(TableShard::CutRows(units.front(), 0).size());
+    mv.head_exchange_bytes = comm::RingAllGatherBytes(rows * C * p, g) + comm::RingAllGatherBytes(rows * 8, g) +
+                             comm::RingAllGatherBytes(g * rows * stats * 4, g);
+    mv.head_grad_bytes = comm::RingReduceScatterBytes(rows * C * r, g);
+  }
   return std::optional<Movement>(mv);
 }
 
@@ -357,18 +385,25 @@ void PlanMemory(const PlanInput& in, const StepShape& x, const Movement& mv, Str
   const int p = x.p, r = x.r;
   const UnitSizes& t = mv.t;
   if (mv.sparse) sp->transient_bytes += SparseRows(mv, x, m) * m.n_embd * (p + (mv.world_rows ? mv.replicas : 1) * r);
+  // The vocabulary-parallel head holds the group's hidden states, dL/dh in
+  // fp32 and the reduce dtype, and a table shard's fp32 gradient instead of
+  // the whole table and its gradient.
+  const int64_t table = mv.vocab_head ? (mv.lora ? mv.f : t).embed : 0;
+  if (mv.vocab_head) sp->transient_bytes += SparseRows(mv, x, m) * m.n_embd * (p + 4 + r) + 4 * table / mv.g;
   const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
   if (ShardsParams(mv.s)) sp->transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
   if (mv.base_sharded) sp->transient_bytes += p * (mv.f.embed + mv.f.head + live_blocks * mv.f.block);
+  sp->transient_bytes -= p * table;  // (counted just above)
   // Unsharded gradients: under sharded accumulation (or one micro-batch)
   // the unit in compute and the one being reduced; under unsharded
   // accumulation every unit's, held across the micro-batches.
   const bool hold_grads =
       ShardsGrads(mv.s) && x.micro_batches > 1 && in.grad_accumulation == GradAccumulation::kUnsharded;
+  const int64_t embed_grad = t.embed - (mv.lora ? 0 : table);  // (the head's shard of it is counted above)
   if (hold_grads) {
-    sp->transient_bytes += p * (t.embed + t.head + m.n_layer * t.block);
+    sp->transient_bytes += p * (embed_grad + t.head + m.n_layer * t.block);
   } else if (ShardsGrads(mv.s)) {
-    sp->transient_bytes += p * (t.embed + 2 * t.block);
+    sp->transient_bytes += p * (embed_grad + 2 * t.block);
   }
   const double acts = m.n_layer * x.layer_act + x.head_act;
   const double acts_checkpointed = m.n_layer * x.layer_input + x.layer_act + x.head_act;

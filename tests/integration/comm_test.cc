@@ -16,27 +16,14 @@
 #include <regex>
 #include <thread>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "gloo_ranks.h"
 
 extern char** environ;
 
 namespace shardline::comm {
 namespace {
-
-// Runs fn(rank, communicator) on `n` threads, one Gloo rank each.
-void OnRanks(int n, const GlooOptions& o, const std::function<void(int, Communicator&)>& fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      auto c = CreateGlooCommunicator(store, "g/", r, n, o);
-      ASSERT_TRUE(c.ok()) << c.status();
-      fn(r, **c);
-    });
-  }
-  for (auto& t : threads) t.join();
-}
 
 // Past the ring's 64 KiB in fp32 and bf16: Gloo's own all-reduce.
 constexpr int64_t kBigAllReduce = 40000;

@@ -92,6 +92,30 @@ def tied(model):
     return model.get("family") != "llama" or bool(model.get("tie_word_embeddings"))
 
 
+def vocab_parallel_head(cfg, world):
+    """A tied sparse table's head computes its loss over the table's shards
+    where that moves fewer bytes than gathering the table (and
+    reduce-scattering its gradient where it trains):
+    comm::VocabParallelBeatsGather, as the engine and the planner decide."""
+    model = cfg["model"]
+    if not (sparse_embedding(cfg, world) and tied(model)):
+        return False
+    G = group_size(cfg["parallelism"]["strategy"], world, cfg)
+    p = DTYPE_BYTES[cfg["precision"]["param_dtype"]]
+    r = DTYPE_BYTES[cfg["precision"]["reduce_dtype"]]
+    rows = G * cfg["train"]["micro_batch_size"] * model["block_size"]
+    table = padded(unit_sizes(model)[0], G)
+    return rows * model["n_embd"] * (p + r) < table * (p + (0 if cfg.get("lora") else r))
+
+
+def cut_rows(model, G):
+    """Rows of the token table (the embed unit's first parameter) that a
+    shard boundary of the embed unit falls inside."""
+    C, V = model["n_embd"], model["vocab_size"]
+    shard = padded(unit_sizes(model)[0], G) // G
+    return len({k * shard // C for k in range(1, G) if k * shard < V * C and k * shard % C})
+
+
 def comm_bytes(cfg, world, steps):
     """Bytes this rank sends, by (communicator, op), over `steps` steps plus
     the final parameter gather that shardline-train --out performs. Under
@@ -130,6 +154,18 @@ def comm_bytes(cfg, world, steps):
         table = padded(unit_sizes(model)[0], G)
         if not tied(model):
             ag -= micro * ring(table * p, G)
+        elif vocab_parallel_head(cfg, world):
+            # The head's loss over the table's shards (VocabParallelHead):
+            # per micro-batch the group's hidden states (param dtype),
+            # targets (int64) and [G x tokens, 2 + cut rows] fp32 statistics
+            # are all-gathered and dL/dh (reduce dtype) reduce-scattered,
+            # instead of the table's gather and its gradient's reduce-scatter.
+            rows = G * tokens
+            ag += micro * (ring(rows * C * p, G) + ring(rows * 8, G) + ring(G * rows * (2 + cut_rows(model, G)) * 4, G)
+                           - ring(table * p, G))
+            rs += micro * ring(rows * C * r, G)
+            if not lora:
+                rs -= (micro if cfg["train"].get("grad_accumulation", "sharded") == "sharded" else 1) * ring(table * r, G)
         ag += micro * ring(G * tokens * 8 * tables, G)
         rs += micro * ring(G * tokens * C * p, G)
         if not lora:

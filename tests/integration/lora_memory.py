@@ -11,8 +11,11 @@ every strategy and both placements of the frozen base ([lora] base):
     sends no base all-gathers, so the choice is the one the formulas state;
   - with [parallelism] sparse_embedding the sharded base's token table is
     looked up without being gathered (the bytes follow formulas.comm_bytes:
-    an untied table is never gathered, GPT-2's tied one for its head alone)
-    and every loss and parameter is the gathered table's, bit for bit.
+    an untied table is never gathered, GPT-2's tied one for its head alone:
+    the tiny GPT's 64 words are fewer bytes than the group's hidden states,
+    so its head gathers the table rather than computing over its shards,
+    formulas.vocab_parallel_head) and every loss and parameter is the
+    gathered table's, bit for bit.
 """
 import formulas
 import harness
@@ -39,6 +42,7 @@ def check_sparse_embedding(checks, model):
     dense_out, dense = harness.run(lora_config("full_shard", "sharded", model), WORLD)
     cfg = lora_config("full_shard", "sharded", model)
     cfg["parallelism"]["sparse_embedding"] = True
+    checks.check(not formulas.vocab_parallel_head(cfg, WORLD), f"{model}: the head gathers the table (bitwise case)")
     sparse_out, ranks = harness.run(cfg, WORLD)
     comm = formulas.comm_bytes(cfg, WORLD, cfg["train"]["steps"])
     got = {(c, op): ranks[0]["comm"][c][op]["bytes"] for (c, op) in comm}

@@ -9,6 +9,7 @@
 
 #include "common/base/ring_bytes.h"
 #include "common/model/model_shapes.h"
+#include "common/model/table_shard.h"
 
 namespace shardline {
 namespace {
@@ -318,8 +319,10 @@ TEST(Plan, SeventyBillionWithUnshardedAccumulationDoesNotFit) {
 // [parallelism] sparse_embedding on an untied 8B llama over 8 GPUs: the
 // table's gather and reduce-scatter become its tokens' ids, rows and rows'
 // gradients, and neither the gathered table nor its unsharded gradient is
-// held. Tied, the head still gathers and reduces the table: the rows come on
-// top, and the table's edges move behind the blocks.
+// held. Tied, the head computes its loss over the table's shards: the
+// group's hidden states, targets and statistics go out and dL/dh comes back
+// instead of the table and its gradient; where the group's tokens outnumber
+// the vocabulary it gathers and reduces the table, the rows on top.
 TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
   PlanInput in;
   in.model = ModelForParams(8e9, 128256, 4096, "llama");
@@ -344,9 +347,28 @@ TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
   const StrategyPlan tied_sparse = Of(*MakePlan(in), Strategy::kFullShard);
   in.sparse_embedding = false;
   const StrategyPlan tied_dense = Of(*MakePlan(in), Strategy::kFullShard);
-  EXPECT_EQ(tied_sparse.comm_bytes - tied_dense.comm_bytes, moved);
-  EXPECT_EQ(tied_sparse.transient_bytes - tied_dense.transient_bytes, rows * C * (p + r));
+  ASSERT_LT(rows, in.model.vocab_size) << "the group's tokens must be the fewer bytes";
+  const int64_t cuts = static_cast<int64_t>(TableShard::CutRows(model::OwnershipMap(in.model, g)->front(), 0).size());
+  const int64_t head = comm::RingAllGatherBytes(rows * C * p, g) + comm::RingAllGatherBytes(rows * 8, g) +
+                       comm::RingAllGatherBytes(g * rows * (2 + cuts) * 4, g) +
+                       comm::RingReduceScatterBytes(rows * C * r, g);
+  EXPECT_EQ(tied_sparse.comm_bytes - tied_dense.comm_bytes, moved + head - saved);
+  // The rows, and the head's hidden states, dL/dh and table gradient shard,
+  // instead of the gathered table and its unsharded gradient.
+  EXPECT_EQ(tied_sparse.transient_bytes - tied_dense.transient_bytes,
+            rows * C * (p + r) + rows * C * (p + 4 + r) + 4 * table / g - 2 * p * table);
   EXPECT_LT(tied_sparse.exposed_comm_s, tied_dense.exposed_comm_s);
+
+  in.micro_batch_size = 4;  // (more tokens than words: the table is the fewer bytes)
+  in.batch_size = g * in.micro_batch_size;
+  const int64_t many = int64_t{g} * in.micro_batch_size * in.model.block_size;
+  ASSERT_GT(many, in.model.vocab_size);
+  const StrategyPlan gathered = Of(*MakePlan(in), Strategy::kFullShard);
+  in.sparse_embedding = true;
+  const StrategyPlan gathered_sparse = Of(*MakePlan(in), Strategy::kFullShard);
+  EXPECT_EQ(gathered_sparse.comm_bytes - gathered.comm_bytes,
+            comm::RingAllGatherBytes(many * 8, g) + comm::RingReduceScatterBytes(many * C * p, g) +
+                comm::RingAllGatherBytes(many * C * r, g));
 }
 
 // Across replicas (hybrid_shard, 2 groups of 4) at 2048 tokens a sequence

@@ -5,32 +5,20 @@
 
 #include <cmath>
 #include <functional>
+#include <utility>
 
 #include <c10/core/GradMode.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/base/ring_bytes.h"
 #include "common/base/status_macros.h"
 #include "common/model/model_shapes.h"
 #include "common/model/weight_source.h"
 #include "worker/device/tensor_memory.h"
 
 namespace shardline {
-
-// What one pass of ForwardUnits computes.
-struct Engine::ForwardPass {
-  enum Kind {
-    kTrain,     // the loss, keeping activations for backward
-    kEvaluate,  // the loss, forward only
-    kLogits,    // the logits, forward only
-  };
-  Kind kind;
-  at::Tensor targets;      // kTrain, kEvaluate: on the device
-  double loss_scale = 0;   // kTrain, kEvaluate
-  Packing packing;         // documents packed in the sequences (none: undefined)
-  bool train() const { return kind == kTrain; }
-};
 
 namespace {
 at::ScalarType TorchDType(DType d) { return d == DType::kFloat32 ? at::kFloat : at::kBFloat16; }
@@ -94,6 +82,13 @@ absl::Status Engine::Init() {
     const int64_t tokens = int64_t{config_.train.micro_batch_size} * m.block_size;
     world_rows_ = comms_.replicate->size() > 1 &&
                   sparse_embedding_->RowsBeatAllReduce(tokens, comms_.shard->size(), comms_.replicate->size());
+    const FlatParamOptions& o = embed.options();
+    const int trained_bytes = units_[0].trainable() ? at::elementSize(o.reduce_dtype) : 0;
+    if (tied_sparse_ && comm::VocabParallelBeatsGather(comms_.shard->size() * tokens, m.n_embd,
+                                                       embed.layout().padded_numel, at::elementSize(o.param_dtype),
+                                                       at::elementSize(o.reduce_dtype), trained_bytes)) {
+      vocab_head_ = std::make_unique<VocabParallelHead>(embed.layout(), comms_.shard->rank());
+    }
   }
   reduce_every_micro_ = ShardsGrads(config_.parallelism.strategy) &&
                         config_.train.grad_accumulation == GradAccumulation::kSharded;
@@ -167,7 +162,9 @@ void Engine::Prefetch(int u) {
   Unshard(u);
 }
 
-bool Engine::NeedsTable(int u) const { return tied_sparse_ && u == model::HeadUnit(config_.model); }
+bool Engine::NeedsTable(int u) const {
+  return tied_sparse_ && !head_vocab_parallel_ && u == model::HeadUnit(config_.model);
+}
 
 void Engine::Unshard(int u) {
   if (NeedsTable(u)) units_[0].Unshard(*comms_.shard);
@@ -195,6 +192,16 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
   // forward-only passes one unit ahead.
   const int lookahead = pass.train() ? U : 1;
   const int max_inflight = config_.prefetch.max_inflight_all_gathers;
+  head_vocab_parallel_ = vocab_head_ && pass.kind != ForwardPass::kLogits;
+  // The head's loss is fused with its backward (LinearCrossEntropy,
+  // VocabParallelHead), so training's backward prefetch starts at the head:
+  // the blocks backward needs first are gathered while the head computes,
+  // where the link would idle (trace-rank-N.json), not later behind the
+  // head's reduce-scatters.
+  const bool head_prefetch = pass.train() && config_.prefetch.backward == BackwardPrefetch::kPre;
+  auto prefetch_backward = [&] {
+    for (int v = head - 2; v >= 1 && inflight_gathers() < max_inflight; --v) Prefetch(v);
+  };
   for (int u = 0; u < U; ++u) {
     Unit& unit = units_[u];
     const bool sparse = u == 0 && sparse_embedding_;  // (not gathered for the lookup)
@@ -212,15 +219,14 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
       const int until = std::min(U, u + 1 + lookahead);
       for (int v = u + 1; v < until && inflight_gathers() < max_inflight; ++v) Prefetch(v);
     }
-    // The head's loss is fused with its backward (LinearCrossEntropy), so
-    // training's backward prefetch starts at the head: the blocks backward
-    // needs first are gathered while the head computes, where the link
-    // would idle (trace-rank-N.json), not later behind the head's
-    // reduce-scatters.
-    if (pass.train() && u == head && config_.prefetch.backward == BackwardPrefetch::kPre) {
-      for (int v = head - 2; v >= 1 && inflight_gathers() < max_inflight; --v) Prefetch(v);
-    }
-    if (!sparse) {
+    // (The vocabulary-parallel head's exchanges go before the prefetch:
+    // the head waits for them.)
+    const bool vocab = u == head && head_vocab_parallel_;
+    if (u == head && head_prefetch && !vocab) prefetch_backward();
+    if (vocab) {
+      const Timeline::Scope span(timeline_, "forward", unit.name());
+      SL_ASSIGN_OR_RETURN(h, HeadVocabParallel(h, pass, head_prefetch ? prefetch_backward : std::function<void()>()));
+    } else if (!sparse) {
       const Timeline::Scope span(timeline_, "forward", unit.name());
       h = UnitForward(u, h, pass);
     }
@@ -263,53 +269,13 @@ at::Tensor Engine::UnitOutput(int u, const at::Tensor& h, const ForwardPass& pas
   return family_->HeadLoss(h, units_[u].weights(), embed, pass.targets, pass.loss_scale);
 }
 
-absl::StatusOr<at::Tensor> Engine::EmbedSparse(const at::Tensor& ids, const ForwardPass& pass) {
-  at::Tensor positions;  // (as GptFamily::Embed's)
-  if (sparse_embedding_->by_position()) {
-    positions = pass.packing.packed() ? pass.packing.positions : at::arange(ids.size(1), ids.options());
-  }
-  SL_ASSIGN_OR_RETURN(SparseEmbedding::Rows rows, sparse_embedding_->Lookup(*comms_.shard, waiter_, ids, positions,
-                                                                            units_[0].base().param_shard()));
-  if (pass.train()) {
-    Unit::Activation a;
-    a.input = ids;
-    a.all_ids = rows.all_ids;
-    a.output = rows.hidden;
-    TrackActivation(a.output, true);
-    units_[0].Keep(std::move(a));
-  }
-  return rows.hidden;
-}
-
-absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad) {
-  const Unit::Activation a = units_[0].Take();
-  TrackActivation(a.output, false);
-  FlatParam* f = units_[0].trainable();
-  // Every replica's rows (world_rows_) where nothing all-reduces the shard
-  // after them: untied, always; tied, once the head's part was all-reduced,
-  // in the last micro-batch (ReduceTiedTable).
-  const bool world = world_rows_ && (!tied_sparse_ || final_micro);
-  // On a host backend the replicas' all-reduces start as reduce-scatters
-  // finish; every one started must be issued before the rows' gathers, so
-  // that every rank queues them in one order.
-  if (world) SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, /*max_in_flight=*/0));
-  SL_ASSIGN_OR_RETURN(const at::Tensor part,
-                      sparse_embedding_->Gradient(*comms_.shard, world ? comms_.replicate.get() : nullptr, waiter_,
-                                                  a.all_ids, grad, f->grad_shard().scalar_type()));
-  // Reduced in every micro-batch whatever the accumulation (its bytes are
-  // the tokens', not the table's); across replicate groups in the last,
-  // unless the rows were every replica's. A tied table's shard already
-  // holds the head's part where that was reduced in this micro-batch;
-  // otherwise the first micro-batch's rows replace what the shard held.
-  const bool head_reduced = tied_sparse_ && (final_micro || reduce_every_micro_);
-  return reduction_->AddShard(f, part, /*replace=*/micro == 0 && !head_reduced, /*last=*/final_micro && !world);
-}
-
 absl::Status Engine::Backward(int u, at::Tensor* grad) {
   const ModelConfig& m = config_.model;
   Unit& unit = units_[u];
   unit.EnsureGrads();  // (frozen FlatParams have none)
-  if (u == model::HeadUnit(m) && m.tied()) units_[0].base().EnsureGrad();  // the lm_head is the token embedding
+  // The lm_head is the token embedding (the vocabulary-parallel head
+  // computed its gradient's shard already).
+  if (u == model::HeadUnit(m) && m.tied() && !head_vocab_parallel_) units_[0].base().EnsureGrad();
   Unit::Activation a = unit.Take();
   at::Tensor out = a.output;
   if (model::IsBlock(m, u) && config_.memory.activation_checkpointing) {
@@ -343,6 +309,8 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
     Unshard(u);  // (unless prefetched)
     SL_RETURN_IF_ERROR(WaitUnsharded(u));
     if (bp == BackwardPrefetch::kPre && u - 1 >= 1) Prefetch(u - 1);
+    const bool vocab_head = u == model::HeadUnit(m) && head_vocab_parallel_;
+    if (vocab_head) grad = std::exchange(head_grad_hidden_, at::Tensor());
     {
       const Timeline::Scope span(timeline_, "backward", unit.name());
       SL_RETURN_IF_ERROR(Backward(u, &grad));
@@ -355,31 +323,22 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
     // (earlier ones accumulate unsharded, with no communication). (The
     // embed unit comes last, after the tied lm_head added to wte; a tied
     // table looked up sparsely right after the head, ReduceTiedTable.)
-    if (final_micro || reduce_every_micro_) {
+    const bool reduce = final_micro || reduce_every_micro_;
+    if (reduce) {
       if (FlatParam* f = unit.trainable()) {
         SL_RETURN_IF_ERROR(reduction_->Start(f, /*accumulate=*/reduce_every_micro_ && micro > 0, final_micro));
       }
-      if (NeedsTable(u)) SL_RETURN_IF_ERROR(ReduceTiedTable(micro, final_micro));
-      // Sharded accumulation keeps one reduction in flight, so that a
-      // rank's gradient memory stays near two units whatever the model.
-      SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, reduce_every_micro_ ? 1 : SIZE_MAX));
     }
+    // (The vocabulary-parallel head's part of the table's gradient is a
+    // shard, added in every micro-batch.)
+    if ((reduce && NeedsTable(u)) || vocab_head) SL_RETURN_IF_ERROR(ReduceTiedTable(micro, final_micro));
+    // Sharded accumulation keeps one reduction in flight, so that a rank's
+    // gradient memory stays near two units whatever the model.
+    if (reduce) SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, reduce_every_micro_ ? 1 : SIZE_MAX));
   }
   for (int u = 0; u < last; ++u) TrackActivation(units_[u].Take().output, false);  // (no backward ran)
   SL_RETURN_IF_ERROR(units_[0].Reshard());
   return units_[model::HeadUnit(m)].Reshard();
-}
-
-absl::Status Engine::ReduceTiedTable(int micro, bool final_micro) {
-  FlatParam* table = units_[0].trainable();
-  if (!table) return absl::OkStatus();  // (frozen under LoRA)
-  // The head's part of the gradient is all of it but the lookup's rows,
-  // which BackwardSparseEmbed adds at the end. Past the first micro-batch
-  // the shard holds earlier parts (this one's under sharded accumulation,
-  // the lookups' under unsharded), so the reduce-scatter adds to it. The
-  // all-reduce across replicas follows it here where the last rows are
-  // every replica's (world_rows_), else those rows.
-  return reduction_->Start(table, /*accumulate=*/micro > 0, /*last=*/final_micro && world_rows_);
 }
 
 Packing Engine::PackingOf(const at::Tensor& positions) const {

@@ -27,6 +27,7 @@
 // compute.
 #pragma once
 
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -50,6 +51,7 @@
 #include "worker/engine/step_result.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/unit.h"
+#include "worker/engine/vocab_parallel_head.h"
 #include "worker/model/family.h"
 
 namespace shardline {
@@ -146,7 +148,19 @@ class Engine {
   absl::StatusOr<at::Tensor> Logits(const at::Tensor& inputs, const at::Tensor& positions = {});
 
  private:
-  struct ForwardPass;
+  // What one pass of ForwardUnits computes.
+  struct ForwardPass {
+    enum Kind {
+      kTrain,     // the loss, keeping activations for backward
+      kEvaluate,  // the loss, forward only
+      kLogits,    // the logits, forward only
+    };
+    Kind kind;
+    at::Tensor targets;     // kTrain, kEvaluate: on the device
+    double loss_scale = 0;  // kTrain, kEvaluate
+    Packing packing;        // documents packed in the sequences (none: undefined)
+    bool train() const { return kind == kTrain; }
+  };
 
   Engine(const JobConfig& config, int rank, int world, std::shared_ptr<const Device> device, Communicators comms,
          absl::Duration timeout);
@@ -176,8 +190,15 @@ class Engine {
   absl::Status BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad);
   // A tied table looked up sparsely: starts reducing the head's part of its
   // gradient right after the head's backward, so that it overlaps every
-  // block's backward instead of ending the step.
+  // block's backward instead of ending the step; under the vocabulary-
+  // parallel head, adds that part, a shard already (every micro-batch).
   absl::Status ReduceTiedTable(int micro, bool final_micro);
+  // The head's loss through VocabParallelHead (head_vocab_parallel_): the
+  // final norm of x, then the loss over the table's shards; training keeps
+  // the norm's graph and the gradients it computed (head_grad_*). `issue`
+  // runs once the head's own exchanges are queued (backward's prefetch).
+  absl::StatusOr<at::Tensor> HeadVocabParallel(const at::Tensor& x, const ForwardPass& pass,
+                                               const std::function<void()>& issue);
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
@@ -219,9 +240,18 @@ class Engine {
   std::vector<ShardLayout> trainable_layouts_;
   std::unique_ptr<GradReduction> reduction_;
   // Where the embedding's parameters are sharded and the job asks; tied, the
-  // head still gathers the table (NeedsTable).
+  // head gathers the table (NeedsTable), or, where that moves fewer bytes
+  // (comm::VocabParallelBeatsGather), computes its loss where the table's
+  // rows lie (vocab_head_) in passes that want a loss
+  // (head_vocab_parallel_, set by ForwardUnits).
   std::unique_ptr<SparseEmbedding> sparse_embedding_;
   bool tied_sparse_ = false;
+  std::unique_ptr<VocabParallelHead> vocab_head_;
+  bool head_vocab_parallel_ = false;
+  // What the vocabulary-parallel head computed in a training forward, for
+  // its backward: dL/dh of the final norm's output, and the table's gradient
+  // shard (undefined where the table is frozen).
+  at::Tensor head_grad_hidden_, head_grad_table_;
   // The lookup's row gradients are gathered across replicas too, instead of
   // the table's shard being all-reduced (SparseEmbedding::RowsBeatAllReduce).
   bool world_rows_ = false;

@@ -1,42 +1,17 @@
 #include "worker/engine/sparse_embedding.h"
 
-#include <algorithm>
-
 #include "common/base/ring_bytes.h"
 #include "common/base/status_macros.h"
 
 namespace shardline {
-namespace {
-int64_t FloorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-int64_t CeilDiv(int64_t a, int64_t b) { return -FloorDiv(-a, b); }
-}  // namespace
-
 SparseEmbedding::SparseEmbedding(const ShardLayout& layout, int shard_rank)
     : width_(layout.params.at(0).spec.shape.at(1)),
       shard_begin_(layout.ShardOffset(shard_rank)),
       shard_numel_(layout.shard_numel) {
-  for (const auto& p : layout.params) {
-    tables_.push_back({p.offset, p.spec.shape.at(0)});
-    held_.push_back(HeldOf(tables_.back()));
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    tables_.push_back({layout.params[i].offset, layout.params[i].spec.shape.at(0)});
+    held_.push_back(TableShard::Of(layout, static_cast<int>(i), shard_rank));
   }
-}
-
-SparseEmbedding::Held SparseEmbedding::HeldOf(const Table& table) const {
-  const int64_t c = width_;
-  const int64_t begin = shard_begin_ - table.offset, end = begin + shard_numel_;  // the shard, in table elements
-  Held h;
-  h.full_lo = std::clamp<int64_t>(CeilDiv(begin, c), 0, table.rows);
-  h.full_hi = std::clamp<int64_t>(FloorDiv(end, c), h.full_lo, table.rows);
-  h.full_at = h.full_lo * c - begin;
-  auto part = [&](int64_t row) {
-    if (row < 0 || row >= table.rows) return;
-    const int64_t first = std::max(row * c, begin), last = std::min((row + 1) * c, end);
-    if (last <= first || (first == row * c && last == (row + 1) * c)) return;  // none, or whole
-    h.parts.push_back({row, first - row * c, last - first, first - begin});
-  };
-  part(FloorDiv(begin, c));
-  if (FloorDiv(end - 1, c) != FloorDiv(begin, c)) part(FloorDiv(end - 1, c));
-  return h;
 }
 
 bool SparseEmbedding::RowsBeatAllReduce(int64_t tokens, int shard_size, int replicas) const {
@@ -60,7 +35,7 @@ absl::StatusOr<SparseEmbedding::Rows> SparseEmbedding::Lookup(comm::Communicator
   SL_RETURN_IF_ERROR(waiter.OnDevice(*gather, comm::Op::kAllGather));
   const at::Tensor partial = at::zeros({g * n, width_}, param_shard.options());
   for (int t = 0; t < k; ++t) {
-    const Held& h = held_[t];
+    const TableShard& h = held_[t];
     const at::Tensor table_ids = IdsOf(r.all_ids, t);
     // The first table's elements are copied, so that its rows stay the
     // table's to the bit (-0.0 included); a second one's are added, one
@@ -78,7 +53,7 @@ absl::StatusOr<SparseEmbedding::Rows> SparseEmbedding::Lookup(comm::Communicator
       const at::Tensor held = param_shard.narrow(0, h.full_at, (h.full_hi - h.full_lo) * width_).view({-1, width_});
       write(partial, tokens, held.index_select(0, table_ids.index_select(0, tokens).sub(h.full_lo)));
     }
-    for (const PartRow& p : h.parts) {
+    for (const TableShard::PartRow& p : h.parts) {
       const at::Tensor tokens = at::nonzero(table_ids.eq(p.row)).squeeze(1);
       const at::Tensor run = param_shard.narrow(0, p.at, p.width).unsqueeze(0).expand({tokens.size(0), p.width});
       write(partial.narrow(1, p.column, p.width), tokens, run.contiguous());
@@ -115,7 +90,7 @@ absl::StatusOr<at::Tensor> SparseEmbedding::Gradient(comm::Communicator& shard, 
   const at::Tensor grads = all.view({-1, width_});  // a row per token
   at::Tensor part = at::zeros({shard_numel_}, own.options());
   for (size_t t = 0; t < tables_.size(); ++t) {
-    const Held& h = held_[t];
+    const TableShard& h = held_[t];
     const at::Tensor table_ids = IdsOf(ids, static_cast<int>(t));
     if (h.full_hi > h.full_lo) {
       const at::Tensor tokens = at::nonzero(table_ids.ge(h.full_lo).logical_and(table_ids.lt(h.full_hi))).squeeze(1);
@@ -123,7 +98,7 @@ absl::StatusOr<at::Tensor> SparseEmbedding::Gradient(comm::Communicator& shard, 
           .view({-1, width_})
           .index_add_(0, table_ids.index_select(0, tokens).sub(h.full_lo), grads.index_select(0, tokens));
     }
-    for (const PartRow& p : h.parts) {
+    for (const TableShard::PartRow& p : h.parts) {
       const at::Tensor tokens = at::nonzero(table_ids.eq(p.row)).squeeze(1);
       part.narrow(0, p.at, p.width).add_(grads.index_select(0, tokens).narrow(1, p.column, p.width).sum(0));
     }

@@ -7,9 +7,10 @@
 // (bench/results/network_compare_*.md), and it is the largest unit (vocab x
 // hidden: 2^30 bytes for Llama 3 8B in bf16), though a micro-batch reads
 // only its tokens' rows of it. Here a rank moves a few rows per token
-// instead. Untied, the table is then never gathered; tied, the head still
-// needs it whole, and the engine gathers it behind the blocks' forward and
-// reduces the head's part of its gradient behind their backward
+// instead. Untied, the table is then never gathered; tied, the head
+// computes its loss over the table's shards (vocab_parallel_head.h), or,
+// where that moves more bytes, the engine gathers it behind the blocks'
+// forward and reduces the head's part of its gradient behind their backward
 // (engine.h).
 //
 // The unit's parameters are its tables, [rows, C] each, summed into the
@@ -51,6 +52,7 @@
 #include "common/model/shard_layout.h"
 #include "worker/comm/comm_waiter.h"
 #include "worker/comm/communicator.h"
+#include "common/model/table_shard.h"
 
 namespace shardline {
 
@@ -92,25 +94,15 @@ class SparseEmbedding {
   struct Table {
     int64_t offset, rows;  // in the flat unit
   };
-  // What this shard holds of a table: rows [full_lo, full_hi) whole, from
-  // shard position full_at on ([rows, C] as they are), and at most two rows
-  // in part (the shard's ends), each a run of its elements. Lookup and
-  // Gradient move whole rows with index_select / index_add on that [rows,
-  // C] view, which costs what the rows weigh (per-element positions would
-  // cost twice the rows' fp32 bytes again in int64 indices).
-  struct PartRow {
-    int64_t row, column, width, at;  // elements [column, column + width) at shard position `at`
-  };
-  struct Held {
-    int64_t full_lo = 0, full_hi = 0, full_at = 0;
-    std::vector<PartRow> parts;
-  };
-  Held HeldOf(const Table& table) const;
   // Table k's ids of every rank, in rank order, from Rows::all_ids.
   static at::Tensor IdsOf(const at::Tensor& all_ids, int k);
 
   std::vector<Table> tables_;
-  std::vector<Held> held_;  // per table
+  // Per table. Lookup and Gradient move its whole rows with index_select /
+  // index_add on their [rows, C] view, which costs what the rows weigh
+  // (per-element positions would cost twice the rows' fp32 bytes again in
+  // int64 indices).
+  std::vector<TableShard> held_;
   int64_t width_;
   int64_t shard_begin_, shard_numel_;
 };

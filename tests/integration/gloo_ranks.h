@@ -1,0 +1,32 @@
+// OnRanks: a Gloo group of `n` ranks on `n` threads of one process, over
+// loopback through an in-memory store, for the tests of what runs over a
+// Communicator.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "worker/comm/gloo_communicator.h"
+
+namespace shardline::comm {
+
+// Runs fn(rank, communicator) on `n` threads, one Gloo rank each.
+inline void OnRanks(int n, const GlooOptions& o, const std::function<void(int, Communicator&)>& fn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = CreateGlooCommunicator(store, "g/", r, n, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      fn(r, **c);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace shardline::comm

@@ -1,0 +1,120 @@
+// VocabParallelHead over G Gloo ranks against LinearCrossEntropy in one
+// process on every rank's tokens at once: the loss, dL/dh of each rank's
+// tokens and the table's gradient, whose shards put together must be the
+// whole table's. The shapes cut rows between shards (a row across up to
+// four shards, and shards holding no whole row), ignore targets, and split
+// the logits into chunks (computed again for the gradient).
+#include "worker/engine/vocab_parallel_head.h"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "gloo_ranks.h"
+#include "worker/model/linear_cross_entropy.h"
+
+namespace shardline {
+namespace {
+
+struct Shape {
+  int64_t vocab, width, positions;  // wte [vocab, width], then wpe [positions, width], in one flat unit
+  int group;
+  int64_t chunk_rows;  // 0: one chunk
+};
+
+constexpr int64_t kTokens = 6;  // per rank
+constexpr double kScale = 1.0 / 17;
+
+ShardLayout LayoutOf(const Shape& s) {
+  auto layout = MakeShardLayout("embed",
+                                {{"transformer.wte.weight", {s.vocab, s.width}, true},
+                                 {"transformer.wpe.weight", {s.positions, s.width}, true}},
+                                s.group);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  return *layout;
+}
+
+class VocabParallelHeadTest : public ::testing::TestWithParam<Shape> {};
+
+// fp32 throughout: every value is a sum of the same terms as one process's,
+// in another order (logsumexp and dL/dh over the vocabulary in G parts, a
+// cut row's logit in up to three, the rows' gradients over G x 6 tokens at
+// once), each within a few ulp (2^-24) of the other, on sums of at most 37
+// terms of size O(1): relative 1e-5 holds that with a wide margin, while a
+// wrong term (a target on the wrong rank, a cut row counted twice or not at
+// all, a lost scale or ignore) is off by O(1e-2) or more.
+TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
+  const Shape s = GetParam();
+  const ShardLayout layout = LayoutOf(s);
+  const int g = s.group;
+  at::manual_seed(11);
+  const at::Tensor flat = at::randn({layout.padded_numel}) * 0.5;
+  const at::Tensor table = flat.narrow(0, 0, s.vocab * s.width).view({s.vocab, s.width});
+  const at::Tensor hidden = at::randn({g * kTokens, s.width});
+  at::Tensor targets = at::randint(0, s.vocab, {g * kTokens}, at::TensorOptions().dtype(at::kLong));
+  targets[1] = -100;
+  targets[g * kTokens - 2] = -100;
+
+  at::Tensor x = hidden.clone().requires_grad_(true), w = table.clone().requires_grad_(true);
+  const at::Tensor want_loss = LinearCrossEntropy(x, w, targets, kScale);
+  want_loss.backward();
+
+  std::vector<VocabParallelHead::Result> got(g), evaluated(g);
+  std::vector<int> issued(g, 0);
+  std::vector<std::vector<int64_t>> cuts(g);
+  comm::OnRanks(g, comm::GlooOptions{}, [&](int r, comm::Communicator& c) {
+    const VocabParallelHead head(layout, r);
+    cuts[r] = head.cut_rows();
+    CommWaiter waiter(absl::Seconds(30));
+    const at::Tensor shard = flat.narrow(0, layout.ShardOffset(r), layout.shard_numel);
+    const at::Tensor h = hidden.narrow(0, r * kTokens, kTokens), t = targets.narrow(0, r * kTokens, kTokens);
+    VocabParallelHead::Want want{true, true, at::kFloat, s.chunk_rows};
+    auto result = head.Run(c, waiter, h, t, shard, kScale, want, [&] { ++issued[r]; });
+    ASSERT_TRUE(result.ok()) << result.status();
+    got[r] = *result;
+    auto loss_only = head.Run(c, waiter, h, t, shard, kScale, VocabParallelHead::Want{}, [&] { ++issued[r]; });
+    ASSERT_TRUE(loss_only.ok()) << loss_only.status();
+    evaluated[r] = *loss_only;
+  });
+
+  at::Tensor loss = at::zeros({}), eval_loss = at::zeros({});
+  std::vector<at::Tensor> shards;
+  for (int r = 0; r < g; ++r) {
+    SCOPED_TRACE(r);
+    EXPECT_EQ(cuts[r], cuts[0]) << "every rank lists the same cut rows";
+    EXPECT_EQ(issued[r], 1) << "`issue` runs once, in training only";
+    loss += got[r].loss;
+    eval_loss += evaluated[r].loss;
+    EXPECT_FALSE(evaluated[r].grad_hidden.defined());
+    EXPECT_FALSE(evaluated[r].grad_table.defined());
+    ASSERT_EQ(got[r].grad_hidden.sizes(), (at::IntArrayRef{kTokens, s.width}));
+    EXPECT_TRUE(at::allclose(got[r].grad_hidden, x.grad().narrow(0, r * kTokens, kTokens), 1e-5, 1e-7));
+    shards.push_back(got[r].grad_table);
+  }
+  EXPECT_TRUE(at::allclose(loss, want_loss, 1e-5, 0)) << loss.item<float>() << " vs " << want_loss.item<float>();
+  EXPECT_TRUE(at::allclose(eval_loss, want_loss, 1e-5, 0));
+  const at::Tensor grad = at::cat(shards);
+  EXPECT_TRUE(at::allclose(grad.narrow(0, 0, s.vocab * s.width).view({s.vocab, s.width}), w.grad(), 1e-5, 1e-7));
+  EXPECT_EQ(grad.narrow(0, s.vocab * s.width, layout.padded_numel - s.vocab * s.width).abs().max().item<float>(), 0)
+      << "nothing outside the table";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, VocabParallelHeadTest,
+    ::testing::Values(Shape{13, 5, 4, 3, 0},    // 85 elements, shards of 29: rows 5 and 11 cut
+                      Shape{37, 16, 4, 2, 0},   // row 20 cut in half
+                      Shape{37, 16, 4, 2, 5},   // the same in chunks of 5 tokens
+                      Shape{13, 6, 5, 4, 0},    // row 4 cut, the last shard all wpe
+                      Shape{3, 16, 1, 8, 0},    // shards of 8: every row cut in two, no whole rows anywhere
+                      Shape{2, 16, 1, 8, 2}));  // shards of 6: row 0 across three shards, row 1 four
+
+// The cut rows are where the shards' ends fall inside the table's rows.
+TEST(VocabParallelHead, CutRowsAreTheRowsAShardEndFallsInside) {
+  EXPECT_EQ(VocabParallelHead(LayoutOf({13, 5, 4, 3, 0}), 0).cut_rows(), (std::vector<int64_t>{5, 11}));
+  EXPECT_EQ(VocabParallelHead(LayoutOf({13, 6, 5, 4, 0}), 2).cut_rows(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(VocabParallelHead(LayoutOf({2, 12, 1, 4, 0}), 1).cut_rows(), (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(VocabParallelHead(LayoutOf({8, 4, 2, 2, 0}), 0).cut_rows().empty());
+}
+
+}  // namespace
+}  // namespace shardline

@@ -1,0 +1,108 @@
+// VocabParallelHead: the loss of a head tied to a token table that stays
+// sharded ([parallelism] sparse_embedding on GPT-2's tied wte), computed
+// over the vocabulary where the table's rows lie instead of gathering it.
+//
+// Why: gathered for the head, a tied table is the largest all-gather of a
+// micro-batch and its gradient the largest reduce-scatter (V x C each: 33.5
+// MB for the small GPT), and the head waited for it while forward was
+// link-bound (bench/results/network_compare_gpt_sparse.md). Here each rank
+// multiplies every rank's hidden states by the rows its shard holds: a rank
+// sends its tokens' hidden states and receives their gradients, (G-1) n C
+// (param + reduce) bytes, against (G-1)/G V C (param + reduce) bytes
+// (comm::VocabParallelBeatsGather decides which).
+//
+// One micro-batch over a shard group of G ranks with n tokens each:
+//  1. every rank's hidden states [n, C] and targets are all-gathered;
+//  2. each rank computes, for all G n tokens, the logits of the rows it
+//     holds whole (the compute dtype's matmul, then fp32, as
+//     LinearCrossEntropy), their logsumexp, the logit of each token's
+//     target where it holds that row, and its elements' share of each row
+//     the shards cut (TableShard::parts; fp32 dot products);
+//  3. those [G n, 2 + cut rows] statistics are all-gathered: every rank then
+//     has each token's logsumexp over the vocabulary and target logit;
+//  4. training: each rank turns its logits into dL/dlogits ((softmax -
+//     onehot) x scale on counted tokens, rounded to the compute dtype as
+//     autograd rounds them), into its share of dL/dh for every token (fp32,
+//     reduce-scattered in the reduce dtype to each rank's own tokens) and
+//     into the gradient of the rows it holds: this rank's shard of the
+//     table's gradient, summed over the group's tokens, with no
+//     reduce-scatter.
+// The loss returned is the rank's own tokens' (summed over the group it is
+// the group's). Between 3 and 4 the caller may issue collectives of its own
+// (`issue`, the engine's backward prefetch): they queue behind the
+// statistics, which the step waits on, and dL/dh's reduce-scatter queues
+// behind them (a communicator runs its ops in call order).
+//
+// Numerics against LinearCrossEntropy in one process: the logit of a whole
+// row is the same dot product; a cut row's logit, the logsumexp, dL/dh (G
+// partial products over the vocabulary, then one rounding) and the rows'
+// gradients (the group's tokens at once) are the same terms summed in
+// another fp32 order.
+//
+// Memory: every rank's hidden states [G n, C] (compute dtype), the logits of
+// this rank's rows for them, [G n, V/G] fp32 (what one process holds for n
+// tokens over V; in chunks of at most 2^26 logits, recomputed for the
+// gradient when there is more than one), dL/dh [G n, C] fp32 and a shard's
+// fp32 gradient.
+// Not thread-safe: the engine's step thread drives it. Errors: a failed
+// collective (the communicator's).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/status/statusor.h"
+#include "common/model/shard_layout.h"
+#include "worker/comm/comm_waiter.h"
+#include "worker/comm/communicator.h"
+#include "common/model/table_shard.h"
+
+namespace shardline {
+
+class VocabParallelHead {
+ public:
+  // The table is `layout`'s first parameter ([V, C]); `shard_rank` is this
+  // rank's place in the group the layout shards over.
+  VocabParallelHead(const ShardLayout& layout, int shard_rank);
+
+  // What Run computes beyond the loss.
+  struct Want {
+    bool grad_hidden = false;  // dL/dh of this rank's tokens
+    bool grad_table = false;   // this rank's shard of the table's gradient
+    at::ScalarType reduce_dtype = at::kFloat;
+    int64_t chunk_rows = 0;  // tokens per chunk of logits; <= 0: at most 2^26 logits
+  };
+  struct Result {
+    at::Tensor loss;         // fp32 scalar: this rank's tokens' cross-entropies, times scale
+    at::Tensor grad_hidden;  // [n, C], hidden's dtype (Want::grad_hidden)
+    at::Tensor grad_table;   // [shard_numel], reduce dtype; zero outside the table (Want::grad_table)
+  };
+  // `hidden` [n, C] in the compute dtype (the final norm's output), `targets`
+  // [n] int64 (-100: ignored), `table_shard` this rank's shard of the flat
+  // unit (shard_numel elements, the compute dtype). Every rank of the group
+  // calls it with the same n. `issue` (may be empty) runs once the
+  // statistics' exchange is issued; training only.
+  absl::StatusOr<Result> Run(comm::Communicator& shard, CommWaiter& waiter, const at::Tensor& hidden,
+                             const at::Tensor& targets, const at::Tensor& table_shard, double scale,
+                             const Want& want, const std::function<void()>& issue) const;
+
+  // Rows of the table cut between shards, in order (every rank's, the same
+  // on each).
+  const std::vector<int64_t>& cut_rows() const { return cut_rows_; }
+
+ private:
+  struct Chunk;
+  // The fp32 logits of the whole rows held ([k, full rows]) for rows [r0,
+  // r0 + k) of every rank's hidden states.
+  at::Tensor WholeRowLogits(const at::Tensor& all_hidden, const at::Tensor& held, int64_t r0, int64_t k) const;
+
+  int64_t vocab_, width_, shard_numel_;
+  TableShard held_;
+  std::vector<int64_t> cut_rows_;
+  std::vector<int64_t> part_index_;  // held_.parts[i]'s index in cut_rows_
+};
+
+}  // namespace shardline
