@@ -229,10 +229,12 @@ struct Movement {
   // rows' gradients over the shard group and across replicas.
   bool sparse = false, tied = false, world_rows = false;
   int64_t lookup_bytes = 0, row_grad_bytes = 0, replica_row_grad_bytes = 0;
-  // A tied sparse table's head computed over the vocabulary
+  // The head computed over the vocabulary table's shards
   // (VocabParallelHead): the group's hidden states, targets and statistics
-  // gathered before its loss, dL/dh reduce-scattered after it, per
-  // micro-batch; the table is then never gathered.
+  // gathered before its loss (untied, the head unit's norm all-reduced
+  // from its owner too), dL/dh (and untied the norm's gradient) reduced
+  // after it, per micro-batch; the unit holding the table (tied the embed
+  // unit, untied the head) is then never gathered for the head.
   bool vocab_head = false;
   int64_t head_exchange_bytes = 0, head_grad_bytes = 0;
 };
@@ -294,14 +296,17 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     UnitWork& table = sch.units.front();
     UnitWork& head = sch.units.back();
     const double gather = std::exchange(table.gather_bytes, 0), reduce = std::exchange(table.reduce_bytes, 0);
-    if (mv.vocab_head) {
-      head.lookup_bytes += mv.head_exchange_bytes;
-      head.row_grad_bytes += mv.head_grad_bytes;
-    } else {
+    if (!mv.vocab_head) {
       head.gather_bytes += gather;
       head.reduce_bytes += reduce;
     }
     if (mv.world_rows) head.replica_bytes += std::exchange(table.replica_bytes, 0);
+  }
+  if (mv.vocab_head) {
+    UnitWork& head = sch.units.back();
+    if (!mv.tied) head.gather_bytes = head.reduce_bytes = 0;  // (exchanged instead)
+    head.lookup_bytes += mv.head_exchange_bytes;
+    head.row_grad_bytes += mv.head_grad_bytes;
   }
   const int64_t full = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
   if (!ShardsParams(mv.s) && g > 1) sch.after_step_gather_bytes = comm::RingAllGatherBytes(full * p, g);
@@ -365,14 +370,23 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
   // than the table (comm::VocabParallelBeatsGather, as the engine decides):
   // hidden states (param dtype), targets and [rows, 2 + cut rows] fp32
   // statistics gathered, dL/dh (reduce dtype) reduce-scattered.
-  const int64_t table = (lora ? mv.f : mv.t).embed;
-  mv.vocab_head = mv.tied && comm::VocabParallelBeatsGather(rows, C, table, p, r, lora ? 0 : r);
+  // Untied, the head unit's norm (C) is all-reduced instead of gathering
+  // the unit, and its gradient likewise where it trains.
+  const UnitSizes& base = lora ? mv.f : mv.whole;
+  const int64_t holder = mv.tied ? base.embed : base.head;
+  mv.vocab_head = comm::VocabParallelBeatsGather(rows, C, holder, p, r, lora ? 0 : r);
   if (mv.vocab_head) {
     SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> units, model::OwnershipMap(m, g));
-    const int64_t stats = 2 + static_cast<int64_t>(TableShard::CutRows(units.front(), 0).size());
+    const ShardLayout& unit = mv.tied ? units.front() : units.back();
+    const int table = mv.tied ? 0 : static_cast<int>(unit.params.size()) - 1;
+    const int64_t stats = 2 + static_cast<int64_t>(TableShard::CutRows(unit, table).size());
     mv.head_exchange_bytes = comm::RingAllGatherBytes(rows * C * p, g) + comm::RingAllGatherBytes(rows * 8, g) +
                              comm::RingAllGatherBytes(g * rows * stats * 4, g);
     mv.head_grad_bytes = comm::RingReduceScatterBytes(rows * C * r, g);
+    if (!mv.tied) {
+      mv.head_exchange_bytes += comm::RingAllReduceBytes(C * p, p, g);
+      if (!lora) mv.head_grad_bytes += comm::RingAllReduceBytes(C * r, r, g);
+    }
   }
   return std::optional<Movement>(mv);
 }
@@ -388,22 +402,25 @@ void PlanMemory(const PlanInput& in, const StepShape& x, const Movement& mv, Str
   // The vocabulary-parallel head holds the group's hidden states, dL/dh in
   // fp32 and the reduce dtype, and a table shard's fp32 gradient instead of
   // the whole table and its gradient.
-  const int64_t table = mv.vocab_head ? (mv.lora ? mv.f : t).embed : 0;
+  const UnitSizes& base = mv.lora ? mv.f : t;
+  const int64_t table = mv.vocab_head ? (mv.tied ? base.embed : base.head) : 0;  // (the unit holding it)
   if (mv.vocab_head) sp->transient_bytes += SparseRows(mv, x, m) * m.n_embd * (p + 4 + r) + 4 * table / mv.g;
   const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
   if (ShardsParams(mv.s)) sp->transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
   if (mv.base_sharded) sp->transient_bytes += p * (mv.f.embed + mv.f.head + live_blocks * mv.f.block);
-  sp->transient_bytes -= p * table;  // (counted just above)
+  sp->transient_bytes -= p * table;  // (counted just above, and never gathered)
   // Unsharded gradients: under sharded accumulation (or one micro-batch)
   // the unit in compute and the one being reduced; under unsharded
   // accumulation every unit's, held across the micro-batches.
   const bool hold_grads =
       ShardsGrads(mv.s) && x.micro_batches > 1 && in.grad_accumulation == GradAccumulation::kUnsharded;
-  const int64_t embed_grad = t.embed - (mv.lora ? 0 : table);  // (the head's shard of it is counted above)
+  // (The vocabulary-parallel head's gradient of the table's unit is its
+  // shard, counted above.)
+  const int64_t table_grad = mv.lora ? 0 : table;
   if (hold_grads) {
-    sp->transient_bytes += p * (embed_grad + t.head + m.n_layer * t.block);
+    sp->transient_bytes += p * (t.embed + t.head + m.n_layer * t.block - table_grad);
   } else if (ShardsGrads(mv.s)) {
-    sp->transient_bytes += p * (embed_grad + 2 * t.block);
+    sp->transient_bytes += p * (t.embed - (mv.tied ? table_grad : 0) + 2 * t.block);
   }
   const double acts = m.n_layer * x.layer_act + x.head_act;
   const double acts_checkpointed = m.n_layer * x.layer_input + x.layer_act + x.head_act;

@@ -93,27 +93,31 @@ def tied(model):
 
 
 def vocab_parallel_head(cfg, world):
-    """A tied sparse table's head computes its loss over the table's shards
-    where that moves fewer bytes than gathering the table (and
+    """The head computes its loss over the vocabulary table's shards (GPT-2's
+    tied wte in the embed unit, the llama's lm_head in the head unit) where
+    that moves fewer bytes than gathering the unit that holds the table (and
     reduce-scattering its gradient where it trains):
     comm::VocabParallelBeatsGather, as the engine and the planner decide."""
     model = cfg["model"]
-    if not (sparse_embedding(cfg, world) and tied(model)):
+    if not sparse_embedding(cfg, world):
         return False
     G = group_size(cfg["parallelism"]["strategy"], world, cfg)
     p = DTYPE_BYTES[cfg["precision"]["param_dtype"]]
     r = DTYPE_BYTES[cfg["precision"]["reduce_dtype"]]
     rows = G * cfg["train"]["micro_batch_size"] * model["block_size"]
-    table = padded(unit_sizes(model)[0], G)
-    return rows * model["n_embd"] * (p + r) < table * (p + (0 if cfg.get("lora") else r))
+    holder = padded(unit_sizes(model)[0 if tied(model) else -1], G)
+    return rows * model["n_embd"] * (p + r) < holder * (p + (0 if cfg.get("lora") else r))
 
 
 def cut_rows(model, G):
-    """Rows of the token table (the embed unit's first parameter) that a
-    shard boundary of the embed unit falls inside."""
+    """Rows of the vocabulary table (wte, first in the embed unit; untied,
+    lm_head, after the norm's C in the head unit) that a shard boundary of
+    their unit falls inside."""
     C, V = model["n_embd"], model["vocab_size"]
-    shard = padded(unit_sizes(model)[0], G) // G
-    return len({k * shard // C for k in range(1, G) if k * shard < V * C and k * shard % C})
+    offset = 0 if tied(model) else C
+    shard = padded(unit_sizes(model)[0 if tied(model) else -1], G) // G
+    return len({(k * shard - offset) // C for k in range(1, G)
+                if offset < k * shard < offset + V * C and (k * shard - offset) % C})
 
 
 def comm_bytes(cfg, world, steps):
@@ -137,7 +141,7 @@ def comm_bytes(cfg, world, steps):
     if lora and cfg["lora"].get("base", "sharded") == "sharded":
         ag += micro * gathers_per_micro([padded(n, G) for n in unit_sizes(cfg["model"])], p, G)
     rs = sum(ring(s * r, G) for s in sizes)
-    rep_ag = rep_ar_table = 0  # (sparse embedding, below)
+    rep_ag = rep_ar_table = head_ar = 0  # (sparse embedding, below)
     # Sharded accumulation (the default where gradients are sharded): every
     # micro-batch is reduce-scattered; the all-reduce across replicas is once.
     if strategy in SHARDS_GRADS and cfg["train"].get("grad_accumulation", "sharded") == "sharded":
@@ -147,25 +151,31 @@ def comm_bytes(cfg, world, steps):
         # all-gathered and the [G x tokens, C] partial rows reduce-scattered,
         # and in backward the rows' gradients (reduce dtype) all-gathered.
         # An untied table is then never gathered nor reduce-scattered; a tied
-        # one is, for the head, as often as before.
+        # one is, for the head, unless the head computes over its shards.
         model = cfg["model"]
         tokens, C = cfg["train"]["micro_batch_size"] * model["block_size"], model["n_embd"]
         tables = 1 if model.get("family") == "llama" else 2
         table = padded(unit_sizes(model)[0], G)
         if not tied(model):
             ag -= micro * ring(table * p, G)
-        elif vocab_parallel_head(cfg, world):
+        if vocab_parallel_head(cfg, world):
             # The head's loss over the table's shards (VocabParallelHead):
             # per micro-batch the group's hidden states (param dtype),
             # targets (int64) and [G x tokens, 2 + cut rows] fp32 statistics
             # are all-gathered and dL/dh (reduce dtype) reduce-scattered,
-            # instead of the table's gather and its gradient's reduce-scatter.
+            # instead of the gather of the unit holding the table and its
+            # gradient's reduce-scatter. Untied, the head unit's norm before
+            # the table is all-reduced from its owner instead (param dtype),
+            # and its gradient likewise (reduce dtype), every micro-batch.
             rows = G * tokens
+            holder = padded(unit_sizes(model)[0 if tied(model) else -1], G)
             ag += micro * (ring(rows * C * p, G) + ring(rows * 8, G) + ring(G * rows * (2 + cut_rows(model, G)) * 4, G)
-                           - ring(table * p, G))
+                           - ring(holder * p, G))
             rs += micro * ring(rows * C * r, G)
             if not lora:
-                rs -= (micro if cfg["train"].get("grad_accumulation", "sharded") == "sharded" else 1) * ring(table * r, G)
+                rs -= (micro if cfg["train"].get("grad_accumulation", "sharded") == "sharded" else 1) * ring(holder * r, G)
+            if not tied(model):
+                head_ar = micro * (ring_all_reduce(C * p, p, G) + (0 if lora else ring_all_reduce(C * r, r, G)))
         ag += micro * ring(G * tokens * 8 * tables, G)
         rs += micro * ring(G * tokens * C * p, G)
         if not lora:
@@ -189,7 +199,7 @@ def comm_bytes(cfg, world, steps):
     counts = {
         ("shard", "all_gather"): steps * ag + final_gather,
         ("shard", "reduce_scatter"): steps * rs,
-        ("shard", "all_reduce"): steps * shard_ar,
+        ("shard", "all_reduce"): steps * (shard_ar + head_ar),
         ("replicate", "all_reduce"): steps * (rep_ar - rep_ar_table),
     }
     if rep_ag:

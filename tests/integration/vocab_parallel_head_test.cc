@@ -17,19 +17,27 @@ namespace shardline {
 namespace {
 
 struct Shape {
-  int64_t vocab, width, positions;  // wte [vocab, width], then wpe [positions, width], in one flat unit
+  // wte [vocab, width], then wpe [positions, width], in one flat unit (the
+  // tied table); with positions 0, a norm [width] then lm_head [vocab,
+  // width] (the untied head unit, the table second).
+  int64_t vocab, width, positions;
   int group;
   int64_t chunk_rows;  // 0: one chunk
+  int table() const { return positions > 0 ? 0 : 1; }
 };
 
 constexpr int64_t kTokens = 6;  // per rank
 constexpr double kScale = 1.0 / 17;
 
 ShardLayout LayoutOf(const Shape& s) {
-  auto layout = MakeShardLayout("embed",
-                                {{"transformer.wte.weight", {s.vocab, s.width}, true},
-                                 {"transformer.wpe.weight", {s.positions, s.width}, true}},
-                                s.group);
+  auto layout = s.positions > 0 ? MakeShardLayout("embed",
+                                                  {{"transformer.wte.weight", {s.vocab, s.width}, true},
+                                                   {"transformer.wpe.weight", {s.positions, s.width}, true}},
+                                                  s.group)
+                                : MakeShardLayout("head",
+                                                  {{"model.norm.weight", {s.width}, false},
+                                                   {"lm_head.weight", {s.vocab, s.width}, true}},
+                                                  s.group);
   EXPECT_TRUE(layout.ok()) << layout.status();
   return *layout;
 }
@@ -49,7 +57,8 @@ TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
   const int g = s.group;
   at::manual_seed(11);
   const at::Tensor flat = at::randn({layout.padded_numel}) * 0.5;
-  const at::Tensor table = flat.narrow(0, 0, s.vocab * s.width).view({s.vocab, s.width});
+  const int64_t offset = layout.params[s.table()].offset, numel = s.vocab * s.width;
+  const at::Tensor table = flat.narrow(0, offset, numel).view({s.vocab, s.width});
   const at::Tensor hidden = at::randn({g * kTokens, s.width});
   at::Tensor targets = at::randint(0, s.vocab, {g * kTokens}, at::TensorOptions().dtype(at::kLong));
   targets[1] = -100;
@@ -63,7 +72,7 @@ TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
   std::vector<int> issued(g, 0);
   std::vector<std::vector<int64_t>> cuts(g);
   comm::OnRanks(g, comm::GlooOptions{}, [&](int r, comm::Communicator& c) {
-    const VocabParallelHead head(layout, r);
+    const VocabParallelHead head(layout, s.table(), r);
     cuts[r] = head.cut_rows();
     CommWaiter waiter(absl::Seconds(30));
     const at::Tensor shard = flat.narrow(0, layout.ShardOffset(r), layout.shard_numel);
@@ -94,9 +103,9 @@ TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
   EXPECT_TRUE(at::allclose(loss, want_loss, 1e-5, 0)) << loss.item<float>() << " vs " << want_loss.item<float>();
   EXPECT_TRUE(at::allclose(eval_loss, want_loss, 1e-5, 0));
   const at::Tensor grad = at::cat(shards);
-  EXPECT_TRUE(at::allclose(grad.narrow(0, 0, s.vocab * s.width).view({s.vocab, s.width}), w.grad(), 1e-5, 1e-7));
-  EXPECT_EQ(grad.narrow(0, s.vocab * s.width, layout.padded_numel - s.vocab * s.width).abs().max().item<float>(), 0)
-      << "nothing outside the table";
+  EXPECT_TRUE(at::allclose(grad.narrow(0, offset, numel).view({s.vocab, s.width}), w.grad(), 1e-5, 1e-7));
+  grad.narrow(0, offset, numel).zero_();
+  EXPECT_EQ(grad.abs().max().item<float>(), 0) << "nothing outside the table";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -106,14 +115,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{37, 16, 4, 2, 5},   // the same in chunks of 5 tokens
                       Shape{13, 6, 5, 4, 0},    // row 4 cut, the last shard all wpe
                       Shape{3, 16, 1, 8, 0},    // shards of 8: every row cut in two, no whole rows anywhere
-                      Shape{2, 16, 1, 8, 2}));  // shards of 6: row 0 across three shards, row 1 four
+                      Shape{2, 16, 1, 8, 2},    // shards of 6: row 0 across three shards, row 1 four
+                      Shape{13, 5, 0, 3, 0},    // norm then lm_head, 70 elements, shards of 24: rows 3 and 8 cut
+                      Shape{37, 16, 0, 4, 7}));  // norm then lm_head in chunks of 7: rows 8 and 27 cut
 
 // The cut rows are where the shards' ends fall inside the table's rows.
 TEST(VocabParallelHead, CutRowsAreTheRowsAShardEndFallsInside) {
-  EXPECT_EQ(VocabParallelHead(LayoutOf({13, 5, 4, 3, 0}), 0).cut_rows(), (std::vector<int64_t>{5, 11}));
-  EXPECT_EQ(VocabParallelHead(LayoutOf({13, 6, 5, 4, 0}), 2).cut_rows(), (std::vector<int64_t>{4}));
-  EXPECT_EQ(VocabParallelHead(LayoutOf({2, 12, 1, 4, 0}), 1).cut_rows(), (std::vector<int64_t>{0, 1}));
-  EXPECT_TRUE(VocabParallelHead(LayoutOf({8, 4, 2, 2, 0}), 0).cut_rows().empty());
+  EXPECT_EQ(VocabParallelHead(LayoutOf({13, 5, 4, 3, 0}), 0, 0).cut_rows(), (std::vector<int64_t>{5, 11}));
+  EXPECT_EQ(VocabParallelHead(LayoutOf({13, 6, 5, 4, 0}), 0, 2).cut_rows(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(VocabParallelHead(LayoutOf({2, 12, 1, 4, 0}), 0, 1).cut_rows(), (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(VocabParallelHead(LayoutOf({8, 4, 2, 2, 0}), 0, 0).cut_rows().empty());
+  EXPECT_EQ(VocabParallelHead(LayoutOf({13, 5, 0, 3, 0}), 1, 0).cut_rows(), (std::vector<int64_t>{3, 8}));
 }
 
 }  // namespace

@@ -316,30 +316,52 @@ TEST(Plan, SeventyBillionWithUnshardedAccumulationDoesNotFit) {
   EXPECT_TRUE(Of(*sharded, Strategy::kFullShard).fits_checkpointed);
 }
 
-// [parallelism] sparse_embedding on an untied 8B llama over 8 GPUs: the
+// What the vocabulary-parallel head moves per micro-batch over a group of g
+// with `rows` tokens in all, the table being `param` of `unit`: hidden states
+// (p), targets, [rows, 2 + cut rows] fp32 statistics gathered, dL/dh (r)
+// reduce-scattered.
+int64_t VocabHeadBytes(const ShardLayout& unit, int param, int64_t rows, int64_t C, int p, int r, int g) {
+  const int64_t cuts = static_cast<int64_t>(TableShard::CutRows(unit, param).size());
+  return comm::RingAllGatherBytes(rows * C * p, g) + comm::RingAllGatherBytes(rows * 8, g) +
+         comm::RingAllGatherBytes(g * rows * (2 + cuts) * 4, g) + comm::RingReduceScatterBytes(rows * C * r, g);
+}
+
+// [parallelism] sparse_embedding on an 8B llama over 8 GPUs: the token
 // table's gather and reduce-scatter become its tokens' ids, rows and rows'
-// gradients, and neither the gathered table nor its unsharded gradient is
-// held. Tied, the head computes its loss over the table's shards: the
-// group's hidden states, targets and statistics go out and dL/dh comes back
-// instead of the table and its gradient; where the group's tokens outnumber
-// the vocabulary it gathers and reduces the table, the rows on top.
+// gradients, and the head computes its loss over the vocabulary table's
+// shards (lm_head untied, wte tied): the group's hidden states, targets and
+// statistics go out and dL/dh comes back instead of the gathered unit and
+// its gradient (untied, the head's norm is all-reduced, and its gradient).
+// Neither the gathered table nor its unsharded gradient is held. Where the
+// group's tokens outnumber the vocabulary the head gathers the table, and
+// tied, the rows come on top.
 TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
   PlanInput in;
   in.model = ModelForParams(8e9, 128256, 4096, "llama");
   in.cluster.workers = 8;
   in.batch_size = 8;
   in.micro_batch_size = 1;
+  const int g = 8, p = 2, r = 4;  // bf16 parameters, fp32 reductions (the defaults)
+  const int64_t rows = int64_t{g} * in.model.block_size, C = in.model.n_embd;
+  ASSERT_LT(rows, in.model.vocab_size) << "the group's tokens must be the fewer bytes";
+  const int64_t moved = comm::RingAllGatherBytes(rows * 8, g) + comm::RingReduceScatterBytes(rows * C * p, g) +
+                        comm::RingAllGatherBytes(rows * C * r, g);
+  auto head = [&](const ShardLayout& unit, int param) { return VocabHeadBytes(unit, param, rows, C, p, r, g); };
+  auto moves = [&](int64_t unit) {
+    return comm::RingAllGatherBytes(unit * p, g) + comm::RingReduceScatterBytes(unit * r, g);
+  };
+  const int64_t activations = rows * C * (p + 4 + r);  // the head's hidden states and dL/dh
+
   const StrategyPlan dense = Of(*MakePlan(in), Strategy::kFullShard);
   in.sparse_embedding = true;
   const StrategyPlan sparse = Of(*MakePlan(in), Strategy::kFullShard);
-  const int g = 8, p = 2, r = 4;  // bf16 parameters, fp32 reductions (the defaults)
-  const int64_t table = model::OwnershipMap(in.model, g)->front().padded_numel;
-  const int64_t rows = int64_t{g} * in.model.block_size, C = in.model.n_embd;
-  const int64_t saved = comm::RingAllGatherBytes(table * p, g) + comm::RingReduceScatterBytes(table * r, g);
-  const int64_t moved = comm::RingAllGatherBytes(rows * 8, g) + comm::RingReduceScatterBytes(rows * C * p, g) +
-                        comm::RingAllGatherBytes(rows * C * r, g);
-  EXPECT_EQ(dense.comm_bytes - sparse.comm_bytes, saved - moved);
-  EXPECT_EQ(dense.transient_bytes - sparse.transient_bytes, 2 * p * table - rows * C * (p + r));
+  const std::vector<ShardLayout> units = *model::OwnershipMap(in.model, g);
+  const int64_t table = units.front().padded_numel, head_unit = units.back().padded_numel;
+  EXPECT_EQ(dense.comm_bytes - sparse.comm_bytes,
+            moves(table) + moves(head_unit) - moved - head(units.back(), 1) -
+                comm::RingAllReduceBytes(C * p, p, g) - comm::RingAllReduceBytes(C * r, r, g));
+  EXPECT_EQ(dense.transient_bytes - sparse.transient_bytes,
+            2 * p * table + p * head_unit - rows * C * (p + r) - activations - 4 * head_unit / g);
   EXPECT_EQ(dense.state_bytes, sparse.state_bytes);
   EXPECT_LT(sparse.exposed_comm_s, dense.exposed_comm_s);
 
@@ -347,16 +369,11 @@ TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
   const StrategyPlan tied_sparse = Of(*MakePlan(in), Strategy::kFullShard);
   in.sparse_embedding = false;
   const StrategyPlan tied_dense = Of(*MakePlan(in), Strategy::kFullShard);
-  ASSERT_LT(rows, in.model.vocab_size) << "the group's tokens must be the fewer bytes";
-  const int64_t cuts = static_cast<int64_t>(TableShard::CutRows(model::OwnershipMap(in.model, g)->front(), 0).size());
-  const int64_t head = comm::RingAllGatherBytes(rows * C * p, g) + comm::RingAllGatherBytes(rows * 8, g) +
-                       comm::RingAllGatherBytes(g * rows * (2 + cuts) * 4, g) +
-                       comm::RingReduceScatterBytes(rows * C * r, g);
-  EXPECT_EQ(tied_sparse.comm_bytes - tied_dense.comm_bytes, moved + head - saved);
-  // The rows, and the head's hidden states, dL/dh and table gradient shard,
-  // instead of the gathered table and its unsharded gradient.
+  const std::vector<ShardLayout> tied_units = *model::OwnershipMap(in.model, g);
+  const int64_t tied_table = tied_units.front().padded_numel;
+  EXPECT_EQ(tied_sparse.comm_bytes - tied_dense.comm_bytes, moved + head(tied_units.front(), 0) - moves(tied_table));
   EXPECT_EQ(tied_sparse.transient_bytes - tied_dense.transient_bytes,
-            rows * C * (p + r) + rows * C * (p + 4 + r) + 4 * table / g - 2 * p * table);
+            rows * C * (p + r) + activations + 4 * tied_table / g - 2 * p * tied_table);
   EXPECT_LT(tied_sparse.exposed_comm_s, tied_dense.exposed_comm_s);
 
   in.micro_batch_size = 4;  // (more tokens than words: the table is the fewer bytes)
@@ -386,16 +403,24 @@ TEST(Plan, SparseEmbeddingGathersRowsAcrossReplicas) {
   in.sparse_embedding = true;
   const StrategyPlan sparse = Of(*MakePlan(in), Strategy::kHybridShard);
   const int g = 4, replicas = 2, p = 2, r = 4;
-  const int64_t table = model::OwnershipMap(in.model, g)->front().padded_numel;
+  const std::vector<ShardLayout> units = *model::OwnershipMap(in.model, g);
+  const int64_t table = units.front().padded_numel, head_unit = units.back().padded_numel;
   const int64_t rows = int64_t{g} * in.model.block_size, C = in.model.n_embd;
   ASSERT_LT(replicas * rows * C, 2 * table / g) << "the rows must be the fewer bytes";
+  // The untied head over the vocabulary (its norm and the norm's gradient
+  // all-reduced) instead of its gather and reduce-scatter; its shard is
+  // all-reduced across the replicas either way.
   const int64_t saved = comm::RingAllGatherBytes(table * p, g) + comm::RingReduceScatterBytes(table * r, g) +
-                        comm::RingAllReduceBytes(table / g * r, r, replicas);
+                        comm::RingAllReduceBytes(table / g * r, r, replicas) +
+                        comm::RingAllGatherBytes(head_unit * p, g) + comm::RingReduceScatterBytes(head_unit * r, g);
   const int64_t moved = comm::RingAllGatherBytes(rows * 8, g) + comm::RingReduceScatterBytes(rows * C * p, g) +
                         comm::RingAllGatherBytes(rows * C * r, g) +
-                        comm::RingAllGatherBytes(replicas * rows * (C * r + 8), replicas);
+                        comm::RingAllGatherBytes(replicas * rows * (C * r + 8), replicas) +
+                        VocabHeadBytes(units.back(), 1, rows, C, p, r, g) + comm::RingAllReduceBytes(C * p, p, g) +
+                        comm::RingAllReduceBytes(C * r, r, g);
   EXPECT_EQ(dense.comm_bytes - sparse.comm_bytes, saved - moved);
-  EXPECT_EQ(dense.transient_bytes - sparse.transient_bytes, 2 * p * table - rows * C * (p + replicas * r));
+  EXPECT_EQ(dense.transient_bytes - sparse.transient_bytes,
+            2 * p * table + p * head_unit - rows * C * (p + replicas * r) - rows * C * (p + 4 + r) - 4 * head_unit / g);
   EXPECT_LT(sparse.step_s, dense.step_s);
 }
 

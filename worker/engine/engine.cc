@@ -82,12 +82,20 @@ absl::Status Engine::Init() {
     const int64_t tokens = int64_t{config_.train.micro_batch_size} * m.block_size;
     world_rows_ = comms_.replicate->size() > 1 &&
                   sparse_embedding_->RowsBeatAllReduce(tokens, comms_.shard->size(), comms_.replicate->size());
-    const FlatParamOptions& o = embed.options();
-    const int trained_bytes = units_[0].trainable() ? at::elementSize(o.reduce_dtype) : 0;
-    if (tied_sparse_ && comm::VocabParallelBeatsGather(comms_.shard->size() * tokens, m.n_embd,
-                                                       embed.layout().padded_numel, at::elementSize(o.param_dtype),
-                                                       at::elementSize(o.reduce_dtype), trained_bytes)) {
-      vocab_head_ = std::make_unique<VocabParallelHead>(embed.layout(), comms_.shard->rank());
+    // The head's loss over the vocabulary table where it lies (tied: the
+    // embed unit's wte; untied: the head unit's lm_head, after its norm),
+    // where that moves fewer bytes than gathering the unit that holds it.
+    const Unit& holder = units_[tied_sparse_ ? 0 : model::HeadUnit(m)];
+    const ShardLayout& layout = holder.base().layout();
+    const int table = tied_sparse_ ? 0 : static_cast<int>(layout.params.size()) - 1;
+    const FlatParamOptions& o = holder.base().options();
+    const int trained_bytes = holder.trainable() ? at::elementSize(o.reduce_dtype) : 0;
+    if (comm::VocabParallelBeatsGather(comms_.shard->size() * tokens, m.n_embd, layout.padded_numel,
+                                       at::elementSize(o.param_dtype), at::elementSize(o.reduce_dtype),
+                                       trained_bytes)) {
+      vocab_head_ = std::make_unique<VocabParallelHead>(layout, table, comms_.shard->rank());
+      head_holds_table_ = !tied_sparse_;
+      head_prefix_numel_ = layout.params[table].offset;
     }
   }
   reduce_every_micro_ = ShardsGrads(config_.parallelism.strategy) &&
@@ -167,11 +175,13 @@ bool Engine::NeedsTable(int u) const {
 }
 
 void Engine::Unshard(int u) {
+  if (HeadExchanged(u)) return IssueHeadPrefix();
   if (NeedsTable(u)) units_[0].Unshard(*comms_.shard);
   units_[u].Unshard(*comms_.shard);
 }
 
 absl::Status Engine::WaitUnsharded(int u) {
+  if (HeadExchanged(u)) return WaitHeadPrefix();
   if (NeedsTable(u)) SL_RETURN_IF_ERROR(units_[0].Wait(waiter_));
   return units_[u].Wait(waiter_);
 }
@@ -272,7 +282,7 @@ at::Tensor Engine::UnitOutput(int u, const at::Tensor& h, const ForwardPass& pas
 absl::Status Engine::Backward(int u, at::Tensor* grad) {
   const ModelConfig& m = config_.model;
   Unit& unit = units_[u];
-  unit.EnsureGrads();  // (frozen FlatParams have none)
+  if (!HeadExchanged(u)) unit.EnsureGrads();  // (frozen FlatParams have none; an exchanged head needs none whole)
   // The lm_head is the token embedding (the vocabulary-parallel head
   // computed its gradient's shard already).
   if (u == model::HeadUnit(m) && m.tied() && !head_vocab_parallel_) units_[0].base().EnsureGrad();
@@ -306,8 +316,10 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
       break;
     }
     Unit& unit = units_[u];
-    Unshard(u);  // (unless prefetched)
-    SL_RETURN_IF_ERROR(WaitUnsharded(u));
+    if (!HeadExchanged(u)) {  // (whose backward's graph holds what it needs)
+      Unshard(u);             // (unless prefetched)
+      SL_RETURN_IF_ERROR(WaitUnsharded(u));
+    }
     if (bp == BackwardPrefetch::kPre && u - 1 >= 1) Prefetch(u - 1);
     const bool vocab_head = u == model::HeadUnit(m) && head_vocab_parallel_;
     if (vocab_head) grad = std::exchange(head_grad_hidden_, at::Tensor());
@@ -324,18 +336,23 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
     // embed unit comes last, after the tied lm_head added to wte; a tied
     // table looked up sparsely right after the head, ReduceTiedTable.)
     const bool reduce = final_micro || reduce_every_micro_;
-    if (reduce) {
-      if (FlatParam* f = unit.trainable()) {
-        SL_RETURN_IF_ERROR(reduction_->Start(f, /*accumulate=*/reduce_every_micro_ && micro > 0, final_micro));
-      }
-    }
     // (The vocabulary-parallel head's part of the table's gradient is a
-    // shard, added in every micro-batch.)
-    if ((reduce && NeedsTable(u)) || vocab_head) SL_RETURN_IF_ERROR(ReduceTiedTable(micro, final_micro));
+    // shard, added in every micro-batch: the tied table's here, the
+    // exchanged head's once its prefix's gradient is summed.)
+    if (HeadExchanged(u)) {
+      IssueHeadPrefixGrad();
+    } else if (FlatParam* f = unit.trainable(); f && reduce) {
+      SL_RETURN_IF_ERROR(reduction_->Start(f, /*accumulate=*/reduce_every_micro_ && micro > 0, final_micro));
+    }
+    if ((reduce && NeedsTable(u)) || (vocab_head && !head_holds_table_)) {
+      SL_RETURN_IF_ERROR(ReduceTiedTable(micro, final_micro));
+    }
     // Sharded accumulation keeps one reduction in flight, so that a rank's
     // gradient memory stays near two units whatever the model.
     if (reduce) SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, reduce_every_micro_ ? 1 : SIZE_MAX));
+    if (head_prefix_grad_work_ && u < model::HeadUnit(m)) SL_RETURN_IF_ERROR(FinishHeadShard(micro, final_micro));
   }
+  if (head_prefix_grad_work_) SL_RETURN_IF_ERROR(FinishHeadShard(micro, final_micro));  // (a model of no blocks)
   for (int u = 0; u < last; ++u) TrackActivation(units_[u].Take().output, false);  // (no backward ran)
   SL_RETURN_IF_ERROR(units_[0].Reshard());
   return units_[model::HeadUnit(m)].Reshard();

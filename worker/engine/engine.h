@@ -199,6 +199,17 @@ class Engine {
   // runs once the head's own exchanges are queued (backward's prefetch).
   absl::StatusOr<at::Tensor> HeadVocabParallel(const at::Tensor& x, const ForwardPass& pass,
                                                const std::function<void()>& issue);
+  // Whether unit u is the untied head under the vocabulary-parallel head:
+  // exchanged (its prefix summed), not gathered.
+  bool HeadExchanged(int u) const;
+  // The prefix's exchange: issued (once per head forward), waited for.
+  void IssueHeadPrefix();
+  absl::Status WaitHeadPrefix();
+  // After the exchanged head's backward: starts summing its prefix's
+  // gradient over the group; FinishHeadShard (a unit later, when the sum is
+  // long done) adds it and the table's rows' gradient into the head's shard.
+  void IssueHeadPrefixGrad();
+  absl::Status FinishHeadShard(int micro, bool final_micro);
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
@@ -248,6 +259,19 @@ class Engine {
   bool tied_sparse_ = false;
   std::unique_ptr<VocabParallelHead> vocab_head_;
   bool head_vocab_parallel_ = false;
+  // Untied (the llama's lm_head), the table is the head unit's own, so under
+  // the vocabulary-parallel head that unit is never gathered: its
+  // parameters before the table (the final norm: its "prefix") are summed
+  // over the group from the rank that holds them instead (every other rank
+  // adds zeros), where Unshard would gather, and their gradient, each
+  // rank's tokens', is summed likewise after the head's backward.
+  bool head_holds_table_ = false;
+  int64_t head_prefix_numel_ = 0;
+  at::Tensor head_prefix_;  // exchanged for the next head forward
+  std::shared_ptr<comm::Work> head_prefix_work_;
+  at::Tensor head_prefix_leaf_;  // training: the prefix the head's graph starts at
+  at::Tensor head_prefix_grad_;  // being summed (head backward .. FinishHeadShard)
+  std::shared_ptr<comm::Work> head_prefix_grad_work_;
   // What the vocabulary-parallel head computed in a training forward, for
   // its backward: dL/dh of the final norm's output, and the table's gradient
   // shard (undefined where the table is frozen).

@@ -3,6 +3,7 @@
 // (VocabParallelHead). The rest of the step is engine.cc.
 #include "worker/engine/engine.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/base/status_macros.h"
@@ -73,19 +74,32 @@ absl::Status Engine::ReduceTiedTable(int micro, bool final_micro) {
 
 absl::StatusOr<at::Tensor> Engine::HeadVocabParallel(const at::Tensor& x, const ForwardPass& pass,
                                                      const std::function<void()>& issue) {
-  Unit& unit = units_[model::HeadUnit(config_.model)];
+  const int head = model::HeadUnit(config_.model);
+  Unit& unit = units_[head];
+  const Unit& holder = units_[head_holds_table_ ? head : 0];  // (of the table)
   Unit::Activation a;
   a.input = x;
   if (pass.train()) a.leaf = x.detach().requires_grad_(true);
-  const at::Tensor hidden = family_->HeadHidden(a.leaf.defined() ? a.leaf : x, unit.weights());
-  FlatParam* table = units_[0].trainable();
+  Weights weights = unit.weights();
+  if (head_holds_table_) {
+    // The exchanged prefix's parameters (the norm), the graph's leaves
+    // where the head trains.
+    at::Tensor prefix = std::exchange(head_prefix_, at::Tensor());
+    if (pass.train() && unit.trainable()) prefix = head_prefix_leaf_ = prefix.detach().requires_grad_(true);
+    weights.clear();
+    for (const ParamSlot& slot : unit.base().layout().params) {
+      if (slot.offset >= head_prefix_numel_) break;
+      weights.push_back(prefix.narrow(0, slot.offset, slot.spec.numel()).view(slot.spec.shape));
+    }
+  }
+  const at::Tensor hidden = family_->HeadHidden(a.leaf.defined() ? a.leaf : x, weights);
   VocabParallelHead::Want want;
   want.grad_hidden = pass.train();
-  want.grad_table = pass.train() && table;
-  want.reduce_dtype = units_[0].base().options().reduce_dtype;
+  want.grad_table = pass.train() && holder.trainable();
+  want.reduce_dtype = holder.base().options().reduce_dtype;
   SL_ASSIGN_OR_RETURN(VocabParallelHead::Result r,
                       vocab_head_->Run(*comms_.shard, waiter_, hidden.detach().reshape({-1, hidden.size(-1)}),
-                                       pass.targets, units_[0].base().param_shard(), pass.loss_scale, want, issue));
+                                       pass.targets, holder.base().param_shard(), pass.loss_scale, want, issue));
   if (pass.train()) {
     head_grad_hidden_ = r.grad_hidden.view(hidden.sizes());
     head_grad_table_ = std::move(r.grad_table);
@@ -94,6 +108,66 @@ absl::StatusOr<at::Tensor> Engine::HeadVocabParallel(const at::Tensor& x, const 
     unit.Keep(std::move(a));
   }
   return r.loss;
+}
+
+bool Engine::HeadExchanged(int u) const {
+  return head_holds_table_ && head_vocab_parallel_ && u == model::HeadUnit(config_.model);
+}
+
+namespace {
+// The part [lo, hi) of the prefix [0, prefix_numel) that the shard at
+// `offset` of `numel` elements holds (lo >= hi: none).
+struct PrefixPart {
+  int64_t lo, hi;
+  int64_t size() const { return std::max<int64_t>(0, hi - lo); }
+};
+PrefixPart PrefixPartOf(const FlatParam& f, int64_t prefix_numel) {
+  const int64_t offset = f.layout().ShardOffset(f.shard_rank());
+  return {std::min(offset, prefix_numel), std::min(offset + f.layout().shard_numel, prefix_numel)};
+}
+}  // namespace
+
+void Engine::IssueHeadPrefix() {
+  if (head_prefix_work_ || head_prefix_.defined()) return;  // (issued, or waited for and not yet used)
+  const FlatParam& f = units_[model::HeadUnit(config_.model)].base();
+  const PrefixPart part = PrefixPartOf(f, head_prefix_numel_);
+  head_prefix_ = at::zeros({head_prefix_numel_}, f.param_shard().options());
+  if (part.size() > 0) {
+    head_prefix_.narrow(0, part.lo, part.size())
+        .copy_(f.param_shard().narrow(0, part.lo - f.layout().ShardOffset(f.shard_rank()), part.size()));
+  }
+  head_prefix_work_ = comms_.shard->AllReduce(head_prefix_);
+}
+
+absl::Status Engine::WaitHeadPrefix() {
+  if (!head_prefix_work_) return absl::OkStatus();
+  const std::shared_ptr<comm::Work> work = std::exchange(head_prefix_work_, nullptr);
+  return waiter_.OnDevice(*work, comm::Op::kAllReduce);
+}
+
+void Engine::IssueHeadPrefixGrad() {
+  const Unit& unit = units_[model::HeadUnit(config_.model)];
+  const at::Tensor leaf = std::exchange(head_prefix_leaf_, at::Tensor());
+  if (!unit.trainable() || !leaf.defined()) return;  // (frozen under LoRA)
+  head_prefix_grad_ = leaf.grad().to(unit.base().options().reduce_dtype).contiguous();
+  head_prefix_grad_work_ = comms_.shard->AllReduce(head_prefix_grad_);
+}
+
+absl::Status Engine::FinishHeadShard(int micro, bool final_micro) {
+  FlatParam* f = units_[model::HeadUnit(config_.model)].trainable();
+  const std::shared_ptr<comm::Work> work = std::exchange(head_prefix_grad_work_, nullptr);
+  SL_RETURN_IF_ERROR(waiter_.OnDevice(*work, comm::Op::kAllReduce));
+  // The table's rows' gradient (zero elsewhere in the shard), and the part
+  // of the prefix's that this shard holds.
+  at::Tensor shard = std::exchange(head_grad_table_, at::Tensor());
+  const at::Tensor prefix = std::exchange(head_prefix_grad_, at::Tensor());
+  const PrefixPart part = PrefixPartOf(*f, head_prefix_numel_);
+  if (part.size() > 0) {
+    shard.narrow(0, part.lo - f->layout().ShardOffset(f->shard_rank()), part.size())
+        .add_(prefix.narrow(0, part.lo, part.size()));
+  }
+  // Across replicas in the last micro-batch, as the unit's reduction would.
+  return reduction_->AddShard(f, shard, /*replace=*/micro == 0, /*last=*/final_micro);
 }
 
 }  // namespace shardline

@@ -23,12 +23,12 @@ struct VocabParallelHead::Chunk {
   at::Tensor index;    // [k, 1]: the target's column in this rank's logits (0 where not mine)
 };
 
-VocabParallelHead::VocabParallelHead(const ShardLayout& layout, int shard_rank)
-    : vocab_(layout.params.at(0).spec.shape.at(0)),
-      width_(layout.params.at(0).spec.shape.at(1)),
+VocabParallelHead::VocabParallelHead(const ShardLayout& layout, int param, int shard_rank)
+    : vocab_(layout.params.at(param).spec.shape.at(0)),
+      width_(layout.params.at(param).spec.shape.at(1)),
       shard_numel_(layout.shard_numel) {
-  held_ = TableShard::Of(layout, 0, shard_rank);
-  cut_rows_ = TableShard::CutRows(layout, 0);
+  held_ = TableShard::Of(layout, param, shard_rank);
+  cut_rows_ = TableShard::CutRows(layout, param);
   for (const auto& p : held_.parts) {
     part_index_.push_back(std::lower_bound(cut_rows_.begin(), cut_rows_.end(), p.row) - cut_rows_.begin());
   }

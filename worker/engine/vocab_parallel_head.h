@@ -1,11 +1,13 @@
-// VocabParallelHead: the loss of a head tied to a token table that stays
-// sharded ([parallelism] sparse_embedding on GPT-2's tied wte), computed
-// over the vocabulary where the table's rows lie instead of gathering it.
+// VocabParallelHead: the loss of the language-model head over a vocabulary
+// table that stays sharded ([parallelism] sparse_embedding: GPT-2's tied
+// wte, the llama's lm_head), computed where the table's rows lie instead of
+// gathering it, as Megatron's vocabulary-parallel cross-entropy does.
 //
-// Why: gathered for the head, a tied table is the largest all-gather of a
+// Why: gathered for the head, the table is the largest all-gather of a
 // micro-batch and its gradient the largest reduce-scatter (V x C each: 33.5
-// MB for the small GPT), and the head waited for it while forward was
-// link-bound (bench/results/network_compare_gpt_sparse.md). Here each rank
+// MB for the small GPT, 98 MB for the ~100M llama), and the head waited for
+// them while forward and backward were link-bound
+// (bench/results/network_compare_*.md). Here each rank
 // multiplies every rank's hidden states by the rows its shard holds: a rank
 // sends its tokens' hidden states and receives their gradients, (G-1) n C
 // (param + reduce) bytes, against (G-1)/G V C (param + reduce) bytes
@@ -64,9 +66,10 @@ namespace shardline {
 
 class VocabParallelHead {
  public:
-  // The table is `layout`'s first parameter ([V, C]); `shard_rank` is this
-  // rank's place in the group the layout shards over.
-  VocabParallelHead(const ShardLayout& layout, int shard_rank);
+  // The table is `layout`'s parameter `param` ([V, C]: GPT-2's wte, first in
+  // the embed unit; the llama's lm_head, after the norm in the head unit);
+  // `shard_rank` is this rank's place in the group the layout shards over.
+  VocabParallelHead(const ShardLayout& layout, int param, int shard_rank);
 
   // What Run computes beyond the loss.
   struct Want {
