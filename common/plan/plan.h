@@ -67,9 +67,12 @@ struct PlanInput {
   LoraConfig lora;
   // [parallelism] sparse_embedding: a token table whose parameters are
   // sharded is looked up by moving its tokens' rows; untied, it is never
-  // gathered nor held whole; tied, it is gathered for the head alone and its
-  // reduction starts after the head's backward
-  // (worker/engine/sparse_embedding.h).
+  // gathered nor held whole (worker/engine/sparse_embedding.h). The head
+  // computes its loss over its vocabulary table's shards (lm_head, or the
+  // tied table) where that moves fewer bytes than gathering the unit that
+  // holds it (worker/engine/vocab_parallel_head.h); a tied table is
+  // otherwise gathered for the head alone and its reduction starts after
+  // the head's backward.
   bool sparse_embedding = false;
   ClusterSpec cluster;
 };

@@ -44,13 +44,6 @@ class CountingObserver : public comm::CollectiveObserver {
   std::vector<Call> calls;
 };
 
-class DoneWork : public comm::Work {
- public:
-  absl::Status Wait(absl::Duration) override { return absl::OkStatus(); }
-  absl::Status WaitOnDevice(absl::Duration) override { return absl::OkStatus(); }
-  bool Done() const override { return true; }
-};
-
 TEST(TimelineTest, LanesSpansAndObserverChain) {
   Timeline timeline(3);
   const absl::Time before = absl::Now();
@@ -64,8 +57,7 @@ TEST(TimelineTest, LanesSpansAndObserverChain) {
   timeline.Observer(Timeline::Lane::kReplicate)->OnCollective(comm::Op::kAllReduce, 8, 0.001, 2, false);
   CommWaiter waiter(absl::Seconds(1));
   waiter.set_timeline(&timeline);
-  DoneWork done;
-  ASSERT_TRUE(waiter.OnHost(done, comm::Op::kReduceScatter).ok());
+  ASSERT_TRUE(waiter.OnHost(*comm::CompletedWork(), comm::Op::kReduceScatter).ok());
   const absl::Time after = absl::Now();
 
   ASSERT_EQ(next->calls.size(), 1u);  // passed on as it came
@@ -123,8 +115,7 @@ TEST(TimelineTest, CapCountsWhatItDrops) {
 TEST(TimelineTest, NullTimelineRecordsNothing) {
   const Timeline::Scope scope(nullptr, "forward", "x");  // (no timeline: no-op)
   CommWaiter waiter(absl::Seconds(1));
-  DoneWork done;
-  EXPECT_TRUE(waiter.OnDevice(done, comm::Op::kAllGather).ok());
+  EXPECT_TRUE(waiter.OnDevice(*comm::CompletedWork(), comm::Op::kAllGather).ok());
 }
 
 TEST(TimelineTest, UnwritablePathIsAnError) {

@@ -12,13 +12,6 @@
 namespace shardline {
 namespace {
 
-class DoneWork : public comm::Work {
- public:
-  absl::Status Wait(absl::Duration) override { return absl::OkStatus(); }
-  absl::Status WaitOnDevice(absl::Duration) override { return absl::OkStatus(); }
-  bool Done() const override { return true; }
-};
-
 // A group of one whose all-gather copies at once; records the gathered
 // buffers' sizes in call order.
 class LoggingGroup : public comm::Communicator {
@@ -29,7 +22,7 @@ class LoggingGroup : public comm::Communicator {
   std::shared_ptr<comm::Work> AllGather(at::Tensor out, at::Tensor in) override {
     gathered.push_back(out.numel());
     out.copy_(in);
-    return std::make_shared<DoneWork>();
+    return comm::CompletedWork();
   }
   std::shared_ptr<comm::Work> ReduceScatter(at::Tensor, at::Tensor) override { return nullptr; }
   std::shared_ptr<comm::Work> AllReduce(at::Tensor) override { return nullptr; }

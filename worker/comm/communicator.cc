@@ -75,12 +75,14 @@ class SelfCommunicator : public Communicator {
     stats_.ops[static_cast<int>(op)].calls += 1;
     stats_.last_completed_seq += 1;
     Notify(op, 0, 0, stats_.last_completed_seq, true);
-    return std::make_shared<DoneWork>();
+    return CompletedWork();
   }
   CommStats stats_;
 };
 
 }  // namespace
+
+std::shared_ptr<Work> CompletedWork() { return std::make_shared<DoneWork>(); }
 
 std::unique_ptr<Communicator> CreateSelfCommunicator() { return std::make_unique<SelfCommunicator>(); }
 

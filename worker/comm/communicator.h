@@ -80,6 +80,9 @@ class Work {
   virtual bool Done() const = 0;
 };
 
+// A Work that finished at its call (an op with no peer to wait for).
+std::shared_ptr<Work> CompletedWork();
+
 // Told of every finished collective, on the thread that saw it finish (the
 // communicator's own thread for Gloo, the waiting thread for NCCL). Must be
 // cheap and thread-safe: the worker's metrics and heartbeats implement it.

@@ -467,7 +467,7 @@ absl::StatusOr<double> Engine::ComputeGradients(int64_t step) {
 
 absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   const Device::ComputeScope on_device(*device_);
-  const Timeline::Scope span(timeline_, "step", absl::StrCat(step + 1));
+  const Timeline::Scope span(timeline_, "step", timeline_ ? absl::StrCat(step + 1) : std::string());
   const absl::Time t0 = absl::Now();
   const double cpu0 = ProcessCpuSeconds(), thread_cpu0 = ThreadCpuSeconds();
   waiter_.ResetExposed();
