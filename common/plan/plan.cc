@@ -231,12 +231,14 @@ struct Movement {
   int64_t lookup_bytes = 0, row_grad_bytes = 0, replica_row_grad_bytes = 0;
   // The head computed over the vocabulary table's shards
   // (VocabParallelHead): the group's hidden states, targets and statistics
-  // gathered before its loss (untied, the head unit's norm all-reduced
-  // from its owner too), dL/dh (and untied the norm's gradient) reduced
-  // after it, per micro-batch; the unit holding the table (tied the embed
-  // unit, untied the head) is then never gathered for the head.
+  // gathered before its loss, dL/dh (and untied the norm's gradient)
+  // reduced after it, per micro-batch; untied, the head unit's norm
+  // all-reduced from its owner, once per step. The unit holding the table
+  // (tied the embed unit, untied the head) is then never gathered for the
+  // head.
   bool vocab_head = false;
   int64_t head_exchange_bytes = 0, head_grad_bytes = 0;
+  int64_t head_prefix_bytes = 0;  // the untied head's norm: once per step, where it trains
 };
 
 // The sparse embedding's rows per micro-batch: every token of every rank of
@@ -306,6 +308,7 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     UnitWork& head = sch.units.back();
     if (!mv.tied) head.gather_bytes = head.reduce_bytes = 0;  // (exchanged instead)
     head.lookup_bytes += mv.head_exchange_bytes;
+    head.first_lookup_bytes = mv.head_prefix_bytes;
     head.row_grad_bytes += mv.head_grad_bytes;
   }
   const int64_t full = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
@@ -371,7 +374,8 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
   // hidden states (param dtype), targets and [rows, 2 + cut rows] fp32
   // statistics gathered, dL/dh (reduce dtype) reduce-scattered.
   // Untied, the head unit's norm (C) is all-reduced instead of gathering
-  // the unit, and its gradient likewise where it trains.
+  // the unit (once per step: it changes only with the optimizer), and its
+  // gradient likewise (every micro-batch) where it trains.
   const UnitSizes& base = lora ? mv.f : mv.whole;
   const int64_t holder = mv.tied ? base.embed : base.head;
   mv.vocab_head = comm::VocabParallelBeatsGather(rows, C, holder, p, r, lora ? 0 : r);
@@ -383,9 +387,10 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
     mv.head_exchange_bytes = comm::RingAllGatherBytes(rows * C * p, g) + comm::RingAllGatherBytes(rows * 8, g) +
                              comm::RingAllGatherBytes(g * rows * stats * 4, g);
     mv.head_grad_bytes = comm::RingReduceScatterBytes(rows * C * r, g);
-    if (!mv.tied) {
-      mv.head_exchange_bytes += comm::RingAllReduceBytes(C * p, p, g);
-      if (!lora) mv.head_grad_bytes += comm::RingAllReduceBytes(C * r, r, g);
+    // (A frozen norm is summed once per job: no bytes per step.)
+    if (!mv.tied && !lora) {
+      mv.head_prefix_bytes = comm::RingAllReduceBytes(C * p, p, g);
+      mv.head_grad_bytes += comm::RingAllReduceBytes(C * r, r, g);
     }
   }
   return std::optional<Movement>(mv);
@@ -422,8 +427,13 @@ void PlanMemory(const PlanInput& in, const StepShape& x, const Movement& mv, Str
   } else if (ShardsGrads(mv.s)) {
     sp->transient_bytes += p * (t.embed - (mv.tied ? table_grad : 0) + 2 * t.block);
   }
-  const double acts = m.n_layer * x.layer_act + x.head_act;
-  const double acts_checkpointed = m.n_layer * x.layer_input + x.layer_act + x.head_act;
+  // A gathered head that trains its table computes the table's gradient in
+  // its forward (LinearCrossEntropy: fp32 [V, C]) and keeps it for its
+  // backward, with every activation.
+  const double head_act =
+      x.head_act + (mv.vocab_head || mv.lora ? 0 : 4.0 * static_cast<double>(m.vocab_size) * m.n_embd);
+  const double acts = m.n_layer * x.layer_act + head_act;
+  const double acts_checkpointed = m.n_layer * x.layer_input + x.layer_act + head_act;
   const double held = static_cast<double>(sp->state_bytes) + static_cast<double>(sp->transient_bytes);
   sp->activation_bytes = Saturated(acts);
   sp->activation_bytes_checkpointed = Saturated(acts_checkpointed);

@@ -141,7 +141,7 @@ def comm_bytes(cfg, world, steps):
     if lora and cfg["lora"].get("base", "sharded") == "sharded":
         ag += micro * gathers_per_micro([padded(n, G) for n in unit_sizes(cfg["model"])], p, G)
     rs = sum(ring(s * r, G) for s in sizes)
-    rep_ag = rep_ar_table = head_ar = 0  # (sparse embedding, below)
+    rep_ag = rep_ar_table = head_ar = head_ar_once = 0  # (sparse embedding, below)
     # Sharded accumulation (the default where gradients are sharded): every
     # micro-batch is reduce-scattered; the all-reduce across replicas is once.
     if strategy in SHARDS_GRADS and cfg["train"].get("grad_accumulation", "sharded") == "sharded":
@@ -166,6 +166,7 @@ def comm_bytes(cfg, world, steps):
             # instead of the gather of the unit holding the table and its
             # gradient's reduce-scatter. Untied, the head unit's norm before
             # the table is all-reduced from its owner instead (param dtype),
+            # once per step (once per run where it is frozen: head_ar_once),
             # and its gradient likewise (reduce dtype), every micro-batch.
             rows = G * tokens
             holder = padded(unit_sizes(model)[0 if tied(model) else -1], G)
@@ -175,7 +176,10 @@ def comm_bytes(cfg, world, steps):
             if not lora:
                 rs -= (micro if cfg["train"].get("grad_accumulation", "sharded") == "sharded" else 1) * ring(holder * r, G)
             if not tied(model):
-                head_ar = micro * (ring_all_reduce(C * p, p, G) + (0 if lora else ring_all_reduce(C * r, r, G)))
+                if lora:
+                    head_ar_once = ring_all_reduce(C * p, p, G)
+                else:
+                    head_ar = ring_all_reduce(C * p, p, G) + micro * ring_all_reduce(C * r, r, G)
         ag += micro * ring(G * tokens * 8 * tables, G)
         rs += micro * ring(G * tokens * C * p, G)
         if not lora:
@@ -199,7 +203,7 @@ def comm_bytes(cfg, world, steps):
     counts = {
         ("shard", "all_gather"): steps * ag + final_gather,
         ("shard", "reduce_scatter"): steps * rs,
-        ("shard", "all_reduce"): steps * (shard_ar + head_ar),
+        ("shard", "all_reduce"): steps * (shard_ar + head_ar) + head_ar_once,
         ("replicate", "all_reduce"): steps * (rep_ar - rep_ar_table),
     }
     if rep_ag:

@@ -15,7 +15,10 @@ every strategy and both placements of the frozen base ([lora] base):
     the tiny GPT's 64 words are fewer bytes than the group's hidden states,
     so its head gathers the table rather than computing over its shards,
     formulas.vocab_parallel_head) and every loss and parameter is the
-    gathered table's, bit for bit.
+    gathered table's, bit for bit;
+  - at a vocabulary of 1024 the head computes over the frozen table's shards
+    instead (fp32: the gathered head's losses and adapters within summation
+    order, and the bytes of formulas.comm_bytes).
 """
 import formulas
 import harness
@@ -56,6 +59,41 @@ def check_sparse_embedding(checks, model):
                  "gathered table's, to the bit")
 
 
+def check_vocab_parallel_head(checks, model):
+    """At a vocabulary of 1024 the group's hidden states are the fewer bytes,
+    so the head computes its loss over the frozen table's shards (GPT-2's
+    tied wte; the llama's lm_head, whose frozen norm is exchanged once per
+    run): the bytes follow formulas.comm_bytes, and the losses and adapters
+    are the gathered head's within summation order (fp32: the head's
+    statistics and dL/dh are summed over the ranks instead of in one
+    matmul). Adam makes such a reordering at most steps * lr *
+    REORDER_GRAD_REL apart in any parameter (harness.reorder_param_tol)."""
+    def config(sparse):
+        cfg = lora_config("full_shard", "sharded", model)
+        cfg["precision"].update(param_dtype="fp32", reduce_dtype="fp32")
+        cfg["model"]["vocab_size"] = 1024
+        cfg["parallelism"]["sparse_embedding"] = sparse
+        return cfg
+    cfg = config(True)
+    checks.check(formulas.vocab_parallel_head(cfg, WORLD), f"{model}: the head computes over the vocabulary")
+    dense_out, dense = harness.run(config(False), WORLD)
+    sparse_out, ranks = harness.run(cfg, WORLD)
+    steps = cfg["train"]["steps"]
+    comm = formulas.comm_bytes(cfg, WORLD, steps)
+    for r in ranks:
+        got = {(c, op): r["comm"][c][op]["bytes"] for (c, op) in comm}
+        checks.check(got == comm, f"{model} LoRA, head over the vocabulary: rank {r['rank']} bytes per collective",
+                     "" if got == comm else f"got {got} expected {comm}")
+    losses = [(s["loss"], d["loss"]) for s, d in zip(ranks[0]["steps"], dense[0]["steps"])]
+    rel = max(abs(a - b) / abs(b) for a, b in losses)
+    checks.check(len(losses) == steps and rel <= 1e-6, f"{model} LoRA, head over the vocabulary: losses",
+                 f"max rel diff {rel:.3e} (tol 1e-6)")
+    tol = harness.reorder_param_tol(cfg["optimizer"]["lr"], steps)
+    diff, _ = harness.param_diffs(harness.load_params(sparse_out), harness.load_params(dense_out))
+    checks.check(diff <= tol, f"{model} LoRA, head over the vocabulary: adapters",
+                 f"max abs diff {diff:.3e} (tol {tol:.1e})")
+
+
 def main():
     checks = harness.Checks()
     sent = {}
@@ -87,6 +125,7 @@ def main():
             sent[(strategy, base)] = ranks[0]["comm"]["shard"]["all_gather"]["bytes"]
     for model in ("llama3", "gpt"):
         check_sparse_embedding(checks, model)
+        check_vocab_parallel_head(checks, model)
     base_gathers = sent[("full_shard", "sharded")] - sent[("full_shard", "replicated")]
     checks.check(base_gathers > 5 * sent[("full_shard", "replicated")],
                  "full_shard: the sharded base's all-gathers dominate what a replicated base sends",

@@ -145,13 +145,15 @@ TEST(Plan, LlamaWithBf16ReductionHoldsSixteenBytesPerParameter) {
   // Activations: per layer and token, norm inputs and projections' inputs
   // (8h), q (and rotated q) and the attention output (6q), k and v at the kv
   // width before and after rotation (4kv), SwiGLU's four intermediate-wide
-  // tensors (8i) and the softmax (2as), in bytes at bf16; then the logits.
+  // tensors (8i) and the softmax (2as), in bytes at bf16; then the logits
+  // and their gradient (fp32), and lm_head's gradient, which the fused loss
+  // computes in forward (fp32).
   const ModelConfig& m = in.model;
   const double sb = 2048.0 * in.micro_batch_size, h = m.n_embd, q = m.n_head * m.head_dim(),
                kv = m.kv_heads() * m.head_dim(), i = m.intermediate_size;
   const double layer = sb * (8 * h + 6 * q + 4 * kv + 8 * i + 2 * m.n_head * 2048.0);
   EXPECT_DOUBLE_EQ(Of(*plan, Strategy::kFullShard).activation_bytes,
-                   std::floor(m.n_layer * layer + 2.0 * sb * m.vocab_size * 4));
+                   std::floor(m.n_layer * layer + 2.0 * sb * m.vocab_size * 4 + 4.0 * m.vocab_size * h));
 }
 
 TEST(Plan, LoraHoldsTheFrozenBaseAndTheAdaptersState) {
@@ -331,7 +333,8 @@ int64_t VocabHeadBytes(const ShardLayout& unit, int param, int64_t rows, int64_t
 // gradients, and the head computes its loss over the vocabulary table's
 // shards (lm_head untied, wte tied): the group's hidden states, targets and
 // statistics go out and dL/dh comes back instead of the gathered unit and
-// its gradient (untied, the head's norm is all-reduced, and its gradient).
+// its gradient (untied, the head's norm is all-reduced once per step, and
+// its gradient every micro-batch).
 // Neither the gathered table nor its unsharded gradient is held. Where the
 // group's tokens outnumber the vocabulary the head gathers the table, and
 // tied, the rows come on top.
@@ -364,6 +367,13 @@ TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
             2 * p * table + p * head_unit - rows * C * (p + r) - activations - 4 * head_unit / g);
   EXPECT_EQ(dense.state_bytes, sparse.state_bytes);
   EXPECT_LT(sparse.exposed_comm_s, dense.exposed_comm_s);
+  // Two micro-batches a step: the norm, which changes only with the
+  // optimizer, is summed once; everything else is per micro-batch (sharded
+  // accumulation reduces each).
+  in.batch_size = 2 * g;
+  EXPECT_EQ(Of(*MakePlan(in), Strategy::kFullShard).comm_bytes,
+            2 * sparse.comm_bytes - comm::RingAllReduceBytes(C * p, p, g));
+  in.batch_size = g;
 
   in.model.tie_word_embeddings = true;
   const StrategyPlan tied_sparse = Of(*MakePlan(in), Strategy::kFullShard);

@@ -225,6 +225,11 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
       Unshard(u);  // (unless prefetched)
       SL_RETURN_IF_ERROR(WaitUnsharded(u));
     }
+    // The previous micro-batch's last reductions (sharded accumulation keeps
+    // one in flight) finish as they complete, not at the next backward:
+    // each holds a unit's whole gradient and its scratch shard (the tied
+    // table's: 1 + 1/N of its unit's bytes more at forward's peak).
+    if (pass.train()) SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false));
     if (config_.prefetch.forward) {
       const int until = std::min(U, u + 1 + lookahead);
       for (int v = u + 1; v < until && inflight_gathers() < max_inflight; ++v) Prefetch(v);
@@ -334,7 +339,7 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
     // micro-batch under sharded accumulation, else in the last one only
     // (earlier ones accumulate unsharded, with no communication). (The
     // embed unit comes last, after the tied lm_head added to wte; a tied
-    // table looked up sparsely right after the head, ReduceTiedTable.)
+    // table looked up sparsely right after the head, StartTiedTableReduction.)
     const bool reduce = final_micro || reduce_every_micro_;
     // (The vocabulary-parallel head's part of the table's gradient is a
     // shard, added in every micro-batch: the tied table's here, the
@@ -344,9 +349,8 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
     } else if (FlatParam* f = unit.trainable(); f && reduce) {
       SL_RETURN_IF_ERROR(reduction_->Start(f, /*accumulate=*/reduce_every_micro_ && micro > 0, final_micro));
     }
-    if ((reduce && NeedsTable(u)) || (vocab_head && !head_holds_table_)) {
-      SL_RETURN_IF_ERROR(ReduceTiedTable(micro, final_micro));
-    }
+    if (reduce && NeedsTable(u)) SL_RETURN_IF_ERROR(StartTiedTableReduction(micro, final_micro));
+    if (vocab_head && tied_sparse_) SL_RETURN_IF_ERROR(AddHeadTableShard(micro, final_micro));
     // Sharded accumulation keeps one reduction in flight, so that a rank's
     // gradient memory stays near two units whatever the model.
     if (reduce) SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, reduce_every_micro_ ? 1 : SIZE_MAX));
@@ -424,6 +428,7 @@ absl::Status Engine::OptimizerStep(int64_t step, double lr, const at::Tensor& cl
   const Timeline::Scope span(timeline_, "optimizer");
   const absl::Time t0 = absl::Now();
   for (FlatParam* f : trainable_) f->OptimizerStep(s, clip_coef);
+  if (units_[model::HeadUnit(config_.model)].base().trainable()) ForgetHeadPrefix();  // (a frozen base keeps it)
   optimizer_seconds_ = absl::ToDoubleSeconds(absl::Now() - t0);
   return AllGatherPersistentParams();
 }
@@ -560,6 +565,7 @@ MemoryReport Engine::Memory() const {
 absl::Status Engine::PublishLoadedState() {
   const Device::ComputeScope on_device(*device_);
   for (FlatParam* f : trainable_) f->PublishMaster();
+  ForgetHeadPrefix();
   SL_RETURN_IF_ERROR(AllGatherPersistentParams());
   return SyncHost();
 }

@@ -188,11 +188,13 @@ class Engine {
   // and that backward given the gradient of those rows.
   absl::StatusOr<at::Tensor> EmbedSparse(const at::Tensor& ids, const ForwardPass& pass);
   absl::Status BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad);
-  // A tied table looked up sparsely: starts reducing the head's part of its
-  // gradient right after the head's backward, so that it overlaps every
-  // block's backward instead of ending the step; under the vocabulary-
-  // parallel head, adds that part, a shard already (every micro-batch).
-  absl::Status ReduceTiedTable(int micro, bool final_micro);
+  // A tied table looked up sparsely, the head's part of its gradient:
+  // gathered head, its reduction starts right after the head's backward, so
+  // that it overlaps every block's backward instead of ending the step;
+  // vocabulary-parallel head, the shard it computed is added (every
+  // micro-batch).
+  absl::Status StartTiedTableReduction(int micro, bool final_micro);
+  absl::Status AddHeadTableShard(int micro, bool final_micro);
   // The head's loss through VocabParallelHead (head_vocab_parallel_): the
   // final norm of x, then the loss over the table's shards; training keeps
   // the norm's graph and the gradients it computed (head_grad_*). `issue`
@@ -202,9 +204,12 @@ class Engine {
   // Whether unit u is the untied head under the vocabulary-parallel head:
   // exchanged (its prefix summed), not gathered.
   bool HeadExchanged(int u) const;
-  // The prefix's exchange: issued (once per head forward), waited for.
+  // The prefix's exchange: issued (where the head would be gathered),
+  // waited for. The sum is kept across passes until the head's shard
+  // changes (the optimizer, a checkpoint's load): ForgetHeadPrefix.
   void IssueHeadPrefix();
   absl::Status WaitHeadPrefix();
+  void ForgetHeadPrefix();
   // After the exchanged head's backward: starts summing its prefix's
   // gradient over the group; FinishHeadShard (a unit later, when the sum is
   // long done) adds it and the table's rows' gradient into the head's shard.
@@ -267,7 +272,7 @@ class Engine {
   // rank's tokens', is summed likewise after the head's backward.
   bool head_holds_table_ = false;
   int64_t head_prefix_numel_ = 0;
-  at::Tensor head_prefix_;  // exchanged for the next head forward
+  at::Tensor head_prefix_;  // summed, until the shard changes
   std::shared_ptr<comm::Work> head_prefix_work_;
   at::Tensor head_prefix_leaf_;  // training: the prefix the head's graph starts at
   at::Tensor head_prefix_grad_;  // being summed (head backward .. FinishHeadShard)

@@ -1,9 +1,9 @@
 // The token table's paths without its gather: the sparse lookup
-// (SparseEmbedding) and, tied, the vocabulary-parallel head
-// (VocabParallelHead). The rest of the step is engine.cc.
+// (SparseEmbedding) and the vocabulary-parallel head (VocabParallelHead),
+// over a tied table or the untied head's own, whose prefix (the norm) is
+// exchanged instead. The rest of the step is engine.cc.
 #include "worker/engine/engine.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "common/base/status_macros.h"
@@ -34,7 +34,7 @@ absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::
   FlatParam* f = units_[0].trainable();
   // Every replica's rows (world_rows_) where nothing all-reduces the shard
   // after them: untied, always; tied, once the head's part was all-reduced,
-  // in the last micro-batch (ReduceTiedTable).
+  // in the last micro-batch (StartTiedTableReduction, AddHeadTableShard).
   const bool world = world_rows_ && (!tied_sparse_ || final_micro);
   // On a host backend the replicas' all-reduces start as reduce-scatters
   // finish; every one started must be issued before the rows' gathers, so
@@ -54,15 +54,9 @@ absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::
   return reduction_->AddShard(f, part, /*replace=*/micro == 0 && !head_reduced, /*last=*/final_micro && !world);
 }
 
-absl::Status Engine::ReduceTiedTable(int micro, bool final_micro) {
+absl::Status Engine::StartTiedTableReduction(int micro, bool final_micro) {
   FlatParam* table = units_[0].trainable();
   if (!table) return absl::OkStatus();  // (frozen under LoRA)
-  if (head_vocab_parallel_) {
-    // The shard the head computed replaces the first micro-batch's; all-
-    // reduced across replicas as below.
-    return reduction_->AddShard(table, std::exchange(head_grad_table_, at::Tensor()), /*replace=*/micro == 0,
-                                /*last=*/final_micro && world_rows_);
-  }
   // The head's part of the gradient is all of it but the lookup's rows,
   // which BackwardSparseEmbed adds at the end. Past the first micro-batch
   // the shard holds earlier parts (this one's under sharded accumulation,
@@ -70,6 +64,15 @@ absl::Status Engine::ReduceTiedTable(int micro, bool final_micro) {
   // all-reduce across replicas follows it here where the last rows are
   // every replica's (world_rows_), else those rows.
   return reduction_->Start(table, /*accumulate=*/micro > 0, /*last=*/final_micro && world_rows_);
+}
+
+absl::Status Engine::AddHeadTableShard(int micro, bool final_micro) {
+  FlatParam* table = units_[0].trainable();
+  if (!table) return absl::OkStatus();  // (frozen under LoRA)
+  // The shard the head computed replaces the first micro-batch's; all-
+  // reduced across replicas as StartTiedTableReduction's.
+  return reduction_->AddShard(table, std::exchange(head_grad_table_, at::Tensor()), /*replace=*/micro == 0,
+                              /*last=*/final_micro && world_rows_);
 }
 
 absl::StatusOr<at::Tensor> Engine::HeadVocabParallel(const at::Tensor& x, const ForwardPass& pass,
@@ -84,7 +87,8 @@ absl::StatusOr<at::Tensor> Engine::HeadVocabParallel(const at::Tensor& x, const 
   if (head_holds_table_) {
     // The exchanged prefix's parameters (the norm), the graph's leaves
     // where the head trains.
-    at::Tensor prefix = std::exchange(head_prefix_, at::Tensor());
+    // (Kept until the shard changes: ForgetHeadPrefix.)
+    at::Tensor prefix = head_prefix_;
     if (pass.train() && unit.trainable()) prefix = head_prefix_leaf_ = prefix.detach().requires_grad_(true);
     weights.clear();
     for (const ParamSlot& slot : unit.base().layout().params) {
@@ -115,28 +119,34 @@ bool Engine::HeadExchanged(int u) const {
 }
 
 namespace {
-// The part [lo, hi) of the prefix [0, prefix_numel) that the shard at
-// `offset` of `numel` elements holds (lo >= hi: none).
-struct PrefixPart {
-  int64_t lo, hi;
-  int64_t size() const { return std::max<int64_t>(0, hi - lo); }
-};
-PrefixPart PrefixPartOf(const FlatParam& f, int64_t prefix_numel) {
-  const int64_t offset = f.layout().ShardOffset(f.shard_rank());
-  return {std::min(offset, prefix_numel), std::min(offset + f.layout().shard_numel, prefix_numel)};
+// Calls fn(flat_offset, shard_offset, numel) for each piece of the head
+// unit's prefix (its parameters before the table) that f's shard holds.
+template <typename Fn>
+void ForEachPrefixPiece(const FlatParam& f, int64_t prefix_numel, Fn fn) {
+  const ShardLayout& layout = f.layout();
+  for (const ShardPiece& p : layout.PiecesOf(f.shard_rank())) {
+    const int64_t offset = layout.params[p.param_index].offset;
+    if (offset >= prefix_numel) break;
+    fn(offset + p.param_begin, p.shard_begin, p.param_end - p.param_begin);
+  }
 }
 }  // namespace
 
 void Engine::IssueHeadPrefix() {
-  if (head_prefix_work_ || head_prefix_.defined()) return;  // (issued, or waited for and not yet used)
+  // Issued, or summed already: the prefix changes only with the shard.
+  if (head_prefix_work_ || head_prefix_.defined()) return;
   const FlatParam& f = units_[model::HeadUnit(config_.model)].base();
-  const PrefixPart part = PrefixPartOf(f, head_prefix_numel_);
   head_prefix_ = at::zeros({head_prefix_numel_}, f.param_shard().options());
-  if (part.size() > 0) {
-    head_prefix_.narrow(0, part.lo, part.size())
-        .copy_(f.param_shard().narrow(0, part.lo - f.layout().ShardOffset(f.shard_rank()), part.size()));
-  }
+  ForEachPrefixPiece(f, head_prefix_numel_, [&](int64_t flat, int64_t shard, int64_t n) {
+    head_prefix_.narrow(0, flat, n).copy_(f.param_shard().narrow(0, shard, n));
+  });
   head_prefix_work_ = comms_.shard->AllReduce(head_prefix_);
+}
+
+void Engine::ForgetHeadPrefix() {
+  // (None is in flight between passes: each forward waits for the one it
+  // issued, and no backward prefetches the head.)
+  head_prefix_ = at::Tensor();
 }
 
 absl::Status Engine::WaitHeadPrefix() {
@@ -161,11 +171,9 @@ absl::Status Engine::FinishHeadShard(int micro, bool final_micro) {
   // of the prefix's that this shard holds.
   at::Tensor shard = std::exchange(head_grad_table_, at::Tensor());
   const at::Tensor prefix = std::exchange(head_prefix_grad_, at::Tensor());
-  const PrefixPart part = PrefixPartOf(*f, head_prefix_numel_);
-  if (part.size() > 0) {
-    shard.narrow(0, part.lo - f->layout().ShardOffset(f->shard_rank()), part.size())
-        .add_(prefix.narrow(0, part.lo, part.size()));
-  }
+  ForEachPrefixPiece(*f, head_prefix_numel_, [&](int64_t flat, int64_t shard_offset, int64_t n) {
+    shard.narrow(0, shard_offset, n).add_(prefix.narrow(0, flat, n));
+  });
   // Across replicas in the last micro-batch, as the unit's reduction would.
   return reduction_->AddShard(f, shard, /*replace=*/micro == 0, /*last=*/final_micro);
 }

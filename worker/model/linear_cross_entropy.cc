@@ -44,12 +44,15 @@ struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntrop
     return loss.mul_(scale);
   }
 
+  // Scales the gradients forward computed in place: a second [V, C] fp32
+  // table at the head's peak otherwise. So the graph must not be retained
+  // for a second backward (the engine runs each once).
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor& g = grad_out[0];
-    at::Tensor dx = saved[0].defined() ? saved[0] * g.to(saved[0].scalar_type()) : at::Tensor();
+    at::Tensor dx = saved[0].defined() ? saved[0].mul_(g.to(saved[0].scalar_type())) : at::Tensor();
     at::Tensor dw;
-    if (saved[1].defined()) dw = (saved[1] * g).to(ctx->saved_data["w_dtype"].toScalarType());
+    if (saved[1].defined()) dw = saved[1].mul_(g).to(ctx->saved_data["w_dtype"].toScalarType());
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

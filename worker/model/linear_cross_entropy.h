@@ -32,7 +32,9 @@ namespace shardline {
 // ignored). Differentiable in x and w where they require a gradient; the
 // gradients are computed in the forward call only if one does (an evaluation
 // under no-grad pays for the loss alone). `chunk_rows` <= 0 picks chunks of at
-// most 2^26 logits (256 MiB in fp32).
+// most 2^26 logits (256 MiB in fp32). Backward scales those gradients in
+// place, so its graph may run backward once only (retain_graph would see
+// them scaled twice).
 at::Tensor LinearCrossEntropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets, double scale,
                               int64_t chunk_rows = 0);
 
