@@ -415,7 +415,8 @@ void PlanMemory(const PlanInput& in, const StepShape& x, const Movement& mv, Str
   if (mv.base_sharded) sp->transient_bytes += p * (mv.f.embed + mv.f.head + live_blocks * mv.f.block);
   sp->transient_bytes -= p * table;  // (counted just above, and never gathered)
   // Unsharded gradients: under sharded accumulation (or one micro-batch)
-  // the unit in compute and the one being reduced; under unsharded
+  // the unit in compute and the one being reduced (two blocks, or the head
+  // and the last block); under unsharded
   // accumulation every unit's, held across the micro-batches.
   const bool hold_grads =
       ShardsGrads(mv.s) && x.micro_batches > 1 && in.grad_accumulation == GradAccumulation::kUnsharded;
@@ -425,7 +426,10 @@ void PlanMemory(const PlanInput& in, const StepShape& x, const Movement& mv, Str
   if (hold_grads) {
     sp->transient_bytes += p * (t.embed + t.head + m.n_layer * t.block - table_grad);
   } else if (ShardsGrads(mv.s)) {
-    sp->transient_bytes += p * (t.embed - (mv.tied ? table_grad : 0) + 2 * t.block);
+    // The head's gradient and the last block's together where the head is
+    // the larger unit (an untied lm_head); the exchanged head's is the norm's.
+    const int64_t head_grad = mv.vocab_head && !mv.tied ? t.head - table_grad : t.head;
+    sp->transient_bytes += p * (t.embed - (mv.tied ? table_grad : 0) + t.block + std::max(t.block, head_grad));
   }
   // A gathered head that trains its table computes the table's gradient in
   // its forward (LinearCrossEntropy: fp32 [V, C]) and keeps it for its
