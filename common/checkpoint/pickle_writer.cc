@@ -2,14 +2,9 @@
 
 #include <cstring>
 
+#include "common/base/little_endian.h"
+
 namespace shardline {
-namespace {
-
-void PutLe(std::string* out, uint64_t v, int n) {
-  for (int k = 0; k < n; ++k) out->push_back(static_cast<char>((v >> (8 * k)) & 0xff));
-}
-
-}  // namespace
 
 PickleWriter::PickleWriter() { out_ = "\x80\x02"; }
 
@@ -24,17 +19,17 @@ PickleWriter& PickleWriter::Bool(bool b) { return Op(b ? '\x88' : '\x89'); }
 PickleWriter& PickleWriter::Int(int64_t i) {
   if (i >= 0 && i < 256) {
     Op('K');
-    PutLe(&out_, static_cast<uint64_t>(i), 1);
+    AppendLittleEndian(&out_, static_cast<uint64_t>(i), 1);
   } else if (i >= 0 && i < 65536) {
     Op('M');
-    PutLe(&out_, static_cast<uint64_t>(i), 2);
+    AppendLittleEndian(&out_, static_cast<uint64_t>(i), 2);
   } else if (i >= INT32_MIN && i <= INT32_MAX) {
     Op('J');
-    PutLe(&out_, static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(i))), 4);
+    AppendLittleEndian(&out_, static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int32_t>(i))), 4);
   } else {  // LONG1: 8 bytes of two's complement, little-endian
     Op('\x8a');
     out_.push_back(8);
-    PutLe(&out_, static_cast<uint64_t>(i), 8);
+    AppendLittleEndian(&out_, static_cast<uint64_t>(i), 8);
   }
   return *this;
 }
@@ -49,7 +44,7 @@ PickleWriter& PickleWriter::Float(double d) {  // BINFLOAT: big-endian IEEE 754
 
 PickleWriter& PickleWriter::String(absl::string_view s) {  // BINUNICODE
   Op('X');
-  PutLe(&out_, s.size(), 4);
+  AppendLittleEndian(&out_, s.size(), 4);
   out_.append(s.data(), s.size());
   return *this;
 }

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/file_util.h"
+#include "common/base/little_endian.h"
 #include "common/base/quoted.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/pickle_reader.h"
@@ -349,10 +350,6 @@ absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSa
 
 namespace {
 
-void PutLe(std::string* out, uint64_t v, int n) {
-  for (int k = 0; k < n; ++k) out->push_back(static_cast<char>((v >> (8 * k)) & 0xff));
-}
-
 // A zip archive of stored entries, built in memory in the layout torch.save
 // uses: local headers padded (extra field "FB") so each entry's data starts
 // at a multiple of 64 bytes, then the central directory and the end record.
@@ -364,37 +361,37 @@ class StoredZipWriter {
     const size_t header_end = out_.size() + 30 + name.size();
     size_t pad = (64 - (header_end + 4) % 64) % 64;  // the extra field's own 4 bytes, then padding
     const size_t local = out_.size();
-    PutLe(&out_, 0x04034b50, 4);
-    PutLe(&out_, 20, 2);  // version needed: 2.0
-    PutLe(&out_, 0, 2);   // flags
-    PutLe(&out_, 0, 2);   // stored
-    PutLe(&out_, 0, 4);   // time, date
-    PutLe(&out_, crc, 4);
-    PutLe(&out_, data.size(), 4);
-    PutLe(&out_, data.size(), 4);
-    PutLe(&out_, name.size(), 2);
-    PutLe(&out_, 4 + pad, 2);
+    AppendLittleEndian(&out_, 0x04034b50, 4);
+    AppendLittleEndian(&out_, 20, 2);  // version needed: 2.0
+    AppendLittleEndian(&out_, 0, 2);   // flags
+    AppendLittleEndian(&out_, 0, 2);   // stored
+    AppendLittleEndian(&out_, 0, 4);   // time, date
+    AppendLittleEndian(&out_, crc, 4);
+    AppendLittleEndian(&out_, data.size(), 4);
+    AppendLittleEndian(&out_, data.size(), 4);
+    AppendLittleEndian(&out_, name.size(), 2);
+    AppendLittleEndian(&out_, 4 + pad, 2);
     out_ += name;
-    PutLe(&out_, 0x4246, 2);  // "FB": torch's padding field
-    PutLe(&out_, pad, 2);
+    AppendLittleEndian(&out_, 0x4246, 2);  // "FB": torch's padding field
+    AppendLittleEndian(&out_, pad, 2);
     out_.append(pad, '\0');
     out_.append(data.data(), data.size());
-    PutLe(&directory_, 0x02014b50, 4);
-    PutLe(&directory_, 20, 2);  // made by
-    PutLe(&directory_, 20, 2);  // needed
-    PutLe(&directory_, 0, 2);
-    PutLe(&directory_, 0, 2);
-    PutLe(&directory_, 0, 4);
-    PutLe(&directory_, crc, 4);
-    PutLe(&directory_, data.size(), 4);
-    PutLe(&directory_, data.size(), 4);
-    PutLe(&directory_, name.size(), 2);
-    PutLe(&directory_, 0, 2);   // extra
-    PutLe(&directory_, 0, 2);   // comment
-    PutLe(&directory_, 0, 2);   // disk
-    PutLe(&directory_, 0, 2);   // internal attributes
-    PutLe(&directory_, 0, 4);   // external attributes
-    PutLe(&directory_, local, 4);
+    AppendLittleEndian(&directory_, 0x02014b50, 4);
+    AppendLittleEndian(&directory_, 20, 2);  // made by
+    AppendLittleEndian(&directory_, 20, 2);  // needed
+    AppendLittleEndian(&directory_, 0, 2);
+    AppendLittleEndian(&directory_, 0, 2);
+    AppendLittleEndian(&directory_, 0, 4);
+    AppendLittleEndian(&directory_, crc, 4);
+    AppendLittleEndian(&directory_, data.size(), 4);
+    AppendLittleEndian(&directory_, data.size(), 4);
+    AppendLittleEndian(&directory_, name.size(), 2);
+    AppendLittleEndian(&directory_, 0, 2);   // extra
+    AppendLittleEndian(&directory_, 0, 2);   // comment
+    AppendLittleEndian(&directory_, 0, 2);   // disk
+    AppendLittleEndian(&directory_, 0, 2);   // internal attributes
+    AppendLittleEndian(&directory_, 0, 4);   // external attributes
+    AppendLittleEndian(&directory_, local, 4);
     directory_ += name;
     ++entries_;
   }
@@ -402,13 +399,13 @@ class StoredZipWriter {
   std::string Finish() {
     const size_t at = out_.size();
     out_ += directory_;
-    PutLe(&out_, 0x06054b50, 4);
-    PutLe(&out_, 0, 4);  // disk numbers
-    PutLe(&out_, entries_, 2);
-    PutLe(&out_, entries_, 2);
-    PutLe(&out_, directory_.size(), 4);
-    PutLe(&out_, at, 4);
-    PutLe(&out_, 0, 2);  // comment
+    AppendLittleEndian(&out_, 0x06054b50, 4);
+    AppendLittleEndian(&out_, 0, 4);  // disk numbers
+    AppendLittleEndian(&out_, entries_, 2);
+    AppendLittleEndian(&out_, entries_, 2);
+    AppendLittleEndian(&out_, directory_.size(), 4);
+    AppendLittleEndian(&out_, at, 4);
+    AppendLittleEndian(&out_, 0, 2);  // comment
     return std::move(out_);
   }
 

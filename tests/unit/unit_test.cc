@@ -33,7 +33,7 @@ class LoggingGroup : public comm::Communicator {
   std::vector<int64_t> gathered;
 };
 
-struct Fixture {
+struct UnitFixture {
   std::shared_ptr<const Device> device = *Device::Open("cpu");
   MemoryLedger ledger;
 
@@ -64,7 +64,7 @@ struct Fixture {
 };
 
 TEST(Unit, UnshardWaitReshardMoveBothFlatParamsBaseFirst) {
-  Fixture f;
+  UnitFixture f;
   Unit unit = f.LoraUnit();
   LoggingGroup group;
   CommWaiter waiter(absl::Seconds(1));
@@ -88,14 +88,14 @@ TEST(Unit, UnshardWaitReshardMoveBothFlatParamsBaseFirst) {
 }
 
 TEST(Unit, WaitWithoutUnshardIsAnError) {
-  Fixture f;
+  UnitFixture f;
   Unit unit = f.LoraUnit();
   CommWaiter waiter(absl::Seconds(1));
   EXPECT_EQ(unit.Wait(waiter).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(Unit, WhatTrains) {
-  Fixture f;
+  UnitFixture f;
   Unit plain(f.Base(/*trainable=*/true), nullptr, {}, 0);
   EXPECT_EQ(plain.trainable(), &plain.base());
   Unit frozen(f.Base(/*trainable=*/false), nullptr, {}, 0);  // LoRA leaves it alone
@@ -106,7 +106,7 @@ TEST(Unit, WhatTrains) {
 }
 
 TEST(Unit, BlockWeightsPutAdaptersOnTheirTargets) {
-  Fixture f;
+  UnitFixture f;
   Unit unit = f.LoraUnit();
   LoggingGroup group;
   CommWaiter waiter(absl::Seconds(1));
@@ -124,7 +124,7 @@ TEST(Unit, BlockWeightsPutAdaptersOnTheirTargets) {
 }
 
 TEST(Unit, ActivationIsKeptUntilTaken) {
-  Fixture f;
+  UnitFixture f;
   Unit unit = f.LoraUnit();
   unit.Keep({at::ones({2}), at::Tensor(), at::zeros({3})});
   const Unit::Activation a = unit.Take();
@@ -133,7 +133,7 @@ TEST(Unit, ActivationIsKeptUntilTaken) {
 }
 
 TEST(FlatParamOptimizer, StepUpdatesMasterAndMomentsAndPublishes) {
-  Fixture f;
+  UnitFixture f;
   std::unique_ptr<FlatParam> p = f.Base(/*trainable=*/true);
   ASSERT_NE(p->optimizer(), nullptr);
   EXPECT_EQ(f.Base(/*trainable=*/false)->optimizer(), nullptr);
