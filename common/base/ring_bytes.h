@@ -39,4 +39,19 @@ inline bool VocabParallelBeatsGather(int64_t group_tokens, int64_t width, int64_
   return group_tokens * width * (param_bytes + reduce_bytes) < table_numel * (param_bytes + table_reduce_bytes);
 }
 
+// Whether the tied head over the world (vocab_parallel_head.h: each rank
+// computes over its replica's part of its shard for every rank's tokens)
+// sends fewer bytes across `replicas` replicas per step than the head over
+// the shard group: a rank's tokens' hidden states (param bytes) and their
+// gradients (reduce bytes) cross to R-1 replicas, `step_tokens` x `width`
+// elements each over the step's micro-batches, and the table's parts are
+// exchanged once, an all-gather of (R-1)/R of `shard_numel` in reduce bytes,
+// instead of the shard's all-reduce, twice that. Both sides' cancel.
+// (The rows' gradients must cross the replicas already: the engine and the
+// planner ask only where they do, RowsGatherBeatsAllReduce.)
+inline bool HeadOverWorldBeatsAllReduce(int64_t step_tokens, int64_t width, int64_t shard_numel, int param_bytes,
+                                        int reduce_bytes, int replicas) {
+  return int64_t{replicas} * step_tokens * width * (param_bytes + reduce_bytes) < shard_numel * reduce_bytes;
+}
+
 }  // namespace shardline::comm

@@ -27,15 +27,22 @@ TableShard TableShard::Of(int64_t table_offset, int64_t rows, int64_t width, int
   return h;
 }
 
-TableShard TableShard::Of(const ShardLayout& layout, int param, int rank) {
-  const ParamSlot& slot = layout.params.at(param);
-  return Of(slot.offset, slot.spec.shape.at(0), slot.spec.shape.at(1), layout.ShardOffset(rank), layout.shard_numel);
+TableShard::Range TableShard::PartOf(const ShardLayout& layout, int replicas, int k) {
+  const int64_t part = CeilDiv(layout.shard_numel, replicas), r = k % replicas;
+  const int64_t begin = std::min(r * part, layout.shard_numel);
+  return {layout.ShardOffset(k / replicas) + begin, std::min(part, layout.shard_numel - begin)};
 }
 
-std::vector<int64_t> TableShard::CutRows(const ShardLayout& layout, int param) {
+TableShard TableShard::Of(const ShardLayout& layout, int param, int k, int replicas) {
+  const ParamSlot& slot = layout.params.at(param);
+  const Range range = PartOf(layout, replicas, k);
+  return Of(slot.offset, slot.spec.shape.at(0), slot.spec.shape.at(1), range.begin, range.numel);
+}
+
+std::vector<int64_t> TableShard::CutRows(const ShardLayout& layout, int param, int replicas) {
   std::vector<int64_t> rows;
-  for (int q = 0; q < layout.group_size; ++q) {
-    for (const PartRow& p : Of(layout, param, q).parts) rows.push_back(p.row);
+  for (int k = 0; k < layout.group_size * replicas; ++k) {
+    for (const PartRow& p : Of(layout, param, k, replicas).parts) rows.push_back(p.row);
   }
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());

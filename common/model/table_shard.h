@@ -30,11 +30,20 @@ struct TableShard {
   // The table of `rows` x `width` elements at `table_offset` in the flat
   // unit, as the shard [shard_begin, shard_begin + shard_numel) holds it.
   static TableShard Of(int64_t table_offset, int64_t rows, int64_t width, int64_t shard_begin, int64_t shard_numel);
-  // `rank`'s shard of `layout`'s parameter `param` (a [rows, width] table).
-  static TableShard Of(const ShardLayout& layout, int param, int rank);
-  // The rows of `layout`'s parameter `param` that some shard holds in part
-  // (a shard's end falls inside them), in order: the same on every rank.
-  static std::vector<int64_t> CutRows(const ShardLayout& layout, int param);
+  // The elements of `layout`'s flat unit that position `k` of a head over
+  // `replicas` copies of the shard group holds (VocabParallelHead over the
+  // world: each shard split in `replicas` parts, part r of shard s at
+  // position s * replicas + r; one replica: shard k).
+  struct Range {
+    int64_t begin = 0, numel = 0;
+  };
+  static Range PartOf(const ShardLayout& layout, int replicas, int k);
+  // What position `k` holds of `layout`'s parameter `param` (a [rows, width]
+  // table), its shard's part as PartOf.
+  static TableShard Of(const ShardLayout& layout, int param, int k, int replicas = 1);
+  // The rows of `layout`'s parameter `param` that some position holds in
+  // part (a part's end falls inside them), in order: the same on every rank.
+  static std::vector<int64_t> CutRows(const ShardLayout& layout, int param, int replicas = 1);
 };
 
 }  // namespace shardline

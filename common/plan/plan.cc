@@ -239,6 +239,13 @@ struct Movement {
   bool vocab_head = false;
   int64_t head_exchange_bytes = 0, head_grad_bytes = 0;
   int64_t head_prefix_bytes = 0;  // the untied head's norm: once per step, where it trains
+  // Tied, over the world (comm::HeadOverWorldBeatsAllReduce): every rank's
+  // tokens, their exchanges' first stage across the replicas per micro-batch
+  // (hidden states, targets, statistics; dL/dh's second), and the table's
+  // parts all-gathered across them once per step instead of its shard's
+  // all-reduce.
+  bool head_world = false;
+  int64_t replica_head_exchange_bytes = 0, replica_head_grad_bytes = 0, head_parts_bytes = 0;
 };
 
 // The sparse embedding's rows per micro-batch: every token of every rank of
@@ -277,7 +284,7 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     // The sparse table's shard is all-reduced whole, unless its rows'
     // gradients are every replica's and it is untied.
     const int64_t shard = (mv.sparse && u == 0 ? mv.whole.embed : size(mv.t)) / g;
-    const bool all_reduced = !(mv.sparse && u == 0 && mv.world_rows && !mv.tied);
+    const bool all_reduced = !(mv.sparse && u == 0 && mv.world_rows && (!mv.tied || mv.head_world));
     if (mv.replicas > 1 && shard > 0 && all_reduced) {
       w.replica_bytes = comm::RingAllReduceBytes(shard * r, r, mv.replicas);
     }
@@ -285,7 +292,7 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
       w.lookup_bytes = mv.lookup_bytes;
       w.row_grad_bytes = mv.row_grad_bytes;
       w.replica_row_grad_bytes = mv.replica_row_grad_bytes;
-      w.replica_rows_last_only = mv.tied;
+      w.replica_rows_last_only = mv.tied && !mv.head_world;
     }
     sch.units.push_back(w);
   }
@@ -303,6 +310,7 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
       head.reduce_bytes += reduce;
     }
     if (mv.world_rows) head.replica_bytes += std::exchange(table.replica_bytes, 0);
+    head.replica_bytes += mv.head_parts_bytes;  // (after the last micro-batch's head, not waited on)
   }
   if (mv.vocab_head) {
     UnitWork& head = sch.units.back();
@@ -310,6 +318,8 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     head.lookup_bytes += mv.head_exchange_bytes;
     head.first_lookup_bytes = mv.head_prefix_bytes;
     head.row_grad_bytes += mv.head_grad_bytes;
+    head.replica_lookup_bytes = mv.replica_head_exchange_bytes;
+    head.replica_row_grad_bytes += mv.replica_head_grad_bytes;
   }
   const int64_t full = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
   if (!ShardsParams(mv.s) && g > 1) sch.after_step_gather_bytes = comm::RingAllGatherBytes(full * p, g);
@@ -383,10 +393,26 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
     SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> units, model::OwnershipMap(m, g));
     const ShardLayout& unit = mv.tied ? units.front() : units.back();
     const int table = mv.tied ? 0 : static_cast<int>(unit.params.size()) - 1;
-    const int64_t stats = 2 + static_cast<int64_t>(TableShard::CutRows(unit, table).size());
-    mv.head_exchange_bytes = comm::RingAllGatherBytes(rows * C * p, g) + comm::RingAllGatherBytes(rows * 8, g) +
-                             comm::RingAllGatherBytes(g * rows * stats * 4, g);
-    mv.head_grad_bytes = comm::RingReduceScatterBytes(rows * C * r, g);
+    // Over the world (tied and trained, the rows' gradients across the
+    // replicas already): R times the tokens, each exchange across the
+    // replicas first (dL/dh's last), and the parts' all-gather.
+    const int64_t own = int64_t{x.b} * m.block_size;  // a rank's tokens per micro-batch
+    mv.head_world = mv.tied && !lora && mv.world_rows &&
+                    comm::HeadOverWorldBeatsAllReduce(own * x.micro_batches, C, table_shard, p, r, mv.replicas);
+    const int R = mv.head_world ? mv.replicas : 1;
+    const int64_t head_rows = R * rows;
+    const int64_t stats = 2 + static_cast<int64_t>(TableShard::CutRows(unit, table, R).size());
+    mv.head_exchange_bytes = comm::RingAllGatherBytes(head_rows * C * p, g) +
+                             comm::RingAllGatherBytes(head_rows * 8, g) +
+                             comm::RingAllGatherBytes(g * R * head_rows * stats * 4, g);
+    mv.head_grad_bytes = comm::RingReduceScatterBytes(head_rows * C * r, g);
+    if (mv.head_world) {
+      mv.replica_head_exchange_bytes = comm::RingAllGatherBytes(R * own * C * p, R) +
+                                       comm::RingAllGatherBytes(R * own * 8, R) +
+                                       comm::RingAllGatherBytes(R * head_rows * stats * 4, R);
+      mv.replica_head_grad_bytes = comm::RingReduceScatterBytes(R * own * C * r, R);
+      mv.head_parts_bytes = comm::RingAllGatherBytes(R * ((table_shard + R - 1) / R) * r, R);
+    }
     // (A frozen norm is summed once per job: no bytes per step.)
     if (!mv.tied && !lora) {
       mv.head_prefix_bytes = comm::RingAllReduceBytes(C * p, p, g);
@@ -409,7 +435,13 @@ void PlanMemory(const PlanInput& in, const StepShape& x, const Movement& mv, Str
   // the whole table and its gradient.
   const UnitSizes& base = mv.lora ? mv.f : t;
   const int64_t table = mv.vocab_head ? (mv.tied ? base.embed : base.head) : 0;  // (the unit holding it)
-  if (mv.vocab_head) sp->transient_bytes += SparseRows(mv, x, m) * m.n_embd * (p + 4 + r) + 4 * table / mv.g;
+  // (Over the world: every rank's tokens, and the part's gradient beside
+  // the gathered parts.)
+  if (mv.vocab_head) {
+    const int R = mv.head_world ? mv.replicas : 1;
+    sp->transient_bytes += R * SparseRows(mv, x, m) * m.n_embd * (p + 4 + r) + 4 * table / mv.g +
+                           (mv.head_world ? 4 * table / mv.g / R : 0);
+  }
   const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
   if (ShardsParams(mv.s)) sp->transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
   if (mv.base_sharded) sp->transient_bytes += p * (mv.f.embed + mv.f.head + live_blocks * mv.f.block);

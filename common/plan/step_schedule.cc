@@ -42,8 +42,8 @@ struct Clock {
 // At the head (the last unit, whose loss is fused with its backward) the
 // backward's first gathers are issued, as many as the limit allows, into
 // `for_backward`.
-void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, Clock& clock, ScheduleTimes& out,
-             std::map<int, double>* for_backward) {
+void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, LinkQueue& replica, Clock& clock,
+             ScheduleTimes& out, std::map<int, double>* for_backward) {
   const int n = static_cast<int>(in.units.size());
   std::map<int, double> gathered;  // unit -> when its gather ends
   int next = 0;
@@ -52,6 +52,7 @@ void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, Clock&
   };
   for (int u = 0; u < n; ++u) {
     const UnitWork& w = in.units[u];
+    if (w.replica_lookup_bytes > 0) clock.now = replica.Send(clock.now, w.replica_lookup_bytes);
     const double lookup = w.lookup_bytes + (first_micro ? w.first_lookup_bytes : 0);
     if (lookup > 0) clock.now = shard.Send(clock.now, lookup);
     if (next <= u) issue(next++);
@@ -129,7 +130,7 @@ ScheduleTimes Simulate(const ScheduleInput& in) {
     const double start = clock.now;
     const bool last = k == std::min(m, 3) - 1;
     std::map<int, double> for_backward;
-    Forward(in, k == 0, shard, clock, out, &for_backward);
+    Forward(in, k == 0, shard, replica, clock, out, &for_backward);
     Backward(in, last, shard, replica, clock, out, &ends, std::move(for_backward));
     if (k == 1 && m > 3) {
       const double repeats = m - 3, seconds = (clock.now - start) * repeats;

@@ -31,6 +31,7 @@ struct UnitWork {
   double reduce_bytes = 0;               // reduce-scattered after its backward
   double replica_bytes = 0;              // all-reduced across replicas in the last micro-batch
   double lookup_bytes = 0;               // sparse embedding: exchanged and waited on before forward
+  double replica_lookup_bytes = 0;       // likewise across replicas, first (the head over the world)
   double first_lookup_bytes = 0;         // likewise, in the first micro-batch only (once per step)
   double row_grad_bytes = 0;             // sparse embedding: exchanged and waited on in backward
   // Sparse embedding: the rows' gradients gathered across replicas and

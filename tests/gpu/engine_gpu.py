@@ -117,8 +117,9 @@ def shared_gpu(checks):
     # rows, the table gathered for the head alone) on the device: within the
     # shard group at N = 2, and at vocabulary 1024 with hybrid_shard N = 4,
     # where the rows' gradients are also gathered across the replicas
-    # (SparseEmbedding::RowsBeatAllReduce) and the tied shard's all-reduce
-    # runs before the last rows are added.
+    # (SparseEmbedding::RowsBeatAllReduce) and the head computes over the
+    # world (comm::HeadOverWorldBeatsAllReduce: its exchanges in two stages,
+    # the table's parts gathered across the replicas).
     sparse = {"parallelism__sparse_embedding": True}
     runs += [("full_shard", 2, "gloo", {}, sparse),
              ("hybrid_shard", 4, "gloo", {}, dict(sparse, model__vocab_size=1024))]

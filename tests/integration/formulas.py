@@ -109,15 +109,38 @@ def vocab_parallel_head(cfg, world):
     return rows * model["n_embd"] * (p + r) < holder * (p + (0 if cfg.get("lora") else r))
 
 
-def cut_rows(model, G):
+def cut_rows(model, G, R=1):
     """Rows of the vocabulary table (wte, first in the embed unit; untied,
     lm_head, after the norm's C in the head unit) that a shard boundary of
-    their unit falls inside."""
+    their unit falls inside; over the world (R replicas), a boundary of the
+    shards' R parts (TableShard::PartOf)."""
     C, V = model["n_embd"], model["vocab_size"]
     offset = 0 if tied(model) else C
     shard = padded(unit_sizes(model)[0 if tied(model) else -1], G) // G
-    return len({(k * shard - offset) // C for k in range(1, G)
-                if offset < k * shard < offset + V * C and (k * shard - offset) % C})
+    part = -(-shard // R)
+    bounds = {s * shard + min(r * part, shard) for s in range(G) for r in range(R)}
+    return len({(b - offset) // C for b in bounds if offset < b < offset + V * C and (b - offset) % C})
+
+
+def head_over_world(cfg, world):
+    """The tied head computes over every rank's tokens, each rank over its
+    replica's part of its shard, where the table's rows' gradients cross
+    the replicas already and the hidden states and their gradients crossing
+    them are fewer bytes than the half of the shard's all-reduce it saves
+    (comm::HeadOverWorldBeatsAllReduce, as the engine and the planner
+    decide)."""
+    model = cfg["model"]
+    if not vocab_parallel_head(cfg, world) or not tied(model) or cfg.get("lora"):
+        return False
+    G = group_size(cfg["parallelism"]["strategy"], world, cfg)
+    R = world // G
+    p = DTYPE_BYTES[cfg["precision"]["param_dtype"]]
+    r = DTYPE_BYTES[cfg["precision"]["reduce_dtype"]]
+    tokens, C = cfg["train"]["micro_batch_size"] * model["block_size"], model["n_embd"]
+    micro = cfg["train"]["batch_size"] // world // cfg["train"]["micro_batch_size"]
+    shard = padded(unit_sizes(model)[0], G) // G
+    world_rows = R > 1 and R * G * tokens * C < 2 * shard
+    return world_rows and R * micro * tokens * C * (p + r) < shard * r
 
 
 def comm_bytes(cfg, world, steps):
@@ -141,7 +164,7 @@ def comm_bytes(cfg, world, steps):
     if lora and cfg["lora"].get("base", "sharded") == "sharded":
         ag += micro * gathers_per_micro([padded(n, G) for n in unit_sizes(cfg["model"])], p, G)
     rs = sum(ring(s * r, G) for s in sizes)
-    rep_ag = rep_ar_table = head_ar = head_ar_once = 0  # (sparse embedding, below)
+    rep_ag = rep_rs = rep_ar_table = head_ar = head_ar_once = 0  # (sparse embedding, below)
     # Sharded accumulation (the default where gradients are sharded): every
     # micro-batch is reduce-scattered; the all-reduce across replicas is once.
     if strategy in SHARDS_GRADS and cfg["train"].get("grad_accumulation", "sharded") == "sharded":
@@ -168,11 +191,28 @@ def comm_bytes(cfg, world, steps):
             # the table is all-reduced from its owner instead (param dtype),
             # once per step (once per run where it is frozen: head_ar_once),
             # and its gradient likewise (reduce dtype), every micro-batch.
-            rows = G * tokens
             holder = padded(unit_sizes(model)[0 if tied(model) else -1], G)
-            ag += micro * (ring(rows * C * p, G) + ring(rows * 8, G) + ring(G * rows * (2 + cut_rows(model, G)) * 4, G)
-                           - ring(holder * p, G))
-            rs += micro * ring(rows * C * r, G)
+            if head_over_world(cfg, world):
+                # Over the world: every rank's hidden states, targets and
+                # statistics are gathered across the replicas (each rank's
+                # own) and then over the shard group (R ranks' each); dL/dh
+                # is reduce-scattered over the shard group, then across the
+                # replicas. Once per step the replicas all-gather their
+                # parts of the table's gradient (padded to the largest),
+                # and the table's shard is never all-reduced.
+                rows, stats = R * G * tokens, 2 + cut_rows(model, G, R)
+                ag += micro * (ring(rows * C * p, G) + ring(rows * 8, G) + ring(R * G * rows * stats * 4, G)
+                               - ring(holder * p, G))
+                rs += micro * ring(rows * C * r, G)
+                rep_ag += micro * (ring(R * tokens * C * p, R) + ring(R * tokens * 8, R) + ring(R * rows * stats * 4, R))
+                rep_ag += ring(R * -(-(holder // G) // R) * r, R)
+                rep_rs += micro * ring(R * tokens * C * r, R)
+                rep_ar_table = ring_all_reduce(holder // G * r, r, R)
+            else:
+                rows = G * tokens
+                ag += micro * (ring(rows * C * p, G) + ring(rows * 8, G) + ring(G * rows * (2 + cut_rows(model, G)) * 4, G)
+                               - ring(holder * p, G))
+                rs += micro * ring(rows * C * r, G)
             if not lora:
                 rs -= (micro if cfg["train"].get("grad_accumulation", "sharded") == "sharded" else 1) * ring(holder * r, G)
             if not tied(model):
@@ -190,9 +230,10 @@ def comm_bytes(cfg, world, steps):
             # than the shard's all-reduce (SparseEmbedding::RowsBeatAllReduce),
             # the rows' gradients and ids are gathered across them too: in
             # every micro-batch for an untied table, whose shard is then never
-            # all-reduced; in the last for a tied one, after the head's part was.
+            # all-reduced; in the last for a tied one, after the head's part
+            # was, unless the head computes over the world (every one).
             if R > 1 and R * G * tokens * C < 2 * (table // G):
-                gathers = micro if not tied(model) else 1
+                gathers = micro if not tied(model) or head_over_world(cfg, world) else 1
                 rep_ag += gathers * (ring(R * G * tokens * C * r, R) + ring(R * G * tables * tokens * 8, R))
                 if not tied(model):
                     rep_ar_table = ring_all_reduce(table // G * r, r, R)
@@ -208,6 +249,8 @@ def comm_bytes(cfg, world, steps):
     }
     if rep_ag:
         counts[("replicate", "all_gather")] = steps * rep_ag
+    if rep_rs:
+        counts[("replicate", "reduce_scatter")] = steps * rep_rs
     return counts
 
 

@@ -3,7 +3,8 @@
 // tokens and the table's gradient, whose shards put together must be the
 // whole table's. The shapes cut rows between shards (a row across up to
 // four shards, and shards holding no whole row), ignore targets, and split
-// the logits into chunks (computed again for the gradient).
+// the logits into chunks (computed again for the gradient); over the world
+// (shard groups x replicas), each shard's parts cut rows too.
 #include "worker/engine/vocab_parallel_head.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +24,7 @@ struct Shape {
   int64_t vocab, width, positions;
   int group;
   int64_t chunk_rows;  // 0: one chunk
+  int replicas = 1;    // > 1: the head over the world of group x replicas ranks
   int table() const { return positions > 0 ? 0 : 1; }
 };
 
@@ -54,7 +56,7 @@ class VocabParallelHeadTest : public ::testing::TestWithParam<Shape> {};
 TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
   const Shape s = GetParam();
   const ShardLayout layout = LayoutOf(s);
-  const int g = s.group;
+  const int g = s.group * s.replicas;  // ranks, each at its position in the head's order
   at::manual_seed(11);
   const at::Tensor flat = at::randn({layout.padded_numel}) * 0.5;
   const int64_t offset = layout.params[s.table()].offset, numel = s.vocab * s.width;
@@ -71,23 +73,28 @@ TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
   std::vector<VocabParallelHead::Result> got(g), evaluated(g);
   std::vector<int> issued(g, 0);
   std::vector<std::vector<int64_t>> cuts(g);
-  comm::OnRanks(g, comm::GlooOptions{}, [&](int r, comm::Communicator& c) {
-    const VocabParallelHead head(layout, s.table(), r);
+  std::vector<int64_t> part_at(g);  // where each position's part lies in the flat unit
+  comm::OnRankGroups(s.group, s.replicas, comm::GlooOptions{},
+                     [&](int shard_rank, int replica, comm::Communicator& c, comm::Communicator& replicas) {
+    const int r = shard_rank * s.replicas + replica;
+    const VocabParallelHead head(layout, s.table(), shard_rank, s.replicas, replica);
     cuts[r] = head.cut_rows();
+    part_at[r] = layout.ShardOffset(shard_rank) + head.part_begin();
     CommWaiter waiter(absl::Seconds(30));
-    const at::Tensor shard = flat.narrow(0, layout.ShardOffset(r), layout.shard_numel);
+    const at::Tensor part = flat.narrow(0, part_at[r], head.part_numel());
     const at::Tensor h = hidden.narrow(0, r * kTokens, kTokens), t = targets.narrow(0, r * kTokens, kTokens);
     VocabParallelHead::Want want{true, true, at::kFloat, s.chunk_rows};
-    auto result = head.Run(c, waiter, h, t, shard, kScale, want, [&] { ++issued[r]; });
+    auto result = head.Run(c, &replicas, waiter, h, t, part, kScale, want, [&] { ++issued[r]; });
     ASSERT_TRUE(result.ok()) << result.status();
     got[r] = *result;
-    auto loss_only = head.Run(c, waiter, h, t, shard, kScale, VocabParallelHead::Want{}, [&] { ++issued[r]; });
+    auto loss_only =
+        head.Run(c, &replicas, waiter, h, t, part, kScale, VocabParallelHead::Want{}, [&] { ++issued[r]; });
     ASSERT_TRUE(loss_only.ok()) << loss_only.status();
     evaluated[r] = *loss_only;
   });
 
   at::Tensor loss = at::zeros({}), eval_loss = at::zeros({});
-  std::vector<at::Tensor> shards;
+  const at::Tensor grad = at::zeros({layout.padded_numel});
   for (int r = 0; r < g; ++r) {
     SCOPED_TRACE(r);
     EXPECT_EQ(cuts[r], cuts[0]) << "every rank lists the same cut rows";
@@ -98,11 +105,10 @@ TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
     EXPECT_FALSE(evaluated[r].grad_table.defined());
     ASSERT_EQ(got[r].grad_hidden.sizes(), (at::IntArrayRef{kTokens, s.width}));
     EXPECT_TRUE(at::allclose(got[r].grad_hidden, x.grad().narrow(0, r * kTokens, kTokens), 1e-5, 1e-7));
-    shards.push_back(got[r].grad_table);
+    grad.narrow(0, part_at[r], got[r].grad_table.numel()).copy_(got[r].grad_table);
   }
   EXPECT_TRUE(at::allclose(loss, want_loss, 1e-5, 0)) << loss.item<float>() << " vs " << want_loss.item<float>();
   EXPECT_TRUE(at::allclose(eval_loss, want_loss, 1e-5, 0));
-  const at::Tensor grad = at::cat(shards);
   EXPECT_TRUE(at::allclose(grad.narrow(0, offset, numel).view({s.vocab, s.width}), w.grad(), 1e-5, 1e-7));
   grad.narrow(0, offset, numel).zero_();
   EXPECT_EQ(grad.abs().max().item<float>(), 0) << "nothing outside the table";
@@ -117,7 +123,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{3, 16, 1, 8, 0},    // shards of 8: every row cut in two, no whole rows anywhere
                       Shape{2, 16, 1, 8, 2},    // shards of 6: row 0 across three shards, row 1 four
                       Shape{13, 5, 0, 3, 0},    // norm then lm_head, 70 elements, shards of 24: rows 3 and 8 cut
-                      Shape{37, 16, 0, 4, 7}));  // norm then lm_head in chunks of 7: rows 8 and 27 cut
+                      Shape{37, 16, 0, 4, 7},    // norm then lm_head in chunks of 7: rows 8 and 27 cut
+                      Shape{13, 5, 4, 2, 0, 2},  // over 2 x 2: parts of 22, 21, 22, 21: rows 4 and 8 cut
+                      Shape{37, 16, 4, 2, 5, 3},  // over 2 x 3, in chunks: parts of 110, 110, 108
+                      Shape{13, 5, 0, 2, 0, 2}));  // norm then lm_head over 2 x 2
 
 // The cut rows are where the shards' ends fall inside the table's rows.
 TEST(VocabParallelHead, CutRowsAreTheRowsAShardEndFallsInside) {

@@ -440,5 +440,53 @@ TEST(Plan, SparseEmbeddingGathersRowsAcrossReplicas) {
   EXPECT_LT(sparse.step_s, dense.step_s);
 }
 
+// The small GPT (tied table, 43% of its parameters with wpe) on 2 hosts x 2
+// ranks, hybrid_shard with one micro-batch a rank: the head computes over
+// every rank's tokens, each rank over its replica's half of its shard, so
+// the table's shard is never all-reduced across the hosts; its halves'
+// gradients are all-gathered instead, and the hidden states, targets,
+// statistics and dL/dh cross the hosts (each rank's own tokens once).
+TEST(Plan, TiedHeadOverTheWorldReplacesTheTablesAllReduce) {
+  PlanInput in;
+  in.model.family = "gpt2";
+  in.model.n_layer = 6;
+  in.model.n_head = 8;
+  in.model.n_embd = 512;
+  in.model.vocab_size = 16384;
+  in.model.block_size = 256;
+  in.cluster.workers = 4;
+  in.cluster.gpus_per_node = 2;
+  in.cluster.inter_node_bw = 12.5e6;  // 100 Mbit/s
+  in.batch_size = 8;
+  in.micro_batch_size = 2;
+  in.param_dtype = in.reduce_dtype = DType::kFloat32;
+  const StrategyPlan dense = Of(*MakePlan(in), Strategy::kHybridShard);
+  in.sparse_embedding = true;
+  const StrategyPlan sparse = Of(*MakePlan(in), Strategy::kHybridShard);
+  const int g = 2, R = 2, p = 4, r = 4;
+  const ShardLayout table_unit = model::OwnershipMap(in.model, g)->front();
+  const int64_t table = table_unit.padded_numel, shard = table / g, C = in.model.n_embd;
+  const int64_t own = int64_t{in.micro_batch_size} * in.model.block_size, rows = g * own, world_rows = R * rows;
+  ASSERT_TRUE(comm::HeadOverWorldBeatsAllReduce(own, C, shard, p, r, R));
+  const int64_t stats = 2 + static_cast<int64_t>(TableShard::CutRows(table_unit, 0, R).size());
+  const int64_t saved = comm::RingAllGatherBytes(table * p, g) + comm::RingReduceScatterBytes(table * r, g) +
+                        comm::RingAllReduceBytes(shard * r, r, R);
+  const int64_t lookup = comm::RingAllGatherBytes(rows * 8 * 2, g) + comm::RingReduceScatterBytes(rows * C * p, g) +
+                         comm::RingAllGatherBytes(rows * C * r, g) +
+                         comm::RingAllGatherBytes(R * rows * (C * r + 8 * 2), R);
+  const int64_t head = comm::RingAllGatherBytes(world_rows * C * p, g) + comm::RingAllGatherBytes(world_rows * 8, g) +
+                       comm::RingAllGatherBytes(g * R * world_rows * stats * 4, g) +
+                       comm::RingReduceScatterBytes(world_rows * C * r, g);
+  const int64_t across = comm::RingAllGatherBytes(R * own * C * p, R) + comm::RingAllGatherBytes(R * own * 8, R) +
+                         comm::RingAllGatherBytes(R * world_rows * stats * 4, R) +
+                         comm::RingReduceScatterBytes(R * own * C * r, R) +
+                         comm::RingAllGatherBytes(R * ((shard + R - 1) / R) * r, R);
+  EXPECT_EQ(dense.comm_bytes - sparse.comm_bytes, saved - lookup - head - across);
+  // Across the hosts, where the link is the bottleneck, that is the shard's
+  // all-reduce (2 x half a shard) against half a shard and the tokens'.
+  EXPECT_LT(across + comm::RingAllGatherBytes(R * rows * (C * r + 8 * 2), R), comm::RingAllReduceBytes(shard * r, r, R));
+  EXPECT_LT(sparse.step_s, dense.step_s);
+}
+
 }  // namespace
 }  // namespace shardline

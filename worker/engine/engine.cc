@@ -93,7 +93,15 @@ absl::Status Engine::Init() {
     if (comm::VocabParallelBeatsGather(comms_.shard->size() * tokens, m.n_embd, layout.padded_numel,
                                        at::elementSize(o.param_dtype), at::elementSize(o.reduce_dtype),
                                        trained_bytes)) {
-      vocab_head_ = std::make_unique<VocabParallelHead>(layout, table, comms_.shard->rank());
+      // Tied and trained, with the rows' gradients every replica's, over
+      // the world where the replicas then exchange fewer bytes.
+      const int replicas = comms_.replicate->size();
+      const int64_t step_tokens = tokens * (config_.train.batch_size / world_ / config_.train.micro_batch_size);
+      const bool world = tied_sparse_ && world_rows_ && trained_bytes > 0 &&
+                         comm::HeadOverWorldBeatsAllReduce(step_tokens, m.n_embd, layout.shard_numel,
+                                                           at::elementSize(o.param_dtype), trained_bytes, replicas);
+      vocab_head_ = std::make_unique<VocabParallelHead>(layout, table, comms_.shard->rank(), world ? replicas : 1,
+                                                        world ? comms_.replicate->rank() : 0);
       head_holds_table_ = !tied_sparse_;
       head_prefix_numel_ = layout.params[table].offset;
     }

@@ -195,6 +195,13 @@ class Engine {
   // micro-batch).
   absl::Status StartTiedTableReduction(int micro, bool final_micro);
   absl::Status AddHeadTableShard(int micro, bool final_micro);
+  // The vocabulary-parallel head over the world (hybrid strategies): its
+  // part of the tied table's gradient is summed over the micro-batches and
+  // all-gathered across the replicas after the last one's head (overlapping
+  // the blocks' backward), then added into the shard after the lookup's
+  // rows, which are every replica's: nothing all-reduces the table's shard.
+  absl::Status AddHeadTablePart(int micro, bool final_micro);
+  absl::Status FinishHeadTableParts();
   // The head's loss through VocabParallelHead (head_vocab_parallel_): the
   // final norm of x, then the loss over the table's shards; training keeps
   // the norm's graph and the gradients it computed (head_grad_*). `issue`
@@ -281,6 +288,10 @@ class Engine {
   // its backward: dL/dh of the final norm's output, and the table's gradient
   // shard (undefined where the table is frozen).
   at::Tensor head_grad_hidden_, head_grad_table_;
+  // Over the world: this rank's part's gradient over the micro-batches, and
+  // every replica's, being gathered (last head .. FinishHeadTableParts).
+  at::Tensor head_part_grad_, head_parts_;
+  std::shared_ptr<comm::Work> head_parts_work_;
   // The lookup's row gradients are gathered across replicas too, instead of
   // the table's shard being all-reduced (SparseEmbedding::RowsBeatAllReduce).
   bool world_rows_ = false;

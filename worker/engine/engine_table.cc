@@ -34,8 +34,10 @@ absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::
   FlatParam* f = units_[0].trainable();
   // Every replica's rows (world_rows_) where nothing all-reduces the shard
   // after them: untied, always; tied, once the head's part was all-reduced,
-  // in the last micro-batch (StartTiedTableReduction, AddHeadTableShard).
-  const bool world = world_rows_ && (!tied_sparse_ || final_micro);
+  // in the last micro-batch (StartTiedTableReduction, AddHeadTableShard),
+  // or always where the head's part is the world's (over the world).
+  const bool over_world = vocab_head_ && vocab_head_->over_world();
+  const bool world = world_rows_ && (!tied_sparse_ || final_micro || over_world);
   // On a host backend the replicas' all-reduces start as reduce-scatters
   // finish; every one started must be issued before the rows' gathers, so
   // that every rank queues them in one order.
@@ -50,8 +52,12 @@ absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::
   // otherwise the first micro-batch's rows replace what the shard held.
   // (The vocabulary-parallel head's part is a shard, added in every
   // micro-batch.)
-  const bool head_reduced = tied_sparse_ && (head_vocab_parallel_ || final_micro || reduce_every_micro_);
-  return reduction_->AddShard(f, part, /*replace=*/micro == 0 && !head_reduced, /*last=*/final_micro && !world);
+  // (Over the world the head's part is added last: FinishHeadTableParts.)
+  const bool head_reduced =
+      tied_sparse_ && !over_world && (head_vocab_parallel_ || final_micro || reduce_every_micro_);
+  SL_RETURN_IF_ERROR(
+      reduction_->AddShard(f, part, /*replace=*/micro == 0 && !head_reduced, /*last=*/final_micro && !world));
+  return over_world && final_micro ? FinishHeadTableParts() : absl::OkStatus();
 }
 
 absl::Status Engine::StartTiedTableReduction(int micro, bool final_micro) {
@@ -69,6 +75,7 @@ absl::Status Engine::StartTiedTableReduction(int micro, bool final_micro) {
 absl::Status Engine::AddHeadTableShard(int micro, bool final_micro) {
   FlatParam* table = units_[0].trainable();
   if (!table) return absl::OkStatus();  // (frozen under LoRA)
+  if (vocab_head_->over_world()) return AddHeadTablePart(micro, final_micro);
   // The shard the head computed replaces the first micro-batch's; all-
   // reduced across replicas as StartTiedTableReduction's.
   return reduction_->AddShard(table, std::exchange(head_grad_table_, at::Tensor()), /*replace=*/micro == 0,
@@ -101,9 +108,11 @@ absl::StatusOr<at::Tensor> Engine::HeadVocabParallel(const at::Tensor& x, const 
   want.grad_hidden = pass.train();
   want.grad_table = pass.train() && holder.trainable();
   want.reduce_dtype = holder.base().options().reduce_dtype;
+  const at::Tensor part = holder.base().param_shard().narrow(0, vocab_head_->part_begin(), vocab_head_->part_numel());
   SL_ASSIGN_OR_RETURN(VocabParallelHead::Result r,
-                      vocab_head_->Run(*comms_.shard, waiter_, hidden.detach().reshape({-1, hidden.size(-1)}),
-                                       pass.targets, holder.base().param_shard(), pass.loss_scale, want, issue));
+                      vocab_head_->Run(*comms_.shard, comms_.replicate.get(), waiter_,
+                                       hidden.detach().reshape({-1, hidden.size(-1)}), pass.targets, part,
+                                       pass.loss_scale, want, issue));
   if (pass.train()) {
     head_grad_hidden_ = r.grad_hidden.view(hidden.sizes());
     head_grad_table_ = std::move(r.grad_table);
@@ -112,6 +121,32 @@ absl::StatusOr<at::Tensor> Engine::HeadVocabParallel(const at::Tensor& x, const 
     unit.Keep(std::move(a));
   }
   return r.loss;
+}
+
+absl::Status Engine::AddHeadTablePart(int micro, bool final_micro) {
+  // The world's gradient of this rank's part, summed over the micro-batches
+  // (padded to the largest part: the all-gather's blocks are equal).
+  const at::Tensor part = std::exchange(head_grad_table_, at::Tensor());
+  const int replicas = comms_.replicate->size();
+  const int64_t largest = (units_[0].base().layout().shard_numel + replicas - 1) / replicas;
+  if (micro == 0) head_part_grad_ = at::zeros({largest}, part.options());
+  head_part_grad_.narrow(0, 0, part.numel()).add_(part);
+  if (!final_micro) return absl::OkStatus();
+  // Issued right after the head's backward, before any block's all-reduce,
+  // on every rank: it overlaps the blocks' backward.
+  head_parts_ = at::empty({replicas * largest}, part.options());
+  head_parts_work_ = comms_.replicate->AllGather(head_parts_, head_part_grad_);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::FinishHeadTableParts() {
+  FlatParam* f = units_[0].trainable();
+  const std::shared_ptr<comm::Work> work = std::exchange(head_parts_work_, nullptr);
+  SL_RETURN_IF_ERROR(waiter_.OnDevice(*work, comm::Op::kAllGather));
+  // Every replica's part in order: the shard's gradient, the head's part.
+  const at::Tensor parts = std::exchange(head_parts_, at::Tensor());
+  head_part_grad_ = at::Tensor();  // (the gather's input, kept until it finished)
+  return reduction_->AddShard(f, parts.narrow(0, 0, f->layout().shard_numel), /*replace=*/false, /*last=*/false);
 }
 
 bool Engine::HeadExchanged(int u) const {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "common/base/status_macros.h"
 
@@ -23,28 +26,89 @@ struct VocabParallelHead::Chunk {
   at::Tensor index;    // [k, 1]: the target's column in this rank's logits (0 where not mine)
 };
 
-VocabParallelHead::VocabParallelHead(const ShardLayout& layout, int param, int shard_rank)
+VocabParallelHead::VocabParallelHead(const ShardLayout& layout, int param, int shard_rank, int replicas, int replica)
     : vocab_(layout.params.at(param).spec.shape.at(0)),
       width_(layout.params.at(param).spec.shape.at(1)),
-      shard_numel_(layout.shard_numel) {
-  held_ = TableShard::Of(layout, param, shard_rank);
-  cut_rows_ = TableShard::CutRows(layout, param);
+      replicas_(replicas),
+      position_(shard_rank * replicas + replica) {
+  const TableShard::Range range = TableShard::PartOf(layout, replicas, position_);
+  part_begin_ = range.begin - layout.ShardOffset(shard_rank);
+  part_numel_ = range.numel;
+  held_ = TableShard::Of(layout, param, position_, replicas);
+  cut_rows_ = TableShard::CutRows(layout, param, replicas);
   for (const auto& p : held_.parts) {
     part_index_.push_back(std::lower_bound(cut_rows_.begin(), cut_rows_.end(), p.row) - cut_rows_.begin());
   }
 }
+
+// The head's group: the shard group, or over replicas every rank of the
+// world, in position order (shard rank s, replica r: s * R + r).
+class VocabParallelHead::Group {
+ public:
+  Group(comm::Communicator& shard, comm::Communicator* replicas, CommWaiter& waiter)
+      : shard_(shard), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr), waiter_(waiter) {}
+
+  int size() const { return shard_.size() * (replicas_ ? replicas_->size() : 1); }
+
+  // Each pair's own [m] into out [size * m], in position order: across the
+  // replicas first (a rank's own tokens cross the link between shard groups
+  // once), then their R m over the shard group.
+  absl::Status AllGather(const std::vector<std::pair<at::Tensor, at::Tensor>>& out_own) {
+    std::vector<at::Tensor> own;
+    std::vector<std::shared_ptr<comm::Work>> works;
+    for (const auto& [out, mine] : out_own) {
+      at::Tensor in = mine;
+      if (replicas_) {
+        in = at::empty({replicas_->size() * mine.numel()}, mine.options());
+        works.push_back(replicas_->AllGather(in, mine));
+      }
+      own.push_back(in);
+    }
+    SL_RETURN_IF_ERROR(WaitAll(works, comm::Op::kAllGather));
+    for (size_t i = 0; i < out_own.size(); ++i) works.push_back(shard_.AllGather(out_own[i].first, own[i]));
+    return WaitAll(works, comm::Op::kAllGather);
+  }
+
+  // Sums `send` [size * m] over the group into own [m], this position's
+  // block: over the shard group first, then across the replicas. Returns
+  // the last stage's work.
+  absl::StatusOr<std::shared_ptr<comm::Work>> ReduceScatter(const at::Tensor& own, const at::Tensor& send) {
+    if (!replicas_) return shard_.ReduceScatter(own, send);
+    staged_ = at::empty({replicas_->size() * own.numel()}, own.options());
+    SL_RETURN_IF_ERROR(waiter_.OnDevice(*shard_.ReduceScatter(staged_, send), comm::Op::kReduceScatter));
+    return replicas_->ReduceScatter(own, staged_);
+  }
+
+ private:
+  absl::Status WaitAll(std::vector<std::shared_ptr<comm::Work>>& works, comm::Op op) {
+    for (const auto& w : std::exchange(works, {})) SL_RETURN_IF_ERROR(waiter_.OnDevice(*w, op));
+    return absl::OkStatus();
+  }
+
+  comm::Communicator& shard_;
+  comm::Communicator* const replicas_;
+  CommWaiter& waiter_;
+  // The reduce-scatter's first stage, read by the second until the caller
+  // waits for it: freed with the group, after that wait.
+  at::Tensor staged_;
+};
 
 at::Tensor VocabParallelHead::WholeRowLogits(const at::Tensor& all_hidden, const at::Tensor& held, int64_t r0,
                                              int64_t k) const {
   return at::linear(all_hidden.narrow(0, r0, k), held).to(at::kFloat);
 }
 
-absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communicator& shard, CommWaiter& waiter,
+absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communicator& shard,
+                                                                 comm::Communicator* replicas, CommWaiter& waiter,
                                                                  const at::Tensor& hidden, const at::Tensor& targets,
-                                                                 const at::Tensor& table_shard, double scale,
+                                                                 const at::Tensor& table_part, double scale,
                                                                  const Want& want,
                                                                  const std::function<void()>& issue) const {
-  const int64_t g = shard.size(), n = hidden.size(0), C = width_, rows = g * n;
+  if (replicas_ > 1 && (!replicas || replicas->size() != replicas_)) {
+    return absl::InvalidArgumentError("vocabulary-parallel head: built over the world, run without its replicas");
+  }
+  Group group(shard, replicas_ > 1 ? replicas : nullptr, waiter);
+  const int64_t g = group.size(), n = hidden.size(0), C = width_, rows = g * n;
   const int64_t cuts = static_cast<int64_t>(cut_rows_.size()), vr = held_.full_rows();
   const at::TensorOptions f32 = hidden.options().dtype(at::kFloat);
   // 1. Every rank's hidden states and targets.
@@ -52,14 +116,11 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
   const at::Tensor own_targets = targets.reshape({-1}).to(at::kLong).contiguous();
   const at::Tensor all_hidden = at::empty({rows, C}, hidden.options());
   const at::Tensor all_targets = at::empty({rows}, own_targets.options());
-  std::shared_ptr<comm::Work> gather_hidden = shard.AllGather(all_hidden.view({-1}), own_hidden.view({-1}));
-  std::shared_ptr<comm::Work> gather_targets = shard.AllGather(all_targets, own_targets);
-  SL_RETURN_IF_ERROR(waiter.OnDevice(*gather_hidden, comm::Op::kAllGather));
-  SL_RETURN_IF_ERROR(waiter.OnDevice(*gather_targets, comm::Op::kAllGather));
+  SL_RETURN_IF_ERROR(group.AllGather({{all_hidden.view({-1}), own_hidden.view({-1})}, {all_targets, own_targets}}));
 
   // 2. This rank's statistics: [logsumexp of its whole rows, its target
   // logits, its elements' share of each cut row's logit].
-  const at::Tensor held = vr > 0 ? table_shard.narrow(0, held_.full_at, vr * C).view({vr, C}) : at::Tensor();
+  const at::Tensor held = vr > 0 ? table_part.narrow(0, held_.full_at, vr * C).view({vr, C}) : at::Tensor();
   const int64_t chunk_rows =
       want.chunk_rows > 0 ? want.chunk_rows : std::max<int64_t>(1, kChunkLogits / std::max<int64_t>(1, vr));
   std::vector<Chunk> chunks;
@@ -87,17 +148,23 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
   std::vector<at::Tensor> part_values;  // held_.parts' elements, fp32
   for (size_t i = 0; i < held_.parts.size(); ++i) {
     const TableShard::PartRow& p = held_.parts[i];
-    part_values.push_back(table_shard.narrow(0, p.at, p.width).to(at::kFloat));
+    part_values.push_back(table_part.narrow(0, p.at, p.width).to(at::kFloat));
     stats.select(1, 2 + part_index_[i])
         .copy_(at::mv(all_hidden.narrow(1, p.column, p.width).to(at::kFloat), part_values.back()));
   }
 
   // 3. Every rank's statistics: each token's logsumexp and target logit.
   const at::Tensor all_stats = at::empty({g, rows, 2 + cuts}, f32);
-  std::shared_ptr<comm::Work> gather_stats = shard.AllGather(all_stats.view({-1}), stats.view({-1}));
   const bool train = want.grad_hidden || want.grad_table;
-  if (train && issue) issue();
-  SL_RETURN_IF_ERROR(waiter.OnDevice(*gather_stats, comm::Op::kAllGather));
+  if (replicas_ == 1) {
+    std::shared_ptr<comm::Work> gather_stats = shard.AllGather(all_stats.view({-1}), stats.view({-1}));
+    if (train && issue) issue();
+    SL_RETURN_IF_ERROR(waiter.OnDevice(*gather_stats, comm::Op::kAllGather));
+  } else {
+    // (Two stages: the prefetch queues behind the second.)
+    SL_RETURN_IF_ERROR(group.AllGather({{all_stats.view({-1}), stats.view({-1})}}));
+    if (train && issue) issue();
+  }
   const at::Tensor cut_logits = all_stats.narrow(2, 2, cuts).sum(0);  // [rows, cuts]
   const at::Tensor lse = at::logsumexp(at::cat({all_stats.select(2, 0).t(), cut_logits}, 1), {1});
   at::Tensor picked = all_stats.select(2, 1).sum(0);  // one rank's logit, zeros
@@ -110,7 +177,7 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
   }
   const at::Tensor valid = all_targets.ne(kIgnoreIndex);
   Result r;
-  r.loss = at::where(valid, lse - picked, at::zeros_like(lse)).narrow(0, shard.rank() * n, n).sum().mul_(scale);
+  r.loss = at::where(valid, lse - picked, at::zeros_like(lse)).narrow(0, position_ * n, n).sum().mul_(scale);
   if (!train) return r;
 
   // 4. dL/dlogits = (softmax - onehot(target)) * scale on counted tokens, in
@@ -156,10 +223,13 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
   // dL/dh of this rank's tokens: every rank's share, summed.
   const at::Tensor send = dh.to(want.reduce_dtype).view({-1});
   const at::Tensor own = at::empty({n * C}, send.options());
-  std::shared_ptr<comm::Work> scatter = want.grad_hidden ? shard.ReduceScatter(own, send) : nullptr;
+  std::shared_ptr<comm::Work> scatter;
+  if (want.grad_hidden) {
+    SL_ASSIGN_OR_RETURN(scatter, group.ReduceScatter(own, send));
+  }
   if (want.grad_table) {
     if (kept_grad.defined()) row_grad.add_(at::mm(kept_grad.t(), all_hidden));
-    at::Tensor grad = at::zeros({shard_numel_}, f32);
+    at::Tensor grad = at::zeros({part_numel_}, f32);
     if (row_grad.defined()) grad.narrow(0, held_.full_at, vr * C).copy_(row_grad.view({-1}));
     for (size_t i = 0; i < part_grads.size(); ++i) {
       grad.narrow(0, held_.parts[i].at, held_.parts[i].width).copy_(part_grads[i]);

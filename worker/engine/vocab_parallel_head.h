@@ -30,7 +30,17 @@
 //     table's gradient, summed over the group's tokens, with no
 //     reduce-scatter.
 // The loss returned is the rank's own tokens' (summed over the group it is
-// the group's). Between 3 and 4 the caller may issue collectives of its own
+// the group's).
+//
+// Over the world (hybrid strategies, `replicas` > 1): the group is every
+// rank, each shard split in `replicas` parts, and a rank computes over its
+// replica's part of its shard for every rank's tokens (TableShard::PartOf).
+// The table's gradient part it returns is then the world's already: the
+// replicas exchange their parts (an all-gather, (R-1)/R of a shard) instead
+// of all-reducing the shard (twice that), for R-1 times a rank's hidden
+// states and their gradients across the replicas. The gathers cross the
+// replicas first (a rank's own tokens cross once), the reduce-scatter the
+// shard group first (a rank's own tokens' sums cross once). Between 3 and 4 the caller may issue collectives of its own
 // (`issue`, the engine's backward prefetch): they queue behind the
 // statistics, which the step waits on, and dL/dh's reduce-scatter queues
 // behind them (a communicator runs its ops in call order).
@@ -41,7 +51,8 @@
 // gradients (the group's tokens at once) are the same terms summed in
 // another fp32 order.
 //
-// Memory: every rank's hidden states [G n, C] (compute dtype), the logits of
+// Memory (G: the group's ranks, the world's over the world): every rank's
+// hidden states [G n, C] (compute dtype), the logits of
 // this rank's rows for them, [G n, V/G] fp32 (what one process holds for n
 // tokens over V; in chunks of at most 2^26 logits, recomputed for the
 // gradient when there is more than one), dL/dh [G n, C] fp32 and a shard's
@@ -68,8 +79,10 @@ class VocabParallelHead {
  public:
   // The table is `layout`'s parameter `param` ([V, C]: GPT-2's wte, first in
   // the embed unit; the llama's lm_head, after the norm in the head unit);
-  // `shard_rank` is this rank's place in the group the layout shards over.
-  VocabParallelHead(const ShardLayout& layout, int param, int shard_rank);
+  // `shard_rank` is this rank's place in the group the layout shards over,
+  // `replica` its place among `replicas` copies of that group (over the
+  // world where `replicas` > 1).
+  VocabParallelHead(const ShardLayout& layout, int param, int shard_rank, int replicas = 1, int replica = 0);
 
   // What Run computes beyond the loss.
   struct Want {
@@ -81,16 +94,23 @@ class VocabParallelHead {
   struct Result {
     at::Tensor loss;         // fp32 scalar: this rank's tokens' cross-entropies, times scale
     at::Tensor grad_hidden;  // [n, C], hidden's dtype (Want::grad_hidden)
-    at::Tensor grad_table;   // [shard_numel], reduce dtype; zero outside the table (Want::grad_table)
+    at::Tensor grad_table;   // [part_numel], reduce dtype; zero outside the table (Want::grad_table)
   };
   // `hidden` [n, C] in the compute dtype (the final norm's output), `targets`
-  // [n] int64 (-100: ignored), `table_shard` this rank's shard of the flat
-  // unit (shard_numel elements, the compute dtype). Every rank of the group
-  // calls it with the same n. `issue` (may be empty) runs once the
-  // statistics' exchange is issued; training only.
-  absl::StatusOr<Result> Run(comm::Communicator& shard, CommWaiter& waiter, const at::Tensor& hidden,
-                             const at::Tensor& targets, const at::Tensor& table_shard, double scale,
-                             const Want& want, const std::function<void()>& issue) const;
+  // [n] int64 (-100: ignored), `table_part` this rank's part of the flat
+  // unit (part_numel elements from part_begin of its shard, the compute
+  // dtype). `replicas` is the replicate group (over the world; else
+  // ignored, may be null). Every rank of the group calls it with the same
+  // n. `issue` (may be empty) runs once the statistics' exchange is issued;
+  // training only.
+  absl::StatusOr<Result> Run(comm::Communicator& shard, comm::Communicator* replicas, CommWaiter& waiter,
+                             const at::Tensor& hidden, const at::Tensor& targets, const at::Tensor& table_part,
+                             double scale, const Want& want, const std::function<void()>& issue) const;
+
+  // This rank's part of its shard: the whole shard unless over the world.
+  int64_t part_begin() const { return part_begin_; }
+  int64_t part_numel() const { return part_numel_; }
+  bool over_world() const { return replicas_ > 1; }
 
   // Rows of the table cut between shards, in order (every rank's, the same
   // on each).
@@ -98,11 +118,14 @@ class VocabParallelHead {
 
  private:
   struct Chunk;
+  class Group;
   // The fp32 logits of the whole rows held ([k, full rows]) for rows [r0,
   // r0 + k) of every rank's hidden states.
   at::Tensor WholeRowLogits(const at::Tensor& all_hidden, const at::Tensor& held, int64_t r0, int64_t k) const;
 
-  int64_t vocab_, width_, shard_numel_;
+  int64_t vocab_, width_;
+  int replicas_, position_;  // position: in the group's order (shard rank x replicas + replica)
+  int64_t part_begin_ = 0, part_numel_ = 0;
   TableShard held_;
   std::vector<int64_t> cut_rows_;
   std::vector<int64_t> part_index_;  // held_.parts[i]'s index in cut_rows_
