@@ -239,13 +239,14 @@ struct Movement {
   bool vocab_head = false;
   int64_t head_exchange_bytes = 0, head_grad_bytes = 0;
   int64_t head_prefix_bytes = 0;  // the untied head's norm: once per step, where it trains
-  // Tied, over the world (comm::HeadOverWorldBeatsAllReduce): every rank's
+  // Over the world (comm::HeadOverWorldBeatsAllReduce): every rank's
   // tokens, their exchanges' first stage across the replicas per micro-batch
   // (hidden states, targets, statistics; dL/dh's second), and the table's
-  // parts all-gathered across them once per step instead of its shard's
-  // all-reduce.
+  // parts all-gathered across them once per step instead of the holding
+  // unit's shard's all-reduce (untied, and the norm's gradient all-reduced).
   bool head_world = false;
   int64_t replica_head_exchange_bytes = 0, replica_head_grad_bytes = 0, head_parts_bytes = 0;
+  int64_t replica_prefix_bytes = 0;
 };
 
 // The sparse embedding's rows per micro-batch: every token of every rank of
@@ -284,7 +285,9 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     // The sparse table's shard is all-reduced whole, unless its rows'
     // gradients are every replica's and it is untied.
     const int64_t shard = (mv.sparse && u == 0 ? mv.whole.embed : size(mv.t)) / g;
-    const bool all_reduced = !(mv.sparse && u == 0 && mv.world_rows && (!mv.tied || mv.head_world));
+    // (Nor is the untied head's, computed over the world.)
+    const bool all_reduced = !(mv.sparse && u == 0 && mv.world_rows && (!mv.tied || mv.head_world)) &&
+                             !(mv.head_world && !mv.tied && u == units - 1);
     if (mv.replicas > 1 && shard > 0 && all_reduced) {
       w.replica_bytes = comm::RingAllReduceBytes(shard * r, r, mv.replicas);
     }
@@ -310,7 +313,6 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
       head.reduce_bytes += reduce;
     }
     if (mv.world_rows) head.replica_bytes += std::exchange(table.replica_bytes, 0);
-    head.replica_bytes += mv.head_parts_bytes;  // (after the last micro-batch's head, not waited on)
   }
   if (mv.vocab_head) {
     UnitWork& head = sch.units.back();
@@ -320,6 +322,8 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     head.row_grad_bytes += mv.head_grad_bytes;
     head.replica_lookup_bytes = mv.replica_head_exchange_bytes;
     head.replica_row_grad_bytes += mv.replica_head_grad_bytes;
+    // (After the last micro-batch's head, not waited on until the end.)
+    head.replica_bytes += mv.head_parts_bytes + mv.replica_prefix_bytes;
   }
   const int64_t full = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
   if (!ShardsParams(mv.s) && g > 1) sch.after_step_gather_bytes = comm::RingAllGatherBytes(full * p, g);
@@ -393,12 +397,13 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
     SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> units, model::OwnershipMap(m, g));
     const ShardLayout& unit = mv.tied ? units.front() : units.back();
     const int table = mv.tied ? 0 : static_cast<int>(unit.params.size()) - 1;
-    // Over the world (tied and trained, the rows' gradients across the
+    // Over the world (trained; tied, the rows' gradients across the
     // replicas already): R times the tokens, each exchange across the
     // replicas first (dL/dh's last), and the parts' all-gather.
     const int64_t own = int64_t{x.b} * m.block_size;  // a rank's tokens per micro-batch
-    mv.head_world = mv.tied && !lora && mv.world_rows &&
-                    comm::HeadOverWorldBeatsAllReduce(own * x.micro_batches, C, table_shard, p, r, mv.replicas);
+    const int64_t holder_shard = holder / g;
+    mv.head_world = !lora && mv.replicas > 1 && (!mv.tied || mv.world_rows) &&
+                    comm::HeadOverWorldBeatsAllReduce(own * x.micro_batches, C, holder_shard, p, r, mv.replicas);
     const int R = mv.head_world ? mv.replicas : 1;
     const int64_t head_rows = R * rows;
     const int64_t stats = 2 + static_cast<int64_t>(TableShard::CutRows(unit, table, R).size());
@@ -411,7 +416,8 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
                                        comm::RingAllGatherBytes(R * own * 8, R) +
                                        comm::RingAllGatherBytes(R * head_rows * stats * 4, R);
       mv.replica_head_grad_bytes = comm::RingReduceScatterBytes(R * own * C * r, R);
-      mv.head_parts_bytes = comm::RingAllGatherBytes(R * ((table_shard + R - 1) / R) * r, R);
+      mv.head_parts_bytes = comm::RingAllGatherBytes(R * ((holder_shard + R - 1) / R) * r, R);
+      if (!mv.tied) mv.replica_prefix_bytes = comm::RingAllReduceBytes(C * r, r, R);
     }
     // (A frozen norm is summed once per job: no bytes per step.)
     if (!mv.tied && !lora) {

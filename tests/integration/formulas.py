@@ -123,14 +123,14 @@ def cut_rows(model, G, R=1):
 
 
 def head_over_world(cfg, world):
-    """The tied head computes over every rank's tokens, each rank over its
-    replica's part of its shard, where the table's rows' gradients cross
-    the replicas already and the hidden states and their gradients crossing
-    them are fewer bytes than the half of the shard's all-reduce it saves
-    (comm::HeadOverWorldBeatsAllReduce, as the engine and the planner
-    decide)."""
+    """The head computes over every rank's tokens, each rank over its
+    replica's part of its shard, where the table trains (tied, its rows'
+    gradients crossing the replicas already) and the hidden states and
+    their gradients crossing them are fewer bytes than the half of the
+    shard's all-reduce it saves (comm::HeadOverWorldBeatsAllReduce, as the
+    engine and the planner decide)."""
     model = cfg["model"]
-    if not vocab_parallel_head(cfg, world) or not tied(model) or cfg.get("lora"):
+    if not vocab_parallel_head(cfg, world) or cfg.get("lora"):
         return False
     G = group_size(cfg["parallelism"]["strategy"], world, cfg)
     R = world // G
@@ -138,9 +138,10 @@ def head_over_world(cfg, world):
     r = DTYPE_BYTES[cfg["precision"]["reduce_dtype"]]
     tokens, C = cfg["train"]["micro_batch_size"] * model["block_size"], model["n_embd"]
     micro = cfg["train"]["batch_size"] // world // cfg["train"]["micro_batch_size"]
-    shard = padded(unit_sizes(model)[0], G) // G
-    world_rows = R > 1 and R * G * tokens * C < 2 * shard
-    return world_rows and R * micro * tokens * C * (p + r) < shard * r
+    table = padded(unit_sizes(model)[0], G) // G
+    world_rows = R > 1 and R * G * tokens * C < 2 * table
+    shard = padded(unit_sizes(model)[0 if tied(model) else -1], G) // G
+    return R > 1 and (world_rows or not tied(model)) and R * micro * tokens * C * (p + r) < shard * r
 
 
 def comm_bytes(cfg, world, steps):
@@ -164,7 +165,7 @@ def comm_bytes(cfg, world, steps):
     if lora and cfg["lora"].get("base", "sharded") == "sharded":
         ag += micro * gathers_per_micro([padded(n, G) for n in unit_sizes(cfg["model"])], p, G)
     rs = sum(ring(s * r, G) for s in sizes)
-    rep_ag = rep_rs = rep_ar_table = head_ar = head_ar_once = 0  # (sparse embedding, below)
+    rep_ag = rep_rs = rep_ar_table = rep_ar_prefix = head_ar = head_ar_once = 0  # (sparse embedding, below)
     # Sharded accumulation (the default where gradients are sharded): every
     # micro-batch is reduce-scattered; the all-reduce across replicas is once.
     if strategy in SHARDS_GRADS and cfg["train"].get("grad_accumulation", "sharded") == "sharded":
@@ -199,7 +200,9 @@ def comm_bytes(cfg, world, steps):
                 # is reduce-scattered over the shard group, then across the
                 # replicas. Once per step the replicas all-gather their
                 # parts of the table's gradient (padded to the largest),
-                # and the table's shard is never all-reduced.
+                # and the shard of the unit holding the table is never
+                # all-reduced; untied, the norm's gradient (summed over the
+                # group every micro-batch) is all-reduced across them once.
                 rows, stats = R * G * tokens, 2 + cut_rows(model, G, R)
                 ag += micro * (ring(rows * C * p, G) + ring(rows * 8, G) + ring(R * G * rows * stats * 4, G)
                                - ring(holder * p, G))
@@ -207,7 +210,9 @@ def comm_bytes(cfg, world, steps):
                 rep_ag += micro * (ring(R * tokens * C * p, R) + ring(R * tokens * 8, R) + ring(R * rows * stats * 4, R))
                 rep_ag += ring(R * -(-(holder // G) // R) * r, R)
                 rep_rs += micro * ring(R * tokens * C * r, R)
-                rep_ar_table = ring_all_reduce(holder // G * r, r, R)
+                rep_ar_table += ring_all_reduce(holder // G * r, r, R)
+                if not tied(model):
+                    rep_ar_prefix = ring_all_reduce(C * r, r, R)
             else:
                 rows = G * tokens
                 ag += micro * (ring(rows * C * p, G) + ring(rows * 8, G) + ring(G * rows * (2 + cut_rows(model, G)) * 4, G)
@@ -236,7 +241,7 @@ def comm_bytes(cfg, world, steps):
                 gathers = micro if not tied(model) or head_over_world(cfg, world) else 1
                 rep_ag += gathers * (ring(R * G * tokens * C * r, R) + ring(R * G * tables * tokens * 8, R))
                 if not tied(model):
-                    rep_ar_table = ring_all_reduce(table // G * r, r, R)
+                    rep_ar_table += ring_all_reduce(table // G * r, r, R)
     # grad norm, then loss + save vote (fp64)
     shard_ar = ring_all_reduce(8, 8, G) + ring_all_reduce(16, 8, G) if G > 1 else 0
     rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(16, 8, R)) if R > 1 else 0
@@ -245,7 +250,7 @@ def comm_bytes(cfg, world, steps):
         ("shard", "all_gather"): steps * ag + final_gather,
         ("shard", "reduce_scatter"): steps * rs,
         ("shard", "all_reduce"): steps * (shard_ar + head_ar) + head_ar_once,
-        ("replicate", "all_reduce"): steps * (rep_ar - rep_ar_table),
+        ("replicate", "all_reduce"): steps * (rep_ar - rep_ar_table + rep_ar_prefix),
     }
     if rep_ag:
         counts[("replicate", "all_gather")] = steps * rep_ag

@@ -321,11 +321,17 @@ TEST(Plan, SeventyBillionWithUnshardedAccumulationDoesNotFit) {
 // What the vocabulary-parallel head moves per micro-batch over a group of g
 // with `rows` tokens in all, the table being `param` of `unit`: hidden states
 // (p), targets, [rows, 2 + cut rows] fp32 statistics gathered, dL/dh (r)
-// reduce-scattered.
-int64_t VocabHeadBytes(const ShardLayout& unit, int param, int64_t rows, int64_t C, int p, int r, int g) {
-  const int64_t cuts = static_cast<int64_t>(TableShard::CutRows(unit, param).size());
-  return comm::RingAllGatherBytes(rows * C * p, g) + comm::RingAllGatherBytes(rows * 8, g) +
-         comm::RingAllGatherBytes(g * rows * (2 + cuts) * 4, g) + comm::RingReduceScatterBytes(rows * C * r, g);
+// reduce-scattered. Over the world of R > 1 groups: R times the rows, each
+// exchange's stage across the replicas (a rank's own tokens, `rows` / g),
+// and once a step the parts of the table's gradient (1/R of a shard each).
+int64_t VocabHeadBytes(const ShardLayout& unit, int param, int64_t rows, int64_t C, int p, int r, int g, int R = 1) {
+  const int64_t cuts = static_cast<int64_t>(TableShard::CutRows(unit, param, R).size());
+  const int64_t own = rows / g, all = R * rows, stats = (2 + cuts) * 4;
+  return comm::RingAllGatherBytes(all * C * p, g) + comm::RingAllGatherBytes(all * 8, g) +
+         comm::RingAllGatherBytes(g * R * all * stats, g) + comm::RingReduceScatterBytes(all * C * r, g) +
+         comm::RingAllGatherBytes(R * own * C * p, R) + comm::RingAllGatherBytes(R * own * 8, R) +
+         comm::RingAllGatherBytes(R * all * stats, R) + comm::RingReduceScatterBytes(R * own * C * r, R) +
+         comm::RingAllGatherBytes(R * ((unit.shard_numel + R - 1) / R) * r, R);
 }
 
 // [parallelism] sparse_embedding on an 8B llama over 8 GPUs: the token
@@ -404,7 +410,9 @@ TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
 
 // Across replicas (hybrid_shard, 2 groups of 4) at 2048 tokens a sequence
 // the untied table's rows' gradients, gathered across the replicas, are
-// fewer bytes than its shard's all-reduce, which they replace.
+// fewer bytes than its shard's all-reduce, which they replace; and the head
+// computes over the world, its table's parts gathered across the replicas
+// instead of the head unit's shard all-reduced (its norm's gradient is).
 TEST(Plan, SparseEmbeddingGathersRowsAcrossReplicas) {
   PlanInput in;
   in.model = ModelForParams(8e9, 128256, 4096, "llama");
@@ -421,22 +429,25 @@ TEST(Plan, SparseEmbeddingGathersRowsAcrossReplicas) {
   const int64_t table = units.front().padded_numel, head_unit = units.back().padded_numel;
   const int64_t rows = int64_t{g} * in.model.block_size, C = in.model.n_embd;
   ASSERT_LT(replicas * rows * C, 2 * table / g) << "the rows must be the fewer bytes";
-  // The untied head over the vocabulary (its norm and the norm's gradient
-  // all-reduced) instead of its gather and reduce-scatter; its shard is
-  // all-reduced across the replicas either way.
+  ASSERT_TRUE(comm::HeadOverWorldBeatsAllReduce(rows / g, C, head_unit / g, p, r, replicas));
+  // The untied head over the vocabulary of the world (its norm and the
+  // norm's gradient all-reduced, the gradient across the replicas too)
+  // instead of its gather and reduce-scatter and its shard's all-reduce.
   const int64_t saved = comm::RingAllGatherBytes(table * p, g) + comm::RingReduceScatterBytes(table * r, g) +
                         comm::RingAllReduceBytes(table / g * r, r, replicas) +
-                        comm::RingAllGatherBytes(head_unit * p, g) + comm::RingReduceScatterBytes(head_unit * r, g);
+                        comm::RingAllGatherBytes(head_unit * p, g) + comm::RingReduceScatterBytes(head_unit * r, g) +
+                        comm::RingAllReduceBytes(head_unit / g * r, r, replicas);
   const int64_t moved = comm::RingAllGatherBytes(rows * 8, g) + comm::RingReduceScatterBytes(rows * C * p, g) +
                         comm::RingAllGatherBytes(rows * C * r, g) +
                         comm::RingAllGatherBytes(replicas * rows * (C * r + 8), replicas) +
-                        VocabHeadBytes(units.back(), 1, rows, C, p, r, g) + comm::RingAllReduceBytes(C * p, p, g) +
-                        comm::RingAllReduceBytes(C * r, r, g);
+                        VocabHeadBytes(units.back(), 1, rows, C, p, r, g, replicas) +
+                        comm::RingAllReduceBytes(C * p, p, g) + comm::RingAllReduceBytes(C * r, r, g) +
+                        comm::RingAllReduceBytes(C * r, r, replicas);
   EXPECT_EQ(dense.comm_bytes - sparse.comm_bytes, saved - moved);
   const int64_t block = units[1].padded_numel;  // (the gathered lm_head's gradient is held with a block's)
   EXPECT_EQ(dense.transient_bytes - sparse.transient_bytes,
             2 * p * table + p * head_unit + p * (head_unit - block) - rows * C * (p + replicas * r) -
-                rows * C * (p + 4 + r) - 4 * head_unit / g);
+                replicas * rows * C * (p + 4 + r) - 4 * head_unit / g - 4 * head_unit / g / replicas);
   EXPECT_LT(sparse.step_s, dense.step_s);
 }
 
@@ -468,22 +479,20 @@ TEST(Plan, TiedHeadOverTheWorldReplacesTheTablesAllReduce) {
   const int64_t table = table_unit.padded_numel, shard = table / g, C = in.model.n_embd;
   const int64_t own = int64_t{in.micro_batch_size} * in.model.block_size, rows = g * own, world_rows = R * rows;
   ASSERT_TRUE(comm::HeadOverWorldBeatsAllReduce(own, C, shard, p, r, R));
-  const int64_t stats = 2 + static_cast<int64_t>(TableShard::CutRows(table_unit, 0, R).size());
   const int64_t saved = comm::RingAllGatherBytes(table * p, g) + comm::RingReduceScatterBytes(table * r, g) +
                         comm::RingAllReduceBytes(shard * r, r, R);
   const int64_t lookup = comm::RingAllGatherBytes(rows * 8 * 2, g) + comm::RingReduceScatterBytes(rows * C * p, g) +
                          comm::RingAllGatherBytes(rows * C * r, g) +
                          comm::RingAllGatherBytes(R * rows * (C * r + 8 * 2), R);
-  const int64_t head = comm::RingAllGatherBytes(world_rows * C * p, g) + comm::RingAllGatherBytes(world_rows * 8, g) +
-                       comm::RingAllGatherBytes(g * R * world_rows * stats * 4, g) +
-                       comm::RingReduceScatterBytes(world_rows * C * r, g);
-  const int64_t across = comm::RingAllGatherBytes(R * own * C * p, R) + comm::RingAllGatherBytes(R * own * 8, R) +
-                         comm::RingAllGatherBytes(R * world_rows * stats * 4, R) +
-                         comm::RingReduceScatterBytes(R * own * C * r, R) +
-                         comm::RingAllGatherBytes(R * ((shard + R - 1) / R) * r, R);
-  EXPECT_EQ(dense.comm_bytes - sparse.comm_bytes, saved - lookup - head - across);
+  const int64_t head = VocabHeadBytes(table_unit, 0, rows, C, p, r, g, R);
+  EXPECT_EQ(dense.comm_bytes - sparse.comm_bytes, saved - lookup - head);
   // Across the hosts, where the link is the bottleneck, that is the shard's
   // all-reduce (2 x half a shard) against half a shard and the tokens'.
+  const int64_t stats = (2 + static_cast<int64_t>(TableShard::CutRows(table_unit, 0, R).size())) * 4;
+  const int64_t across = comm::RingAllGatherBytes(R * own * C * p, R) + comm::RingAllGatherBytes(R * own * 8, R) +
+                         comm::RingAllGatherBytes(R * world_rows * stats, R) +
+                         comm::RingReduceScatterBytes(R * own * C * r, R) +
+                         comm::RingAllGatherBytes(R * ((shard + R - 1) / R) * r, R);
   EXPECT_LT(across + comm::RingAllGatherBytes(R * rows * (C * r + 8 * 2), R), comm::RingAllReduceBytes(shard * r, r, R));
   EXPECT_LT(sparse.step_s, dense.step_s);
 }

@@ -93,11 +93,11 @@ absl::Status Engine::Init() {
     if (comm::VocabParallelBeatsGather(comms_.shard->size() * tokens, m.n_embd, layout.padded_numel,
                                        at::elementSize(o.param_dtype), at::elementSize(o.reduce_dtype),
                                        trained_bytes)) {
-      // Tied and trained, with the rows' gradients every replica's, over
-      // the world where the replicas then exchange fewer bytes.
+      // Trained (tied, with the rows' gradients every replica's), over the
+      // world where the replicas then exchange fewer bytes.
       const int replicas = comms_.replicate->size();
       const int64_t step_tokens = tokens * (config_.train.batch_size / world_ / config_.train.micro_batch_size);
-      const bool world = tied_sparse_ && world_rows_ && trained_bytes > 0 &&
+      const bool world = replicas > 1 && (!tied_sparse_ || world_rows_) && trained_bytes > 0 &&
                          comm::HeadOverWorldBeatsAllReduce(step_tokens, m.n_embd, layout.shard_numel,
                                                            at::elementSize(o.param_dtype), trained_bytes, replicas);
       vocab_head_ = std::make_unique<VocabParallelHead>(layout, table, comms_.shard->rank(), world ? replicas : 1,
@@ -353,7 +353,7 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
     // shard, added in every micro-batch: the tied table's here, the
     // exchanged head's once its prefix's gradient is summed.)
     if (HeadExchanged(u)) {
-      IssueHeadPrefixGrad();
+      SL_RETURN_IF_ERROR(IssueHeadPrefixGrad(micro, final_micro));
     } else if (FlatParam* f = unit.trainable(); f && reduce) {
       SL_RETURN_IF_ERROR(reduction_->Start(f, /*accumulate=*/reduce_every_micro_ && micro > 0, final_micro));
     }

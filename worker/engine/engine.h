@@ -196,10 +196,13 @@ class Engine {
   absl::Status StartTiedTableReduction(int micro, bool final_micro);
   absl::Status AddHeadTableShard(int micro, bool final_micro);
   // The vocabulary-parallel head over the world (hybrid strategies): its
-  // part of the tied table's gradient is summed over the micro-batches and
+  // part of the table's gradient is summed over the micro-batches and
   // all-gathered across the replicas after the last one's head (overlapping
-  // the blocks' backward), then added into the shard after the lookup's
-  // rows, which are every replica's: nothing all-reduces the table's shard.
+  // the blocks' backward; issued before any block's all-reduce, on every
+  // rank), then added into the shard at the end of backward: tied, after
+  // the lookup's rows, which are every replica's; untied, with the norm's
+  // gradient summed over the micro-batches and then across the replicas.
+  // Nothing all-reduces the table's shard.
   absl::Status AddHeadTablePart(int micro, bool final_micro);
   absl::Status FinishHeadTableParts();
   // The head's loss through VocabParallelHead (head_vocab_parallel_): the
@@ -219,8 +222,9 @@ class Engine {
   void ForgetHeadPrefix();
   // After the exchanged head's backward: starts summing its prefix's
   // gradient over the group; FinishHeadShard (a unit later, when the sum is
-  // long done) adds it and the table's rows' gradient into the head's shard.
-  void IssueHeadPrefixGrad();
+  // long done) adds it and the table's rows' gradient into the head's shard
+  // (over the world, sums the prefix's over the micro-batches instead).
+  absl::Status IssueHeadPrefixGrad(int micro, bool final_micro);
   absl::Status FinishHeadShard(int micro, bool final_micro);
   // Backward of unit u given the gradient of its output (undefined for the
   // head); leaves the gradient of its input in *grad.
@@ -291,6 +295,7 @@ class Engine {
   // Over the world: this rank's part's gradient over the micro-batches, and
   // every replica's, being gathered (last head .. FinishHeadTableParts).
   at::Tensor head_part_grad_, head_parts_;
+  at::Tensor head_prefix_grad_sum_;  // untied: the group's prefix gradient over the micro-batches
   std::shared_ptr<comm::Work> head_parts_work_;
   // The lookup's row gradients are gathered across replicas too, instead of
   // the table's shard being all-reduced (SparseEmbedding::RowsBeatAllReduce).

@@ -10,6 +10,20 @@
 
 namespace shardline {
 
+namespace {
+// Calls fn(flat_offset, shard_offset, numel) for each piece of the head
+// unit's prefix (its parameters before the table) that f's shard holds.
+template <typename Fn>
+void ForEachPrefixPiece(const FlatParam& f, int64_t prefix_numel, Fn fn) {
+  const ShardLayout& layout = f.layout();
+  for (const ShardPiece& p : layout.PiecesOf(f.shard_rank())) {
+    const int64_t offset = layout.params[p.param_index].offset;
+    if (offset >= prefix_numel) break;
+    fn(offset + p.param_begin, p.shard_begin, p.param_end - p.param_begin);
+  }
+}
+}  // namespace
+
 absl::StatusOr<at::Tensor> Engine::EmbedSparse(const at::Tensor& ids, const ForwardPass& pass) {
   at::Tensor positions;  // (as GptFamily::Embed's)
   if (sparse_embedding_->by_position()) {
@@ -57,7 +71,7 @@ absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::
       tied_sparse_ && !over_world && (head_vocab_parallel_ || final_micro || reduce_every_micro_);
   SL_RETURN_IF_ERROR(
       reduction_->AddShard(f, part, /*replace=*/micro == 0 && !head_reduced, /*last=*/final_micro && !world));
-  return over_world && final_micro ? FinishHeadTableParts() : absl::OkStatus();
+  return head_parts_work_ ? FinishHeadTableParts() : absl::OkStatus();  // (issued in the last micro-batch)
 }
 
 absl::Status Engine::StartTiedTableReduction(int micro, bool final_micro) {
@@ -128,7 +142,8 @@ absl::Status Engine::AddHeadTablePart(int micro, bool final_micro) {
   // (padded to the largest part: the all-gather's blocks are equal).
   const at::Tensor part = std::exchange(head_grad_table_, at::Tensor());
   const int replicas = comms_.replicate->size();
-  const int64_t largest = (units_[0].base().layout().shard_numel + replicas - 1) / replicas;
+  const int64_t shard = units_[head_holds_table_ ? model::HeadUnit(config_.model) : 0].base().layout().shard_numel;
+  const int64_t largest = (shard + replicas - 1) / replicas;
   if (micro == 0) head_part_grad_ = at::zeros({largest}, part.options());
   head_part_grad_.narrow(0, 0, part.numel()).add_(part);
   if (!final_micro) return absl::OkStatus();
@@ -140,32 +155,30 @@ absl::Status Engine::AddHeadTablePart(int micro, bool final_micro) {
 }
 
 absl::Status Engine::FinishHeadTableParts() {
-  FlatParam* f = units_[0].trainable();
+  FlatParam* f = units_[head_holds_table_ ? model::HeadUnit(config_.model) : 0].trainable();
   const std::shared_ptr<comm::Work> work = std::exchange(head_parts_work_, nullptr);
   SL_RETURN_IF_ERROR(waiter_.OnDevice(*work, comm::Op::kAllGather));
   // Every replica's part in order: the shard's gradient, the head's part.
   const at::Tensor parts = std::exchange(head_parts_, at::Tensor());
   head_part_grad_ = at::Tensor();  // (the gather's input, kept until it finished)
-  return reduction_->AddShard(f, parts.narrow(0, 0, f->layout().shard_numel), /*replace=*/false, /*last=*/false);
+  at::Tensor shard = parts.narrow(0, 0, f->layout().shard_numel);
+  if (!head_holds_table_) return reduction_->AddShard(f, shard, /*replace=*/false, /*last=*/false);
+  // Untied, the head unit's shard is the parts (zero outside the table)
+  // and its pieces of the norm's gradient, summed across the replicas (every
+  // rank sums all of it: C elements, the same bytes everywhere).
+  const at::Tensor prefix = std::exchange(head_prefix_grad_sum_, at::Tensor());
+  SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.replicate->AllReduce(prefix), comm::Op::kAllReduce));
+  shard = shard.clone();
+  ForEachPrefixPiece(*f, head_prefix_numel_, [&](int64_t flat, int64_t shard_offset, int64_t n) {
+    shard.narrow(0, shard_offset, n).add_(prefix.narrow(0, flat, n));
+  });
+  return reduction_->AddShard(f, shard, /*replace=*/true, /*last=*/false);
 }
 
 bool Engine::HeadExchanged(int u) const {
   return head_holds_table_ && head_vocab_parallel_ && u == model::HeadUnit(config_.model);
 }
 
-namespace {
-// Calls fn(flat_offset, shard_offset, numel) for each piece of the head
-// unit's prefix (its parameters before the table) that f's shard holds.
-template <typename Fn>
-void ForEachPrefixPiece(const FlatParam& f, int64_t prefix_numel, Fn fn) {
-  const ShardLayout& layout = f.layout();
-  for (const ShardPiece& p : layout.PiecesOf(f.shard_rank())) {
-    const int64_t offset = layout.params[p.param_index].offset;
-    if (offset >= prefix_numel) break;
-    fn(offset + p.param_begin, p.shard_begin, p.param_end - p.param_begin);
-  }
-}
-}  // namespace
 
 void Engine::IssueHeadPrefix() {
   // Issued, or summed already: the prefix changes only with the shard.
@@ -190,18 +203,30 @@ absl::Status Engine::WaitHeadPrefix() {
   return waiter_.OnDevice(*work, comm::Op::kAllReduce);
 }
 
-void Engine::IssueHeadPrefixGrad() {
+absl::Status Engine::IssueHeadPrefixGrad(int micro, bool final_micro) {
   const Unit& unit = units_[model::HeadUnit(config_.model)];
   const at::Tensor leaf = std::exchange(head_prefix_leaf_, at::Tensor());
-  if (!unit.trainable() || !leaf.defined()) return;  // (frozen under LoRA)
+  if (!unit.trainable() || !leaf.defined()) return absl::OkStatus();  // (frozen under LoRA)
   head_prefix_grad_ = leaf.grad().to(unit.base().options().reduce_dtype).contiguous();
   head_prefix_grad_work_ = comms_.shard->AllReduce(head_prefix_grad_);
+  // Over the world the table's part goes across the replicas from here,
+  // before any block's all-reduce.
+  return vocab_head_->over_world() ? AddHeadTablePart(micro, final_micro) : absl::OkStatus();
 }
 
 absl::Status Engine::FinishHeadShard(int micro, bool final_micro) {
   FlatParam* f = units_[model::HeadUnit(config_.model)].trainable();
   const std::shared_ptr<comm::Work> work = std::exchange(head_prefix_grad_work_, nullptr);
   SL_RETURN_IF_ERROR(waiter_.OnDevice(*work, comm::Op::kAllReduce));
+  if (vocab_head_->over_world()) {  // (the shard is written at the end: FinishHeadTableParts)
+    const at::Tensor prefix = std::exchange(head_prefix_grad_, at::Tensor());
+    if (micro == 0) {
+      head_prefix_grad_sum_ = prefix;
+    } else {
+      head_prefix_grad_sum_.add_(prefix);
+    }
+    return absl::OkStatus();
+  }
   // The table's rows' gradient (zero elsewhere in the shard), and the part
   // of the prefix's that this shard holds.
   at::Tensor shard = std::exchange(head_grad_table_, at::Tensor());
