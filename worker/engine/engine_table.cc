@@ -161,14 +161,13 @@ absl::Status Engine::FinishHeadTableParts() {
   // Every replica's part in order: the shard's gradient, the head's part.
   const at::Tensor parts = std::exchange(head_parts_, at::Tensor());
   head_part_grad_ = at::Tensor();  // (the gather's input, kept until it finished)
-  at::Tensor shard = parts.narrow(0, 0, f->layout().shard_numel);
+  const at::Tensor shard = parts.narrow(0, 0, f->layout().shard_numel);  // (a view of a buffer this owns)
   if (!head_holds_table_) return reduction_->AddShard(f, shard, /*replace=*/false, /*last=*/false);
   // Untied, the head unit's shard is the parts (zero outside the table)
   // and its pieces of the norm's gradient, summed across the replicas (every
   // rank sums all of it: C elements, the same bytes everywhere).
   const at::Tensor prefix = std::exchange(head_prefix_grad_sum_, at::Tensor());
   SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.replicate->AllReduce(prefix), comm::Op::kAllReduce));
-  shard = shard.clone();
   ForEachPrefixPiece(*f, head_prefix_numel_, [&](int64_t flat, int64_t shard_offset, int64_t n) {
     shard.narrow(0, shard_offset, n).add_(prefix.narrow(0, flat, n));
   });
@@ -178,7 +177,6 @@ absl::Status Engine::FinishHeadTableParts() {
 bool Engine::HeadExchanged(int u) const {
   return head_holds_table_ && head_vocab_parallel_ && u == model::HeadUnit(config_.model);
 }
-
 
 void Engine::IssueHeadPrefix() {
   // Issued, or summed already: the prefix changes only with the shard.
