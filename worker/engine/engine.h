@@ -282,6 +282,8 @@ class Engine {
   // adds zeros), where Unshard would gather, and their gradient, each
   // rank's tokens', is summed likewise after the head's backward.
   bool head_holds_table_ = false;
+  // The unit whose parameters hold the vocabulary-parallel head's table.
+  const Unit& TableHolder() const { return units_[head_holds_table_ ? model::HeadUnit(config_.model) : 0]; }
   int64_t head_prefix_numel_ = 0;
   at::Tensor head_prefix_;  // summed, until the shard changes
   std::shared_ptr<comm::Work> head_prefix_work_;

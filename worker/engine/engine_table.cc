@@ -100,7 +100,7 @@ absl::StatusOr<at::Tensor> Engine::HeadVocabParallel(const at::Tensor& x, const 
                                                      const std::function<void()>& issue) {
   const int head = model::HeadUnit(config_.model);
   Unit& unit = units_[head];
-  const Unit& holder = units_[head_holds_table_ ? head : 0];  // (of the table)
+  const Unit& holder = TableHolder();
   Unit::Activation a;
   a.input = x;
   if (pass.train()) a.leaf = x.detach().requires_grad_(true);
@@ -142,7 +142,7 @@ absl::Status Engine::AddHeadTablePart(int micro, bool final_micro) {
   // (padded to the largest part: the all-gather's blocks are equal).
   const at::Tensor part = std::exchange(head_grad_table_, at::Tensor());
   const int replicas = comms_.replicate->size();
-  const int64_t shard = units_[head_holds_table_ ? model::HeadUnit(config_.model) : 0].base().layout().shard_numel;
+  const int64_t shard = TableHolder().base().layout().shard_numel;
   const int64_t largest = (shard + replicas - 1) / replicas;
   if (micro == 0) head_part_grad_ = at::zeros({largest}, part.options());
   head_part_grad_.narrow(0, 0, part.numel()).add_(part);
@@ -155,7 +155,7 @@ absl::Status Engine::AddHeadTablePart(int micro, bool final_micro) {
 }
 
 absl::Status Engine::FinishHeadTableParts() {
-  FlatParam* f = units_[head_holds_table_ ? model::HeadUnit(config_.model) : 0].trainable();
+  FlatParam* f = TableHolder().trainable();
   const std::shared_ptr<comm::Work> work = std::exchange(head_parts_work_, nullptr);
   SL_RETURN_IF_ERROR(waiter_.OnDevice(*work, comm::Op::kAllGather));
   // Every replica's part in order: the shard's gradient, the head's part.
