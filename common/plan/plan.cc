@@ -493,14 +493,15 @@ void PlanTime(const PlanInput& in, const StepShape& x, const Movement& mv, int64
   const ModelConfig& m = in.model;
   ScheduleInput sch = ScheduleOf(in, x, mv);
   const int64_t full_p = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
+  // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
+  const int64_t owned = ShardsGrads(mv.s) || mv.s == Strategy::kZero1 ? full_p / mv.g : full_p;
+  sp->optimizer_s = owned * (3 * 4 * 2 + x.r + x.p) / in.cluster.memory_bw;
+  sch.carried_gather_s = sp->optimizer_s;  // (a step of a job's steady state)
   const ScheduleTimes times = SimulateStep(sch);
   sp->comm_bytes = Saturated(times.bytes);
   sp->comm_s = times.comm_s;
   sp->compute_s = times.compute_s;
   sp->exposed_comm_s = times.step_s - times.compute_s;
-  // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
-  const int64_t owned = ShardsGrads(mv.s) || mv.s == Strategy::kZero1 ? full_p / mv.g : full_p;
-  sp->optimizer_s = owned * (3 * 4 * 2 + x.r + x.p) / in.cluster.memory_bw;
   sp->step_s = times.step_s + sp->optimizer_s;
   // Checkpointing: every block's forward again before its backward.
   for (size_t u = 1; u + 1 < sch.units.size(); ++u) sch.units[u].backward_s += sch.units[u].forward_s;

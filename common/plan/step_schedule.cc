@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <map>
 
 namespace shardline {
@@ -26,7 +27,7 @@ class LinkQueue {
 
  private:
   const double bandwidth_;
-  double free_at_ = 0;
+  double free_at_ = -std::numeric_limits<double>::infinity();  // (a carried gather starts before 0)
   ScheduleTimes* totals_;
 };
 
@@ -41,14 +42,13 @@ struct Clock {
 // gathers past `u` are all the state there is: linear in the units.
 // At the head (the last unit, whose loss is fused with its backward) the
 // backward's first gathers are issued, as many as the limit allows, into
-// `for_backward`.
+// `for_backward`. `gathered` holds the gathers issued before the step.
 void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, LinkQueue& replica, Clock& clock,
-             ScheduleTimes& out, std::map<int, double>* for_backward) {
+             ScheduleTimes& out, std::map<int, double> gathered, std::map<int, double>* for_backward) {
   const int n = static_cast<int>(in.units.size());
-  std::map<int, double> gathered;  // unit -> when its gather ends
-  int next = 0;
+  int next = 0;  // (gathered: unit -> when its gather ends)
   auto issue = [&](int u) {
-    if (in.units[u].gather_bytes > 0) gathered[u] = shard.Send(clock.now, in.units[u].gather_bytes);
+    if (in.units[u].gather_bytes > 0 && !gathered.count(u)) gathered[u] = shard.Send(clock.now, in.units[u].gather_bytes);
   };
   for (int u = 0; u < n; ++u) {
     const UnitWork& w = in.units[u];
@@ -62,7 +62,7 @@ void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, LinkQu
     }
     int in_flight = static_cast<int>(gathered.size());
     for (; next < n && in_flight < in.max_inflight_gathers; ++next) {
-      if (in.units[next].gather_bytes > 0) {
+      if (in.units[next].gather_bytes > 0 && !gathered.count(next)) {
         issue(next);
         ++in_flight;
       }
@@ -121,6 +121,10 @@ ScheduleTimes Simulate(const ScheduleInput& in) {
   LinkQueue shard(in.shard_bw, &out), replica(in.replica_bw, &out);
   Clock clock;
   std::vector<double> ends;
+  std::map<int, double> carried;  // the first block's, issued in the last step's update
+  if (in.carried_gather_s > 0 && in.units.size() > 2 && in.units[1].gather_bytes > 0) {
+    carried[1] = shard.Send(-in.carried_gather_s, in.units[1].gather_bytes);
+  }
   // Micro-batches between the first and the last repeat the second one's
   // timeline (the links drain the same way each time): simulated once and
   // counted as many times, so a batch of 2^24 costs three micro-batches.
@@ -130,7 +134,8 @@ ScheduleTimes Simulate(const ScheduleInput& in) {
     const double start = clock.now;
     const bool last = k == std::min(m, 3) - 1;
     std::map<int, double> for_backward;
-    Forward(in, k == 0, shard, replica, clock, out, &for_backward);
+    Forward(in, k == 0, shard, replica, clock, out, k == 0 ? std::move(carried) : std::map<int, double>(),
+            &for_backward);
     Backward(in, last, shard, replica, clock, out, &ends, std::move(for_backward));
     if (k == 1 && m > 3) {
       const double repeats = m - 3, seconds = (clock.now - start) * repeats;

@@ -7,10 +7,11 @@
 // behind the compute that runs while it is in flight, and the engine bounds
 // that window. Forward keeps at most `max_inflight_gathers` gathers ahead;
 // the head (its loss fused with its backward) issues as many of backward's
-// first gathers; backward prefetches one block ahead; sharded accumulation keeps one
-// reduce-scatter in flight (the one after it waits); the first gather, a
-// large head's gather behind two blocks' compute, the sparse embedding's
-// waited-on exchanges and the last reductions hide behind nothing. On the
+// first gathers; backward prefetches one block ahead; sharded accumulation
+// keeps one reduce-scatter in flight (the one after it waits); the first
+// block's gather hides behind the last step's update only; a large head's
+// gather behind two blocks' compute, the sparse embedding's waited-on
+// exchanges and the last reductions hide behind nothing. On the
 // emulated hosts the aggregate model was 23-43% short wherever compute and
 // communication were of one size (bench/results/network_compare_*.md).
 //
@@ -49,6 +50,10 @@ struct ScheduleInput {
   int max_inflight_gathers = 2;
   double shard_bw = 1, replica_bw = 1;  // bytes/s per rank
   double after_step_gather_bytes = 0;   // parameters gathered after the optimizer, waited on
+  // The first block's gather (units[1]) was issued this long before the
+  // step began, during the last step's update (Engine::StepOptions); 0 = at
+  // the step's start, as in a job's first step.
+  double carried_gather_s = 0;
   // Compute seconds each byte sent costs the rank (ClusterSpec's): every
   // unit's compute stretches by the step's share of it.
   double cpu_s_per_byte = 0;

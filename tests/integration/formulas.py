@@ -242,8 +242,9 @@ def comm_bytes(cfg, world, steps):
                 rep_ag += gathers * (ring(R * G * tokens * C * r, R) + ring(R * G * tables * tokens * 8, R))
                 if not tied(model):
                     rep_ar_table += ring_all_reduce(table // G * r, r, R)
-    # grad norm, then loss + save vote (fp64)
-    shard_ar = ring_all_reduce(8, 8, G) + ring_all_reduce(16, 8, G) if G > 1 else 0
+    # the step's sums in one (fp64): grad norm, loss, save vote; across the
+    # replicas the loss and vote
+    shard_ar = ring_all_reduce(24, 8, G) if G > 1 else 0
     rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(16, 8, R)) if R > 1 else 0
     final_gather = sum(ring(s * 4, G) for s in sizes)
     counts = {

@@ -43,6 +43,22 @@ TEST(StepScheduleTest, ComputeBoundHidesAllButTheEdges) {
   EXPECT_DOUBLE_EQ(t.comm_s, 9);
 }
 
+TEST(StepScheduleTest, TheFirstBlocksGatherFromTheLastUpdateHidesBehindIt) {
+  // As above, but the first block's gather went out 1 s before the step,
+  // during the last update: only the embedding's is waited on at the start.
+  // Issued half a second before, it still holds up the embedding's by the
+  // half left. The bytes are the same.
+  ScheduleInput in = Uniform(2, 1, 10, 20, 1);
+  in.carried_gather_s = 1;
+  ScheduleTimes t = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(t.step_s, 1 + 90 + 2);
+  EXPECT_DOUBLE_EQ(t.bytes, 9);
+  in.carried_gather_s = 0.5;
+  t = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(t.step_s, 1.5 + 90 + 2);
+  EXPECT_DOUBLE_EQ(t.bytes, 9);
+}
+
 TEST(StepScheduleTest, LinkBoundStepIsTheLinksTimeWhateverTheCompute) {
   // 10 s gathers behind 1 s computes: the link never idles once the step
   // starts, so the step is the link's busy time plus the compute that no

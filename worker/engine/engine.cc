@@ -392,15 +392,21 @@ absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, c
 
 // ---- norm, optimizer, step ----------------------------------------------
 
-absl::StatusOr<at::Tensor> Engine::GradNormSquared() {
+absl::StatusOr<at::Tensor> Engine::StepSums(const at::Tensor& loss, bool vote_save) {
+  at::Tensor sums = device_->Zeros(3, at::kDouble);
+  for (const FlatParam* f : trainable_) sums[0].add_(f->grad_shard().to(at::kDouble).square().sum());
+  sums[1].copy_(loss);
+  sums[2].fill_(vote_save ? 1.0 : 0.0);
   // Every shard group holds the whole (reduced) gradient once, so the sum of
-  // squares over the shard group is the global one.
-  at::Tensor sq = device_->Zeros(1, at::kDouble);
-  for (const FlatParam* f : trainable_) sq.add_(f->grad_shard().to(at::kDouble).square().sum());
+  // squares over the shard group is the global one; the loss shares and
+  // votes are summed over the replicas too.
   if (comms_.shard->size() > 1) {
-    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sq), comm::Op::kAllReduce));
+    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sums), comm::Op::kAllReduce));
   }
-  return sq;
+  if (comms_.replicate->size() > 1) {
+    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.replicate->AllReduce(sums.narrow(0, 1, 2)), comm::Op::kAllReduce));
+  }
+  return sums;
 }
 
 absl::Status Engine::SumOverWorld(at::Tensor t) {
@@ -424,7 +430,7 @@ absl::Status Engine::AllGatherPersistentParams() {
   return absl::OkStatus();
 }
 
-absl::Status Engine::OptimizerStep(int64_t step, double lr, const at::Tensor& clip_coef) {
+absl::Status Engine::OptimizerStep(int64_t step, double lr, const at::Tensor& clip_coef, bool prefetch_first_block) {
   const OptimizerConfig& o = config_.optimizer;
   AdamWStep s;
   s.lr = lr;
@@ -435,10 +441,26 @@ absl::Status Engine::OptimizerStep(int64_t step, double lr, const at::Tensor& cl
   s.step = step + 1;
   const Timeline::Scope span(timeline_, "optimizer");
   const absl::Time t0 = absl::Now();
-  for (FlatParam* f : trainable_) f->OptimizerStep(s, clip_coef);
+  // The next step's first gather goes out while the rest update: at the
+  // step's start nothing else could hide it (the sparse lookup's exchanges
+  // queue behind it, and wait less than the gather did).
+  FlatParam* early = prefetch_first_block ? units_[1].trainable() : nullptr;
+  if (early) early->OptimizerStep(s, clip_coef);
+  if (prefetch_first_block) Unshard(1);
+  for (FlatParam* f : trainable_) {
+    if (f != early) f->OptimizerStep(s, clip_coef);
+  }
   if (units_[model::HeadUnit(config_.model)].base().trainable()) ForgetHeadPrefix();  // (a frozen base keeps it)
   optimizer_seconds_ = absl::ToDoubleSeconds(absl::Now() - t0);
   return AllGatherPersistentParams();
+}
+
+absl::Status Engine::DropGathers() {
+  for (Unit& unit : units_) {
+    if (unit.gathering()) SL_RETURN_IF_ERROR(unit.Wait(waiter_));
+    SL_RETURN_IF_ERROR(unit.Reshard());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::SyncHost() {
@@ -478,7 +500,7 @@ absl::StatusOr<double> Engine::ComputeGradients(int64_t step) {
   return loss.item<double>();
 }
 
-absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
+absl::StatusOr<StepResult> Engine::Step(int64_t step, StepOptions options) {
   const Device::ComputeScope on_device(*device_);
   const Timeline::Scope span(timeline_, "step", timeline_ ? absl::StrCat(step + 1) : std::string());
   const absl::Time t0 = absl::Now();
@@ -486,8 +508,9 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   waiter_.ResetExposed();
   const TrainConfig& t = config_.train;
   SL_ASSIGN_OR_RETURN(at::Tensor loss, ForwardBackwardAll(step));
-  SL_ASSIGN_OR_RETURN(at::Tensor norm_sq, GradNormSquared());
-  const at::Tensor norm = norm_sq.sqrt();
+  // No collective follows the update (the next step's first gather may).
+  SL_ASSIGN_OR_RETURN(const at::Tensor sums, StepSums(loss, options.vote_save));
+  const at::Tensor norm = sums[0].sqrt();
   StepResult r;
   r.step = step;
   r.lr = LearningRate(config_.optimizer, step, t.steps);
@@ -496,14 +519,13 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step, bool vote_save) {
   // The norm is the same on every rank, so every rank skips the same steps.
   // Reading it costs a device sync, paid only where skipping is allowed.
   r.skipped = t.max_nonfinite_skips > 0 && !std::isfinite(norm.item<double>());
+  const bool prefetch = options.next_step_follows && model::IsBlock(config_.model, 1);
   if (!r.skipped) {
-    SL_RETURN_IF_ERROR(OptimizerStep(step, r.lr, ClipCoefficient(norm, config_.optimizer.grad_clip)));
+    SL_RETURN_IF_ERROR(OptimizerStep(step, r.lr, ClipCoefficient(norm, config_.optimizer.grad_clip), prefetch));
+  } else if (prefetch) {
+    Unshard(1);  // (the parameters did not change)
   }
-  // Loss shares and save votes are summed over the world in one
-  // all-reduce; the norm is global already.
-  const at::Tensor vote = device_->Zeros(1, at::kDouble).fill_(vote_save ? 1.0 : 0.0);
-  const at::Tensor results = at::cat({loss.reshape({1}), vote, norm.reshape({1})});
-  SL_RETURN_IF_ERROR(SumOverWorld(results.narrow(0, 0, 2)));
+  const at::Tensor results = at::cat({sums.narrow(0, 1, 2), norm.reshape({1})});
   SL_RETURN_IF_ERROR(SyncHost());
   const at::Tensor host = results.to(at::kCPU);
   r.loss = host[0].item<double>();
@@ -572,6 +594,7 @@ MemoryReport Engine::Memory() const {
 
 absl::Status Engine::PublishLoadedState() {
   const Device::ComputeScope on_device(*device_);
+  SL_RETURN_IF_ERROR(DropGathers());
   for (FlatParam* f : trainable_) f->PublishMaster();
   ForgetHeadPrefix();
   SL_RETURN_IF_ERROR(AllGatherPersistentParams());

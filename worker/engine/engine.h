@@ -73,6 +73,21 @@ struct MemoryReport {
   int64_t Of(MemKind k) const { return bytes[static_cast<int>(k)]; }
 };
 
+// What the caller tells Engine::Step beside the step number.
+struct StepOptions {
+  // This rank asks for a checkpoint after this step (a time interval ran
+  // out, a user asked); the votes ride on the step's one all-reduce, so
+  // every rank learns the same StepResult::save without a collective of
+  // its own.
+  bool vote_save = false;
+  // The caller runs step + 1 next, on every rank: the first block's
+  // all-gather for it is issued during this step's update, where the link
+  // is idle, and is in flight (then held, a block) until that step's
+  // forward. Every rank must pass the same; a caller that then stops
+  // instead only leaves one gather to complete.
+  bool next_step_follows = false;
+};
+
 class Engine {
  public:
   // Builds the model one unit at a time on `device` (peak: this rank's
@@ -87,11 +102,7 @@ class Engine {
 
   // Runs global step `step` (0-based): every micro-batch, then the update,
   // then (every [train] eval_interval steps, and after the last) Evaluate.
-  // `vote_save`: this rank asks for a checkpoint after this step (a time
-  // interval ran out, a user asked); the votes ride on the loss's
-  // all-reduce, so every rank learns the same StepResult::save without a
-  // collective of its own.
-  absl::StatusOr<StepResult> Step(int64_t step, bool vote_save = false);
+  absl::StatusOr<StepResult> Step(int64_t step, StepOptions options = {});
   // The mean loss over the first eval_batches global batches of [data]
   // val_path, forward only (every rank must call it). Masked validation
   // files count their masked-in targets only.
@@ -241,9 +252,16 @@ class Engine {
   bool NeedsTable(int u) const;
   int inflight_gathers() const;
 
-  // Squared global gradient norm (fp64 device scalar), summed over the shard group.
-  absl::StatusOr<at::Tensor> GradNormSquared();
-  absl::Status OptimizerStep(int64_t step, double lr, const at::Tensor& clip_coef);
+  // The step's sums, in one all-reduce (fp64 device [3]): the squared
+  // global gradient norm (over the shard group, which holds the reduced
+  // gradient once), this rank's loss share and save vote (over the world).
+  absl::StatusOr<at::Tensor> StepSums(const at::Tensor& loss, bool vote_save);
+  // AdamW on every trainable shard; with `prefetch_first_block` (unit 1 is
+  // a block), that block's shard first, then its gather for the next step.
+  absl::Status OptimizerStep(int64_t step, double lr, const at::Tensor& clip_coef, bool prefetch_first_block);
+  // Waits for every gather in flight and frees it (a checkpoint's load
+  // replaces the parameters a prefetch read).
+  absl::Status DropGathers();
   absl::Status AllGatherPersistentParams();
   absl::Status SumOverWorld(at::Tensor t);
   // The host's one wait per step, then a check that no communicator failed

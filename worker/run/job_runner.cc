@@ -108,8 +108,10 @@ absl::Status JobRunner::Run() {
       (void)WaitForSave();
       return absl::CancelledError(absl::StrCat("stopped before step ", s));
     }
-    const bool vote = save_requested_.exchange(false) || WantsTimedSave();
-    absl::StatusOr<StepResult> r = engine_->Step(s, vote);
+    StepOptions options;
+    options.vote_save = save_requested_.exchange(false) || WantsTimedSave();
+    options.next_step_follows = s + 1 < end;
+    absl::StatusOr<StepResult> r = engine_->Step(s, options);
     if (!r.ok()) {
       (void)WaitForSave();
       // Told to stop while the step waited on a collective: the abort that
