@@ -325,6 +325,7 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     // (After the last micro-batch's head, not waited on until the end.)
     head.replica_bytes += mv.head_parts_bytes + mv.replica_prefix_bytes;
   }
+  if (mv.base_sharded && m.n_layer > 0) sch.first_block_frozen_bytes = comm::RingAllGatherBytes(mv.f.block * p, g);
   const int64_t full = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
   if (!ShardsParams(mv.s) && g > 1) sch.after_step_gather_bytes = comm::RingAllGatherBytes(full * p, g);
   return sch;

@@ -36,6 +36,12 @@ struct Clock {
   void WaitFor(double t) { now = std::max(now, t); }
 };
 
+// What the first block's forward gathers (units[1]): what the last backward
+// did not keep gathered.
+double FirstBlockGather(const ScheduleInput& in, bool first_micro) {
+  return first_micro ? in.units[1].gather_bytes - in.first_block_frozen_bytes : 0;
+}
+
 // Forward of one micro-batch: each unit waits for its gather, then issues
 // the gathers after it while fewer than the limit are in flight. Gathers are
 // issued in unit order, so `next` (the first unit not yet issued) and the
@@ -47,8 +53,9 @@ void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, LinkQu
              ScheduleTimes& out, std::map<int, double> gathered, std::map<int, double>* for_backward) {
   const int n = static_cast<int>(in.units.size());
   int next = 0;  // (gathered: unit -> when its gather ends)
+  auto gather_bytes = [&](int u) { return u == 1 && n > 2 ? FirstBlockGather(in, first_micro) : in.units[u].gather_bytes; };
   auto issue = [&](int u) {
-    if (in.units[u].gather_bytes > 0 && !gathered.count(u)) gathered[u] = shard.Send(clock.now, in.units[u].gather_bytes);
+    if (gather_bytes(u) > 0 && !gathered.count(u)) gathered[u] = shard.Send(clock.now, gather_bytes(u));
   };
   for (int u = 0; u < n; ++u) {
     const UnitWork& w = in.units[u];
@@ -62,7 +69,7 @@ void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, LinkQu
     }
     int in_flight = static_cast<int>(gathered.size());
     for (; next < n && in_flight < in.max_inflight_gathers; ++next) {
-      if (in.units[next].gather_bytes > 0 && !gathered.count(next)) {
+      if (gather_bytes(next) > 0 && !gathered.count(next)) {
         issue(next);
         ++in_flight;
       }
@@ -122,8 +129,8 @@ ScheduleTimes Simulate(const ScheduleInput& in) {
   Clock clock;
   std::vector<double> ends;
   std::map<int, double> carried;  // the first block's, issued in the last step's update
-  if (in.carried_gather_s > 0 && in.units.size() > 2 && in.units[1].gather_bytes > 0) {
-    carried[1] = shard.Send(-in.carried_gather_s, in.units[1].gather_bytes);
+  if (in.carried_gather_s > 0 && in.units.size() > 2 && FirstBlockGather(in, true) > 0) {
+    carried[1] = shard.Send(-in.carried_gather_s, FirstBlockGather(in, true));
   }
   // Micro-batches between the first and the last repeat the second one's
   // timeline (the links drain the same way each time): simulated once and

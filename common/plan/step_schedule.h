@@ -54,6 +54,10 @@ struct ScheduleInput {
   // step began, during the last step's update (Engine::StepOptions); 0 = at
   // the step's start, as in a job's first step.
   double carried_gather_s = 0;
+  // The first block stays gathered from a backward to the next forward
+  // (Engine::ReshardAfterBackward): wholly between micro-batches, and this
+  // much of it, a frozen base's gather, from the last step.
+  double first_block_frozen_bytes = 0;
   // Compute seconds each byte sent costs the rank (ClusterSpec's): every
   // unit's compute stretches by the step's share of it.
   double cpu_s_per_byte = 0;

@@ -242,13 +242,25 @@ def comm_bytes(cfg, world, steps):
                 rep_ag += gathers * (ring(R * G * tokens * C * r, R) + ring(R * G * tables * tokens * 8, R))
                 if not tied(model):
                     rep_ar_table += ring_all_reduce(table // G * r, r, R)
+    # The first block stays gathered from a micro-batch's backward into the
+    # next one's forward (Engine::ReshardAfterBackward): one gather of it
+    # fewer per micro-batch after the first. A frozen base (LoRA's) stays from
+    # a step into the next too, but for a run's last step.
+    base_sizes = [padded(n, G) for n in unit_sizes(cfg["model"])]
+    first_block_once = 0
+    if len(base_sizes) > 2:
+        if strategy in SHARDS_PARAMS:
+            ag -= (micro - 1) * ring(sizes[0 if lora else 1] * p, G)
+        if lora and cfg["lora"].get("base", "sharded") == "sharded":
+            ag -= (micro - 1) * ring(base_sizes[1] * p, G)
+            first_block_once = -(steps - 1) * ring(base_sizes[1] * p, G)
     # the step's sums in one (fp64): grad norm, loss, save vote; across the
     # replicas the loss and vote
     shard_ar = ring_all_reduce(24, 8, G) if G > 1 else 0
     rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(16, 8, R)) if R > 1 else 0
     final_gather = sum(ring(s * 4, G) for s in sizes)
     counts = {
-        ("shard", "all_gather"): steps * ag + final_gather,
+        ("shard", "all_gather"): steps * ag + first_block_once + final_gather,
         ("shard", "reduce_scatter"): steps * rs,
         ("shard", "all_reduce"): steps * (shard_ar + head_ar) + head_ar_once,
         ("replicate", "all_reduce"): steps * (rep_ar - rep_ar_table + rep_ar_prefix),

@@ -378,11 +378,12 @@ TEST(Plan, SparseEmbeddingMovesRowsNotTheTable) {
   EXPECT_EQ(dense.state_bytes, sparse.state_bytes);
   EXPECT_LT(sparse.exposed_comm_s, dense.exposed_comm_s);
   // Two micro-batches a step: the norm, which changes only with the
-  // optimizer, is summed once; everything else is per micro-batch (sharded
-  // accumulation reduces each).
+  // optimizer, is summed once, and the first block stays gathered from the
+  // first's backward into the second's forward; everything else is per
+  // micro-batch (sharded accumulation reduces each).
   in.batch_size = 2 * g;
   EXPECT_EQ(Of(*MakePlan(in), Strategy::kFullShard).comm_bytes,
-            2 * sparse.comm_bytes - comm::RingAllReduceBytes(C * p, p, g));
+            2 * sparse.comm_bytes - comm::RingAllReduceBytes(C * p, p, g) - comm::RingAllGatherBytes(block * p, g));
   in.batch_size = g;
 
   in.model.tie_word_embeddings = true;

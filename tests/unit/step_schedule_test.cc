@@ -172,18 +172,30 @@ TEST(StepScheduleTest, ParametersGatheredAfterTheOptimizerAreWaitedOn) {
 }
 
 TEST(StepScheduleTest, ManyMicroBatchesCostWhatEachRepeats) {
-  // Compute-bound micro-batches repeat exactly: each takes the 94 s of one
-  // alone (its embedding's gather queues behind the previous one's last
-  // reduction, as the first one's behind nothing but its own edges),
-  // whether simulated one by one (3) or extrapolated (2^20).
+  // Compute-bound micro-batches repeat exactly, whether simulated one by one
+  // (3) or extrapolated (2^20). The first takes the 94 s of one alone; each
+  // later one 93 s: its embedding's gather queues behind the previous one's
+  // last reduction, but the first block stayed gathered from that one's
+  // backward (a byte fewer each).
   ScheduleInput in = Uniform(2, 1, 10, 20, 1);
   for (int m : {3, 4, 1 << 20}) {
     in.micro_batches = m;
     const ScheduleTimes t = SimulateStep(in);
     EXPECT_DOUBLE_EQ(t.compute_s, 90.0 * m) << m;
-    EXPECT_NEAR(t.step_s, 94.0 * m, 1e-6 * m) << m;
-    EXPECT_DOUBLE_EQ(t.bytes, 9.0 * m) << m;
+    EXPECT_NEAR(t.step_s, 94.0 + 93.0 * (m - 1), 1e-6 * m) << m;
+    EXPECT_DOUBLE_EQ(t.bytes, 9.0 * m - (m - 1)) << m;
   }
+}
+
+TEST(StepScheduleTest, AFrozenBaseStaysGatheredFromTheLastStep) {
+  // The first block's gather is 1 byte, of which 0.75 is a frozen base kept
+  // from the last step's backward: only 0.25 is waited on after the
+  // embedding's.
+  ScheduleInput in = Uniform(2, 1, 10, 20, 1);
+  in.first_block_frozen_bytes = 0.75;
+  const ScheduleTimes t = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(t.step_s, 1.25 + 90 + 2);
+  EXPECT_DOUBLE_EQ(t.bytes, 9 - 0.75);
 }
 
 TEST(StepScheduleTest, SendsStretchComputeByTheirCpu) {

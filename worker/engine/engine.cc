@@ -341,7 +341,7 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
       SL_RETURN_IF_ERROR(Backward(u, &grad));
     }
     if (bp == BackwardPrefetch::kPost && u - 1 >= 1) Prefetch(u - 1);
-    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(unit.Reshard());
+    if (model::IsBlock(m, u)) SL_RETURN_IF_ERROR(ReshardAfterBackward(u, final_micro));
     if (NeedsTable(u)) SL_RETURN_IF_ERROR(units_[0].Reshard());  // (its lookup's backward needs no parameters)
     // A unit is reduced as soon as its gradient is complete: in every
     // micro-batch under sharded accumulation, else in the last one only
@@ -368,6 +368,19 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
   for (int u = 0; u < last; ++u) TrackActivation(units_[u].Take().output, false);  // (no backward ran)
   SL_RETURN_IF_ERROR(units_[0].Reshard());
   return units_[model::HeadUnit(m)].Reshard();
+}
+
+absl::Status Engine::ReshardAfterBackward(int u, bool final_micro) {
+  Unit& unit = units_[u];
+  if (u != 1) return unit.Reshard();
+  // The first block is the next forward's first gather. Between micro-batches
+  // its parameters do not change: it stays gathered (one all-gather fewer per
+  // micro-batch after the first). After the last, where another step
+  // follows, a frozen base (LoRA's) stays too; what trains is gathered again
+  // after its update (OptimizerStep). The window's count is unchanged: the
+  // forward holds this block while it prefetches the next ones anyway.
+  if (!final_micro) return absl::OkStatus();
+  return next_step_follows_ ? unit.ReshardTrainable() : unit.Reshard();
 }
 
 Packing Engine::PackingOf(const at::Tensor& positions) const {
@@ -507,7 +520,10 @@ absl::StatusOr<StepResult> Engine::Step(int64_t step, StepOptions options) {
   const double cpu0 = ProcessCpuSeconds(), thread_cpu0 = ThreadCpuSeconds();
   waiter_.ResetExposed();
   const TrainConfig& t = config_.train;
-  SL_ASSIGN_OR_RETURN(at::Tensor loss, ForwardBackwardAll(step));
+  next_step_follows_ = options.next_step_follows;
+  absl::StatusOr<at::Tensor> loss_or = ForwardBackwardAll(step);
+  next_step_follows_ = false;
+  SL_ASSIGN_OR_RETURN(at::Tensor loss, std::move(loss_or));
   // No collective follows the update (the next step's first gather may).
   SL_ASSIGN_OR_RETURN(const at::Tensor sums, StepSums(loss, options.vote_save));
   const at::Tensor norm = sums[0].sqrt();

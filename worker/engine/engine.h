@@ -259,6 +259,10 @@ class Engine {
   // AdamW on every trainable shard; with `prefetch_first_block` (unit 1 is
   // a block), that block's shard first, then its gather for the next step.
   absl::Status OptimizerStep(int64_t step, double lr, const at::Tensor& clip_coef, bool prefetch_first_block);
+  // After unit u's backward: frees a block's gathered parameters, but the
+  // first block's where they do not change before the next forward gathers
+  // them again.
+  absl::Status ReshardAfterBackward(int u, bool final_micro);
   // Waits for every gather in flight and frees it (a checkpoint's load
   // replaces the parameters a prefetch read).
   absl::Status DropGathers();
@@ -322,6 +326,7 @@ class Engine {
   bool world_rows_ = false;
   MemoryLedger ledger_;
   int64_t activation_peak_ = 0;
+  bool next_step_follows_ = false;  // the Step in progress's StepOptions
   double optimizer_seconds_ = 0;  // the last OptimizerStep's update (StepResult::optimizer_seconds)
   Packing packing_;               // the micro-batch's that backward recomputes with (ForwardBackward)
   int64_t init_peak_ = 0;

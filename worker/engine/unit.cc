@@ -29,6 +29,11 @@ absl::Status Unit::Reshard() {
   return adapters_ ? adapters_->Reshard() : absl::OkStatus();
 }
 
+absl::Status Unit::ReshardTrainable() {
+  FlatParam* t = trainable();
+  return t ? t->Reshard() : absl::OkStatus();
+}
+
 bool Unit::gathering() const {
   return base_->state() == UnshardState::kGathering ||
          (adapters_ && adapters_->state() == UnshardState::kGathering);

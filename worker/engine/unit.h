@@ -70,6 +70,9 @@ class Unit {
   void Unshard(comm::Communicator& shard_group);
   absl::Status Wait(CommWaiter& waiter);
   absl::Status Reshard();
+  // Reshards the trainable FlatParam alone; a frozen one stays as it is
+  // (its parameters never change, so it can stay gathered for a next use).
+  absl::Status ReshardTrainable();
   // An all-gather of the unit is in flight (it counts against
   // [prefetch] max_inflight_all_gathers).
   bool gathering() const;
