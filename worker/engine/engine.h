@@ -83,8 +83,9 @@ struct StepOptions {
   // The caller runs step + 1 next, on every rank: the first block's
   // all-gather for it is issued during this step's update, where the link
   // is idle, and is in flight (then held, a block) until that step's
-  // forward. Every rank must pass the same; a caller that then stops
-  // instead only leaves one gather to complete.
+  // forward; a frozen base (LoRA's) stays gathered from this step's
+  // backward instead. Every rank must pass the same; a caller that then
+  // stops instead only leaves one gather to complete.
   bool next_step_follows = false;
 };
 
