@@ -1,7 +1,8 @@
 // The token table's paths without its gather: the sparse lookup
 // (SparseEmbedding) and the vocabulary-parallel head (VocabParallelHead),
 // over a tied table or the untied head's own, whose prefix (the norm) is
-// exchanged instead. The rest of the step is engine.cc.
+// exchanged instead. The unit schedule is engine.cc; the step's end,
+// engine_step.cc.
 #include "worker/engine/engine.h"
 
 #include <utility>
