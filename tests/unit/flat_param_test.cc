@@ -5,6 +5,8 @@
 // specs and backends that cannot run here.
 #include "worker/engine/flat_param.h"
 
+#include <algorithm>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
@@ -53,8 +55,9 @@ class CountingGroup : public comm::Communicator {
 };
 
 // A group of two that records, in one log shared with other groups, which
-// collective each call issued; its ops finish only when waited on, as a
-// device op whose end the watchdog has not yet seen.
+// collective each call issued (an AllReduceAfter with the log index of the
+// op it follows); its ops finish only when waited on, as a device op whose
+// end the watchdog has not yet seen.
 class RecordingGroup : public comm::Communicator {
  public:
   RecordingGroup(std::string name, bool ordered_on_device, std::vector<std::string>* log)
@@ -66,15 +69,26 @@ class RecordingGroup : public comm::Communicator {
   std::shared_ptr<comm::Work> AllGather(at::Tensor, at::Tensor) override { return Issue("AG"); }
   std::shared_ptr<comm::Work> ReduceScatter(at::Tensor, at::Tensor) override { return Issue("RS"); }
   std::shared_ptr<comm::Work> AllReduce(at::Tensor) override { return Issue("AR"); }
+  std::shared_ptr<comm::Work> AllReduceAfter(at::Tensor t, std::shared_ptr<comm::Work> after) override {
+    if (ordered_) return AllReduce(t);
+    const auto it = std::find(issued_.begin(), issued_.end(), after.get());
+    return Issue(absl::StrCat("AR after #", it - issued_.begin()));
+  }
   std::shared_ptr<comm::Work> Broadcast(at::Tensor, int) override { return Issue("BC"); }
   std::shared_ptr<comm::Work> Barrier() override { return Issue("B"); }
   comm::CommStats Stats() const override { return {}; }
   absl::Status status() const override { return absl::OkStatus(); }
 
+  // Every group's works, by their log index (shared like the log).
+  static inline std::vector<const comm::Work*> issued_;
+
  private:
-  std::shared_ptr<comm::Work> Issue(const char* op) {
+  std::shared_ptr<comm::Work> Issue(const std::string& op) {
     log_->push_back(name_ + " " + op);
-    return std::make_shared<HeldWork>();
+    auto work = std::make_shared<HeldWork>();
+    issued_.resize(log_->size());
+    issued_.back() = work.get();
+    return work;
   }
   const std::string name_;
   const bool ordered_;
@@ -160,8 +174,10 @@ TEST(FlatParamLifeCycle, PersistentParamsStayUnsharded) {
 // Two units' gradients reduced under a hybrid strategy while neither
 // reduce-scatter reports Done (the watchdog has not polled yet): the order in
 // which a rank issues collectives must not depend on that timing.
-std::vector<std::string> ReductionOrder(bool ordered_on_device, int micro_batches = 1) {
+std::vector<std::string> ReductionOrder(bool ordered_on_device, int micro_batches = 1,
+                                        bool first_accumulates = false) {
   std::vector<std::string> log;
+  RecordingGroup::issued_.clear();
   RecordingGroup shard("shard", ordered_on_device, &log), replicate("replicate", ordered_on_device, &log);
   auto device = *Device::Open("cpu");
   MemoryLedger ledger;
@@ -181,7 +197,7 @@ std::vector<std::string> ReductionOrder(bool ordered_on_device, int micro_batche
   for (int micro = 0; micro < micro_batches; ++micro) {
     const bool last = micro == micro_batches - 1;
     for (auto& u : units) u->EnsureGrad();
-    EXPECT_TRUE(reduction.Start(units[0].get(), micro > 0, last).ok());
+    EXPECT_TRUE(reduction.Start(units[0].get(), micro > 0 || first_accumulates, last).ok());
     EXPECT_TRUE(reduction.Pump(/*wait_all=*/false).ok());
     EXPECT_TRUE(reduction.Start(units[1].get(), micro > 0, last).ok());
     EXPECT_TRUE(reduction.Pump(/*wait_all=*/true).ok());
@@ -205,10 +221,22 @@ TEST(GradReduction, ShardedAccumulationAllReducesOnlyAfterTheLastMicroBatch) {
             (std::vector<std::string>{"shard RS", "shard RS", "shard RS", "shard RS", "replicate AR", "replicate AR"}));
 }
 
-TEST(GradReduction, OnTheHostEachAllReduceWaitsForItsReduceScatter) {
+TEST(GradReduction, OnTheHostEachAllReduceIsQueuedToStartAfterItsReduceScatter) {
   // Gloo: the all-reduce reads the shard, so it may start only once the
-  // reduce-scatter has written it; the replicate group's own order holds.
-  EXPECT_EQ(ReductionOrder(false), (std::vector<std::string>{"shard RS", "shard RS", "replicate AR", "replicate AR"}));
+  // reduce-scatter has written it. It is queued at once, to start then on
+  // the replicate group's thread (its link would idle until the step thread
+  // next pumped); the replicate group's own order holds.
+  EXPECT_EQ(ReductionOrder(false), (std::vector<std::string>{"shard RS", "replicate AR after #0", "shard RS",
+                                                             "replicate AR after #2"}));
+}
+
+TEST(GradReduction, OnTheHostNoAllReduceOvertakesOneStillToBeIssued) {
+  // The first unit accumulates (its shard is complete only once the host
+  // added its scratch: the all-reduce is issued at Finish), so the second's
+  // may not be queued ahead of it: a rank whose first reduce-scatter ended
+  // later would run the two all-reduces in the other order.
+  EXPECT_EQ(ReductionOrder(false, 1, /*first_accumulates=*/true),
+            (std::vector<std::string>{"shard RS", "shard RS", "replicate AR", "replicate AR"}));
 }
 
 TEST(Device, CpuIsTheHostAndBadSpecsAreNamed) {

@@ -155,8 +155,9 @@ class GlooCommunicator : public Communicator {
       });
     });
   }
-  std::shared_ptr<Work> AllReduce(at::Tensor inout) override {
-    return Enqueue(Op::kAllReduce, inout, [this, inout](int64_t seq, absl::Time deadline, int64_t* sent) {
+  std::shared_ptr<Work> AllReduce(at::Tensor inout) override { return AllReduceAfter(std::move(inout), nullptr); }
+  std::shared_ptr<Work> AllReduceAfter(at::Tensor inout, std::shared_ptr<Work> after) override {
+    return Enqueue(Op::kAllReduce, inout, std::move(after), [this, inout](int64_t seq, absl::Time deadline, int64_t* sent) {
       return OnHost(OpLabel(Op::kAllReduce, seq), [&] {
         HostView t(inout, /*read=*/true);
         SL_RETURN_IF_ERROR(inout.nbytes() <= kRingAllReduceMaxBytes
@@ -214,6 +215,8 @@ class GlooCommunicator : public Communicator {
     // Recorded on the caller's current stream at the call where the op's
     // tensors live on a device: the op's thread waits for it before reading.
     std::optional<c10::Event> ready;
+    // Another communicator's op whose result this one reads (AllReduceAfter).
+    std::shared_ptr<Work> after;
   };
 
   std::string OpLabel(Op op, int64_t seq) const {
@@ -261,6 +264,9 @@ class GlooCommunicator : public Communicator {
   }
 
   std::shared_ptr<Work> Enqueue(Op op, const at::Tensor& tensor, Body body) {
+    return Enqueue(op, tensor, nullptr, std::move(body));
+  }
+  std::shared_ptr<Work> Enqueue(Op op, const at::Tensor& tensor, std::shared_ptr<Work> after, Body body) {
     std::optional<c10::Event> ready;
     if (tensor.defined() && !tensor.is_cpu()) {
       const c10::Device d = tensor.device();
@@ -280,7 +286,7 @@ class GlooCommunicator : public Communicator {
           return link ? WithLinkFault(std::move(s), *link) : s;
         },
         OpLabel(op, seq));
-    queue_.push_back(Task{op, seq, std::move(body), work, std::move(ready)});
+    queue_.push_back(Task{op, seq, std::move(body), work, std::move(ready), std::move(after)});
     return work;
   }
 
@@ -303,9 +309,11 @@ class GlooCommunicator : public Communicator {
             aborted_with.message())));
         continue;
       }
+      // (The wait for `after` is not this op's: its seconds start after it.)
+      absl::Status s = task.after ? task.after->Wait(options_.op_timeout) : absl::OkStatus();
       int64_t sent = 0;
       const absl::Time t0 = absl::Now();
-      absl::Status s = WaitReady(task, t0 + options_.op_timeout);
+      if (s.ok()) s = WaitReady(task, t0 + options_.op_timeout);
       if (s.ok()) s = task.body(task.seq, t0 + options_.op_timeout, &sent);
       const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
       {

@@ -31,9 +31,26 @@ absl::Status GradReduction::Start(FlatParam* unit, bool accumulate, bool last) {
   }
   if (last && replicate_->size() > 1 && replicate_->ordered_on_device()) {
     p.all_reduce = replicate_->AllReduce(unit->grad_shard());
+  } else if (last && replicate_->size() > 1 && !accumulate && !AllReduceAwaited()) {
+    // On the host (Gloo), where the reduce-scatter writes the shard itself,
+    // the all-reduce is queued now to start the moment it finishes, on the
+    // replicate communicator's thread: issued from Pump it would wait for
+    // the step thread to finish the next unit's backward, with the replicas'
+    // link idle. (Accumulating, the shard holds the sum only once Finish
+    // added the scratch into it.) The all-reduces keep the order of their
+    // Starts on every rank: one queued here follows every earlier one, or
+    // waits for Finish (FIFO) behind one not yet queued.
+    p.all_reduce = replicate_->AllReduceAfter(unit->grad_shard(), p.reduce_scatter);
   }
   pending_.push_back(std::move(p));
   return absl::OkStatus();
+}
+
+bool GradReduction::AllReduceAwaited() const {
+  for (const Pending& p : pending_) {
+    if (p.last && !p.all_reduce) return true;
+  }
+  return false;
 }
 
 absl::Status GradReduction::Finish(Pending& p) {

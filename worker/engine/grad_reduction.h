@@ -5,7 +5,10 @@
 // Units are started in backward order on every rank, and the all-reduces are
 // issued in that order everywhere: on a device-ordered backend (NCCL) right
 // after the unit's reduce-scatter, on the same stream; on a host backend
-// (Gloo) once that reduce-scatter finished, oldest first.
+// (Gloo) queued right after it too, on the replicate communicator's thread,
+// which starts it once the reduce-scatter finished (AllReduceAfter), or,
+// where the shard is complete only after the host added a scratch into it,
+// at Finish once that reduce-scatter finished, oldest first.
 //
 // Over several micro-batches (GradAccumulation::kSharded) every micro-batch
 // is reduced: the first reduce-scatters into grad_shard, each later one into
@@ -73,6 +76,8 @@ class GradReduction {
   // Waits for p's reduce-scatter, folds its result into the shard, frees its
   // buffers and, where it is the last, starts its all-reduce.
   absl::Status Finish(Pending& p);
+  // A reduction started earlier still has its all-reduce to issue (at Finish).
+  bool AllReduceAwaited() const;
 
   comm::Communicator* const shard_;
   comm::Communicator* const replicate_;
