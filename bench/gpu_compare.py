@@ -27,9 +27,16 @@ Each row is printed and appended to --table as soon as it is measured, and
 runs stop being started once --budget seconds have passed, so a device call
 that ends early still leaves every row it measured.
 
+With --profile DIR, after the first round each model runs once more on each
+side (Shardline, eager FSDP2) under LibTorch's Kineto profiler over steps
+PROFILE_STEPS (shardline-train --profile; torch.profiler in the PyTorch
+process), the traces go to DIR, and bench/profile_summary.py prints where each
+side's step goes: the device's busy and idle time, kernels by kind, the
+largest kernels.
+
     python3 bench/gpu_compare.py [--models gpt2-124m,gpt2-350m,llama100m,llama100m-lora16] [--repeat 3]
                                  [--steps 12] [--batch 8] [--budget 400] [--table FILE] [--device cuda:0]
-                                 [--no-compile] [--shared-worlds 2,4]
+                                 [--no-compile] [--shared-worlds 2,4] [--profile DIR]
     (--models gpt-small --device cpu: a dry run of the script where there is no GPU)
 """
 import argparse
@@ -47,6 +54,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
 
 import harness  # noqa: E402
+import profile_summary  # noqa: E402
 import torch_compare as tc  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16
@@ -54,6 +62,7 @@ GPT2 = {"gpt2-124m": {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 
         "gpt2-350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024, "vocab_size": 50304, "block_size": 1024},
         "gpt-small": harness.SMALL_GPT}  # a dry run of this script on a CPU
 WARMUP = 2
+PROFILE_STEPS = (2, 5)  # steps 2, 3 and 4: after the warm-ups
 
 
 def model_of(name):
@@ -117,8 +126,17 @@ def torch_run(a):
     tokens = tc.read_tokens(a.data)
     B, T = a.batch, m["block_size"]
     times, losses = [], []
+    profiler = None
     for step in range(a.steps):
         sync()
+        if a.profile_out and step == PROFILE_STEPS[0]:
+            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+            profiler = torch.profiler.profile(activities=acts)
+            profiler.__enter__()
+        if profiler and step == PROFILE_STEPS[1]:
+            profiler.__exit__(None, None, None)
+            profiler.export_chrome_trace(a.profile_out)
+            profiler = None
         t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a.steps, 6e-4, 6e-5, WARMUP)
@@ -138,12 +156,14 @@ def torch_run(a):
     dist.destroy_process_group()
 
 
-def run_torch(a, model, data, compile_, timeout):
+def run_torch(a, model, data, compile_, timeout, profile=""):
     out = os.path.join(tempfile.mkdtemp(prefix="gpu-compare-"), "torch.json")
     cmd = [sys.executable, __file__, "--torch-run", "--model", model, "--steps", str(a.steps), "--batch",
            str(a.batch), "--data", data, "--out", out, "--port", str(harness.free_port()), "--device", a.device]
     if compile_:
         cmd.append("--compile")
+    if profile:
+        cmd += ["--profile-out", profile]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -157,7 +177,7 @@ def run_torch(a, model, data, compile_, timeout):
             "loss": r["losses"][-1]}, ""
 
 
-def run_shardline(a, model, data, strategy, world, timeout):
+def run_shardline(a, model, data, strategy, world, timeout, profile=""):
     _, m, lora = model_of(model)
     cfg = harness.small_gpt_config(strategy, world, a.steps, a.batch)
     cfg["model"] = m
@@ -168,13 +188,29 @@ def run_shardline(a, model, data, strategy, world, timeout):
         cfg["lora"] = {"rank": lora, "alpha": 2 * lora, "target_modules": "all-linear", "base": "sharded"}
     try:
         _, ranks = harness.run(cfg, world, timeout=timeout, threads=max(1, (os.cpu_count() or 2) // world),
-                               extra_args=("--device", a.device) + (("--backend", "gloo") if world > 1 else ()))
+                               extra_args=("--device", a.device) + (("--backend", "gloo") if world > 1 else ())
+                               + (("--profile", profile, "--profile-steps", "%d:%d" % PROFILE_STEPS) if profile else ()))
     except harness.RunError as e:
         return None, str(e).splitlines()[-1][-200:]
     return {"step": statistics.median(s["seconds"] for s in ranks[0]["steps"][WARMUP:]),
             "alloc": max(r["memory"]["tensor_peak"] for r in ranks),
             "reserved": max(r["memory"]["reserved_peak"] for r in ranks),
             "loss": ranks[0]["steps"][-1]["loss"]}, ""
+
+
+def profile(a, model, side, data, timeout):
+    """One run of `side` under the profiler; prints where its step goes."""
+    trace = os.path.join(a.profile, f"{side}-{model}.json")
+    if side == "shardline":
+        r, err = run_shardline(a, model, data, "no_shard", 1, timeout, profile=trace)
+    else:
+        r, err = run_torch(a, model, data, False, timeout, profile=trace)
+    if not r or not os.path.exists(trace):
+        print(f"  {model} {side} profile: failed: {err or 'no trace written'}", flush=True)
+        return
+    lines, _ = profile_summary.summarize(profile_summary.load(trace), PROFILE_STEPS[1] - PROFILE_STEPS[0])
+    print(f"== profile: {model}, {side}, steps {PROFILE_STEPS[0]}..{PROFILE_STEPS[1] - 1} (trace {trace})")
+    print("\n".join(lines), flush=True)
 
 
 class Table:
@@ -230,12 +266,14 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--shared-worlds", default="2,4",
                     help="Shardline full_shard at these N sharing the GPU over Gloo (first model only)")
+    ap.add_argument("--profile", default="", help="profile each model once per side after the first round; traces here")
     # one PyTorch process
     ap.add_argument("--torch-run", action="store_true")
     ap.add_argument("--model", default="")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--data", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--profile-out", default="")
     ap.add_argument("--port", type=int, default=0)
     a = ap.parse_args()
     if a.torch_run:
@@ -252,7 +290,11 @@ def main():
     models = a.models.split(",")
     # The eager N = 1 pairs first, interleaved over the repeats (so that every
     # row has runs when the budget ends early), then N > 1, then compile.
-    plan = [(mdl, run, 1) for _ in range(a.repeat) for mdl in models for run in ("fsdp2", "shardline")]
+    rounds = [[(mdl, run, 1) for mdl in models for run in ("fsdp2", "shardline")] for _ in range(a.repeat)]
+    if a.profile:
+        os.makedirs(a.profile, exist_ok=True)
+        rounds.insert(1, [(mdl, run + " profile", 1) for mdl in models for run in ("fsdp2", "shardline")])
+    plan = [key for r in rounds for key in r]
     plan += [(models[0], "shardline full_shard gloo", int(w)) for w in a.shared_worlds.split(",") if w]
     if not a.no_compile:
         plan += [(mdl, "fsdp2+compile", 1) for mdl in models if model_of(mdl)[2] == 0]  # (full fine-tuning)
@@ -260,16 +302,21 @@ def main():
     data, samples, errors, order = {}, {}, {}, []
     for key in plan:
         mdl, run, world = key
-        if key not in order:
+        profiling = run.endswith(" profile")  # printed, not a row of the table
+        if key not in order and not profiling:
             order.append(key)
         if a.budget - (time.time() - start) < 20:
-            errors.setdefault(key, f"not run: the budget of {a.budget:.0f} s was spent")
+            if not profiling:
+                errors.setdefault(key, f"not run: the budget of {a.budget:.0f} s was spent")
             continue
         family, m, _ = model_of(mdl)
         if family not in data:
             data[family] = os.path.join(work, f"{family}.bin")
             tc.write_tokens(data[family], a.steps * a.batch * m["block_size"] + 1, m["vocab_size"])
         timeout = max(10, a.budget - (time.time() - start))
+        if profiling:
+            profile(a, mdl, run.split()[0], data[family], timeout)
+            continue
         if run.startswith("shardline"):
             r, err = run_shardline(a, mdl, data[family], "no_shard" if world == 1 else "full_shard", world, timeout)
         else:

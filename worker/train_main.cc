@@ -14,13 +14,16 @@
 // engine's logits of the batch (Engine::Logits: its own forward schedule).
 // --trace (with --out) also writes DIR/trace-rank-<r>.json, the rank's
 // timeline in Chrome's trace event format (worker/comm/timeline.h), also
-// when the run fails.
+// when the run fails. --profile FILE writes LibTorch's Kineto profile of
+// steps --profile-steps FIRST:LAST (default 2:5) to FILE, a Chrome trace with
+// the device's kernels on CUDA (worker/device/kernel_profile.h).
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 #include <iostream>
+#include <optional>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -42,6 +45,7 @@
 #include "worker/checkpoint/tensor_file.h"
 #include "worker/comm/groups.h"
 #include "worker/comm/timeline.h"
+#include "worker/device/kernel_profile.h"
 #include "worker/engine/engine.h"
 #include "worker/run/collective_address.h"
 #include "worker/run/job_runner.h"
@@ -52,6 +56,7 @@ namespace {
 struct Flags {
   std::string config, out, dump_grads, store_host = "127.0.0.1", ckpt_dir, resume, device = "cpu", backend = "auto";
   std::string listen_address, interface;  // worker/run/collective_address.h
+  std::string profile, profile_steps = "2:5";  // worker/device/kernel_profile.h
   int rank = 0, world = 1, store_port = 0, threads = 1, steps = 0, save_at = 0, stop_after = 0;
   double timeout_s = 60;
   bool trace = false;
@@ -253,6 +258,10 @@ absl::Status RunRank(const Flags& f, Timeline* timeline) {
   if (f.ckpt_dir.empty()) config.checkpoint.interval = 0, config.checkpoint.interval_seconds = 0;
   StoreSink sink(config, f, store.get());
   Json steps = Json::array();
+  std::optional<KernelProfile> profile;
+  if (!f.profile.empty()) {
+    SL_ASSIGN_OR_RETURN(profile, KernelProfile::Parse(f.profile, f.profile_steps, device->is_cuda()));
+  }
   JobHooks hooks;
   if (timeline) {
     hooks.opened = [&](Communicators& comms) {
@@ -263,7 +272,7 @@ absl::Status RunRank(const Flags& f, Timeline* timeline) {
   hooks.stepped = [&](const StepResult& r, const Engine&) {
     steps.push_back(StepObject(r));
     if (f.rank == 0) std::cout << steps.back().dump() << std::endl;
-    return absl::OkStatus();
+    return profile ? profile->AfterStep(r.step) : absl::OkStatus();
   };
   SL_ASSIGN_OR_RETURN(const CollectiveAddress address,
                       ChooseCollectiveAddress(f.listen_address, f.interface,
@@ -277,6 +286,7 @@ absl::Status RunRank(const Flags& f, Timeline* timeline) {
   if (!f.dump_grads.empty()) return DumpGradients(runner.engine(), config, f.dump_grads);
   if (timeline) runner.engine().set_timeline(timeline);
   SL_RETURN_IF_ERROR(runner.Run());
+  if (profile) SL_RETURN_IF_ERROR(profile->Finish());
   if (f.out.empty()) return absl::OkStatus();
   SL_ASSIGN_OR_RETURN(NamedTensors params, GatherParams(runner.engine()));
   if (f.rank == 0) SL_RETURN_IF_ERROR(WriteSafetensors(f.out + "/params.safetensors", params));
@@ -320,6 +330,9 @@ int main(int argc, char** argv) {
   app.add_option("--out", f.out, "directory for rank-N.json and params.safetensors");
   app.add_flag("--trace", f.trace, "also write DIR/trace-rank-N.json: the steps' timeline (needs --out)")
       ->needs("--out");
+  app.add_option("--profile", f.profile, "write LibTorch's profile (Chrome trace; CUDA kernels on a GPU) here");
+  app.add_option("--profile-steps", f.profile_steps, "the steps profiled, FIRST:LAST (FIRST..LAST-1), FIRST >= 1")
+      ->needs("--profile");
   app.add_option("--dump-grads", f.dump_grads, "write step-0 weights and gradients here and exit");
   app.add_option("--ckpt-dir", f.ckpt_dir, "checkpoint root: saves go to DIR/<job>/step-<8 digits>/");
   app.add_option("--save-at", f.save_at, "save a checkpoint after this many steps");

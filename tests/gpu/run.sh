@@ -24,7 +24,9 @@
 #
 # Environment: SHARDLINE_GPU_DEBS (.gpu-debs), SHARDLINE_DEPS_PREFIX (/tmp/shardline-deps),
 # SHARDLINE_GPU_BUILD (/tmp/shardline-build-gpu), SHARDLINE_PYTHON (python3), SHARDLINE_GPU_BUDGET (540),
-# SHARDLINE_GPU_CMAKE_ARGS (more configure arguments, split at spaces).
+# SHARDLINE_GPU_CMAKE_ARGS (more configure arguments, split at spaces),
+# SHARDLINE_GPU_BENCH_TARGETS (what bench builds beside the gpu targets; default
+# "collective_bench checkpoint_bench"; empty for a CMD that runs shardline-train alone).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -39,7 +41,7 @@ budget="${SHARDLINE_GPU_BUDGET:-540}"
 lib="$prefix/usr/lib/x86_64-linux-gnu"
 wrap="$prefix/wrap"
 gpu_targets=(nccl_test shardline-train shardline-worker shardline-coordinator shardctl)
-bench_targets=(collective_bench checkpoint_bench)
+read -ra bench_targets <<<"${SHARDLINE_GPU_BENCH_TARGETS-collective_bench checkpoint_bench}"
 rows=()   # the step's table: "what | seconds | result"
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
