@@ -27,18 +27,24 @@ struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntrop
       const at::Tensor ts = targets.narrow(0, r0, n);
       const at::Tensor valid = ts.ne(kIgnoreIndex);
       const at::Tensor picked_index = at::where(valid, ts, at::zeros_like(ts)).unsqueeze(1);
-      at::Tensor logits = at::linear(xs, w).to(at::kFloat);  // [n, V]
-      const at::Tensor lse = at::logsumexp(logits, {1});
-      const at::Tensor picked = logits.gather(1, picked_index).squeeze(1);
-      loss.add_(at::where(valid, lse - picked, at::zeros_like(lse)).sum());
+      // [n, V] fp32: the log-softmax, then in place the softmax and dL/dlogits.
+      // Every pass over it is a vectorized kernel: no [n, V] operand is broadcast.
+      // Two statements, so that the compute-dtype logits are freed before the
+      // log-softmax allocates: two [n, V] fp32 tensors at the peak, not 2.5.
+      at::Tensor g = at::linear(xs, w).to(at::kFloat);
+      g = at::_log_softmax(g, 1, /*half_to_float=*/false);
+      const at::Tensor picked = g.gather(1, picked_index).squeeze(1);
+      loss.sub_(at::where(valid, picked, at::zeros_like(picked)).sum());
       if (!grad_x && !grad_w) continue;
-      // dL/dlogits = (softmax - onehot(t)) * scale on counted rows, 0 on ignored ones.
-      at::Tensor g = logits.sub_(lse.unsqueeze(1)).exp_();
-      g.scatter_add_(1, picked_index, at::full({n, 1}, -1.0, g.options()));
-      g.mul_((valid.to(at::kFloat) * scale).unsqueeze(1));
+      // dL/dlogits = (softmax - onehot(t)) * scale on counted rows. An ignored
+      // row's is zero: its row of dx is zeroed and its row of x left out of dW
+      // ([n, C], V/C times smaller than [n, V]), which adds exact zeros where
+      // autograd multiplies by them.
+      g.exp_().scatter_add_(1, picked_index, at::full({n, 1}, -1.0, g.options())).mul_(scale);
       const at::Tensor gc = g.to(x.scalar_type());
-      if (grad_x) dx.narrow(0, r0, n).copy_(at::mm(gc, w));
-      if (grad_w) dw.add_(at::mm(gc.t(), xs));
+      const at::Tensor counted = valid.unsqueeze(1).to(x.scalar_type());
+      if (grad_x) dx.narrow(0, r0, n).copy_(at::mm(gc, w).mul_(counted));
+      if (grad_w) dw.add_(at::mm(gc.t(), xs * counted));
     }
     ctx->save_for_backward({dx, dw});
     return loss.mul_(scale);

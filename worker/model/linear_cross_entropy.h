@@ -6,9 +6,10 @@
 // 8 x 1024 tokens of GPT-2's 50304 words are 0.8 GiB in bf16 and 1.6 GiB in
 // fp32, and an autograd graph through at::cross_entropy_loss keeps both plus
 // the fp32 log-softmax, then builds another fp32 tensor of that size in
-// backward. Here a chunk computes its softmax once (fp32), turns it into the
-// gradient of the loss w.r.t. its logits ((softmax - onehot) * scale, zero on
-// ignored rows, rounded to the compute dtype as autograd would) and at once
+// backward. Here a chunk computes its fp32 log-softmax once (one fused
+// kernel, as autograd's cross_entropy_loss does), turns it in place into the
+// gradient of the loss w.r.t. its logits ((softmax - onehot) * scale, rounded
+// to the compute dtype as autograd would; ignored rows count zero) and at once
 // into the gradients of x and W, which are all that backward needs: memory is
 // one chunk's logits plus dL/dx ([rows, C]) and dL/dW ([V, C], fp32), and no
 // arithmetic is added (the head's three matmuls move from backward to forward).
@@ -16,8 +17,13 @@
 // Numerics: the loss and the gradients are the terms autograd computes
 // through linear -> to(fp32) -> cross_entropy_loss, summed in another order
 // only where a chunk boundary splits a sum (dL/dW over rows, accumulated in
-// fp32 across chunks, and the loss). With one chunk (rows <= chunk_rows) the
-// gradients' arithmetic is autograd's.
+// fp32 across chunks, and the loss). With one chunk (rows <= chunk_rows) each
+// term is autograd's within an ulp: (exp(logp) - onehot) * scale here,
+// exp(logp) * scale - scale * onehot in log-softmax's backward.
+//
+// Cost per chunk on a GPU: the logits' cast to fp32, the log-softmax, exp,
+// the onehot (n elements), the scale and the cast back, each one vectorized
+// pass over [n, V]; the ignored rows are masked in [n, C] tensors.
 //
 // Threads: none of its own; runs on the caller's (the compute) stream.
 #pragma once
