@@ -131,7 +131,7 @@ def torch_run(a):
         sync()
         if a.profile_out and step == PROFILE_STEPS[0]:
             acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-            profiler = torch.profiler.profile(activities=acts)
+            profiler = torch.profiler.profile(activities=acts, record_shapes=True)
             profiler.__enter__()
         if profiler and step == PROFILE_STEPS[1]:
             profiler.__exit__(None, None, None)

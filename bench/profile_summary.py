@@ -13,8 +13,11 @@ Per step (the trace's span over K steps):
              host's launch rate (a few microseconds a launch) before the GPU's
   by kind    kernel time by what the kernel is (matrix products, attention,
              elementwise, reductions and norms, the optimizer, copies, NCCL)
-and the largest kernels by total time. Without device events (a CPU run,
-the script's dry run) it lists the host's ATen ops instead.
+and the largest kernels by total time, each under the ATen op that launched
+it with that op's input types and shapes where the trace has them
+(shardline-train --profile records them; torch.profiler with
+record_shapes=True): what tells one copy from another. Without device events
+(a CPU run, the script's dry run) it lists the host's ATen ops instead.
 """
 import argparse
 import collections
@@ -65,6 +68,21 @@ def short(name, width=72):
     return name if len(name) <= width else name[:width - 3] + "..."
 
 
+def launching_ops(events):
+    """External id -> "op(type[dims], ...)" of the host op a kernel was launched under."""
+    ops = {}
+    for e in events:
+        if e.get("cat") != "cpu_op":
+            continue
+        args = e.get("args", {})
+        dims, types = args.get("Input Dims"), args.get("Input type")
+        shapes = ""
+        if dims and types:
+            shapes = ", ".join(f"{t}{list(d)}" for t, d in zip(types, dims) if d)
+        ops.setdefault(args.get("External id"), f"{e['name']}({shapes})" if shapes else e["name"])
+    return ops
+
+
 def summarize(events, steps, top=12):
     """The summary's lines, and a dict of its figures (milliseconds per step)."""
     timed = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
@@ -89,11 +107,14 @@ def summarize(events, steps, top=12):
     kernels = [e for e in device if e.get("cat") == "kernel"]
     by_kind = collections.defaultdict(float)
     by_name = collections.defaultdict(lambda: [0, 0.0])
+    by_op = collections.defaultdict(lambda: collections.Counter())  # kernel name -> its launching ops
+    ops = launching_ops(events)
     for e in device:
         name = e["name"]
         by_kind[kind_of(name) if e.get("cat") == "kernel" else "copy/cast"] += e["dur"]
         by_name[name][0] += 1
         by_name[name][1] += e["dur"]
+        by_op[name][ops.get(e.get("args", {}).get("External id"), "?")] += e["dur"]
     device_sum = sum(by_kind.values()) / steps / 1e3
     launches = sum(1 for e in timed if e.get("cat") == "cuda_runtime" and "aunch" in e["name"]) / steps
     gaps = sorted((b["ts"] - (a["ts"] + a["dur"])) for a, b in zip(sorted(device, key=lambda e: e["ts"]),
@@ -108,9 +129,11 @@ def summarize(events, steps, top=12):
     lines.append("  by kind (device time, ms/step, % of the device's sum):")
     for kind, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         lines.append(f"    {kind:<13} {us / steps / 1e3:8.2f}  {us / steps / 1e3 / device_sum:6.1%}")
-    lines.append(f"  the {top} largest (ms/step, launches/step, kind, name):")
+    lines.append(f"  the {top} largest (ms/step, launches/step, kind, name; under it the op that launched it):")
     for name, (n, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
         lines.append(f"    {us / steps / 1e3:8.3f} {n / steps:6.1f}  {kind_of(name):<12} {short(name)}")
+        for op, op_us in by_op[name].most_common(2):
+            lines.append(f"                     {op_us / us:4.0%} {short(op, 96)}")
     return lines, figures
 
 

@@ -18,8 +18,10 @@ import profile_summary  # noqa: E402
 
 
 def matmuls(path):
+    """The trace's aten::mm ops, each of which must carry its input shapes."""
     with open(path) as f:
-        return sum(1 for e in json.load(f)["traceEvents"] if e.get("cat") == "cpu_op" and e.get("name") == "aten::mm")
+        mms = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "cpu_op" and e.get("name") == "aten::mm"]
+    return len(mms) if all(len(e["args"].get("Input Dims", [])) == 2 for e in mms) else -1
 
 
 def run_profiled(checks, window, steps=4):
@@ -44,14 +46,17 @@ def summary_arithmetic(checks):
     # [400, 500), k3 [1000, 1100); host ops span [0, 2000). Busy = 150 + 100 +
     # 100 = 350 us over 2 steps; span 2000 us; gaps 250 (after k2) and 500.
     ev = [
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 2000},
-        {"ph": "X", "cat": "kernel", "name": "nvjet_sm90_tst_gemm", "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 2000,
+         "args": {"External id": 7, "Input type": ["c10::BFloat16", "c10::BFloat16"], "Input Dims": [[8, 4], [4, 2]]}},
+        {"ph": "X", "cat": "kernel", "name": "nvjet_sm90_tst_gemm", "ts": 0, "dur": 100, "args": {"External id": 7}},
         {"ph": "X", "cat": "kernel", "name": "void at::native::vectorized_elementwise_kernel<4>", "ts": 50, "dur": 100},
         {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 400, "dur": 100},
         {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "ts": 1000, "dur": 100},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 5},
     ]
-    _, f = profile_summary.summarize(ev, steps=2)
+    lines, f = profile_summary.summarize(ev, steps=2)
+    checks.check(any("aten::mm(c10::BFloat16[8, 4], c10::BFloat16[4, 2])" in line for line in lines),
+                 "profile_summary names the op that launched a kernel, with its input shapes")
     want = {"span_ms": 1.0, "busy_ms": 0.175, "idle_ms": 0.825, "kernels": 1.5, "launches": 0.5,
             "gaps_over_100us_ms": 0.375, "matmul_ms": 0.05, "elementwise_ms": 0.05, "copy/cast_ms": 0.05,
             "attention_ms": 0.05}
@@ -64,8 +69,8 @@ def main():
     checks = harness.Checks()
     one = run_profiled(checks, "1:2")
     two = run_profiled(checks, "1:3")
-    checks.check(one > 0 and two == 2 * one, "a window of two steps holds twice the matmuls of a window of one",
-                 f"{one} and {two}")
+    checks.check(one > 0 and two == 2 * one,
+                 "a window of two steps holds twice the matmuls of a window of one, with their shapes", f"{one} and {two}")
     ends_inside = run_profiled(checks, "2:9", steps=4)
     checks.check(ends_inside == 2 * one, "a job that ends inside its window writes the steps it ran",
                  f"{ends_inside} matmuls for steps 2-3")

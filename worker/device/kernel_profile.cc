@@ -29,7 +29,8 @@ absl::StatusOr<KernelProfile> KernelProfile::Parse(std::string path, const std::
 void KernelProfile::Start() {
   std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
   if (cuda_) activities.insert(prof::ActivityType::CUDA);
-  const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+  // With the ops' input shapes and dtypes, which tell one copy from another.
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/true);
   torch::autograd::profiler::prepareProfiler(config, activities);
   torch::autograd::profiler::enableProfiler(config, activities);
   recording_ = true;
