@@ -239,6 +239,33 @@ TEST(GradReduction, OnTheHostNoAllReduceOvertakesOneStillToBeIssued) {
             (std::vector<std::string>{"shard RS", "shard RS", "replicate AR", "replicate AR"}));
 }
 
+TEST(GradReduction, AOneRankGroupCastsAsItCopiesWithNoCastBuffer) {
+  // bf16 gradients reduced in fp32 by a group of one: the reduce-scatter's
+  // copy casts, so no fp32 copy of the whole gradient is made first (a pass
+  // and a unit-sized buffer), and the shard holds the gradient, widened.
+  auto device = *Device::Open("cpu");
+  MemoryLedger ledger;
+  CommWaiter waiter(absl::Seconds(1));
+  auto layout = MakeShardLayout("unit", {{"w", {6}, true}}, 1);
+  ASSERT_TRUE(layout.ok());
+  FlatParamOptions o;
+  o.param_dtype = at::kBFloat16;
+  o.reduce_dtype = at::kFloat;
+  o.persistent_grads = false;
+  FlatParam unit(*layout, 0, o, *device, &ledger, at::zeros({6}));
+  unit.EnsureGrad();
+  unit.grad_full().copy_(at::arange(6, at::kFloat).mul_(0.5));
+  const int64_t before = ledger.current(MemKind::kGrads);
+  auto self = comm::CreateSelfCommunicator();
+  auto replicate = comm::CreateSelfCommunicator();
+  GradReduction reduction(self.get(), replicate.get(), &waiter, &ledger);
+  ASSERT_TRUE(reduction.Start(&unit, /*accumulate=*/false, /*last=*/true).ok());
+  EXPECT_EQ(ledger.peak(MemKind::kGrads), before) << "no reduce-dtype copy of the gradient";
+  ASSERT_TRUE(reduction.Pump(/*wait_all=*/true).ok());
+  EXPECT_EQ(unit.grad_shard().scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(unit.grad_shard(), at::arange(6, at::kFloat).mul_(0.5)));
+}
+
 TEST(Device, CpuIsTheHostAndBadSpecsAreNamed) {
   auto cpu = Device::Open("cpu");
   ASSERT_TRUE(cpu.ok()) << cpu.status();

@@ -167,6 +167,8 @@ absl::Status WithLinkFault(absl::Status s, const LinkFault& f);
 std::optional<LinkFault> LinkFaultOf(const absl::Status& s);
 
 // A group of one: every collective completes at once and moves nothing.
+// Its all-gather and reduce-scatter copy `in` to `out`, casting where their
+// dtypes differ (every other communicator needs them equal).
 std::unique_ptr<Communicator> CreateSelfCommunicator();
 
 }  // namespace shardline::comm

@@ -9,7 +9,11 @@ absl::Status GradReduction::Start(FlatParam* unit, bool accumulate, bool last) {
   p.unit = unit;
   p.last = last;
   at::Tensor src = unit->grad_full();
-  if (src.scalar_type() != unit->grad_shard().scalar_type()) {
+  // A one-rank group's reduce-scatter is a copy, which casts as it copies
+  // (communicator.h): no reduce-dtype copy of the gradient first, which was a
+  // pass and a unit-sized buffer more (34 DtoD copies, 0.7 ms of a GPT-2
+  // 350M step on an H200, bench/results/gpu_compare_h200.md).
+  if (src.scalar_type() != unit->grad_shard().scalar_type() && shard_->size() > 1) {
     p.cast = src.to(unit->grad_shard().scalar_type());
     ledger_->Add(MemKind::kGrads, p.cast.nbytes());
     src = p.cast;

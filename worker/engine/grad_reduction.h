@@ -1,6 +1,7 @@
 // GradReduction: the gradient reduction of DESIGN.md's step. As soon as a
 // unit's backward is complete its gradient is reduce-scattered over the
-// shard group (cast to the reduce dtype first where that differs), and once
+// shard group (cast to the reduce dtype first where that differs; a one-rank
+// group's copy casts as it copies), and once
 // the shard is all-reduced across replicate groups (hybrid strategies).
 // Units are started in backward order on every rank, and the all-reduces are
 // issued in that order everywhere: on a device-ordered backend (NCCL) right
