@@ -13,7 +13,9 @@ Models: GPT-2 124M and 350M (T = 1024, vocabulary padded to 50304 as llm.c
 does), the ~100M Llama (bench/torch_compare.py's LLAMA_100M at T = 1024),
 full fine-tuning and LoRA r = 16 on every projection (PEFT on the PyTorch
 side). N = 1 (each eager row --repeat times, interleaved; the table gives the
-median and the spread), and Shardline's full_shard at N = 2 and 4 ranks sharing the GPU
+median and the spread), and Shardline's full_shard at --shared-worlds: at 1, one rank
+(FSDP2's fully_shard semantics at world 1: each unit's bf16 parameters and
+gradients freed after use, where no_shard keeps them), at 2 and 4, ranks sharing the GPU
 through Gloo staging (PyTorch has no peer for that: NCCL 2.28 refuses two
 ranks on one GPU, and Gloo cannot reduce-scatter CUDA tensors).
 
@@ -265,7 +267,8 @@ def main():
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--shared-worlds", default="2,4",
-                    help="Shardline full_shard at these N sharing the GPU over Gloo (first model only)")
+                    help="Shardline full_shard at these N sharing the GPU over Gloo (first model only); "
+                         "1: full_shard on one rank, FSDP2's fully_shard at world 1 (units freed after use)")
     ap.add_argument("--profile", default="", help="profile each model once per side after the first round; traces here")
     # one PyTorch process
     ap.add_argument("--torch-run", action="store_true")
@@ -295,7 +298,8 @@ def main():
         os.makedirs(a.profile, exist_ok=True)
         rounds.insert(1, [(mdl, run + " profile", 1) for mdl in models for run in ("fsdp2", "shardline")])
     plan = [key for r in rounds for key in r]
-    plan += [(models[0], "shardline full_shard gloo", int(w)) for w in a.shared_worlds.split(",") if w]
+    plan += [(models[0], "shardline full_shard" + (" gloo" if int(w) > 1 else ""), int(w))
+             for w in a.shared_worlds.split(",") if w]
     if not a.no_compile:
         plan += [(mdl, "fsdp2+compile", 1) for mdl in models if model_of(mdl)[2] == 0]  # (full fine-tuning)
     work = tempfile.mkdtemp(prefix="gpu-compare-")

@@ -2,7 +2,9 @@
 # One device call that does a lease's work (issue 22), in the order that keeps
 # the most when time runs out: build and every gpu test, then GPT-2 350M
 # against eager FSDP2 at global batch 8 with both sides profiled
-# (bench/profile_summary.py's tables), then batch 16. Each part is a
+# (bench/profile_summary.py's tables), then batch 16; at both batches also
+# Shardline's full_shard on one rank, FSDP2's own semantics at world 1 (each
+# unit's bf16 parameters and gradients freed after use; no_shard keeps them). Each part is a
 # tests/gpu/run.sh step with its own budget, its logs tee'd as it runs; at the
 # end everything goes to $OUT/logs.tgz (one file: a call returns at most 8) and
 # the tables to stdout (a call returns the last 12,000 characters).
@@ -28,7 +30,7 @@ for batch in 8 16; do
   [ "$batch" != 8 ] || profile=(--profile "$logs/prof")
   OUT="$logs/bench-$batch" SHARDLINE_GPU_BUDGET=$((batch == 8 ? 200 : 90)) SHARDLINE_GPU_BENCH_TARGETS="" \
     tests/gpu/run.sh bench python3 bench/gpu_compare.py --models "$models" --batch "$batch" --repeat 2 \
-    --shared-worlds '' --no-compile --budget $((batch == 8 ? 180 : 75)) "${profile[@]}" \
+    --shared-worlds 1 --no-compile --budget $((batch == 8 ? 180 : 75)) "${profile[@]}" \
     >"$logs/bench-$batch.txt" 2>&1
   echo "bench at batch $batch: exit $?"
   grep -E '^== profile|^span|^  by kind|^    [a-z/]+ +[0-9.]+ +[0-9.]+%$|^\|' "$logs/bench-$batch.txt" | tail -60
