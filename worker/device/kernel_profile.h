@@ -13,8 +13,9 @@
 // LibTorch's caches and kernels and is never the one to profile.
 // Threading: every call on the step thread (Kineto's host-side recording is
 // per thread; the device's activity is recorded whatever thread launched it).
-// Errors: a window that is empty or negative is refused by Parse; a trace that
-// cannot be written is returned by AfterStep, naming the file.
+// Errors: a window that is empty or starts before step 1 is refused by Parse;
+// a trace that cannot be written is returned by AfterStep or Finish, naming
+// the file.
 #pragma once
 
 #include <cstdint>

@@ -23,9 +23,10 @@ namespace {
 // summed in double over the elements. On CUDA an fp32 shard is read once by
 // one fused norm kernel (fp32 accumulation, as torch's clip_grad_norm_ does):
 // the double copy, square and sum were three passes and 6 ms of a 350M
-// GPT-2's 82 ms step on an H200 (bench/results/gpu_compare_h200.md). A tree reduction of n fp32 squares is within
-// ~log2(n) ulp of the exact sum (3e-6 relative at n = 2^24), far inside what
-// the clip coefficient or the reported norm can show.
+// GPT-2's 82 ms step on an H200 (bench/results/gpu_compare_h200.md). A tree
+// reduction of n fp32 squares is within ~log2(n) ulp of the exact sum (3e-6
+// relative at n = 2^24), far inside what the clip coefficient or the reported
+// norm can show.
 at::Tensor SquaredNorm(const at::Tensor& grad) {
   if (grad.is_cuda() && grad.scalar_type() == at::kFloat) return at::linalg_vector_norm(grad, 2).to(at::kDouble).square();
   return grad.to(at::kDouble).square().sum();

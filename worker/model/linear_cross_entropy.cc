@@ -27,10 +27,10 @@ struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntrop
       const at::Tensor ts = targets.narrow(0, r0, n);
       const at::Tensor valid = ts.ne(kIgnoreIndex);
       const at::Tensor picked_index = at::where(valid, ts, at::zeros_like(ts)).unsqueeze(1);
-      // [n, V] fp32: the log-softmax, then in place the softmax and dL/dlogits.
-      // Every pass over it is a vectorized kernel: no [n, V] operand is broadcast.
-      // Two statements, so that the compute-dtype logits are freed before the
-      // log-softmax allocates: two [n, V] fp32 tensors at the peak, not 2.5.
+      // [n, V] fp32: the log-softmax, then in place the softmax and dL/dlogits;
+      // every pass over it is vectorized (no [n, V] operand is broadcast). Two
+      // statements, so that the compute-dtype logits die before the
+      // log-softmax allocates: two fp32 [n, V] tensors at the peak, not 2.5.
       at::Tensor g = at::linear(xs, w).to(at::kFloat);
       g = at::_log_softmax(g, 1, /*half_to_float=*/false);
       const at::Tensor picked = g.gather(1, picked_index).squeeze(1);
