@@ -11,8 +11,10 @@
 #
 #   tests/gpu/lease.sh [MODELS]     MODELS for the profiled comparison (default gpt2-350m)
 #
-# With .gpu-debs carried and timeout_s 590, on a fresh machine it took 385 s
-# (2026-11-28, H200): build 72-80 s, the five tests 90 s, the comparison 186 s.
+# Run it with .gpu-debs carried and timeout_s 590. The same steps, typed as
+# one command, took 385 s on a fresh H200 (2026-11-28): build 72-80 s, the
+# five tests 90 s, a comparison of 9 runs 186 s; this script has not run on
+# a GPU yet.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root" || exit 2
@@ -28,9 +30,11 @@ head -12 "$logs/test/table-test.txt" 2>/dev/null
 for batch in 8 16; do
   profile=()
   [ "$batch" != 8 ] || profile=(--profile "$logs/prof")
-  OUT="$logs/bench-$batch" SHARDLINE_GPU_BUDGET=$((batch == 8 ? 200 : 90)) SHARDLINE_GPU_BENCH_TARGETS="" \
-    tests/gpu/run.sh bench python3 bench/gpu_compare.py --models "$models" --batch "$batch" --repeat 2 \
-    --shared-worlds 1 --no-compile --budget $((batch == 8 ? 180 : 75)) "${profile[@]}" \
+  # Batch 8: two rounds and the profiled one (7 runs, ~150 s); batch 16: one round (3 runs, ~75 s).
+  OUT="$logs/bench-$batch" SHARDLINE_GPU_BUDGET=$((batch == 8 ? 200 : 110)) SHARDLINE_GPU_BENCH_TARGETS="" \
+    tests/gpu/run.sh bench python3 bench/gpu_compare.py --models "$models" --batch "$batch" \
+    --repeat $((batch == 8 ? 2 : 1)) --shared-worlds 1 --no-compile --budget $((batch == 8 ? 180 : 95)) \
+    "${profile[@]}" \
     >"$logs/bench-$batch.txt" 2>&1
   echo "bench at batch $batch: exit $?"
   grep -E '^== profile|^span|^  by kind|^    [a-z/]+ +[0-9.]+ +[0-9.]+%$|^\|' "$logs/bench-$batch.txt" | tail -60
