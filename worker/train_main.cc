@@ -38,6 +38,7 @@
 #include "common/base/process_memory.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_manifest.h"
+#include "common/job/device_spec.h"
 #include "common/model/model_shapes.h"
 #include "common/model/weight_source.h"
 #include "common/spec/job_spec.h"
@@ -227,6 +228,12 @@ absl::Status CheckOutputFolder(const std::string& out) {
 
 // `timeline`: where --trace records (null: not tracing).
 absl::Status RunRank(const Flags& f, Timeline* timeline) {
+  // A bad window is refused before the store, the rendezvous and the model.
+  std::optional<KernelProfile> profile;
+  if (!f.profile.empty()) {
+    SL_ASSIGN_OR_RETURN(const DeviceSpec spec, ParseDeviceSpec(f.device));
+    SL_ASSIGN_OR_RETURN(profile, KernelProfile::Parse(f.profile, f.profile_steps, spec.kind == DeviceKind::kCuda));
+  }
   SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f.config, "job file"));
   // Paths in the job file are taken as given (relative to the working directory).
   SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobSpec(text, f.config, ""));
@@ -258,10 +265,6 @@ absl::Status RunRank(const Flags& f, Timeline* timeline) {
   if (f.ckpt_dir.empty()) config.checkpoint.interval = 0, config.checkpoint.interval_seconds = 0;
   StoreSink sink(config, f, store.get());
   Json steps = Json::array();
-  std::optional<KernelProfile> profile;
-  if (!f.profile.empty()) {
-    SL_ASSIGN_OR_RETURN(profile, KernelProfile::Parse(f.profile, f.profile_steps, device->is_cuda()));
-  }
   JobHooks hooks;
   if (timeline) {
     hooks.opened = [&](Communicators& comms) {
