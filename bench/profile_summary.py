@@ -54,13 +54,15 @@ def load(path):
         return json.load(f)["traceEvents"]
 
 
-def union_us(intervals):
-    total, end = 0.0, float("-inf")
+def merged(intervals):
+    """The union of [start, stop) intervals as disjoint ones, in order."""
+    out = []
     for start, stop in sorted(intervals):
-        if stop > end:
-            total += stop - max(start, end)
-            end = stop
-    return total
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], stop)
+        else:
+            out.append([start, stop])
+    return out
 
 
 def short(name, width=72):
@@ -103,7 +105,8 @@ def summarize(events, steps, top=12):
         for name, (n, us) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:top]:
             lines.append(f"  {us / steps / 1e3:9.3f} ms  {n / steps:7.1f}/step  {short(name)}")
         return lines, {"span_ms": span}
-    busy = union_us([(e["ts"], e["ts"] + e["dur"]) for e in device]) / steps / 1e3
+    spans = merged([(e["ts"], e["ts"] + e["dur"]) for e in device])  # when the device was busy
+    busy = sum(stop - start for start, stop in spans) / steps / 1e3
     kernels = [e for e in device if e.get("cat") == "kernel"]
     by_kind = collections.defaultdict(float)
     by_name = collections.defaultdict(lambda: [0, 0.0])
@@ -117,8 +120,7 @@ def summarize(events, steps, top=12):
         by_op[name][ops.get(e.get("args", {}).get("External id"), "?")] += e["dur"]
     device_sum = sum(by_kind.values()) / steps / 1e3
     launches = sum(1 for e in timed if e.get("cat") == "cuda_runtime" and "aunch" in e["name"]) / steps
-    gaps = sorted((b["ts"] - (a["ts"] + a["dur"])) for a, b in zip(sorted(device, key=lambda e: e["ts"]),
-                                                                    sorted(device, key=lambda e: e["ts"])[1:]))
+    gaps = (b[0] - a[1] for a, b in zip(spans, spans[1:]))  # idle between busy spans
     big_gaps = sum(g for g in gaps if g > 100) / steps / 1e3
     figures = {"span_ms": span, "busy_ms": busy, "idle_ms": span - busy, "kernels": len(kernels) / steps,
                "launches": launches, "gaps_over_100us_ms": big_gaps,
