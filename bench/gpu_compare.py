@@ -135,10 +135,6 @@ def torch_run(a):
             acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
             profiler = torch.profiler.profile(activities=acts, record_shapes=True)
             profiler.__enter__()
-        if profiler and step == PROFILE_STEPS[1]:
-            profiler.__exit__(None, None, None)
-            profiler.export_chrome_trace(a.profile_out)
-            profiler = None
         t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a.steps, 6e-4, 6e-5, WARMUP)
@@ -151,6 +147,10 @@ def torch_run(a):
         losses.append(loss.item())
         sync()
         times.append(time.perf_counter() - t0)
+        if profiler and step + 1 in (PROFILE_STEPS[1], a.steps):  # the window's end, or the run's (as shardline-train)
+            profiler.__exit__(None, None, None)
+            profiler.export_chrome_trace(a.profile_out)
+            profiler = None
     with open(a.out, "w") as f:
         json.dump({"times": times, "losses": losses,
                    "alloc_peak": torch.cuda.max_memory_allocated(dev) if cuda else 0,
