@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
   if (auto r = e.Step(0); !r.ok()) return Fail(r.status());
 
   const std::string step_dir = dir + "/step-00000001";
-  const int64_t bytes = SnapshotShards(e, false).bytes();
+  absl::StatusOr<ShardSnapshot> first = SnapshotShards(e, false);
+  if (!first.ok()) return Fail(first.status());
+  const int64_t bytes = first->bytes();
   const double gb = bytes / 1e9;
   std::printf("# one rank's checkpoint: %.1f MB (fp32 params + Adam m, v of %.1fM parameters)\n", bytes / 1e6,
               bytes / 12.0 / 1e6);
@@ -91,7 +93,9 @@ int main(int argc, char** argv) {
   if (auto s = WriteManifestConfined(dir, m); !s.ok()) return Fail(s);
   // What was saved, to check every load against; then a step moves the
   // live state away from it, so that a load that read nothing would show.
-  const ShardSnapshot saved = SnapshotShards(e, /*copy=*/true);
+  absl::StatusOr<ShardSnapshot> saved_or = SnapshotShards(e, /*copy=*/true);
+  if (!saved_or.ok()) return Fail(saved_or.status());
+  const ShardSnapshot& saved = *saved_or;
   if (auto r = e.Step(1); !r.ok()) return Fail(r.status());
   double load = 1e9;
   for (int i = 0; i < 3; ++i) {
@@ -100,7 +104,9 @@ int main(int argc, char** argv) {
     auto l = LoadCheckpoint(e, c, step_dir);
     if (!l.ok()) return Fail(l.status());
     load = std::min(load, Since(t));
-    const ShardSnapshot loaded = SnapshotShards(e, /*copy=*/false);
+    absl::StatusOr<ShardSnapshot> loaded_or = SnapshotShards(e, /*copy=*/false);
+    if (!loaded_or.ok()) return Fail(loaded_or.status());
+    const ShardSnapshot& loaded = *loaded_or;
     for (size_t u = 0; u < saved.shards.size(); ++u) {
       const Engine::ShardState &a = saved.shards[u], &b = loaded.shards[u];
       if (!a.master.equal(b.master) || !a.exp_avg.equal(b.exp_avg) || !a.exp_avg_sq.equal(b.exp_avg_sq)) {
@@ -131,7 +137,9 @@ int main(int argc, char** argv) {
   double plain = 0, overlapped = 0;
   for (int s = 1; s <= 3; ++s) plain += e.Step(s)->seconds;
   auto t = Clock::now();
-  ShardSnapshot snap = SnapshotShards(e, /*copy=*/true);
+  absl::StatusOr<ShardSnapshot> snap_or = SnapshotShards(e, /*copy=*/true);
+  if (!snap_or.ok()) return Fail(snap_or.status());
+  const ShardSnapshot snap = *std::move(snap_or);
   const double copy = Since(t);
   std::thread writer([&] { (void)WriteRankShards(snap, dir + "/step-async", 4); });
   t = Clock::now();

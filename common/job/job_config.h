@@ -170,6 +170,16 @@ struct ParallelismConfig {
   // sparse with the strategies (common/plan/strategy_choice.h) and sets
   // sparse_embedding.
   bool auto_sparse_embedding = false;
+  // hybrid_shard: the optimizer is sharded across the replicas too. Each
+  // rank of a replicate group updates 1/R of its shard (fp32 master and
+  // Adam's moments held once per world, not once per replica): in backward
+  // the gradient shard is reduce-scattered across the replicas instead of
+  // all-reduced, and the updated pieces are all-gathered across them while
+  // the next forward runs, each ahead of its unit's gather. The same bytes
+  // cross the replicas' link as the all-reduce, half of them while forward
+  // computes, where the all-reduce had only backward to hide behind. Units
+  // the sparse embedding trains keep a replicated optimizer.
+  bool shard_optimizer_across_replicas = false;
 };
 struct PrecisionConfig {
   DType param_dtype = DType::kFloat32, reduce_dtype = DType::kFloat32, buffer_dtype = DType::kFloat32;

@@ -315,6 +315,7 @@ void ReadExecution(SectionReaders& r, JobConfig& c) {
   });
   par.Int("shard_group_size", &c.parallelism.shard_group_size, 0, kMaxRanks);
   par.Bool("sparse_embedding", &c.parallelism.sparse_embedding);
+  par.Bool("shard_optimizer_across_replicas", &c.parallelism.shard_optimizer_across_replicas);
   TableReader& prec = r["precision"];
   prec.Enum<DType>("param_dtype", &c.precision.param_dtype, ParseDType);
   prec.Enum<DType>("reduce_dtype", &c.precision.reduce_dtype, ParseDType);

@@ -175,6 +175,11 @@ absl::Status ValidateTraining(const JobConfig& c, int world, const std::string& 
                                              " must divide the world size ", world));
     }
   }
+  if (c.parallelism.shard_optimizer_across_replicas && !c.parallelism.auto_strategy &&
+      c.parallelism.strategy != Strategy::kHybridShard) {
+    return bad("parallelism", absl::StrCat("shard_optimizer_across_replicas is for strategy = \"hybrid_shard\", not \"",
+                                           StrategyName(c.parallelism.strategy), "\""));
+  }
   if (c.prefetch.max_inflight_all_gathers < 1) {
     return bad("prefetch", "max_inflight_all_gathers must be >= 1");
   }

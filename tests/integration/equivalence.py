@@ -9,7 +9,8 @@ whole gradient and the first at least half of it less. Each run's timeline
 (shardline-train --trace) must agree with its report.
 
     equivalence.py STRATEGY [--checkpointing] [--prefetch none|post] [--model llama3|qwen2|qwen3]
-                   [--sparse-embedding] [--vocab V] [--worlds 1,2,3,4]
+                   [--sparse-embedding] [--shard-optimizer-across-replicas] [--vocab V]
+                   [--worlds 1,2,3,4]
 
 --model runs one of harness.LLAMA_MODELS instead of the tiny GPT-2.
 """
@@ -105,12 +106,15 @@ def main():
     ap.add_argument("--worlds", default="1,2,3,4")
     ap.add_argument("--model", choices=sorted(harness.LLAMA_MODELS))
     ap.add_argument("--sparse-embedding", action="store_true", help="[parallelism] sparse_embedding = true")
+    ap.add_argument("--shard-optimizer-across-replicas", action="store_true",
+                    help="[parallelism] shard_optimizer_across_replicas = true")
     ap.add_argument("--vocab", type=int, default=0, help="the model's vocab_size (default: the tiny model's)")
     args = ap.parse_args()
     checks = harness.Checks()
     extra = {"memory__activation_checkpointing": args.checkpointing,
              "prefetch__backward": args.backward_prefetch,
-             "parallelism__sparse_embedding": args.sparse_embedding}
+             "parallelism__sparse_embedding": args.sparse_embedding,
+             "parallelism__shard_optimizer_across_replicas": args.shard_optimizer_across_replicas}
 
     def config(strategy, world, **kw):
         cfg = harness.config(strategy, world, **kw)

@@ -144,6 +144,20 @@ def head_over_world(cfg, world):
     return R > 1 and (world_rows or not tied(model)) and R * micro * tokens * C * (p + r) < shard * r
 
 
+def optimizer_pieces(cfg, world):
+    """Indices (into comm_bytes' `sizes`) of the units whose optimizer is
+    sharded across the replicas ([parallelism]
+    shard_optimizer_across_replicas under hybrid_shard with replicas): all
+    but those the sparse embedding trains (the embed unit and the head)."""
+    strategy = cfg["parallelism"]["strategy"]
+    G = group_size(strategy, world, cfg)
+    if not (cfg["parallelism"].get("shard_optimizer_across_replicas") and strategy == "hybrid_shard" and world > G):
+        return set()
+    n = len(adapter_sizes(cfg)) if cfg.get("lora") else len(unit_sizes(cfg["model"]))
+    skip = {0, n - 1} if sparse_embedding(cfg, world) and not cfg.get("lora") else set()
+    return set(range(n)) - skip
+
+
 def comm_bytes(cfg, world, steps):
     """Bytes this rank sends, by (communicator, op), over `steps` steps plus
     the final parameter gather that shardline-train --out performs. Under
@@ -257,8 +271,19 @@ def comm_bytes(cfg, world, steps):
     # the step's sums in one (fp64): grad norm, loss, save vote; across the
     # replicas the loss and vote
     shard_ar = ring_all_reduce(24, 8, G) if G > 1 else 0
-    rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for s in sizes) + ring_all_reduce(16, 8, R)) if R > 1 else 0
+    # Units whose optimizer is sharded across the replicas reduce-scatter
+    # their shard across them (in R pieces of ceil(shard / R)) instead of
+    # all-reducing it, and all-gather the updated pieces (param dtype) once
+    # a step and before the final gather (fp32 master); the step's sums
+    # then carry the pieces' squares across the replicas too.
+    pieces = optimizer_pieces(cfg, world)
+    piece = {i: -(-(sizes[i] // G) // R) for i in pieces}
+    rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for i, s in enumerate(sizes) if i not in pieces)
+              + ring_all_reduce(24 if pieces else 16, 8, R)) if R > 1 else 0
+    rep_rs += sum(ring(R * c * r, R) for c in piece.values())
+    rep_ag += sum(ring(R * c * p, R) for c in piece.values())
     final_gather = sum(ring(s * 4, G) for s in sizes)
+    final_rep_gather = sum(ring(R * c * 4, R) for c in piece.values())
     counts = {
         ("shard", "all_gather"): steps * ag + first_block_once + final_gather,
         ("shard", "reduce_scatter"): steps * rs,
@@ -266,7 +291,7 @@ def comm_bytes(cfg, world, steps):
         ("replicate", "all_reduce"): steps * (rep_ar - rep_ar_table + rep_ar_prefix),
     }
     if rep_ag:
-        counts[("replicate", "all_gather")] = steps * rep_ag
+        counts[("replicate", "all_gather")] = steps * rep_ag + final_rep_gather
     if rep_rs:
         counts[("replicate", "reduce_scatter")] = steps * rep_rs
     return counts

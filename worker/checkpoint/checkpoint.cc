@@ -34,12 +34,12 @@ int64_t ShardSnapshot::bytes() const {
   return n;
 }
 
-ShardSnapshot SnapshotShards(const Engine& engine, bool copy) {
+absl::StatusOr<ShardSnapshot> SnapshotShards(Engine& engine, bool copy) {
   ShardSnapshot snap;
   snap.rank = engine.rank();
   snap.shard_rank = engine.shard_rank();
   for (int u = 0; u < static_cast<int>(engine.trainable_layouts().size()); ++u) {
-    Engine::ShardState s = engine.Shard(u);
+    SL_ASSIGN_OR_RETURN(Engine::ShardState s, engine.WholeShard(u));
     // Files are written from host memory: a device's shards are always
     // copied (synchronously, on the caller's stream); a host's only if asked.
     auto host = [copy](const at::Tensor& t) { return t.is_cpu() ? (copy ? t.clone() : t) : t.to(at::kCPU); };
@@ -91,8 +91,9 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
   return f;
 }
 
-absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std::string& step_dir, int64_t step) {
-  return WriteRankShards(SnapshotShards(engine, /*copy=*/false), step_dir, step);
+absl::StatusOr<ManifestRankFile> SaveRankShards(Engine& engine, const std::string& step_dir, int64_t step) {
+  SL_ASSIGN_OR_RETURN(const ShardSnapshot snap, SnapshotShards(engine, /*copy=*/false));
+  return WriteRankShards(snap, step_dir, step);
 }
 
 absl::StatusOr<CheckpointManifest> ManifestFor(const Engine& engine, const JobConfig& c, int64_t step) {
@@ -116,8 +117,8 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfi
     }
     // This rank's new shard, read from whichever old shards overlap it.
     const Engine::ShardState dst = engine.Shard(u);
-    const int64_t begin = now.ShardOffset(engine.shard_rank());
-    const int64_t end = std::min(begin + now.shard_numel, now.numel);  // padding stays zero
+    const int64_t begin = engine.ShardStateOffset(u);
+    const int64_t end = std::min(begin + engine.ShardStateNumel(u), now.numel);  // padding stays zero
     const at::Tensor* targets[] = {&dst.master, &dst.exp_avg, &dst.exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
       // Read on the host; a device's shard is then copied in one piece.

@@ -20,14 +20,16 @@ namespace shardline {
 
 // What one rank saves: its shard of every unit. `copy` clones the tensors
 // (an async save writes the copy while training goes on); otherwise the
-// snapshot views the engine's live state.
+// snapshot views the engine's live state. Where the optimizer is sharded
+// across the replicas the shard is gathered from them (Engine::WholeShard:
+// every rank of the replicate group takes its snapshot at the same step).
 struct ShardSnapshot {
   int rank = 0, shard_rank = 0;
   std::vector<std::string> units;
   std::vector<Engine::ShardState> shards;
   int64_t bytes() const;
 };
-ShardSnapshot SnapshotShards(const Engine& engine, bool copy);
+absl::StatusOr<ShardSnapshot> SnapshotShards(Engine& engine, bool copy);
 
 
 // Writes a snapshot as `step_dir`/RankFileName(rank, attempt) (created
@@ -35,7 +37,7 @@ ShardSnapshot SnapshotShards(const Engine& engine, bool copy);
 absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, const std::string& step_dir, int64_t step,
                                                  int attempt = 0);
 // WriteRankShards of the live state.
-absl::StatusOr<ManifestRankFile> SaveRankShards(const Engine& engine, const std::string& step_dir, int64_t step);
+absl::StatusOr<ManifestRankFile> SaveRankShards(Engine& engine, const std::string& step_dir, int64_t step);
 
 // The manifest for a checkpoint after `step` completed steps, without the
 // rank files (the committer adds them once every rank reported).

@@ -1,5 +1,6 @@
 #include "worker/comm/communicator.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 
 namespace shardline::comm {
 
@@ -51,6 +53,33 @@ class DoneWork : public Work {
   bool Done() const override { return true; }
 };
 
+// An op of a group of one that must follow another communicator's op
+// (the ...After ops): it runs, once, when it is waited for, after `after`.
+class DeferredWork : public Work {
+ public:
+  DeferredWork(std::shared_ptr<Work> after, std::function<void()> run)
+      : after_(std::move(after)), run_(std::move(run)) {}
+  absl::Status Wait(absl::Duration timeout) override { return RunAfter(after_->Wait(timeout)); }
+  absl::Status WaitOnDevice(absl::Duration timeout) override { return RunAfter(after_->WaitOnDevice(timeout)); }
+  bool Done() const override {
+    absl::MutexLock lock(&mu_);
+    return ran_;
+  }
+
+ private:
+  absl::Status RunAfter(absl::Status after) {
+    if (!after.ok()) return after;
+    absl::MutexLock lock(&mu_);
+    if (!ran_) run_();
+    ran_ = true;
+    return absl::OkStatus();
+  }
+  const std::shared_ptr<Work> after_;
+  const std::function<void()> run_;
+  mutable absl::Mutex mu_;
+  bool ran_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 class SelfCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }
@@ -58,6 +87,16 @@ class SelfCommunicator : public Communicator {
   std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override { return Copy(out, in, Op::kAllGather); }
   std::shared_ptr<Work> ReduceScatter(at::Tensor out, at::Tensor in) override {
     return Copy(out, in, Op::kReduceScatter);
+  }
+  // The copy must read what `after` wrote: it runs when the op is waited for.
+  std::shared_ptr<Work> AllGatherAfter(at::Tensor out, at::Tensor in, std::shared_ptr<Work> after) override {
+    if (!after) return AllGather(out, in);
+    return std::make_shared<DeferredWork>(std::move(after), [this, out, in]() mutable { Copy(out, in, Op::kAllGather); });
+  }
+  std::shared_ptr<Work> ReduceScatterAfter(at::Tensor out, at::Tensor in, std::shared_ptr<Work> after) override {
+    if (!after) return ReduceScatter(out, in);
+    return std::make_shared<DeferredWork>(std::move(after),
+                                          [this, out, in]() mutable { Copy(out, in, Op::kReduceScatter); });
   }
   std::shared_ptr<Work> AllReduce(at::Tensor) override { return Count(Op::kAllReduce); }
   std::shared_ptr<Work> Broadcast(at::Tensor, int) override { return Count(Op::kBroadcast); }

@@ -114,14 +114,23 @@ class Communicator {
   virtual std::shared_ptr<Work> ReduceScatter(at::Tensor out, at::Tensor in) = 0;
   // inout <- sum over ranks of inout (any length; padded internally).
   virtual std::shared_ptr<Work> AllReduce(at::Tensor inout) = 0;
-  // AllReduce, queued now (in this call's order among this communicator's
-  // ops) but run once `after`, an op of another communicator that writes
-  // inout, has finished: the caller need not wait for `after` to issue it.
-  // A failed `after` fails this op. Where ops are ordered on the device, or
-  // complete at their call, that order is the call's: this is AllReduce.
+  // The op, queued now (in this call's order among this communicator's ops)
+  // but run once `after`, an op of another communicator that writes its
+  // input, has finished: the caller need not wait for `after` to issue it.
+  // A failed `after` fails this op. Where ops are ordered on the device
+  // (NCCL) that order is the call's: these are the plain ops. A group of
+  // one runs the op (a copy) when its Work is waited for, after `after`.
   virtual std::shared_ptr<Work> AllReduceAfter(at::Tensor inout, std::shared_ptr<Work> after) {
     (void)after;
     return AllReduce(std::move(inout));
+  }
+  virtual std::shared_ptr<Work> AllGatherAfter(at::Tensor out, at::Tensor in, std::shared_ptr<Work> after) {
+    (void)after;
+    return AllGather(std::move(out), std::move(in));
+  }
+  virtual std::shared_ptr<Work> ReduceScatterAfter(at::Tensor out, at::Tensor in, std::shared_ptr<Work> after) {
+    (void)after;
+    return ReduceScatter(std::move(out), std::move(in));
   }
   virtual std::shared_ptr<Work> Broadcast(at::Tensor inout, int root) = 0;
   virtual std::shared_ptr<Work> Barrier() = 0;

@@ -133,8 +133,9 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override {
-    return Enqueue(Op::kAllGather, in, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
+  std::shared_ptr<Work> AllGather(at::Tensor out, at::Tensor in) override { return AllGatherAfter(out, in, nullptr); }
+  std::shared_ptr<Work> AllGatherAfter(at::Tensor out, at::Tensor in, std::shared_ptr<Work> after) override {
+    return Enqueue(Op::kAllGather, in, std::move(after), [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
       return OnHost(OpLabel(Op::kAllGather, seq), [&] {
         HostView o(out, /*read=*/false), i(in, /*read=*/true);
         SL_RETURN_IF_ERROR(RingAllGather(Op::kAllGather, o.host(), i.host(), seq, /*first_step=*/0, deadline, sent));
@@ -144,7 +145,10 @@ class GlooCommunicator : public Communicator {
     });
   }
   std::shared_ptr<Work> ReduceScatter(at::Tensor out, at::Tensor in) override {
-    return Enqueue(Op::kReduceScatter, in, [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
+    return ReduceScatterAfter(out, in, nullptr);
+  }
+  std::shared_ptr<Work> ReduceScatterAfter(at::Tensor out, at::Tensor in, std::shared_ptr<Work> after) override {
+    return Enqueue(Op::kReduceScatter, in, std::move(after), [this, out, in](int64_t seq, absl::Time deadline, int64_t* sent) {
       return OnHost(OpLabel(Op::kReduceScatter, seq), [&] {
         // Staged, `out` may alias a chunk of `in` on the device but not on
         // the host; the write-back restores the aliasing's meaning.
@@ -215,7 +219,7 @@ class GlooCommunicator : public Communicator {
     // Recorded on the caller's current stream at the call where the op's
     // tensors live on a device: the op's thread waits for it before reading.
     std::optional<c10::Event> ready;
-    // Another communicator's op whose result this one reads (AllReduceAfter).
+    // Another communicator's op whose result this one reads (the ...After ops).
     std::shared_ptr<Work> after;
   };
 

@@ -122,6 +122,15 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
   opts.persistent_grads = !ShardsGrads(s);
   const int G = comms_.shard->size();
   const int shard_rank = comms_.shard->rank();
+  // The optimizer sharded across the replicas, except where the sparse
+  // embedding trains a unit's shard without reduce-scattering it.
+  const bool sparse_trains = config_.parallelism.sparse_embedding && G > 1 &&
+                             (u == 0 || u == model::HeadUnit(m));
+  if (config_.parallelism.shard_optimizer_across_replicas && s == Strategy::kHybridShard &&
+      comms_.replicate->size() > 1 && !sparse_trains) {
+    opts.optimizer_shards = comms_.replicate->size();
+    opts.optimizer_rank = comms_.replicate->rank();
+  }
   // One flat buffer at a time, on the host (the values are a function of
   // the seed alone, whatever the device): the full fp32 values exist only
   // while this rank's shard is cut from them. Where parameters stay sharded
@@ -144,6 +153,7 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
     // The frozen base: sharded and gathered per use, or whole on every rank
     // (as it is anyway in a shard group of one).
     base.trainable = false;
+    base.optimizer_shards = 1, base.optimizer_rank = 0;
     base.persistent_params = lora.base == LoraBase::kReplicated || G == 1;
     if (base.persistent_params) base_group = 1, base_rank = 0;
   }

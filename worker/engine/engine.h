@@ -110,7 +110,8 @@ class Engine {
   absl::StatusOr<double> Evaluate();
   // The first half of Step: forward and backward of every micro-batch and the
   // gradient reduction; returns this rank's share of the mean loss (the
-  // global mean when world == 1). Afterwards GradShard
+  // global mean when world == 1). Afterwards GradShard (where the optimizer
+  // is not sharded across replicas: there it is the replicas' scratch)
   // holds the reduced (unclipped) gradient.
   absl::StatusOr<double> ComputeGradients(int64_t step);
   // Trainable unit `i` (an index into trainable_layouts()).
@@ -138,10 +139,13 @@ class Engine {
   // gathered from the shard group. Every rank of the shard group must call
   // it, in the same order.
   absl::StatusOr<at::Tensor> GatherUnitMaster(int i);
-  // This rank's optimizer state of trainable unit `i`, as checkpoints save
-  // and load it: fp32 master, Adam m and v, each
-  // trainable_layouts()[i].shard_numel long, on the engine's device (views of
-  // the live state).
+  // This rank's optimizer state of trainable unit `i`: fp32 master, Adam m
+  // and v, on the engine's device (views of the live state), which a
+  // checkpoint loads into. They hold the unit's flat elements from
+  // ShardStateOffset(i), trainable_layouts()[i].shard_numel of them, or,
+  // with the optimizer sharded across the replicas, this rank's piece of
+  // them (FlatParam::owned_numel() long, of which ShardStateNumel(i) lie
+  // in the shard: the rest is padding).
   struct ShardState {
     at::Tensor master, exp_avg, exp_avg_sq;
   };
@@ -149,6 +153,13 @@ class Engine {
     const FlatParam& f = *trainable_[i];
     return {f.master(), f.optimizer()->exp_avg(), f.optimizer()->exp_avg_sq()};
   }
+  int64_t ShardStateOffset(int i) const;
+  int64_t ShardStateNumel(int i) const;
+  // This rank's whole shard of that state, shard_numel long, as checkpoints
+  // save it: Shard(i), or where the optimizer is sharded across the
+  // replicas, every replica's piece gathered into new tensors (every rank of
+  // the replicate group must call it, in the same order).
+  absl::StatusOr<ShardState> WholeShard(int i);
   int shard_rank() const { return comms_.shard->rank(); }
   // After the shards' master values were replaced (a checkpoint was loaded):
   // refresh the parameters every rank computes with. All ranks must call it.
@@ -268,6 +279,10 @@ class Engine {
   // replaces the parameters a prefetch read).
   absl::Status DropGathers();
   absl::Status AllGatherPersistentParams();
+  // `piece` (fp32, f's owned piece of some state) gathered across the
+  // replicas into f's whole shard, where f's optimizer is sharded across
+  // them; otherwise `piece` itself.
+  absl::StatusOr<at::Tensor> WholeShardOf(const FlatParam& f, const at::Tensor& piece);
   absl::Status SumOverWorld(at::Tensor t);
   // The host's one wait per step, then a check that no communicator failed
   // asynchronously meanwhile.

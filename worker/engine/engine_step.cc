@@ -35,20 +35,26 @@ at::Tensor SquaredNorm(const at::Tensor& grad) {
 }  // namespace
 
 absl::StatusOr<at::Tensor> Engine::StepSums(const at::Tensor& loss, bool vote_save) {
-  at::Tensor sums = device_->Zeros(3, at::kDouble);
-  for (const FlatParam* f : trainable_) sums[0].add_(SquaredNorm(f->grad_shard()));
+  // [squares of replicated shards, loss, save votes, squares of pieces]
+  at::Tensor sums = device_->Zeros(4, at::kDouble);
+  for (const FlatParam* f : trainable_) sums[f->replica_sharded() ? 3 : 0].add_(SquaredNorm(f->optimizer_grad()));
   sums[1].copy_(loss);
   sums[2].fill_(vote_save ? 1.0 : 0.0);
   // Every shard group holds the whole (reduced) gradient once, so the sum of
   // squares over the shard group is the global one; the loss shares and
-  // votes are summed over the replicas too.
+  // votes, and the pieces of an optimizer sharded across the replicas (each
+  // held by one replica), are summed over the replicas too.
   if (comms_.shard->size() > 1) {
     SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sums), comm::Op::kAllReduce));
   }
+  bool pieces = false;
+  for (const FlatParam* f : trainable_) pieces = pieces || f->replica_sharded();
   if (comms_.replicate->size() > 1) {
-    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.replicate->AllReduce(sums.narrow(0, 1, 2)), comm::Op::kAllReduce));
+    const at::Tensor across = sums.narrow(0, 1, pieces ? 3 : 2);
+    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.replicate->AllReduce(across), comm::Op::kAllReduce));
   }
-  return sums;
+  sums[0].add_(sums[3]);
+  return sums.narrow(0, 0, 3);
 }
 
 absl::Status Engine::SumOverWorld(at::Tensor t) {
@@ -86,11 +92,20 @@ absl::Status Engine::OptimizerStep(int64_t step, double lr, const at::Tensor& cl
   // The next step's first gather goes out while the rest update: at the
   // step's start nothing else could hide it (the sparse lookup's exchanges
   // queue behind it, and wait less than the gather did).
+  // Sharded across the replicas, each unit's updated pieces are gathered
+  // across them at once, in this order on every rank, and each unit's next
+  // gather is queued after its pieces' (FlatParam::Unshard).
+  auto update = [&](FlatParam* f) -> absl::Status {
+    SL_RETURN_IF_ERROR(f->WaitForReplicaGather(waiter_));  // (a unit not gathered since the last update)
+    f->OptimizerStep(s, clip_coef);
+    f->GatherOverReplicas(*comms_.replicate);
+    return absl::OkStatus();
+  };
   FlatParam* early = prefetch_first_block ? units_[1].trainable() : nullptr;
-  if (early) early->OptimizerStep(s, clip_coef);
+  if (early) SL_RETURN_IF_ERROR(update(early));
   if (prefetch_first_block) Unshard(1);
   for (FlatParam* f : trainable_) {
-    if (f != early) f->OptimizerStep(s, clip_coef);
+    if (f != early) SL_RETURN_IF_ERROR(update(f));
   }
   if (units_[model::HeadUnit(config_.model)].base().trainable()) ForgetHeadPrefix();  // (a frozen base keeps it)
   optimizer_seconds_ = absl::ToDoubleSeconds(absl::Now() - t0);
@@ -240,7 +255,11 @@ MemoryReport Engine::Memory() const {
 absl::Status Engine::PublishLoadedState() {
   const Device::ComputeScope on_device(*device_);
   SL_RETURN_IF_ERROR(DropGathers());
-  for (FlatParam* f : trainable_) f->PublishMaster();
+  for (FlatParam* f : trainable_) {
+    f->PublishMaster();
+    f->GatherOverReplicas(*comms_.replicate);
+  }
+  for (FlatParam* f : trainable_) SL_RETURN_IF_ERROR(f->WaitForReplicaGather(waiter_));
   ForgetHeadPrefix();
   SL_RETURN_IF_ERROR(AllGatherPersistentParams());
   return SyncHost();
@@ -258,9 +277,39 @@ absl::StatusOr<at::Tensor> Engine::Logits(const at::Tensor& inputs, const at::Te
 absl::StatusOr<at::Tensor> Engine::GatherUnitMaster(int i) {
   const Device::ComputeScope on_device(*device_);
   FlatParam& f = *trainable_[i];
+  SL_ASSIGN_OR_RETURN(const at::Tensor master, WholeShardOf(f, f.master()));
   at::Tensor out = device_->Zeros(f.layout().padded_numel, at::kFloat);
-  SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.shard->AllGather(out, f.master()), comm::Op::kAllGather));
+  SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.shard->AllGather(out, master), comm::Op::kAllGather));
   return out.to(at::kCPU);
+}
+
+absl::StatusOr<at::Tensor> Engine::WholeShardOf(const FlatParam& f, const at::Tensor& piece) {
+  if (!f.replica_sharded()) return piece;
+  at::Tensor all = device_->Empty(f.owned_numel() * comms_.replicate->size(), at::kFloat);
+  SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.replicate->AllGather(all, piece), comm::Op::kAllGather));
+  return all.narrow(0, 0, f.layout().shard_numel);
+}
+
+int64_t Engine::ShardStateOffset(int i) const {
+  const FlatParam& f = *trainable_[i];
+  return f.layout().ShardOffset(f.shard_rank()) + f.owned_offset();
+}
+
+int64_t Engine::ShardStateNumel(int i) const {
+  const FlatParam& f = *trainable_[i];
+  return std::max<int64_t>(0, std::min(f.owned_numel(), f.layout().shard_numel - f.owned_offset()));
+}
+
+absl::StatusOr<Engine::ShardState> Engine::WholeShard(int i) {
+  const FlatParam& f = *trainable_[i];
+  const ShardState live = Shard(i);
+  if (!f.replica_sharded()) return live;
+  const Device::ComputeScope on_device(*device_);
+  ShardState whole;
+  SL_ASSIGN_OR_RETURN(whole.master, WholeShardOf(f, live.master));
+  SL_ASSIGN_OR_RETURN(whole.exp_avg, WholeShardOf(f, live.exp_avg));
+  SL_ASSIGN_OR_RETURN(whole.exp_avg_sq, WholeShardOf(f, live.exp_avg_sq));
+  return whole;
 }
 
 }  // namespace shardline

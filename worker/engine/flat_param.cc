@@ -84,15 +84,20 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
     state_ = options_.persistent_params ? UnshardState::kUnsharded : UnshardState::kSharded;
     return;
   }
-  at::Tensor exp_avg = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
-  at::Tensor exp_avg_sq = NewTensor(shard, at::kFloat, MemKind::kOptimizer).zero_();
+  const int pieces = options_.optimizer_shards;
+  owned_numel_ = (shard + pieces - 1) / pieces;
+  owned_offset_ = options_.optimizer_rank * owned_numel_;
+  at::Tensor exp_avg = NewTensor(owned_numel_, at::kFloat, MemKind::kOptimizer).zero_();
+  at::Tensor exp_avg_sq = NewTensor(owned_numel_, at::kFloat, MemKind::kOptimizer).zero_();
   optimizer_ = std::make_unique<AdamWState>(std::move(exp_avg), std::move(exp_avg_sq),
-                                            DecayRanges(layout_, shard_rank_));
+                                            OwnedDecayRanges(DecayRanges(layout_, shard_rank_)));
   // Where parameters are fp32 the master copy would hold the same values, so
   // it is this rank's chunk of the parameters themselves (ZeRO 0-2) or the
   // parameter shard (ZeRO-3), as DDP and DeepSpeed do without mixed precision.
   const bool fp32 = options_.param_dtype == at::kFloat;
-  if (fp32 && options_.persistent_params) {
+  if (replica_sharded()) {
+    InitReplicaPieces(init_full);
+  } else if (fp32 && options_.persistent_params) {
     master_ = OwnChunk(unsharded_);
   } else {
     master_ = NewTensor(shard, at::kFloat, MemKind::kMaster);
@@ -101,19 +106,51 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
   if (options_.persistent_params) {
     state_ = UnshardState::kUnsharded;
   } else {
-    param_shard_ = options_.param_dtype == at::kFloat ? master_
-                                                       : NewTensor(shard, options_.param_dtype, MemKind::kParams);
-    if (!param_shard_.is_same(master_)) param_shard_.copy_(master_);
+    if (!param_shard_.defined()) {
+      param_shard_ = fp32 ? master_ : NewTensor(shard, options_.param_dtype, MemKind::kParams);
+      if (!param_shard_.is_same(master_)) param_shard_.copy_(master_);
+    }
     FreeUnsharded();
   }
-  // The optimizer reads grad_shard. Where grad_full persists in the reduce
-  // dtype, the reduce-scatter leaves the result in grad_full's own chunk.
-  if (options_.persistent_grads && options_.reduce_dtype == options_.param_dtype) {
+  // The optimizer reads grad_shard (replica-sharded: grad_owned). Where
+  // grad_full persists in the reduce dtype, the reduce-scatter leaves the
+  // result in grad_full's own chunk.
+  if (replica_sharded()) {
+    // (grad_shard was set with the pieces.)
+  } else if (options_.persistent_grads && options_.reduce_dtype == options_.param_dtype) {
     grad_shard_ = OwnChunk(grad_full_);
   } else {
     grad_shard_ = NewTensor(shard, options_.reduce_dtype, MemKind::kGrads).zero_();
   }
   if (!options_.persistent_grads) FreeGrad();
+}
+
+std::vector<DecayRange> FlatParam::OwnedDecayRanges(const std::vector<DecayRange>& in_shard) const {
+  std::vector<DecayRange> out;
+  for (const DecayRange& r : in_shard) {
+    const int64_t b = std::max(r.begin, owned_offset_), e = std::min(r.end, owned_offset_ + owned_numel_);
+    if (b < e) out.push_back({b - owned_offset_, e - owned_offset_});
+  }
+  return out;
+}
+
+void FlatParam::InitReplicaPieces(const at::Tensor& init_full) {
+  const int64_t shard = layout_.shard_numel, all = owned_numel_ * options_.optimizer_shards;
+  // This rank's shard in fp32, zero past its end up to R pieces.
+  at::Tensor init = at::zeros({all}, init_full.options());
+  init.narrow(0, 0, shard).copy_(init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard));
+  param_pieces_ = NewTensor(all, options_.param_dtype, MemKind::kParams);
+  param_pieces_.copy_(init);
+  param_shard_ = param_pieces_.narrow(0, 0, shard);
+  if (options_.param_dtype == at::kFloat) {
+    master_ = param_pieces_.narrow(0, owned_offset_, owned_numel_);
+  } else {
+    master_ = NewTensor(owned_numel_, at::kFloat, MemKind::kMaster);
+    master_.copy_(init.narrow(0, owned_offset_, owned_numel_));
+  }
+  grad_pieces_ = NewTensor(all, options_.reduce_dtype, MemKind::kGrads).zero_();
+  grad_shard_ = grad_pieces_.narrow(0, 0, shard);
+  grad_owned_ = NewTensor(owned_numel_, options_.reduce_dtype, MemKind::kGrads).zero_();
 }
 
 FlatParam::~FlatParam() {
@@ -140,8 +177,31 @@ void FlatParam::FreeUnsharded() {
 void FlatParam::Unshard(comm::Communicator& shard_group) {
   if (state_ != UnshardState::kSharded) return;
   AllocUnsharded();
-  gather_ = shard_group.AllGather(unsharded_, param_shard_);
+  if (replica_gather_) {
+    // The pieces' gather is kept until this one was waited for.
+    gather_ = shard_group.AllGatherAfter(unsharded_, param_shard_, replica_gather_);
+    gather_after_ = std::move(replica_gather_);
+  } else {
+    gather_ = shard_group.AllGather(unsharded_, param_shard_);
+  }
   state_ = UnshardState::kGathering;
+}
+
+void FlatParam::GatherOverReplicas(comm::Communicator& replicate) {
+  if (!replica_sharded()) return;
+  replica_gather_ = replicate.AllGather(param_pieces_, param_pieces_.narrow(0, owned_offset_, owned_numel_));
+}
+
+absl::Status FlatParam::WaitForReplicaGather(CommWaiter& waiter) {
+  std::shared_ptr<comm::Work> w = std::move(replica_gather_);
+  replica_gather_.reset();
+  return w ? waiter.OnDevice(*w, comm::Op::kAllGather) : absl::OkStatus();
+}
+
+at::Tensor FlatParam::ReplicaReduceInput() {
+  const int64_t shard = layout_.shard_numel;
+  if (grad_pieces_.numel() > shard) grad_pieces_.narrow(0, shard, grad_pieces_.numel() - shard).zero_();
+  return grad_pieces_;
 }
 
 absl::Status FlatParam::WaitForUnshard(CommWaiter& waiter) {
@@ -151,6 +211,7 @@ absl::Status FlatParam::WaitForUnshard(CommWaiter& waiter) {
   }
   absl::Status s = waiter.OnDevice(*gather_, comm::Op::kAllGather);
   gather_.reset();
+  gather_after_.reset();
   // A failed gather leaves garbage: the buffer is freed and the unit is
   // sharded again (the communicator is aborted; the step fails).
   if (!s.ok()) {
@@ -197,13 +258,15 @@ void FlatParam::ZeroGrad() {
 
 void FlatParam::OptimizerStep(const AdamWStep& s, const at::Tensor& clip_coef) {
   if (!trainable()) return;
-  optimizer_->Update(s, master_, grad_shard_, clip_coef);
+  optimizer_->Update(s, master_, optimizer_grad(), clip_coef);
   PublishMaster();
 }
 
 void FlatParam::PublishMaster() {
   if (!trainable()) return;
-  at::Tensor target = param_shard_.defined() ? param_shard_ : OwnChunk(unsharded_);
+  at::Tensor target = replica_sharded()        ? param_pieces_.narrow(0, owned_offset_, owned_numel_)
+                      : param_shard_.defined() ? param_shard_
+                                               : OwnChunk(unsharded_);
   if (target.data_ptr() != master_.data_ptr()) target.copy_(master_);
 }
 

@@ -8,7 +8,17 @@
 //                                 (ZeRO-3 family only; aliases master in fp32)
 //   unsharded                     param dtype [padded]  the gathered unit
 //   grad_full                     param dtype [padded]  autograd's target
-//   grad_shard                    reduce dtype [shard]  what the optimizer reads
+//   grad_shard                    reduce dtype [shard]  the shard group's reduction
+//
+// With the optimizer sharded across R replicas (FlatParamOptions::
+// optimizer_shards = R > 1, ZeRO-3 family only), the shard is cut into R
+// pieces of owned = ceil(shard / R) (the last padded past the shard), and
+// replica r owns piece r: master and the optimizer's moments are [owned];
+// param_shard and grad_shard live in [R * owned] buffers (the replicas'
+// collectives need equal pieces); grad_owned, reduce dtype [owned], is the
+// piece the replicas' reduce-scatter leaves here and what the optimizer
+// reads. After an update the pieces are all-gathered across the replicas
+// (GatherOverReplicas), and the next Unshard's gather is queued after it.
 //
 // `weights` are autograd leaves that view `unsharded`'s storage, and their
 // .grad tensors view `grad_full`'s storage. Freeing releases the storage's
@@ -89,6 +99,8 @@ struct FlatParamOptions {
   bool persistent_params = true;  // unsharded kept between steps (ZeRO 0-2)
   bool persistent_grads = true;   // grad_full kept between steps (ZeRO 0-1)
   bool trainable = true;          // false: frozen (see above)
+  int optimizer_shards = 1;       // R: replicas the optimizer is sharded across (see above)
+  int optimizer_rank = 0;         // this rank's piece, in [0, R)
 };
 
 class FlatParam {
@@ -110,6 +122,8 @@ class FlatParam {
   // The unshard life cycle (see above). Unshard allocates the unsharded
   // buffer and starts its all-gather on `shard_group`; WaitForUnshard makes
   // the compute stream wait for it; Reshard frees the buffer.
+  // (With the optimizer sharded across replicas, queued after the pieces'
+  // gather across them.)
   void Unshard(comm::Communicator& shard_group);
   absl::Status WaitForUnshard(CommWaiter& waiter);
   absl::Status Reshard();
@@ -131,9 +145,29 @@ class FlatParam {
   // param_shard (ZeRO-3) or this rank's chunk of the persistent unsharded
   // buffer (ZeRO 0-2).
   void PublishMaster();
-  // One AdamW step of this rank's shard from grad_shard (times `clip_coef`,
-  // an fp32 scalar on the device), then PublishMaster. Trainable only.
+  // One AdamW step of this rank's shard from optimizer_grad() (times
+  // `clip_coef`, an fp32 scalar on the device), then PublishMaster.
+  // Trainable only; sharded across replicas, after WaitForReplicaGather.
   void OptimizerStep(const AdamWStep& s, const at::Tensor& clip_coef);
+
+  // The optimizer sharded across replicas (optimizer_shards > 1).
+  bool replica_sharded() const { return options_.optimizer_shards > 1; }
+  // Where this rank's master and moments lie in its shard, and how many
+  // (the whole shard unless replica_sharded; the last piece may reach past
+  // the shard into padding, which stays zero).
+  int64_t owned_offset() const { return owned_offset_; }
+  int64_t owned_numel() const { return owned_numel_; }
+  // Replica-sharded: all-gathers the updated pieces of param_shard across
+  // `replicate` (the next Unshard, or WaitForReplicaGather, waits for it).
+  void GatherOverReplicas(comm::Communicator& replicate);
+  absl::Status WaitForReplicaGather(CommWaiter& waiter);
+  // Replica-sharded: the [R * owned] buffer that holds grad_shard (the
+  // replicas' reduce-scatter input; its padding is zeroed here) and the
+  // piece it leaves (grad_owned).
+  at::Tensor ReplicaReduceInput();
+  const at::Tensor& grad_owned() const { return grad_owned_; }
+  // The gradient the optimizer reads: grad_owned, or grad_shard.
+  const at::Tensor& optimizer_grad() const { return replica_sharded() ? grad_owned_ : grad_shard_; }
 
   // This rank's state, trainable FlatParams only (undefined or null when
   // frozen). The tensors are the live ones: a checkpoint loads by copying
@@ -157,6 +191,10 @@ class FlatParam {
   static at::Tensor ViewOf(const at::Tensor& flat, int64_t offset, const std::vector<int64_t>& shape);
   void AllocUnsharded();
   void FreeUnsharded();
+  // Replica-sharded: the pieces' buffers, master and grad_owned from the
+  // full values; and the decay ranges of the shard that fall in this piece.
+  void InitReplicaPieces(const at::Tensor& init_full);
+  std::vector<DecayRange> OwnedDecayRanges(const std::vector<DecayRange>& in_shard) const;
 
   const ShardLayout layout_;
   const int shard_rank_;
@@ -170,6 +208,12 @@ class FlatParam {
   std::vector<at::Tensor> weights_;
   UnshardState state_ = UnshardState::kSharded;
   std::shared_ptr<comm::Work> gather_;  // while kGathering
+  // Replica-sharded (see above): the [R * owned] buffers param_shard and
+  // grad_shard are views of, the piece this rank owns, and the gather of
+  // the updated pieces until an Unshard or a wait took it.
+  at::Tensor param_pieces_, grad_pieces_, grad_owned_;
+  int64_t owned_offset_ = 0, owned_numel_ = 0;
+  std::shared_ptr<comm::Work> replica_gather_, gather_after_;
 };
 
 }  // namespace shardline

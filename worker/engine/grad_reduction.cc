@@ -1,5 +1,6 @@
 #include "worker/engine/grad_reduction.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 
 namespace shardline {
@@ -34,7 +35,7 @@ absl::Status GradReduction::Start(FlatParam* unit, bool accumulate, bool last) {
     unit->AddToGradShard(p.scratch);
   }
   if (last && replicate_->size() > 1 && replicate_->ordered_on_device()) {
-    p.all_reduce = replicate_->AllReduce(unit->grad_shard());
+    p.all_reduce = AcrossReplicas(unit, nullptr);
   } else if (last && replicate_->size() > 1 && !accumulate && !AllReduceAwaited()) {
     // On the host (Gloo), where the reduce-scatter writes the shard itself,
     // the all-reduce is queued now to start the moment it finishes, on the
@@ -44,10 +45,17 @@ absl::Status GradReduction::Start(FlatParam* unit, bool accumulate, bool last) {
     // added the scratch into it.) The all-reduces keep the order of their
     // Starts on every rank: one queued here follows every earlier one, or
     // waits for Finish (FIFO) behind one not yet queued.
-    p.all_reduce = replicate_->AllReduceAfter(unit->grad_shard(), p.reduce_scatter);
+    p.all_reduce = AcrossReplicas(unit, p.reduce_scatter);
   }
   pending_.push_back(std::move(p));
   return absl::OkStatus();
+}
+
+std::shared_ptr<comm::Work> GradReduction::AcrossReplicas(FlatParam* unit, std::shared_ptr<comm::Work> after) {
+  if (unit->replica_sharded()) {
+    return replicate_->ReduceScatterAfter(unit->grad_owned(), unit->ReplicaReduceInput(), std::move(after));
+  }
+  return replicate_->AllReduceAfter(unit->grad_shard(), std::move(after));
 }
 
 bool GradReduction::AllReduceAwaited() const {
@@ -75,7 +83,7 @@ absl::Status GradReduction::Finish(Pending& p) {
   // On the host (Gloo), the all-reduce may start only once the shard holds
   // the reduce-scatter's result; the replicate communicator has its own
   // connections, so its ops need only keep their order among themselves.
-  if (p.last && replicate_->size() > 1 && !p.all_reduce) p.all_reduce = replicate_->AllReduce(p.unit->grad_shard());
+  if (p.last && replicate_->size() > 1 && !p.all_reduce) p.all_reduce = AcrossReplicas(p.unit, nullptr);
   return absl::OkStatus();
 }
 
@@ -99,6 +107,10 @@ absl::Status GradReduction::Pump(bool wait_all, size_t max_in_flight) {
 absl::Status GradReduction::AddShard(FlatParam* unit, const at::Tensor& part, bool replace, bool last) {
   // A unit's all-reduce must follow every all-reduce started before it, on
   // every rank alike: the reductions started earlier finish first, in order.
+  if (unit->replica_sharded()) {
+    return absl::InternalError(absl::StrCat(unit->layout().unit, ": a shard added by hand has no reduce-scatter across ",
+                                            "the replicas (its optimizer is not sharded across them)"));
+  }
   const bool all_reduce = last && replicate_->size() > 1;
   for (Pending& p : pending_) {
     if (!p.scattered && (all_reduce || p.unit == unit)) SL_RETURN_IF_ERROR(Finish(p));

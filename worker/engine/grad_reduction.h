@@ -2,7 +2,9 @@
 // unit's backward is complete its gradient is reduce-scattered over the
 // shard group (cast to the reduce dtype first where that differs; a one-rank
 // group's copy casts as it copies), and once
-// the shard is all-reduced across replicate groups (hybrid strategies).
+// the shard is all-reduced across replicate groups (hybrid strategies), or
+// reduce-scattered across them where the optimizer is sharded across the
+// replicas (FlatParam::replica_sharded).
 // Units are started in backward order on every rank, and the all-reduces are
 // issued in that order everywhere: on a device-ordered backend (NCCL) right
 // after the unit's reduce-scatter, on the same stream; on a host backend
@@ -77,6 +79,11 @@ class GradReduction {
   // Waits for p's reduce-scatter, folds its result into the shard, frees its
   // buffers and, where it is the last, starts its all-reduce.
   absl::Status Finish(Pending& p);
+  // The reduction across replicate groups of `unit`'s shard, run after
+  // `after` (null: in issue order): an all-reduce of grad_shard or, where
+  // the optimizer is sharded across the replicas, a reduce-scatter of it
+  // into grad_owned (FlatParam). Called "all-reduce" below either way.
+  std::shared_ptr<comm::Work> AcrossReplicas(FlatParam* unit, std::shared_ptr<comm::Work> after);
   // A reduction started earlier still has its all-reduce to issue (at Finish).
   bool AllReduceAwaited() const;
 

@@ -151,10 +151,11 @@ absl::Status JobRunner::Save(int64_t step) {
     if (hooks_.saved) hooks_.saved(absl::ToDoubleSeconds(absl::Now() - t0), bytes.ok() ? *bytes : 0, bytes.ok());
     return bytes.status();
   };
-  if (!run_.config.checkpoint.async) return write(SnapshotShards(*engine_, /*copy=*/false));
+  SL_ASSIGN_OR_RETURN(ShardSnapshot snap, SnapshotShards(*engine_, /*copy=*/run_.config.checkpoint.async));
+  if (!run_.config.checkpoint.async) return write(snap);
   // The step loop pays only for this copy; the write runs beside training.
   save_done_ = false;
-  save_thread_ = std::thread([this, write, snap = SnapshotShards(*engine_, /*copy=*/true)] {
+  save_thread_ = std::thread([this, write, snap = std::move(snap)] {
     save_status_ = write(snap);
     save_done_ = true;
   });
