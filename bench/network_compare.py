@@ -179,6 +179,8 @@ def shardline_config(a, strategy, world, per_host, model, data):
     if a.lora:
         cfg["lora"] = {"rank": a.lora, "alpha": 2 * a.lora, "target_modules": "all-linear", "base": "sharded"}
     cfg["parallelism"]["sparse_embedding"] = a.sparse_embedding
+    if strategy == "hybrid_shard" and a.shard_optimizer_across_replicas:
+        cfg["parallelism"]["shard_optimizer_across_replicas"] = True
     return cfg
 
 
@@ -358,6 +360,7 @@ def replan(path, a):
             lora = re.search(r"LoRA r=(\d+)", t)
             a.lora = int(lora[1]) if lora else 0
             a.sparse_embedding = "with sparse_embedding" in t
+            a.shard_optimizer_across_replicas = "optimizer sharded across replicas" in t
             a.batch, T = map(int, re.search(r"global batch (\d+) x (\d+) tokens", t).groups())
             seq = T if T != torch_compare.model_config(a.model, 0)["block_size"] else 0
             model = torch_compare.model_config(a.model, seq)
@@ -398,6 +401,8 @@ def main():
     ap.add_argument("--lora", type=int, default=0)
     ap.add_argument("--sparse-embedding", action="store_true",
                     help="Shardline's [parallelism] sparse_embedding")
+    ap.add_argument("--shard-optimizer-across-replicas", action="store_true",
+                    help="Shardline's [parallelism] shard_optimizer_across_replicas (hybrid_shard points)")
     ap.add_argument("--points", default="4x1:full_shard,2x2:full_shard,2x2:hybrid_shard",
                     help="placement:strategy pairs")
     ap.add_argument("--mbits", default="100,300,1000")
@@ -424,6 +429,7 @@ def main():
     atexit.register(shutil.rmtree, work, True)
     lora = f", LoRA r={a.lora} (base sharded; PEFT on the PyTorch side)" if a.lora else ""
     lora += ", Shardline with sparse_embedding" if a.sparse_embedding else ""
+    lora += ", HSDP's optimizer sharded across replicas" if a.shard_optimizer_across_replicas else ""
     title = (f"# network_compare: {a.model}{lora}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed "
              f"steps after 1 warm-up, {a.repeats} repeats (median [min-max]), {os.cpu_count()} cores shared by "
              f"every rank, 1 thread per rank; torch {torch.__version__}; egress of every host shaped with tc tbf")

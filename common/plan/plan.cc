@@ -153,6 +153,7 @@ PlanInput PlanInputForJob(const JobConfig& c, int workers) {
   in.shard_group_size = c.parallelism.shard_group_size;
   in.lora = c.lora;
   in.sparse_embedding = c.parallelism.sparse_embedding;
+  in.shard_optimizer_across_replicas = c.parallelism.shard_optimizer_across_replicas;
   in.cluster.workers = workers;
   return in;
 }
@@ -247,7 +248,33 @@ struct Movement {
   bool head_world = false;
   int64_t replica_head_exchange_bytes = 0, replica_head_grad_bytes = 0, head_parts_bytes = 0;
   int64_t replica_prefix_bytes = 0;
+  // The optimizer sharded across the replicas (PlanInput's).
+  bool pieces = false;
 };
+
+// Whether trained unit u of `units` keeps its optimizer in pieces across
+// the replicas (the engine's rule, Engine::InitUnit: all but the units the
+// sparse embedding trains); and a shard's piece, ceil(shard / R) elements.
+bool PieceUnit(const Movement& mv, int u, int units) {
+  return mv.pieces && !(mv.sparse && !mv.lora && (u == 0 || u == units - 1));
+}
+int64_t PieceOf(const Movement& mv, int64_t shard) { return (shard + mv.replicas - 1) / mv.replicas; }
+
+// The state of the units kept in pieces, as FlatParam holds it: master and
+// moments [piece], the parameters and gradient shard in [R x piece]
+// buffers (fp32: the master is the parameters' piece), and the piece's
+// reduced gradient.
+void PieceStateBytes(const std::vector<ShardLayout>& trained, const Movement& mv, int p, int r, StrategyPlan* sp) {
+  for (int u = 0; u < static_cast<int>(trained.size()); ++u) {
+    if (!PieceUnit(mv, u, static_cast<int>(trained.size()))) continue;
+    const int64_t shard = trained[u].shard_numel, c = PieceOf(mv, shard), all = c * mv.replicas;
+    sp->params_bytes += p * all - (p == 4 ? 0 : p * shard);
+    sp->master_bytes += (p == 4 ? 0 : 4 * c) - 4 * shard;
+    sp->grads_bytes += r * (all + c) - r * shard;
+    sp->optimizer_bytes += 8 * c - 8 * shard;
+  }
+  sp->state_bytes = sp->params_bytes + sp->grads_bytes + sp->master_bytes + sp->optimizer_bytes;
+}
 
 // The sparse embedding's rows per micro-batch: every token of every rank of
 // the shard group.
@@ -288,7 +315,11 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     // (Nor is the untied head's, computed over the world.)
     const bool all_reduced = !(mv.sparse && u == 0 && mv.world_rows && (!mv.tied || mv.head_world)) &&
                              !(mv.head_world && !mv.tied && u == units - 1);
-    if (mv.replicas > 1 && shard > 0 && all_reduced) {
+    if (mv.replicas > 1 && shard > 0 && PieceUnit(mv, u, units)) {
+      const int64_t all = PieceOf(mv, shard) * mv.replicas;
+      w.replica_bytes = comm::RingReduceScatterBytes(all * r, mv.replicas);
+      w.replica_gather_bytes = comm::RingAllGatherBytes(all * p, mv.replicas);
+    } else if (mv.replicas > 1 && shard > 0 && all_reduced) {
       w.replica_bytes = comm::RingAllReduceBytes(shard * r, r, mv.replicas);
     }
     if (mv.sparse && u == 0) {
@@ -372,6 +403,8 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
   // the table is never whole.
   mv.sparse = in.sparse_embedding && g > 1 && (lora ? mv.base_sharded : ShardsParams(s));
   sp->sparse_embedding = mv.sparse;
+  mv.pieces = in.shard_optimizer_across_replicas && s == Strategy::kHybridShard && mv.replicas > 1;
+  if (mv.pieces) PieceStateBytes(trained, mv, p, r, sp);
   if (!mv.sparse) return std::optional<Movement>(mv);
   // Every parameter of the embed unit is a table looked up (SparseEmbedding's).
   const int64_t tables = static_cast<int64_t>(model::UnitParams(m, 0).size());
@@ -495,7 +528,13 @@ void PlanTime(const PlanInput& in, const StepShape& x, const Movement& mv, int64
   ScheduleInput sch = ScheduleOf(in, x, mv);
   const int64_t full_p = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
   // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
-  const int64_t owned = ShardsGrads(mv.s) || mv.s == Strategy::kZero1 ? full_p / mv.g : full_p;
+  int64_t owned = ShardsGrads(mv.s) || mv.s == Strategy::kZero1 ? full_p / mv.g : full_p;
+  for (int u = 0; u < model::NumUnits(m); ++u) {
+    if (!PieceUnit(mv, u, model::NumUnits(m))) continue;
+    const bool block = u > 0 && u < model::NumUnits(m) - 1;
+    const int64_t shard = (u == 0 ? mv.t.embed : block ? mv.t.block : mv.t.head) / mv.g;
+    owned -= shard - PieceOf(mv, shard);
+  }
   sp->optimizer_s = owned * (3 * 4 * 2 + x.r + x.p) / in.cluster.memory_bw;
   sch.carried_gather_s = sp->optimizer_s;  // (a step of a job's steady state)
   const ScheduleTimes times = SimulateStep(sch);

@@ -74,6 +74,11 @@ struct PlanInput {
   // otherwise gathered for the head alone and its reduction starts after
   // the head's backward.
   bool sparse_embedding = false;
+  // [parallelism] shard_optimizer_across_replicas under hybrid_shard: each
+  // unit but those the sparse embedding trains keeps 1/R of its shard's
+  // master and moments, reduce-scatters its shard across the R replicas
+  // and all-gathers the updated pieces (param dtype) during the update.
+  bool shard_optimizer_across_replicas = false;
   ClusterSpec cluster;
 };
 

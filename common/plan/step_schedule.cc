@@ -4,6 +4,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <vector>
 
 namespace shardline {
 namespace {
@@ -49,13 +50,19 @@ double FirstBlockGather(const ScheduleInput& in, bool first_micro) {
 // At the head (the last unit, whose loss is fused with its backward) the
 // backward's first gathers are issued, as many as the limit allows, into
 // `for_backward`. `gathered` holds the gathers issued before the step.
+// `pieces`: unit -> when its pieces' gather across the replicas ends (the
+// first micro-batch's gathers wait for it).
 void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, LinkQueue& replica, Clock& clock,
-             ScheduleTimes& out, std::map<int, double> gathered, std::map<int, double>* for_backward) {
+             ScheduleTimes& out, std::map<int, double> gathered, std::map<int, double>* for_backward,
+             const std::map<int, double>& pieces) {
   const int n = static_cast<int>(in.units.size());
   int next = 0;  // (gathered: unit -> when its gather ends)
   auto gather_bytes = [&](int u) { return u == 1 && n > 2 ? FirstBlockGather(in, first_micro) : in.units[u].gather_bytes; };
   auto issue = [&](int u) {
-    if (gather_bytes(u) > 0 && !gathered.count(u)) gathered[u] = shard.Send(clock.now, gather_bytes(u));
+    if (gather_bytes(u) <= 0 || gathered.count(u)) return;
+    const auto piece = pieces.find(u);
+    const double after = first_micro && piece != pieces.end() ? piece->second : clock.now;
+    gathered[u] = shard.Send(std::max(clock.now, after), gather_bytes(u));
   };
   for (int u = 0; u < n; ++u) {
     const UnitWork& w = in.units[u];
@@ -129,8 +136,22 @@ ScheduleTimes Simulate(const ScheduleInput& in) {
   Clock clock;
   std::vector<double> ends;
   std::map<int, double> carried;  // the first block's, issued in the last step's update
-  if (in.carried_gather_s > 0 && in.units.size() > 2 && FirstBlockGather(in, true) > 0) {
-    carried[1] = shard.Send(-in.carried_gather_s, FirstBlockGather(in, true));
+  std::map<int, double> pieces;   // the updated pieces' gathers across the replicas
+  const bool carry = in.carried_gather_s > 0 && in.units.size() > 2 && FirstBlockGather(in, true) > 0;
+  // (The first block is updated first where its gather is carried.)
+  std::vector<int> order;
+  if (carry) order.push_back(1);
+  for (int u = 0; u < static_cast<int>(in.units.size()); ++u) {
+    if (!(carry && u == 1)) order.push_back(u);
+  }
+  for (int u : order) {
+    if (in.units[u].replica_gather_bytes > 0) {
+      pieces[u] = replica.Send(-in.carried_gather_s, in.units[u].replica_gather_bytes);
+    }
+  }
+  if (carry) {
+    const double after = pieces.count(1) ? std::max(pieces[1], -in.carried_gather_s) : -in.carried_gather_s;
+    carried[1] = shard.Send(after, FirstBlockGather(in, true));
   }
   // Micro-batches between the first and the last repeat the second one's
   // timeline (the links drain the same way each time): simulated once and
@@ -142,7 +163,7 @@ ScheduleTimes Simulate(const ScheduleInput& in) {
     const bool last = k == std::min(m, 3) - 1;
     std::map<int, double> for_backward;
     Forward(in, k == 0, shard, replica, clock, out, k == 0 ? std::move(carried) : std::map<int, double>(),
-            &for_backward);
+            &for_backward, pieces);
     Backward(in, last, shard, replica, clock, out, &ends, std::move(for_backward));
     if (k == 1 && m > 3) {
       const double repeats = m - 3, seconds = (clock.now - start) * repeats;

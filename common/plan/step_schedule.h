@@ -31,6 +31,12 @@ struct UnitWork {
   bool has_backward = true;              // (a frozen embedding's is skipped)
   double reduce_bytes = 0;               // reduce-scattered after its backward
   double replica_bytes = 0;              // all-reduced across replicas in the last micro-batch
+  // The optimizer sharded across the replicas: replica_bytes are then a
+  // reduce-scatter, and the updated pieces are all-gathered across the
+  // replicas during the last step's update, in unit order (the first
+  // block first where its gather is carried); the unit's first gather of
+  // the step goes out on the shard link only once its pieces are in.
+  double replica_gather_bytes = 0;
   double lookup_bytes = 0;               // sparse embedding: exchanged and waited on before forward
   double replica_lookup_bytes = 0;       // likewise across replicas, first (the head over the world)
   double first_lookup_bytes = 0;         // likewise, in the first micro-batch only (once per step)

@@ -46,6 +46,29 @@ TEST(Plan, StateBytesFollowDesignsTable) {
   EXPECT_EQ(Of(*plan, Strategy::kHybridShard).shard_group, 8);  // gpus_per_node
 }
 
+TEST(Plan, OptimizerAcrossReplicasHoldsAPieceAndMovesTheAllReducesBytes) {
+  // GPT-2 small on 16 ranks, 2 nodes of 8: hybrid_shard's 2 replicas each
+  // keep half of every shard's master and moments (bf16 parameters: the
+  // master is separate), and send what the all-reduce sent, as a
+  // reduce-scatter of the gradient (bf16) and a gather of the parameters
+  // (bf16).
+  PlanInput in = Gpt2Small(16);
+  auto whole = MakePlan(in);
+  in.shard_optimizer_across_replicas = true;
+  auto pieces = MakePlan(in);
+  ASSERT_TRUE(whole.ok() && pieces.ok());
+  const StrategyPlan &a = Of(*whole, Strategy::kHybridShard), &b = Of(*pieces, Strategy::kHybridShard);
+  const double P = static_cast<double>(whole->params), N = 16;
+  const double pad = 16.0 * 16 * model::NumUnits(in.model);  // (each unit's piece rounds up)
+  EXPECT_NEAR(a.master_bytes + a.optimizer_bytes, 12 * P / 8, pad);
+  EXPECT_NEAR(b.master_bytes + b.optimizer_bytes, 12 * P / N, pad);
+  EXPECT_NEAR(b.grads_bytes, a.grads_bytes + 2 * P / N, pad);  // + the reduced piece
+  EXPECT_EQ(b.params_bytes, a.params_bytes);                   // (a group's shards divide by 2)
+  EXPECT_NEAR(static_cast<double>(b.comm_bytes), static_cast<double>(a.comm_bytes), pad);
+  // Other strategies do not change.
+  EXPECT_EQ(Of(*pieces, Strategy::kFullShard).state_bytes, Of(*whole, Strategy::kFullShard).state_bytes);
+}
+
 // The table says its unit (GiB, 2^30) once, rather than a "G" after each
 // figure that reads as the decimal GB --gpu-memory takes.
 TEST(Plan, TheTableNamesItsUnits) {

@@ -149,6 +149,29 @@ TEST(StepScheduleTest, ReplicaAllReduceFollowsEachReductionOnItsOwnLink) {
   EXPECT_DOUBLE_EQ(t.bytes, 3 * 1 + 3 * 4);
 }
 
+TEST(StepScheduleTest, PiecesGatheredAcrossReplicasHoldUpOnlyTheFirstGathersTheUpdateDidNotHide) {
+  // The optimizer sharded across replicas: 2 s of pieces per unit go out
+  // on the replicas' link during the update, each unit's first gather
+  // after its pieces. With no update to hide behind (a job's first step),
+  // the embedding's gather waits 2 s for its pieces and ends at 3, the
+  // block's (pieces in at 4) at 5, the head's at 7: forward 5-15 and 15-25
+  // (the head's gather is in by then), backward 25-45. Without pieces: 42.
+  ScheduleInput in = Uniform(1, 1, 10, 10, 0);
+  for (UnitWork& w : in.units) w.replica_gather_bytes = 2;
+  ScheduleTimes t = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(t.step_s, 5 + 10 + 10 + 20);
+  EXPECT_DOUBLE_EQ(t.bytes, 3 * 1 + 3 * 2);
+  // With a 4 s update the first block's pieces go out first, at -4 (in by
+  // -2, its gather by -1), then the embedding's (by 0) and the head's (by
+  // 2): the embedding's gather ends at 1, the head's at 3, inside the
+  // block's forward: 1 + 20 + 20, as without pieces.
+  in.carried_gather_s = 4;
+  t = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(t.step_s, 1 + 20 + 20);
+  for (UnitWork& w : in.units) w.replica_gather_bytes = 0;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 41);
+}
+
 TEST(StepScheduleTest, SparseEmbeddingExchangesAreWaitedOn) {
   ScheduleInput in = Uniform(1, 0, 10, 10, 0);
   in.units.front().lookup_bytes = 3;
