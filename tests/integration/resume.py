@@ -1,9 +1,13 @@
 """Sharded checkpoints in the engine: 20 steps uninterrupted at N=4
 (full_shard, fp32) against 10 steps, save, and a resume:
   - at N=4 with full_shard: bitwise equal parameters at step 20;
-  - at N=3 with shard_grad_op, N=2 with hybrid_shard and N=1 with no_shard:
-    within the engine's equivalence tolerance (2e-5), the loss curve
-    continuing (losses of steps 10..19 within 1e-6 relative).
+  - at N=3 with shard_grad_op, N=2 with hybrid_shard, N=1 with no_shard
+    and N=4 with hybrid_shard's optimizer sharded across its replicas
+    (each rank loads its piece): within the engine's equivalence tolerance
+    (2e-5), the loss curve continuing (losses of steps 10..19 within 1e-6
+    relative);
+  - and from a checkpoint that such a run saved (10 steps of hybrid_shard
+    at N=4 in pieces), at N=2 with full_shard, likewise.
 Bad input: a directory without a manifest, another model's checkpoint, and a
 flipped byte in a shard are refused with errors naming the directory or file,
 and nothing is deleted."""
@@ -42,17 +46,29 @@ def main():
                  "a committed checkpoint: 4 shard files and the manifest", str(files))
     checks.check([s["loss"] for s in first[0]["steps"]] == ref_losses[:SAVE], "the first 10 steps are the same run")
 
-    for strategy, world in (("full_shard", 4), ("shard_grad_op", 3), ("hybrid_shard", 2), ("no_shard", 1)):
-        cfg = harness.config(strategy, world, train__steps=STEPS)
-        out, ranks = harness.run(cfg, world, extra_args=["--resume", step_dir])
+    # A run whose optimizer is sharded across its replicas ([parallelism]
+    # shard_optimizer_across_replicas; hybrid_shard at N=4: 2 groups of 2)
+    # saves its pieces gathered into the shard group's files.
+    pieces_ckpt = harness.scratch_dir("shardline-ckpt-pieces-")
+    pieces = {"parallelism__shard_optimizer_across_replicas": True}
+    harness.run(harness.config("hybrid_shard", 4, train__steps=STEPS, **pieces), 4,
+                extra_args=["--ckpt-dir", pieces_ckpt, "--save-at", str(SAVE), "--stop-after", str(SAVE)])
+    pieces_dir = os.path.join(pieces_ckpt, "tiny", "step-%08d" % SAVE)
+
+    for strategy, world, src, kw in (("full_shard", 4, step_dir, {}), ("shard_grad_op", 3, step_dir, {}),
+                                     ("hybrid_shard", 2, step_dir, {}), ("no_shard", 1, step_dir, {}),
+                                     ("hybrid_shard", 4, step_dir, pieces), ("full_shard", 2, pieces_dir, {})):
+        cfg = harness.config(strategy, world, train__steps=STEPS, **kw)
+        out, ranks = harness.run(cfg, world, extra_args=["--resume", src])
         params = harness.load_params(out)
         diff = max(float(np.max(np.abs(params[k] - ref_params[k]))) for k in ref_params)
         losses = [s["loss"] for s in ranks[0]["steps"]]
         rel = max(abs(a - b) / b for a, b in zip(losses, ref_losses[SAVE:]))
-        name = f"resume at N={world} {strategy}"
+        name = f"resume at N={world} {strategy}" + (" (optimizer across replicas)" if kw else "") + (
+            " from a run with its optimizer across replicas" if src == pieces_dir else "")
         checks.check(len(losses) == STEPS - SAVE and ranks[0]["steps"][0]["step"] == SAVE,
                      f"{name} continues at step {SAVE}")
-        if (strategy, world) == ("full_shard", 4):
+        if (strategy, world, src) == ("full_shard", 4, step_dir):
             checks.check(diff == 0.0, f"{name} is bitwise equal at step 20", f"max abs diff {diff:.3e}")
         else:
             checks.check(diff <= 2e-5, f"{name} params", f"max abs diff {diff:.3e}")

@@ -110,6 +110,15 @@ TEST(JobConfig, ImpossibleValuesAreNamed) {
   std::string group = kGood;
   group.replace(group.find("shard_group_size = 2"), 20, "shard_group_size = 3");
   EXPECT_NE(ErrorOf(group, 4).find("shard_group_size = 3 must divide the world size 4"), std::string::npos);
+  // The optimizer across replicas is hybrid_shard's; elsewhere it is named.
+  std::string pieces = kGood;
+  pieces.replace(pieces.find("shard_group_size = 2"), 20, "shard_optimizer_across_replicas = true");
+  EXPECT_EQ(ErrorOf(pieces, 4), "");
+  pieces.replace(pieces.find("\"hybrid_shard\""), 14, "\"full_shard\"");
+  EXPECT_NE(ErrorOf(pieces, 4).find("[parallelism] shard_optimizer_across_replicas is for strategy = \"hybrid_shard\", "
+                                    "not \"full_shard\""),
+            std::string::npos)
+      << ErrorOf(pieces, 4);
   EXPECT_NE(ErrorOf("[model]\n[data]\nformat = \"llmc\"\n").find("[data] path is required"), std::string::npos);
 }
 
