@@ -262,15 +262,15 @@ int64_t PieceOf(const Movement& mv, int64_t shard) { return (shard + mv.replicas
 
 // The state of the units kept in pieces, as FlatParam holds it: master and
 // moments [piece], the parameters and gradient shard in [R x piece]
-// buffers (fp32: the master is the parameters' piece), and the piece's
-// reduced gradient.
+// buffers (fp32: the master is the parameters' piece; the reduced piece
+// is the gradient buffer's own).
 void PieceStateBytes(const std::vector<ShardLayout>& trained, const Movement& mv, int p, int r, StrategyPlan* sp) {
   for (int u = 0; u < static_cast<int>(trained.size()); ++u) {
     if (!PieceUnit(mv, u, static_cast<int>(trained.size()))) continue;
     const int64_t shard = trained[u].shard_numel, c = PieceOf(mv, shard), all = c * mv.replicas;
     sp->params_bytes += p * all - (p == 4 ? 0 : p * shard);
     sp->master_bytes += (p == 4 ? 0 : 4 * c) - 4 * shard;
-    sp->grads_bytes += r * (all + c) - r * shard;
+    sp->grads_bytes += r * all - r * shard;
     sp->optimizer_bytes += 8 * c - 8 * shard;
   }
   sp->state_bytes = sp->params_bytes + sp->grads_bytes + sp->master_bytes + sp->optimizer_bytes;

@@ -1,6 +1,6 @@
 """Mixed precision: bf16 parameters with fp32 reduction, 10 steps at N=2 and 4
-(full_shard and hybrid_shard) against the single-process run in the same
-precision.
+(full_shard, hybrid_shard, and hybrid_shard with its optimizer across the
+replicas) against the single-process run in the same precision.
 
 Tolerance. Compute runs in bf16 (8 significant bits, unit roundoff
 u = 2^-8 ~ 3.9e-3); a different split of the batch over ranks and
@@ -40,9 +40,13 @@ def main():
     fp32_params = harness.load_params(fp32_out)
     moved = max(float(np.max(np.abs(fp32_params[k] - ref_params[k]))) for k in ref_params)
     checks.check(moved > 0, "bf16 run differs from fp32", f"{moved:.2e}")
-    for strategy in ("full_shard", "hybrid_shard"):
+    # hybrid_shard also with its optimizer across the replicas: there the
+    # fp32 master is a piece apart from the bf16 parameters' buffer.
+    pieces = {"parallelism__shard_optimizer_across_replicas": True}
+    for name, strategy, kw in (("full_shard", "full_shard", {}), ("hybrid_shard", "hybrid_shard", {}),
+                               ("hybrid_shard (optimizer across replicas)", "hybrid_shard", pieces)):
         for world in (2, 4):
-            out, ranks = harness.run(harness.config(strategy, world, **prec), world)
+            out, ranks = harness.run(harness.config(strategy, world, **prec, **kw), world)
             params = harness.load_params(out)
             C = harness.TINY["model"]["n_embd"]
             key_bias = [k for k in ref_params if k.endswith("attn.c_attn.bias")]
@@ -51,13 +55,13 @@ def main():
                 for part in (slice(0, C), slice(2 * C, 3 * C)):
                     diff = max(diff, float(np.max(np.abs(params[k][part] - ref_params[k][part]))))
             kdiff = max(float(np.max(np.abs(params[k][C:2 * C] - ref_params[k][C:2 * C]))) for k in key_bias)
-            checks.check(kdiff <= 2 * lr * STEPS, f"bf16 {strategy} N={world} key bias (zero true gradient)",
+            checks.check(kdiff <= 2 * lr * STEPS, f"bf16 {name} N={world} key bias (zero true gradient)",
                          f"max abs diff {kdiff:.3e} (tol {2 * lr * STEPS:.1e})")
             losses = [s["loss"] for s in ranks[0]["steps"]]
             rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-            checks.check(diff <= param_tol, f"bf16 {strategy} N={world} params",
+            checks.check(diff <= param_tol, f"bf16 {name} N={world} params",
                          f"max abs diff {diff:.3e} (tol {param_tol:.1e})")
-            checks.check(rel <= loss_tol, f"bf16 {strategy} N={world} losses",
+            checks.check(rel <= loss_tol, f"bf16 {name} N={world} losses",
                          f"max rel diff {rel:.3e} (tol {loss_tol:.1e})")
     checks.finish()
 

@@ -150,7 +150,8 @@ void FlatParam::InitReplicaPieces(const at::Tensor& init_full) {
   }
   grad_pieces_ = NewTensor(all, options_.reduce_dtype, MemKind::kGrads).zero_();
   grad_shard_ = grad_pieces_.narrow(0, 0, shard);
-  grad_owned_ = NewTensor(owned_numel_, options_.reduce_dtype, MemKind::kGrads).zero_();
+  // The replicas' reduce-scatter leaves this rank's piece in place.
+  grad_owned_ = grad_pieces_.narrow(0, owned_offset_, owned_numel_);
 }
 
 FlatParam::~FlatParam() {

@@ -15,9 +15,9 @@
 // pieces of owned = ceil(shard / R) (the last padded past the shard), and
 // replica r owns piece r: master and the optimizer's moments are [owned];
 // param_shard and grad_shard live in [R * owned] buffers (the replicas'
-// collectives need equal pieces); grad_owned, reduce dtype [owned], is the
-// piece the replicas' reduce-scatter leaves here and what the optimizer
-// reads. After an update the pieces are all-gathered across the replicas
+// collectives need equal pieces); grad_owned, this rank's piece of the
+// gradient's buffer, is where the replicas' reduce-scatter leaves the sum
+// (in place) and what the optimizer reads. After an update the pieces are all-gathered across the replicas
 // (GatherOverReplicas), and the next Unshard's gather is queued after it.
 //
 // `weights` are autograd leaves that view `unsharded`'s storage, and their
@@ -162,8 +162,8 @@ class FlatParam {
   void GatherOverReplicas(comm::Communicator& replicate);
   absl::Status WaitForReplicaGather(CommWaiter& waiter);
   // Replica-sharded: the [R * owned] buffer that holds grad_shard (the
-  // replicas' reduce-scatter input; its padding is zeroed here) and the
-  // piece it leaves (grad_owned).
+  // replicas' reduce-scatter input; its padding is zeroed here) and its
+  // piece the reduce-scatter writes (grad_owned).
   at::Tensor ReplicaReduceInput();
   const at::Tensor& grad_owned() const { return grad_owned_; }
   // The gradient the optimizer reads: grad_owned, or grad_shard.
