@@ -14,7 +14,8 @@ shared_gpu Several ranks sharing cuda:0: N = 2 and 4 processes over Gloo
            the one-rank cuda:0 run within 1e-4 (params) and 1e-5 (losses),
            and their bytes per collective equal the ring formulas; so do
            the sparse embedding's runs (full_shard N = 2, and hybrid_shard
-           N = 4 at vocabulary 1024 against a one-rank run there). Where
+           N = 4 at vocabulary 1024 against a one-rank run there) and
+           hybrid_shard's with its optimizer across the replicas (N = 4). Where
            PyTorch's NCCL is 2.30 or later, also N = 2 over NCCL with
            NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL 2.28, the wheel's pin, refuses
            two ranks on one GPU).
@@ -123,10 +124,16 @@ def shared_gpu(checks):
     sparse = {"parallelism__sparse_embedding": True}
     runs += [("full_shard", 2, "gloo", {}, sparse),
              ("hybrid_shard", 4, "gloo", {}, dict(sparse, model__vocab_size=1024))]
+    # hybrid_shard's optimizer across the replicas: the pieces' gathers on
+    # the replicas' communicator, each unit's gather queued after its own
+    # (Gloo: AllGatherAfter on the host; NCCL: the all-gather stream's order).
+    pieces = {"parallelism__shard_optimizer_across_replicas": True}
+    runs += [("hybrid_shard", 4, "gloo", {}, pieces)]
     nccl = torch.cuda.nccl.version()
     if nccl >= (2, 30, 0):
         runs += [(s, 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, {}) for s in ("full_shard", "hybrid_shard")]
         runs += [("full_shard", 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, sparse)]
+        runs += [("hybrid_shard", 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, pieces)]
     else:
         print(f"NOTE NCCL {'.'.join(map(str, nccl))} refuses two ranks on one GPU: the NCCL runs need 2.30+")
     refs = {}  # vocabulary -> (params, ranks) of the one-rank cuda:0 run
@@ -147,7 +154,9 @@ def shared_gpu(checks):
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        name = f"{strategy} N={world} {backend}{' sparse embedding' if keys else ''} on cuda:0"
+        label = (" sparse embedding" if keys.get("parallelism__sparse_embedding") else "") + (
+            " optimizer across replicas" if keys.get("parallelism__shard_optimizer_across_replicas") else "")
+        name = f"{strategy} N={world} {backend}{label} on cuda:0"
         check_params(checks, name, harness.load_params(out), ref_p, 1e-4)
         r = max_rel(losses_of(ranks), losses_of(ref))
         checks.check(r <= 1e-5, f"{name}: losses", f"max rel diff {r:.2e} (tol 1e-5)")
