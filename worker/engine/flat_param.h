@@ -17,8 +17,9 @@
 // param_shard and grad_shard live in [R * owned] buffers (the replicas'
 // collectives need equal pieces); grad_owned, this rank's piece of the
 // gradient's buffer, is where the replicas' reduce-scatter leaves the sum
-// (in place) and what the optimizer reads. After an update the pieces are all-gathered across the replicas
-// (GatherOverReplicas), and the next Unshard's gather is queued after it.
+// (in place) and what the optimizer reads. After an update the pieces are
+// all-gathered across the replicas (GatherOverReplicas), and the next
+// Unshard's gather is queued after it.
 //
 // `weights` are autograd leaves that view `unsharded`'s storage, and their
 // .grad tensors view `grad_full`'s storage. Freeing releases the storage's
