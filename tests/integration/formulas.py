@@ -268,9 +268,6 @@ def comm_bytes(cfg, world, steps):
         if lora and cfg["lora"].get("base", "sharded") == "sharded":
             ag -= (micro - 1) * ring(base_sizes[1] * p, G)
             first_block_once = -(steps - 1) * ring(base_sizes[1] * p, G)
-    # the step's sums in one (fp64): grad norm, loss, save vote; across the
-    # replicas the loss and vote
-    shard_ar = ring_all_reduce(24, 8, G) if G > 1 else 0
     # Units whose optimizer is sharded across the replicas reduce-scatter
     # their shard across them (in R pieces of ceil(shard / R)) instead of
     # all-reducing it, and all-gather the updated pieces (param dtype) once
@@ -278,6 +275,9 @@ def comm_bytes(cfg, world, steps):
     # then carry the pieces' squares across the replicas too.
     pieces = optimizer_pieces(cfg, world)
     piece = {i: -(-(sizes[i] // G) // R) for i in pieces}
+    # the step's sums in one (fp64): grad norm, loss, save vote (and the
+    # pieces' squares); across the replicas all but the first
+    shard_ar = ring_all_reduce(32 if pieces else 24, 8, G) if G > 1 else 0
     rep_ar = (sum(ring_all_reduce(s // G * r, r, R) for i, s in enumerate(sizes) if i not in pieces)
               + ring_all_reduce(24 if pieces else 16, 8, R)) if R > 1 else 0
     rep_rs += sum(ring(R * c * r, R) for c in piece.values())

@@ -44,11 +44,12 @@ absl::StatusOr<at::Tensor> Engine::StepSums(const at::Tensor& loss, bool vote_sa
   // squares over the shard group is the global one; the loss shares and
   // votes, and the pieces of an optimizer sharded across the replicas (each
   // held by one replica), are summed over the replicas too.
-  if (comms_.shard->size() > 1) {
-    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(sums), comm::Op::kAllReduce));
-  }
   bool pieces = false;
   for (const FlatParam* f : trainable_) pieces = pieces || f->replica_sharded();
+  if (comms_.shard->size() > 1) {
+    const at::Tensor within = sums.narrow(0, 0, pieces ? 4 : 3);
+    SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(within), comm::Op::kAllReduce));
+  }
   if (comms_.replicate->size() > 1) {
     const at::Tensor across = sums.narrow(0, 1, pieces ? 3 : 2);
     SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.replicate->AllReduce(across), comm::Op::kAllReduce));
