@@ -11,6 +11,12 @@ int NumUnits(const ModelConfig& m) { return m.n_layer + 2; }
 int HeadUnit(const ModelConfig& m) { return m.n_layer + 1; }
 bool IsBlock(const ModelConfig& m, int unit) { return unit >= 1 && unit <= m.n_layer; }
 
+bool OptimizerInPieces(const ParallelismConfig& p, const ModelConfig& m, int shard_group, int replicas, int unit) {
+  if (!p.shard_optimizer_across_replicas || p.strategy != Strategy::kHybridShard || replicas <= 1) return false;
+  const bool sparse_trains = p.sparse_embedding && shard_group > 1 && (unit == 0 || unit == HeadUnit(m));
+  return !sparse_trains;
+}
+
 std::string UnitName(const ModelConfig& m, int unit) {
   if (unit == 0) return "embed";
   if (unit == HeadUnit(m)) return "head";

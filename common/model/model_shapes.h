@@ -46,6 +46,15 @@ double TrainingFlopsPerToken(const ModelConfig& m, const LoraConfig& l = LoraCon
 // The ownership map: every unit's layout for shard group size `group_size`.
 absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int group_size);
 
+// Whether model unit `unit` keeps its optimizer state in pieces across
+// `replicas` replicate groups (ParallelismConfig::shard_optimizer_across_replicas):
+// hybrid_shard with more than one replica, except the table's and the head's
+// units where the sparse embedding trains them over a shard group of
+// `shard_group` > 1 ranks (their shard is all-reduced whole, never
+// reduce-scattered, so there is nothing to cut). The engine's rule
+// (Engine::InitUnit) and the planner's (common/plan/plan.cc).
+bool OptimizerInPieces(const ParallelismConfig& p, const ModelConfig& m, int shard_group, int replicas, int unit);
+
 // ---- LoRA ---------------------------------------------------------------
 // Adapters sit on projections of the blocks only; each block unit's adapters
 // form one trainable flat buffer of their own, the unit "<unit>.lora".

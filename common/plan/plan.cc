@@ -248,26 +248,25 @@ struct Movement {
   bool head_world = false;
   int64_t replica_head_exchange_bytes = 0, replica_head_grad_bytes = 0, head_parts_bytes = 0;
   int64_t replica_prefix_bytes = 0;
-  // The optimizer sharded across the replicas (PlanInput's).
+  // The optimizer sharded across the replicas (PlanInput's): the model
+  // units whose state it keeps in pieces (model::OptimizerInPieces), if any.
+  std::vector<bool> piece_units;
   bool pieces = false;
 };
 
-// Whether trained unit u of `units` keeps its optimizer in pieces across
-// the replicas (the engine's rule, Engine::InitUnit: all but the units the
-// sparse embedding trains); and a shard's piece, ceil(shard / R) elements.
-bool PieceUnit(const Movement& mv, int u, int units) {
-  return mv.pieces && !(mv.sparse && !mv.lora && (u == 0 || u == units - 1));
-}
+// A shard's piece across the replicas, ceil(shard / R) elements.
 int64_t PieceOf(const Movement& mv, int64_t shard) { return (shard + mv.replicas - 1) / mv.replicas; }
 
 // The state of the units kept in pieces, as FlatParam holds it: master and
 // moments [piece], the parameters and gradient shard in [R x piece]
 // buffers (fp32: the master is the parameters' piece; the reduced piece
 // is the gradient buffer's own).
-void PieceStateBytes(const std::vector<ShardLayout>& trained, const Movement& mv, int p, int r, StrategyPlan* sp) {
-  for (int u = 0; u < static_cast<int>(trained.size()); ++u) {
-    if (!PieceUnit(mv, u, static_cast<int>(trained.size()))) continue;
-    const int64_t shard = trained[u].shard_numel, c = PieceOf(mv, shard), all = c * mv.replicas;
+// `trained` is model::TrainableOwnershipMap's, of the units `units`.
+void PieceStateBytes(const std::vector<ShardLayout>& trained, const std::vector<int>& units, const Movement& mv, int p,
+                     int r, StrategyPlan* sp) {
+  for (size_t i = 0; i < trained.size(); ++i) {
+    if (!mv.piece_units[units[i]]) continue;
+    const int64_t shard = trained[i].shard_numel, c = PieceOf(mv, shard), all = c * mv.replicas;
     sp->params_bytes += p * all - (p == 4 ? 0 : p * shard);
     sp->master_bytes += (p == 4 ? 0 : 4 * c) - 4 * shard;
     sp->grads_bytes += r * all - r * shard;
@@ -315,7 +314,7 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     // (Nor is the untied head's, computed over the world.)
     const bool all_reduced = !(mv.sparse && u == 0 && mv.world_rows && (!mv.tied || mv.head_world)) &&
                              !(mv.head_world && !mv.tied && u == units - 1);
-    if (mv.replicas > 1 && shard > 0 && PieceUnit(mv, u, units)) {
+    if (mv.replicas > 1 && shard > 0 && mv.piece_units[u]) {
       const int64_t all = PieceOf(mv, shard) * mv.replicas;
       w.replica_bytes = comm::RingReduceScatterBytes(all * r, mv.replicas);
       w.replica_gather_bytes = comm::RingAllGatherBytes(all * p, mv.replicas);
@@ -403,8 +402,15 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
   // the table is never whole.
   mv.sparse = in.sparse_embedding && g > 1 && (lora ? mv.base_sharded : ShardsParams(s));
   sp->sparse_embedding = mv.sparse;
-  mv.pieces = in.shard_optimizer_across_replicas && s == Strategy::kHybridShard && mv.replicas > 1;
-  if (mv.pieces) PieceStateBytes(trained, mv, p, r, sp);
+  ParallelismConfig par;
+  par.strategy = s;
+  par.sparse_embedding = in.sparse_embedding;
+  par.shard_optimizer_across_replicas = in.shard_optimizer_across_replicas;
+  for (int u = 0; u < model::NumUnits(m); ++u) {
+    mv.piece_units.push_back(model::OptimizerInPieces(par, m, g, mv.replicas, u));
+    mv.pieces = mv.pieces || mv.piece_units.back();
+  }
+  if (mv.pieces) PieceStateBytes(trained, model::TrainableUnits(m, in.lora), mv, p, r, sp);
   if (!mv.sparse) return std::optional<Movement>(mv);
   // Every parameter of the embed unit is a table looked up (SparseEmbedding's).
   const int64_t tables = static_cast<int64_t>(model::UnitParams(m, 0).size());
@@ -530,7 +536,7 @@ void PlanTime(const PlanInput& in, const StepShape& x, const Movement& mv, int64
   // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
   int64_t owned = ShardsGrads(mv.s) || mv.s == Strategy::kZero1 ? full_p / mv.g : full_p;
   for (int u = 0; u < model::NumUnits(m); ++u) {
-    if (!PieceUnit(mv, u, model::NumUnits(m))) continue;
+    if (!mv.piece_units[u]) continue;
     const bool block = u > 0 && u < model::NumUnits(m) - 1;
     const int64_t shard = (u == 0 ? mv.t.embed : block ? mv.t.block : mv.t.head) / mv.g;
     owned -= shard - PieceOf(mv, shard);

@@ -71,5 +71,31 @@ TEST(ModelShapes, TheParameterCountNeverOverflows) {
   EXPECT_EQ(NumParams(Gpt2Small()), 12 * block + rest);
 }
 
+// The one rule the engine and the planner share: a unit whose shard the
+// sparse embedding trains (all-reduced whole, never reduce-scattered) keeps
+// a replicated optimizer; every other unit of an HSDP job with the key and
+// more than one replica keeps pieces.
+TEST(ModelShapes, OptimizerPiecesSkipOnlyTheUnitsTheSparseEmbeddingTrains) {
+  const ModelConfig m = Gpt2Small();
+  ParallelismConfig p;
+  p.strategy = Strategy::kHybridShard;
+  p.shard_optimizer_across_replicas = true;
+  for (int u = 0; u < NumUnits(m); ++u) EXPECT_TRUE(OptimizerInPieces(p, m, 2, 2, u)) << u;
+  p.sparse_embedding = true;
+  EXPECT_FALSE(OptimizerInPieces(p, m, 2, 2, 0));
+  EXPECT_FALSE(OptimizerInPieces(p, m, 2, 2, HeadUnit(m)));
+  EXPECT_TRUE(OptimizerInPieces(p, m, 2, 2, 1));
+  EXPECT_TRUE(OptimizerInPieces(p, m, 2, 2, m.n_layer));
+  // A shard group of one looks the table up whole: nothing is sparse.
+  EXPECT_TRUE(OptimizerInPieces(p, m, 1, 4, 0));
+  // One replica, another strategy, or the key off: no pieces.
+  EXPECT_FALSE(OptimizerInPieces(p, m, 4, 1, 1));
+  p.strategy = Strategy::kHybridShardZero2;
+  EXPECT_FALSE(OptimizerInPieces(p, m, 2, 2, 1));
+  p.strategy = Strategy::kHybridShard;
+  p.shard_optimizer_across_replicas = false;
+  EXPECT_FALSE(OptimizerInPieces(p, m, 2, 2, 1));
+}
+
 }  // namespace
 }  // namespace shardline::model

@@ -122,12 +122,7 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
   opts.persistent_grads = !ShardsGrads(s);
   const int G = comms_.shard->size();
   const int shard_rank = comms_.shard->rank();
-  // The optimizer sharded across the replicas, except where the sparse
-  // embedding trains a unit's shard without reduce-scattering it.
-  const bool sparse_trains = config_.parallelism.sparse_embedding && G > 1 &&
-                             (u == 0 || u == model::HeadUnit(m));
-  if (config_.parallelism.shard_optimizer_across_replicas && s == Strategy::kHybridShard &&
-      comms_.replicate->size() > 1 && !sparse_trains) {
+  if (model::OptimizerInPieces(config_.parallelism, m, G, comms_.replicate->size(), u)) {
     opts.optimizer_shards = comms_.replicate->size();
     opts.optimizer_rank = comms_.replicate->rank();
   }

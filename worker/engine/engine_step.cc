@@ -37,15 +37,17 @@ at::Tensor SquaredNorm(const at::Tensor& grad) {
 absl::StatusOr<at::Tensor> Engine::StepSums(const at::Tensor& loss, bool vote_save) {
   // [squares of replicated shards, loss, save votes, squares of pieces]
   at::Tensor sums = device_->Zeros(4, at::kDouble);
-  for (const FlatParam* f : trainable_) sums[f->replica_sharded() ? 3 : 0].add_(SquaredNorm(f->optimizer_grad()));
+  bool pieces = false;
+  for (const FlatParam* f : trainable_) {
+    pieces = pieces || f->replica_sharded();
+    sums[f->replica_sharded() ? 3 : 0].add_(SquaredNorm(f->optimizer_grad()));
+  }
   sums[1].copy_(loss);
   sums[2].fill_(vote_save ? 1.0 : 0.0);
   // Every shard group holds the whole (reduced) gradient once, so the sum of
   // squares over the shard group is the global one; the loss shares and
   // votes, and the pieces of an optimizer sharded across the replicas (each
   // held by one replica), are summed over the replicas too.
-  bool pieces = false;
-  for (const FlatParam* f : trainable_) pieces = pieces || f->replica_sharded();
   if (comms_.shard->size() > 1) {
     const at::Tensor within = sums.narrow(0, 0, pieces ? 4 : 3);
     SL_RETURN_IF_ERROR(waiter_.OnDevice(*comms_.shard->AllReduce(within), comm::Op::kAllReduce));
