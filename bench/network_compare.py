@@ -184,32 +184,47 @@ def shardline_config(a, strategy, world, per_host, model, data):
     return cfg
 
 
-def calibrate(a, model, work):
-    """(FLOP/s of one thread on one rank's batch, memory bytes/s, Gloo bus
-    bytes/s on loopback): the planner's inputs, measured apart from the engine.
-    FLOPs are counted as the planner counts them (shardctl plan's
+class FlopRate:
+    """FLOP/s of one thread on one rank's batch, measured apart from the
+    engine each time it is called: the planner's compute input. FLOPs are counted as the planner counts them (shardctl plan's
     flops_per_token of the full model: the token lookup is none), else the
     rate it is given and its FLOP count disagree (the llama's table is a
     quarter of its parameters). Under --lora the step timed is PEFT's, and
     its FLOPs are LoRA's as the planner counts them (4 per frozen weight, 6
     per adapter weight): the adapters' scale-and-add over each projection's
     output is memory-bound work the planner counts no FLOPs for, which a
-    full model's rate leaves out."""
-    import torch
-    torch.set_num_threads(1)
-    net, _, loss_of = torch_compare.torch_model(a.model, model)
-    if a.lora:
-        net = torch_compare.with_lora(net, a.model, a.lora)
-    micro = max(1, a.batch // 4)
-    T, V = model["block_size"], model["vocab_size"]
-    x = torch.randint(0, V, (micro, T))
-    t = plan_accuracy.best_time(lambda: loss_of(net, x, x).backward())
-    job = os.path.join(work, "calibrate-job.toml")
-    harness.write_toml(shardline_config(a, "full_shard", 1, 1, model, os.path.join(work, "tokens.bin")), job)
-    r = subprocess.run([plan_accuracy.SHARDCTL, "--json", "plan", job, "--workers", "1"], capture_output=True,
-                       text=True, timeout=60, check=True)
-    flops = json.loads(r.stdout)["flops_per_token"] * micro * T / t
-    return flops, plan_accuracy.measure_mem_bw(), plan_accuracy.measure_gloo_busbw()
+    full model's rate leaves out.
+
+    This VM's speed drifts within a run: two points back to back computed
+    the same step in 2.87 and 3.30 s (network_compare_gpt_sparse.md, the
+    last section). So main() measures the rate again before every repeat
+    and gives the planner each point's median: the planner's error is then
+    its model's, not the drift between the start of the run and the point."""
+
+    def __init__(self, a, model, work):
+        import torch
+        torch.set_num_threads(1)
+        net, _, loss_of = torch_compare.torch_model(a.model, model)
+        if a.lora:
+            net = torch_compare.with_lora(net, a.model, a.lora)
+        micro = max(1, a.batch // 4)
+        T, V = model["block_size"], model["vocab_size"]
+        x = torch.randint(0, V, (micro, T))
+        self._step = lambda: loss_of(net, x, x).backward()
+        job = os.path.join(work, "calibrate-job.toml")
+        harness.write_toml(shardline_config(a, "full_shard", 1, 1, model, os.path.join(work, "tokens.bin")), job)
+        r = subprocess.run([plan_accuracy.SHARDCTL, "--json", "plan", job, "--workers", "1"], capture_output=True,
+                           text=True, timeout=60, check=True)
+        self._flops = json.loads(r.stdout)["flops_per_token"] * micro * T
+
+    def __call__(self):
+        return self._flops / plan_accuracy.best_time(self._step)
+
+
+def calibrate(rate):
+    """(FLOP/s, memory bytes/s, Gloo bus bytes/s on loopback): the planner's
+    inputs at the start of the run."""
+    return rate(), plan_accuracy.measure_mem_bw(), plan_accuracy.measure_gloo_busbw()
 
 
 RING_BYTES = 16 << 20  # between the models' block units (GPT 12.6 MB, llama 25 MB in fp32)
@@ -338,6 +353,11 @@ def pick_lines(mbit, points):
     return lines
 
 
+def rate_note(rates):
+    return (f"planner given {statistics.median(rates) / 1e9:.1f} GFLOP/s per thread "
+            f"[{min(rates) / 1e9:.1f}-{max(rates) / 1e9:.1f}]")
+
+
 def link_line(mbit, link):
     return f"- {mbit} Mbit/s: Shardline's all-gather over 4 shaped hosts gets {link / 1e6:.2f} MB/s bus bandwidth"
 
@@ -346,9 +366,18 @@ def replan(path, a):
     """Recomputes, in place, the plan columns, link lines and pick lines of a
     file of tables saved by --save (one or several sections, each under its
     title line, as bench/results/ keeps them), from the figures each title
-    records and link rates measured now. Everything else is kept."""
+    records (a point's FLOP rate where its CPU line records its own) and
+    link rates measured now. Everything else is kept."""
     lines = open(path).read().split("\n")
     work = tempfile.mkdtemp(prefix="net-compare-replan-")
+    # Each point's own FLOP rate, where its CPU line records one (rate_note).
+    rates, title = {}, None
+    for n, line in enumerate(lines):
+        if "network_compare:" in line and "planner given" in line:
+            title = n
+        m = re.match(r"- (\d+) Mbit/s, (\w+) (\w+), CPU a step: .*planner given ([\d.]+) GFLOP/s per thread", line)
+        if m and title is not None:
+            rates[(title, int(m[1]), m[2], m[3])] = float(m[4]) * 1e9
     links, points, title = {}, {}, None  # points: (title line, mbit) -> rows
     for n, line in enumerate(lines):
         if "network_compare:" in line and "planner given" in line:
@@ -372,7 +401,8 @@ def replan(path, a):
         if mbit not in links:
             links[mbit] = ring_bus_bandwidth(mbit)
         step = a.batch * T / float(cells[3].split()[0])
-        plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, links[mbit], calib, work)
+        here = (rates.get((title, mbit, placement, strategy), calib[0]),) + calib[1:]
+        plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, links[mbit], here, work)
         cells[15], cells[16] = f"{plan_s:.2f}", f"{plan_s / step - 1:+.0%}"
         points.setdefault((title, mbit), []).append((placement, strategy, step, plan_s, recommended))
         lines[n] = "| " + " | ".join(cells) + " |"
@@ -433,10 +463,12 @@ def main():
     title = (f"# network_compare: {a.model}{lora}, global batch {a.batch} x {T} tokens, fp32, {a.steps - 1} timed "
              f"steps after 1 warm-up, {a.repeats} repeats (median [min-max]), {os.cpu_count()} cores shared by "
              f"every rank, 1 thread per rank; torch {torch.__version__}; egress of every host shaped with tc tbf")
-    calib = calibrate(a, model, work)
+    rate = FlopRate(a, model, work)
+    calib = calibrate(rate)
     title += (f"; planner given {calib[0] / 1e9:.1f} GFLOP/s per thread{' (LoRA step)' if a.lora else ''}, "
               f"{calib[1] / 1e9:.1f} GB/s memory, "
-              f"{calib[2] / 1e9:.2f} GB/s Gloo loopback")
+              f"{calib[2] / 1e9:.2f} GB/s Gloo loopback (the FLOP rate at the start; each point's, measured "
+              f"before each of its repeats, is on its line below)")
     table, notes = [title, "", HEADER], []
     print("\n".join(table), flush=True)
 
@@ -453,9 +485,10 @@ def main():
             placement, strategy = point.split(":")
             n_hosts, per_host = PLACEMENTS[placement]
             world = n_hosts * per_host
-            sl, pt, cpu = [], [], ""
+            sl, pt, rates, cpu = [], [], [], ""
             try:
                 for _ in range(a.repeats):
+                    rates.append(rate())
                     with emulated.Hosts(n_hosts) as hs:
                         for h in hs:
                             hs.limit_egress(h, mbit)
@@ -464,10 +497,11 @@ def main():
                         where = os.path.join(a.trace, f"{placement}-{strategy}-{mbit}-{len(sl)}") if a.trace else ""
                         sl.append(run_shardline(ranks, cfg, a.steps, where))
                         pt.append(run_torch(ranks, a, strategy, data))
-                plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, link, calib, work)
+                here = (statistics.median(rates),) + calib[1:]
+                plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, link, here, work)
                 line = row(placement, strategy, mbit, a.batch * T, sl, pt, plan_s)
                 points.append((placement, strategy, statistics.median(s["step"] for s in sl), plan_s, recommended))
-                cpu = cpu_line(placement, strategy, mbit, sl, link)
+                cpu = cpu_line(placement, strategy, mbit, sl, link) + "; " + rate_note(rates)
             except harness.RunError as e:  # one side failed: say so, go on with the next point
                 line = failed_row(placement, strategy, mbit, sl, pt, str(e))
             table.append(line)
