@@ -7,8 +7,6 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "common/base/json_object.h"
 #include "common/base/ring_bytes.h"
 #include "common/base/status_macros.h"
 #include "common/model/model_shapes.h"
@@ -76,70 +74,7 @@ UnitSizes SizesOf(const std::vector<ShardLayout>& units) {
   return {units.front().padded_numel, units.back().padded_numel, units[1].padded_numel};
 }
 
-// Parameters of one block and of everything else, by the shape tables.
-std::pair<int64_t, int64_t> ParamSplit(ModelConfig m) {
-  m.n_layer = 1;
-  int64_t block = 0, rest = 0;
-  for (int u = 0; u < model::NumUnits(m); ++u) {
-    for (const ParamSpec& p : model::UnitParams(m, u)) (model::IsBlock(m, u) ? block : rest) += p.numel();
-  }
-  return {block, rest};
-}
-
 }  // namespace
-
-int DefaultIntermediateSize(int hidden) {
-  return std::max(256, static_cast<int>(std::lround(8.0 * hidden / 3 / 256)) * 256);
-}
-
-ModelConfig ModelForParams(double params, int vocab_size, int seq_len, const std::string& family) {
-  const bool llama = family == "llama";
-  auto shape = [&](int hidden, int intermediate_step) {
-    ModelConfig m;
-    m.family = family;
-    m.vocab_size = vocab_size;
-    m.block_size = seq_len;
-    m.n_embd = hidden;
-    m.n_head = hidden / (llama && hidden % 128 == 0 ? 128 : 64);
-    if (llama) {
-      m.n_kv_head = m.n_head % 4 == 0 ? m.n_head / 4 : m.n_head;
-      m.intermediate_size = std::max(256, DefaultIntermediateSize(hidden) + 256 * intermediate_step);
-    }
-    return m;
-  };
-  // Among the shapes within 0.4% of `params`, the most conventional one:
-  // hidden nearest 128 x layers (GPT-2's and Llama's aspect) and, for llama,
-  // heads in groups of four (GQA 4:1). With none that close, the closest.
-  ModelConfig best = shape(64, 0), closest = best;
-  best.n_layer = closest.n_layer = 1;
-  double best_score = 1e300, closest_err = 1e300;
-  for (int hidden = 64; hidden <= 65536; hidden += 64) {
-    for (int step = llama ? -3 : 0; step <= (llama ? 3 : 0); ++step) {
-      ModelConfig m = shape(hidden, step);
-      const auto [block, rest] = ParamSplit(m);
-      const double want_layers = (params - static_cast<double>(rest)) / static_cast<double>(block);
-      // Checked before the int conversion (undefined out of range, or for a
-      // NaN): past hidden / 32 layers no shape is taken anyway.
-      if (!(want_layers > 0 && want_layers <= hidden / 32 + 1)) continue;
-      for (int l : {static_cast<int>(std::floor(want_layers)), static_cast<int>(std::ceil(want_layers))}) {
-        if (l < 1 || hidden < 32 * l || hidden > 256 * l) continue;
-        m.n_layer = l;
-        const double err = std::abs(static_cast<double>(l) * block + rest - params) / params;
-        if (err < closest_err) {
-          closest_err = err;
-          closest = m;
-        }
-        const double score = std::abs(std::log(hidden / (128.0 * l))) + (llama && m.n_head % 4 != 0 ? 1.0 : 0.0);
-        if (err <= 0.004 && score < best_score) {
-          best_score = score;
-          best = m;
-        }
-      }
-    }
-  }
-  if (best_score == 1e300) return closest;
-  return best;
-}
 
 PlanInput PlanInputForJob(const JobConfig& c, int workers) {
   PlanInput in;
@@ -641,73 +576,6 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   }
   Recommend(&plan);
   return plan;
-}
-
-std::string PlanTable(const Plan& p) {
-  const double gib = 1024.0 * 1024 * 1024;
-  std::string out = absl::StrFormat(
-      "model: %.3g parameters (%.3g trained), %.3g training FLOPs per token, %d tokens per step (%d micro-batches "
-      "per rank)\n\n",
-      static_cast<double>(p.params), static_cast<double>(p.trainable_params), p.flops_per_token, p.tokens_per_step,
-      p.micro_batches);
-  absl::StrAppend(&out, "memory per rank and comm (sent per rank per step) in GiB, 2^30 bytes; times in seconds; "
-                       "grp: the shard group\n");
-  absl::StrAppendFormat(&out, "%-19s %3s %9s %9s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %9s %s\n", "strategy", "grp",
-                        "state", "params", "grads", "master", "optim", "transnt", "acts", "acts_ckpt", "comm",
-                        "comp_s", "exp_cm_s", "step_s", "step_ckpt", "fits");
-  for (const auto& s : p.strategies) {
-    absl::StrAppendFormat(
-        &out, "%-19s %3d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %8.3f %8.3f %8.3f %9.3f %s\n",
-        StrategyName(s.strategy), s.shard_group, s.state_bytes / gib, s.params_bytes / gib, s.grads_bytes / gib,
-        s.master_bytes / gib, s.optimizer_bytes / gib, s.transient_bytes / gib, s.activation_bytes / gib,
-        s.activation_bytes_checkpointed / gib, s.comm_bytes / gib, s.compute_s, s.exposed_comm_s, s.step_s,
-        s.step_s_checkpointed, s.fits ? "yes" : (s.fits_checkpointed ? "with ckpt" : "no"));
-  }
-  if (p.recommended.empty()) {
-    absl::StrAppend(&out, "\nrecommended: none fits; add workers or memory\n");
-  } else {
-    absl::StrAppend(&out, "\nrecommended: ", p.recommended,
-                    p.recommended_checkpointing ? " with activation checkpointing" : "", "\n");
-  }
-  return out;
-}
-
-std::string PlanJson(const Plan& p) {
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  for (const auto& s : p.strategies) {
-    rows.push_back({{"strategy", StrategyName(s.strategy)},
-                    {"shard_group", s.shard_group},
-                    {"state_bytes", s.state_bytes},
-                    {"params_bytes", s.params_bytes},
-                    {"grads_bytes", s.grads_bytes},
-                    {"master_bytes", s.master_bytes},
-                    {"optimizer_bytes", s.optimizer_bytes},
-                    {"transient_bytes", s.transient_bytes},
-                    {"activation_bytes", s.activation_bytes},
-                    {"activation_bytes_checkpointed", s.activation_bytes_checkpointed},
-                    {"peak_bytes", s.peak_bytes},
-                    {"peak_bytes_checkpointed", s.peak_bytes_checkpointed},
-                    {"fits", s.fits},
-                    {"fits_checkpointed", s.fits_checkpointed},
-                    {"comm_bytes", s.comm_bytes},
-                    {"compute_s", FiniteOrNull(s.compute_s)},
-                    {"comm_s", FiniteOrNull(s.comm_s)},
-                    {"exposed_comm_s", FiniteOrNull(s.exposed_comm_s)},
-                    {"optimizer_s", FiniteOrNull(s.optimizer_s)},
-                    {"step_s", FiniteOrNull(s.step_s)},
-                    {"step_s_checkpointed", FiniteOrNull(s.step_s_checkpointed)},
-                    {"tokens_per_second", FiniteOrNull(s.tokens_per_second)}});
-  }
-  return nlohmann::ordered_json{{"params", p.params},
-                                {"trainable_params", p.trainable_params},
-                                {"flops_per_token", FiniteOrNull(p.flops_per_token)},
-                                {"tokens_per_step", p.tokens_per_step},
-                                {"micro_batches", p.micro_batches},
-                                {"strategies", rows},
-                                {"recommended", p.recommended.empty() ? nlohmann::ordered_json(nullptr)
-                                                                      : nlohmann::ordered_json(p.recommended)},
-                                {"recommended_checkpointing", p.recommended_checkpointing}}
-      .dump();
 }
 
 }  // namespace shardline
