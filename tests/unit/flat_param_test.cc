@@ -70,7 +70,7 @@ class RecordingGroup : public comm::Communicator {
   std::shared_ptr<comm::Work> ReduceScatter(at::Tensor, at::Tensor) override { return Issue("RS"); }
   std::shared_ptr<comm::Work> AllReduce(at::Tensor) override { return Issue("AR"); }
   std::shared_ptr<comm::Work> AllReduceAfter(at::Tensor t, std::shared_ptr<comm::Work> after) override {
-    if (ordered_) return AllReduce(t);
+    if (ordered_ || !after) return AllReduce(t);  // (the contract: a null `after` is the plain op)
     const auto it = std::find(issued_.begin(), issued_.end(), after.get());
     return Issue(absl::StrCat("AR after #", it - issued_.begin()));
   }

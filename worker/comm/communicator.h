@@ -117,7 +117,7 @@ class Communicator {
   // The op, queued now (in this call's order among this communicator's ops)
   // but run once `after`, an op of another communicator that writes its
   // input, has finished: the caller need not wait for `after` to issue it.
-  // A failed `after` fails this op. Where ops are ordered on the device
+  // A failed `after` fails this op; a null `after` makes it the plain op. Where ops are ordered on the device
   // (NCCL) that order is the call's: these are the plain ops. A group of
   // one runs the op (a copy) when its Work is waited for, after `after`.
   virtual std::shared_ptr<Work> AllReduceAfter(at::Tensor inout, std::shared_ptr<Work> after) {

@@ -53,12 +53,9 @@ absl::Status GradReduction::Start(FlatParam* unit, bool accumulate, bool last) {
 
 std::shared_ptr<comm::Work> GradReduction::AcrossReplicas(FlatParam* unit, std::shared_ptr<comm::Work> after) {
   if (unit->replica_sharded()) {
-    const at::Tensor in = unit->ReplicaReduceInput();
-    return after ? replicate_->ReduceScatterAfter(unit->grad_owned(), in, std::move(after))
-                 : replicate_->ReduceScatter(unit->grad_owned(), in);
+    return replicate_->ReduceScatterAfter(unit->grad_owned(), unit->ReplicaReduceInput(), std::move(after));
   }
-  return after ? replicate_->AllReduceAfter(unit->grad_shard(), std::move(after))
-               : replicate_->AllReduce(unit->grad_shard());
+  return replicate_->AllReduceAfter(unit->grad_shard(), std::move(after));
 }
 
 bool GradReduction::AllReduceAwaited() const {
