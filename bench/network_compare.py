@@ -179,6 +179,8 @@ def shardline_config(a, strategy, world, per_host, model, data):
     if a.lora:
         cfg["lora"] = {"rank": a.lora, "alpha": 2 * a.lora, "target_modules": "all-linear", "base": "sharded"}
     cfg["parallelism"]["sparse_embedding"] = a.sparse_embedding
+    if a.max_inflight_all_gathers:
+        cfg.setdefault("prefetch", {})["max_inflight_all_gathers"] = a.max_inflight_all_gathers
     if strategy == "hybrid_shard" and a.shard_optimizer_across_replicas:
         cfg["parallelism"]["shard_optimizer_across_replicas"] = True
     return cfg
@@ -433,6 +435,8 @@ def main():
                     help="Shardline's [parallelism] sparse_embedding")
     ap.add_argument("--shard-optimizer-across-replicas", action="store_true",
                     help="Shardline's [parallelism] shard_optimizer_across_replicas (hybrid_shard points)")
+    ap.add_argument("--max-inflight-all-gathers", type=int, default=0,
+                    help="Shardline's [prefetch] max_inflight_all_gathers (0: the job's default)")
     ap.add_argument("--points", default="4x1:full_shard,2x2:full_shard,2x2:hybrid_shard",
                     help="placement:strategy pairs")
     ap.add_argument("--mbits", default="100,300,1000")

@@ -9,7 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "gloo_ranks.h"
 #include "worker/model/linear_cross_entropy.h"
@@ -71,7 +75,7 @@ TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
   want_loss.backward();
 
   std::vector<VocabParallelHead::Result> got(g), evaluated(g);
-  std::vector<int> issued(g, 0);
+  std::vector<std::vector<int>> issued(g);  // each call's `most`
   std::vector<std::vector<int64_t>> cuts(g);
   std::vector<int64_t> part_at(g);  // where each position's part lies in the flat unit
   comm::OnRankGroups(s.group, s.replicas, comm::GlooOptions{},
@@ -84,11 +88,24 @@ TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
     const at::Tensor part = flat.narrow(0, part_at[r], head.part_numel());
     const at::Tensor h = hidden.narrow(0, r * kTokens, kTokens), t = targets.narrow(0, r * kTokens, kTokens);
     VocabParallelHead::Want want{true, true, at::kFloat, s.chunk_rows};
-    auto result = head.Run(c, &replicas, waiter, h, t, part, kScale, want, [&] { ++issued[r]; });
+    // The caller's own collectives at `issue` (the engine's prefetch): on
+    // the head's communicator, between its exchanges, in the same order on
+    // every rank; each gathers every rank's position, checked after.
+    std::vector<std::pair<at::Tensor, std::shared_ptr<comm::Work>>> own;
+    auto issue = [&](int most) {
+      issued[r].push_back(most);
+      const at::Tensor out = at::empty({c.size()});
+      own.emplace_back(out, c.AllGather(out, at::full({1}, static_cast<float>(shard_rank))));
+    };
+    auto result = head.Run(c, &replicas, waiter, h, t, part, kScale, want, issue);
     ASSERT_TRUE(result.ok()) << result.status();
+    for (auto& [out, work] : own) {
+      ASSERT_TRUE(waiter.OnDevice(*work, comm::Op::kAllGather).ok());
+      EXPECT_TRUE(at::equal(out, at::arange(c.size()).to(at::kFloat))) << "the caller's gather between the head's";
+    }
     got[r] = *result;
     auto loss_only =
-        head.Run(c, &replicas, waiter, h, t, part, kScale, VocabParallelHead::Want{}, [&] { ++issued[r]; });
+        head.Run(c, &replicas, waiter, h, t, part, kScale, VocabParallelHead::Want{}, issue);
     ASSERT_TRUE(loss_only.ok()) << loss_only.status();
     evaluated[r] = *loss_only;
   });
@@ -98,7 +115,9 @@ TEST_P(VocabParallelHeadTest, EqualsTheFusedLossInOneProcess) {
   for (int r = 0; r < g; ++r) {
     SCOPED_TRACE(r);
     EXPECT_EQ(cuts[r], cuts[0]) << "every rank lists the same cut rows";
-    EXPECT_EQ(issued[r], 1) << "`issue` runs once, in training only";
+    // One collective before the statistics compute, the rest after their
+    // exchange is issued; in training only.
+    EXPECT_EQ(issued[r], (std::vector<int>{1, std::numeric_limits<int>::max()}));
     loss += got[r].loss;
     eval_loss += evaluated[r].loss;
     EXPECT_FALSE(evaluated[r].grad_hidden.defined());

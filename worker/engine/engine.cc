@@ -4,6 +4,7 @@
 #include "worker/engine/engine.h"
 
 #include <functional>
+#include <limits>
 #include <utility>
 
 #include <c10/core/GradMode.h>
@@ -219,8 +220,14 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
   // where the link would idle (trace-rank-N.json), not later behind the
   // head's reduce-scatters.
   const bool head_prefetch = pass.train() && config_.prefetch.backward == BackwardPrefetch::kPre;
-  auto prefetch_backward = [&] {
-    for (int v = head - 2; v >= 1 && inflight_gathers() < max_inflight; --v) Prefetch(v);
+  // (At most `most` of them: the vocabulary-parallel head sends the first
+  // while its statistics compute, VocabParallelHead::Run.)
+  auto prefetch_backward = [&](int most) {
+    for (int v = head - 2, n = inflight_gathers(); v >= 1 && most > 0 && n < max_inflight; --v) {
+      Prefetch(v);
+      most -= inflight_gathers() - n;
+      n = inflight_gathers();
+    }
   };
   for (int u = 0; u < U; ++u) {
     Unit& unit = units_[u];
@@ -247,10 +254,10 @@ absl::StatusOr<at::Tensor> Engine::ForwardUnits(const ForwardPass& pass, at::Ten
     // (The vocabulary-parallel head's exchanges go before the prefetch:
     // the head waits for them.)
     const bool vocab = u == head && head_vocab_parallel_;
-    if (u == head && head_prefetch && !vocab) prefetch_backward();
+    if (u == head && head_prefetch && !vocab) prefetch_backward(std::numeric_limits<int>::max());
     if (vocab) {
       const Timeline::Scope span(timeline_, "forward", unit.name());
-      SL_ASSIGN_OR_RETURN(h, HeadVocabParallel(h, pass, head_prefetch ? prefetch_backward : std::function<void()>()));
+      SL_ASSIGN_OR_RETURN(h, HeadVocabParallel(h, pass, head_prefetch ? prefetch_backward : std::function<void(int)>()));
     } else if (!sparse) {
       const Timeline::Scope span(timeline_, "forward", unit.name());
       h = UnitForward(u, h, pass);

@@ -230,10 +230,10 @@ class Engine {
   absl::Status FinishHeadTableParts();
   // The head's loss through VocabParallelHead (head_vocab_parallel_): the
   // final norm of x, then the loss over the table's shards; training keeps
-  // the norm's graph and the gradients it computed (head_grad_*). `issue`
-  // runs once the head's own exchanges are queued (backward's prefetch).
+  // the norm's graph and the gradients it computed (head_grad_*). `issue`:
+  // backward's prefetch, VocabParallelHead::Run's.
   absl::StatusOr<at::Tensor> HeadVocabParallel(const at::Tensor& x, const ForwardPass& pass,
-                                               const std::function<void()>& issue);
+                                               const std::function<void(int)>& issue);
   // Whether unit u is the untied head under the vocabulary-parallel head:
   // exchanged (its prefix summed), not gathered.
   bool HeadExchanged(int u) const;

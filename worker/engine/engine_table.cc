@@ -98,7 +98,7 @@ absl::Status Engine::AddHeadTableShard(int micro, bool final_micro) {
 }
 
 absl::StatusOr<at::Tensor> Engine::HeadVocabParallel(const at::Tensor& x, const ForwardPass& pass,
-                                                     const std::function<void()>& issue) {
+                                                     const std::function<void(int)>& issue) {
   const int head = model::HeadUnit(config_.model);
   Unit& unit = units_[head];
   const Unit& holder = TableHolder();

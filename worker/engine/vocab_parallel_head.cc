@@ -103,7 +103,7 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
                                                                  const at::Tensor& hidden, const at::Tensor& targets,
                                                                  const at::Tensor& table_part, double scale,
                                                                  const Want& want,
-                                                                 const std::function<void()>& issue) const {
+                                                                 const std::function<void(int)>& issue) const {
   if (replicas_ > 1 && (!replicas || replicas->size() != replicas_)) {
     return absl::InvalidArgumentError("vocabulary-parallel head: built over the world, run without its replicas");
   }
@@ -117,6 +117,8 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
   const at::Tensor all_hidden = at::empty({rows, C}, hidden.options());
   const at::Tensor all_targets = at::empty({rows}, own_targets.options());
   SL_RETURN_IF_ERROR(group.AllGather({{all_hidden.view({-1}), own_hidden.view({-1})}, {all_targets, own_targets}}));
+  const bool train = want.grad_hidden || want.grad_table;
+  if (train && issue) issue(1);  // (sent while 2 computes)
 
   // 2. This rank's statistics: [logsumexp of its whole rows, its target
   // logits, its elements' share of each cut row's logit].
@@ -155,15 +157,14 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
 
   // 3. Every rank's statistics: each token's logsumexp and target logit.
   const at::Tensor all_stats = at::empty({g, rows, 2 + cuts}, f32);
-  const bool train = want.grad_hidden || want.grad_table;
   if (replicas_ == 1) {
     std::shared_ptr<comm::Work> gather_stats = shard.AllGather(all_stats.view({-1}), stats.view({-1}));
-    if (train && issue) issue();
+    if (train && issue) issue(std::numeric_limits<int>::max());
     SL_RETURN_IF_ERROR(waiter.OnDevice(*gather_stats, comm::Op::kAllGather));
   } else {
-    // (Two stages: the prefetch queues behind the second.)
+    // (Two stages: the rest of the caller's queue behind the second.)
     SL_RETURN_IF_ERROR(group.AllGather({{all_stats.view({-1}), stats.view({-1})}}));
-    if (train && issue) issue();
+    if (train && issue) issue(std::numeric_limits<int>::max());
   }
   const at::Tensor cut_logits = all_stats.narrow(2, 2, cuts).sum(0);  // [rows, cuts]
   const at::Tensor lse = at::logsumexp(at::cat({all_stats.select(2, 0).t(), cut_logits}, 1), {1});

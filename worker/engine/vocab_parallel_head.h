@@ -40,10 +40,15 @@
 // of all-reducing the shard (twice that), for R-1 times a rank's hidden
 // states and their gradients across the replicas. The gathers cross the
 // replicas first (a rank's own tokens cross once), the reduce-scatter the
-// shard group first (a rank's own tokens' sums cross once). Between 3 and 4 the caller may issue collectives of its own
-// (`issue`, the engine's backward prefetch): they queue behind the
-// statistics, which the step waits on, and dL/dh's reduce-scatter queues
-// behind them (a communicator runs its ops in call order).
+// shard group first (a rank's own tokens' sums cross once).
+//
+// The caller may issue collectives of its own (`issue`, the engine's
+// backward prefetch) at two points: one before 2, where the link would idle
+// while the statistics compute (the statistics' exchange queues behind it:
+// late only where that one collective takes longer than the statistics'
+// compute), and the rest once 3 is issued, while 4 computes (dL/dh's
+// reduce-scatter queues behind them). A communicator runs its ops in call
+// order, on every rank the same.
 //
 // Numerics against LinearCrossEntropy in one process: the logit of a whole
 // row is the same dot product; a cut row's logit, the logsumexp, dL/dh (G
@@ -101,11 +106,12 @@ class VocabParallelHead {
   // unit (part_numel elements from part_begin of its shard, the compute
   // dtype). `replicas` is the replicate group (over the world; else
   // ignored, may be null). Every rank of the group calls it with the same
-  // n. `issue` (may be empty) runs once the statistics' exchange is issued;
-  // training only.
+  // n. `issue(most)` (may be empty; training only) issues at most `most` of
+  // the caller's collectives: issue(1) once step 1's exchange is in, then
+  // issue(INT_MAX) once the statistics' exchange is issued.
   absl::StatusOr<Result> Run(comm::Communicator& shard, comm::Communicator* replicas, CommWaiter& waiter,
                              const at::Tensor& hidden, const at::Tensor& targets, const at::Tensor& table_part,
-                             double scale, const Want& want, const std::function<void()>& issue) const;
+                             double scale, const Want& want, const std::function<void(int)>& issue) const;
 
   // This rank's part of its shard: the whole shard unless over the world.
   int64_t part_begin() const { return part_begin_; }
