@@ -239,6 +239,33 @@ TEST(GradReduction, OnTheHostNoAllReduceOvertakesOneStillToBeIssued) {
             (std::vector<std::string>{"shard RS", "shard RS", "replicate AR", "replicate AR"}));
 }
 
+TEST(GradReduction, AUnitIsReducedOnlyOnceItsAllReduceAcrossReplicasEnded) {
+  // The step's sums read each unit's shard as soon as Reduced says so:
+  // read any earlier, a shard still being reduce-scattered or all-reduced
+  // enters the clipping norm half done.
+  std::vector<std::string> log;
+  RecordingGroup::issued_.clear();
+  RecordingGroup shard("shard", false, &log), replicate("replicate", false, &log);
+  auto device = *Device::Open("cpu");
+  MemoryLedger ledger;
+  CommWaiter waiter(absl::Seconds(1));
+  auto layout = MakeShardLayout("unit", {{"w", {4}, true}}, 2);
+  ASSERT_TRUE(layout.ok());
+  FlatParam unit(*layout, 0, FlatParamOptions{}, *device, &ledger, at::zeros({4}));
+  FlatParam other(*layout, 0, FlatParamOptions{}, *device, &ledger, at::zeros({4}));
+  unit.EnsureGrad();
+  GradReduction reduction(&shard, &replicate, &waiter, &ledger);
+  EXPECT_TRUE(reduction.Reduced(&unit)) << "nothing started";
+  ASSERT_TRUE(reduction.Start(&unit, /*accumulate=*/false, /*last=*/true).ok());
+  EXPECT_FALSE(reduction.Reduced(&unit)) << "reduce-scatter in flight";
+  EXPECT_TRUE(reduction.Reduced(&other)) << "another unit's reduction is not this one's";
+  ASSERT_TRUE(reduction.Pump(/*wait_all=*/false, /*max_in_flight=*/0).ok());  // the reduce-scatter waited for
+  EXPECT_FALSE(reduction.Reduced(&unit)) << "all-reduce across replicas in flight";
+  ASSERT_TRUE(reduction.Pump(/*wait_all=*/true).ok());
+  EXPECT_TRUE(reduction.Reduced(&unit));
+  EXPECT_EQ(log, (std::vector<std::string>{"shard RS", "replicate AR after #0"}));
+}
+
 TEST(GradReduction, AOneRankGroupCastsAsItCopiesWithNoCastBuffer) {
   // bf16 gradients reduced in fp32 by a group of one: the reduce-scatter's
   // copy casts, so no fp32 copy of the whole gradient is made first (a pass

@@ -331,10 +331,18 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
   const BackwardPrefetch bp = config_.prefetch.backward;
   // Under LoRA the frozen embedding needs no backward at all.
   const int last = config_.lora.enabled ? 1 : 0;
+  // The sparse lookup's backward follows the first block's: the rows'
+  // exchange (small, waited for at once) goes out before that block's
+  // reduce-scatter instead of queued behind it, and the reduce-scatter runs
+  // while the rows' gradient and the step's sums compute. (Not where the
+  // rows go across the replicas: every reduction started is issued before
+  // that exchange, BackwardSparseEmbed.)
+  std::function<absl::Status()> start_block;
   for (int u = U - 1; u >= last; --u) {
     if (u == 0 && sparse_embedding_) {
       const Timeline::Scope span(timeline_, "backward", units_[0].name());
-      SL_RETURN_IF_ERROR(BackwardSparseEmbed(micro, final_micro, grad));
+      SL_RETURN_IF_ERROR(BackwardSparseEmbed(micro, final_micro, grad, start_block));
+      if (start_block) SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, reduce_every_micro_ ? 1 : SIZE_MAX));
       break;
     }
     Unit& unit = units_[u];
@@ -364,7 +372,12 @@ absl::Status Engine::BackwardUnits(int micro, bool final_micro) {
     if (HeadExchanged(u)) {
       SL_RETURN_IF_ERROR(IssueHeadPrefixGrad(micro, final_micro));
     } else if (FlatParam* f = unit.trainable(); f && reduce) {
-      SL_RETURN_IF_ERROR(reduction_->Start(f, /*accumulate=*/reduce_every_micro_ && micro > 0, final_micro));
+      const bool accumulate = reduce_every_micro_ && micro > 0;
+      if (u == 1 && last == 0 && sparse_embedding_ && !RowsOverWorld(final_micro)) {
+        start_block = [this, f, accumulate, final_micro] { return reduction_->Start(f, accumulate, final_micro); };
+      } else {
+        SL_RETURN_IF_ERROR(reduction_->Start(f, accumulate, final_micro));
+      }
     }
     if (reduce && NeedsTable(u)) SL_RETURN_IF_ERROR(StartTiedTableReduction(micro, final_micro));
     if (vocab_head && tied_sparse_) SL_RETURN_IF_ERROR(AddHeadTableShard(micro, final_micro));

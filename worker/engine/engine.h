@@ -188,8 +188,9 @@ class Engine {
   Engine(const JobConfig& config, int rank, int world, std::shared_ptr<const Device> device, Communicators comms,
          absl::Duration timeout);
   absl::Status Init();
-  // Forward and backward of every micro-batch of `step` and the gradient
-  // reduction; returns this rank's summed loss as a device scalar (fp64).
+  // Forward and backward of every micro-batch of `step`, the gradient
+  // reductions started (the last may still run: Pump(wait_all) waits);
+  // returns this rank's summed loss as a device scalar (fp64).
   absl::StatusOr<at::Tensor> ForwardBackwardAll(int64_t step);
   // The packing of a micro-batch from TokenDataset::Batch's positions
   // (undefined: none), on the compute device.
@@ -208,9 +209,15 @@ class Engine {
   absl::Status BackwardUnits(int micro, bool final_micro);
   // The embed unit through SparseEmbedding ([parallelism] sparse_embedding):
   // the rows of token ids `ids` (training keeps what its backward needs),
-  // and that backward given the gradient of those rows.
+  // and that backward given the gradient of those rows. `start_block` (may
+  // be empty) runs once the rows' exchange is issued (the first block's
+  // reduction, queued behind it: BackwardUnits).
   absl::StatusOr<at::Tensor> EmbedSparse(const at::Tensor& ids, const ForwardPass& pass);
-  absl::Status BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad);
+  absl::Status BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad,
+                                   const std::function<absl::Status()>& start_block);
+  // Whether the sparse rows' gradient is exchanged over the world (every
+  // replica's rows) in this micro-batch.
+  bool RowsOverWorld(bool final_micro) const;
   // A tied table looked up sparsely, the head's part of its gradient:
   // gathered head, its reduction starts right after the head's backward, so
   // that it overlaps every block's backward instead of ending the step;
@@ -267,6 +274,7 @@ class Engine {
   // The step's sums, in one all-reduce (fp64 device [3]): the squared
   // global gradient norm (over the shard group, which holds the reduced
   // gradient once), this rank's loss share and save vote (over the world).
+  // Waits for the gradient reductions still running.
   absl::StatusOr<at::Tensor> StepSums(const at::Tensor& loss, bool vote_save);
   // AdamW on every trainable shard; with `prefetch_first_block` (unit 1 is
   // a block), that block's shard first, then its gather for the next step.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include <c10/core/GradMode.h>
 
@@ -37,10 +38,20 @@ at::Tensor SquaredNorm(const at::Tensor& grad) {
 absl::StatusOr<at::Tensor> Engine::StepSums(const at::Tensor& loss, bool vote_save) {
   // [squares of replicated shards, loss, save votes, squares of pieces]
   at::Tensor sums = device_->Zeros(4, at::kDouble);
+  // The units reduced already first, while the last reductions run (the
+  // backward's last unit's, the sparse rows'); then the rest. Summed in
+  // unit order whatever the order they were computed in.
+  SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false));  // (those ended)
+  std::vector<at::Tensor> squares(trainable_.size());
+  for (size_t i = 0; i < trainable_.size(); ++i) {
+    if (reduction_->Reduced(trainable_[i])) squares[i] = SquaredNorm(trainable_[i]->optimizer_grad());
+  }
+  SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/true));
   bool pieces = false;
-  for (const FlatParam* f : trainable_) {
+  for (size_t i = 0; i < trainable_.size(); ++i) {
+    const FlatParam* f = trainable_[i];
     pieces = pieces || f->replica_sharded();
-    sums[f->replica_sharded() ? 3 : 0].add_(SquaredNorm(f->optimizer_grad()));
+    sums[f->replica_sharded() ? 3 : 0].add_(squares[i].defined() ? squares[i] : SquaredNorm(f->optimizer_grad()));
   }
   sums[1].copy_(loss);
   sums[2].fill_(vote_save ? 1.0 : 0.0);
@@ -148,7 +159,6 @@ absl::StatusOr<at::Tensor> Engine::ForwardBackwardAll(int64_t step) {
     SL_RETURN_IF_ERROR(ForwardBackward(device_->FromHost(x), device_->FromHost(y), PackingOf(positions), mb,
                                        mb == micro - 1, &loss));
   }
-  SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/true));
   return loss;
 }
 
@@ -156,6 +166,7 @@ absl::StatusOr<double> Engine::ComputeGradients(int64_t step) {
   const Device::ComputeScope on_device(*device_);
   waiter_.ResetExposed();
   SL_ASSIGN_OR_RETURN(at::Tensor loss, ForwardBackwardAll(step));
+  SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/true));
   SL_RETURN_IF_ERROR(SyncHost());
   return loss.item<double>();
 }

@@ -43,23 +43,33 @@ absl::StatusOr<at::Tensor> Engine::EmbedSparse(const at::Tensor& ids, const Forw
   return rows.hidden;
 }
 
-absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad) {
-  const Unit::Activation a = units_[0].Take();
-  TrackActivation(a.output, false);
-  FlatParam* f = units_[0].trainable();
+bool Engine::RowsOverWorld(bool final_micro) const {
   // Every replica's rows (world_rows_) where nothing all-reduces the shard
   // after them: untied, always; tied, once the head's part was all-reduced,
   // in the last micro-batch (StartTiedTableReduction, AddHeadTableShard),
   // or always where the head's part is the world's (over the world).
   const bool over_world = vocab_head_ && vocab_head_->over_world();
-  const bool world = world_rows_ && (!tied_sparse_ || final_micro || over_world);
+  return world_rows_ && (!tied_sparse_ || final_micro || over_world);
+}
+
+absl::Status Engine::BackwardSparseEmbed(int micro, bool final_micro, const at::Tensor& grad,
+                                         const std::function<absl::Status()>& start_block) {
+  const Unit::Activation a = units_[0].Take();
+  TrackActivation(a.output, false);
+  FlatParam* f = units_[0].trainable();
+  const bool over_world = vocab_head_ && vocab_head_->over_world();
+  const bool world = RowsOverWorld(final_micro);
   // On a host backend the replicas' all-reduces start as reduce-scatters
   // finish; every one started must be issued before the rows' gathers, so
   // that every rank queues them in one order.
   if (world) SL_RETURN_IF_ERROR(reduction_->Pump(/*wait_all=*/false, /*max_in_flight=*/0));
-  SL_ASSIGN_OR_RETURN(const at::Tensor part,
-                      sparse_embedding_->Gradient(*comms_.shard, world ? comms_.replicate.get() : nullptr, waiter_,
-                                                  a.all_ids, grad, f->grad_shard().scalar_type()));
+  absl::Status started;
+  auto issue = [&] { started = start_block ? start_block() : absl::OkStatus(); };
+  absl::StatusOr<at::Tensor> part_or =
+      sparse_embedding_->Gradient(*comms_.shard, world ? comms_.replicate.get() : nullptr, waiter_, a.all_ids, grad,
+                                  f->grad_shard().scalar_type(), issue);
+  SL_RETURN_IF_ERROR(started);
+  SL_ASSIGN_OR_RETURN(const at::Tensor part, std::move(part_or));
   // Reduced in every micro-batch whatever the accumulation (its bytes are
   // the tokens', not the table's); across replicate groups in the last,
   // unless the rows were every replica's. A tied table's shard already

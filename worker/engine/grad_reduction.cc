@@ -104,6 +104,13 @@ absl::Status GradReduction::Pump(bool wait_all, size_t max_in_flight) {
   return absl::OkStatus();
 }
 
+bool GradReduction::Reduced(const FlatParam* unit) const {
+  for (const Pending& p : pending_) {
+    if (p.unit == unit && (!p.scattered || (p.all_reduce && !p.all_reduce->Done()))) return false;
+  }
+  return true;
+}
+
 absl::Status GradReduction::AddShard(FlatParam* unit, const at::Tensor& part, bool replace, bool last) {
   // A unit's all-reduce must follow every all-reduce started before it, on
   // every rank alike: the reductions started earlier finish first, in order.

@@ -57,6 +57,10 @@ class GradReduction {
   // the gradient memory of a backward to that many units plus the one in
   // compute, as FSDP2 keeps one reduce-scatter in flight.
   absl::Status Pump(bool wait_all, size_t max_in_flight = SIZE_MAX);
+  // Whether `unit`'s grad_shard holds its reduced gradient already: no
+  // reduction of it left to wait for (no waiting here, as Pump without
+  // wait_all). What is left is waited for by Pump(wait_all).
+  bool Reduced(const FlatParam* unit) const;
   // Where a unit's gradient shard was computed without a reduce-scatter
   // (SparseEmbedding): writes `part` (this rank's shard, reduce dtype) into
   // its grad_shard, or with `replace` false adds it, once any reduction of

@@ -70,11 +70,13 @@ absl::StatusOr<SparseEmbedding::Rows> SparseEmbedding::Lookup(comm::Communicator
 
 absl::StatusOr<at::Tensor> SparseEmbedding::Gradient(comm::Communicator& shard, comm::Communicator* replicas,
                                                      CommWaiter& waiter, const at::Tensor& all_ids,
-                                                     const at::Tensor& grad, at::ScalarType reduce_dtype) const {
+                                                     const at::Tensor& grad, at::ScalarType reduce_dtype,
+                                                     const std::function<void()>& issue) const {
   const int64_t g = shard.size();
   const at::Tensor own = grad.reshape({-1}).to(reduce_dtype).contiguous();
   at::Tensor all = at::empty({g * own.numel()}, own.options());
   std::shared_ptr<comm::Work> gather = shard.AllGather(all, own);
+  if (issue) issue();
   SL_RETURN_IF_ERROR(waiter.OnDevice(*gather, comm::Op::kAllGather));
   at::Tensor ids = all_ids;
   if (replicas && replicas->size() > 1) {  // every replica's rows and ids, replica by replica

@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -85,10 +86,12 @@ class SparseEmbedding {
   // for the lookup that gave `all_ids`, given this rank's output gradient
   // `grad` [B, T, C]: over the shard group, or with `replicas` (null: none)
   // over every replica of it too. Every rank of the group (and of
-  // `replicas`) calls it.
+  // `replicas`) calls it. `issue` (may be empty) runs once the shard
+  // group's exchange is issued, before it is waited for: the caller's
+  // collectives then queue behind it, not it behind them.
   absl::StatusOr<at::Tensor> Gradient(comm::Communicator& shard, comm::Communicator* replicas, CommWaiter& waiter,
-                                      const at::Tensor& all_ids, const at::Tensor& grad,
-                                      at::ScalarType reduce_dtype) const;
+                                      const at::Tensor& all_ids, const at::Tensor& grad, at::ScalarType reduce_dtype,
+                                      const std::function<void()>& issue = nullptr) const;
 
  private:
   struct Table {
