@@ -95,11 +95,27 @@ void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, LinkQu
 // Backward of one micro-batch, last unit first: a resharded unit is gathered
 // again (the one before it prefetched), computed, then reduce-scattered; the
 // replicas' all-reduce follows each reduce-scatter in the last micro-batch.
+// The sparse lookup's rows (the embed unit's exchange) go out before the
+// first block's reduce-scatter, unless they cross the replicas too
+// (Engine::BackwardUnits).
 void Backward(const ScheduleInput& in, bool last_micro, LinkQueue& shard, LinkQueue& replica, Clock& clock,
               ScheduleTimes& out, std::vector<double>* ends, std::map<int, double> gathered) {
   const int n = static_cast<int>(in.units.size());
   const bool reduce = last_micro || in.reduce_every_micro;
+  const UnitWork& embed = in.units[0];
+  const bool rows_first = n > 1 && embed.has_backward && embed.row_grad_bytes > 0 &&
+                          !(embed.replica_row_grad_bytes > 0 && (last_micro || !embed.replica_rows_last_only));
   double previous_reduction = -1;
+  auto reduce_unit = [&](const UnitWork& w) {
+    double reduced = clock.now;
+    if (w.reduce_bytes > 0) {
+      reduced = shard.Send(clock.now, w.reduce_bytes);
+      ends->push_back(reduced);
+      if (in.reduce_every_micro && previous_reduction >= 0) clock.WaitFor(previous_reduction);
+      previous_reduction = reduced;
+    }
+    if (last_micro && w.replica_bytes > 0) ends->push_back(replica.Send(reduced, w.replica_bytes));
+  };
   for (int u = n - 1; u >= 0; --u) {
     const UnitWork& w = in.units[u];
     if (!w.has_backward) continue;
@@ -113,19 +129,15 @@ void Backward(const ScheduleInput& in, bool last_micro, LinkQueue& shard, LinkQu
     }
     clock.now += w.backward_s;
     out.compute_s += w.backward_s;
-    if (w.row_grad_bytes > 0) clock.now = shard.Send(clock.now, w.row_grad_bytes);
+    if (w.row_grad_bytes > 0) {
+      const double rows = shard.Send(clock.now, w.row_grad_bytes);
+      if (u == 0 && rows_first && reduce) reduce_unit(in.units[1]);  // (queued behind the rows)
+      clock.WaitFor(rows);
+    }
     if (w.replica_row_grad_bytes > 0 && (last_micro || !w.replica_rows_last_only)) {
       clock.now = replica.Send(clock.now, w.replica_row_grad_bytes);
     }
-    if (!reduce) continue;
-    double reduced = clock.now;
-    if (w.reduce_bytes > 0) {
-      reduced = shard.Send(clock.now, w.reduce_bytes);
-      ends->push_back(reduced);
-      if (in.reduce_every_micro && previous_reduction >= 0) clock.WaitFor(previous_reduction);
-      previous_reduction = reduced;
-    }
-    if (last_micro && w.replica_bytes > 0) ends->push_back(replica.Send(reduced, w.replica_bytes));
+    if (reduce && !(u == 1 && rows_first)) reduce_unit(w);
   }
 }
 

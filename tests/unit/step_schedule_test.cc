@@ -188,6 +188,27 @@ TEST(StepScheduleTest, SparseEmbeddingExchangesAreWaitedOn) {
   EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 2 * (3 + 20 + 20 + 5) + 2);
 }
 
+TEST(StepScheduleTest, TheRowsGoOutBeforeTheFirstBlocksReduction) {
+  // As the engine orders them: the rows' exchange, waited on at once, first,
+  // and the first block's reduce-scatter behind it, where it hides behind
+  // the next micro-batch's forward. Two micro-batches reducing each (the
+  // sparse table's shard is computed, not reduce-scattered): head backward
+  // 20-30, its reduction 30-34, block backward 30-40, rows 40-45, the
+  // block's reduction 45-49 beside the second forward from 45; again from
+  // 65: rows 85-90, the block's 90-94, the end.
+  ScheduleInput in = Uniform(1, 0, 10, 10, 4);
+  in.units.front().reduce_bytes = 0;
+  in.units.front().row_grad_bytes = 5;
+  in.micro_batches = 2;
+  in.reduce_every_micro = true;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 94);
+  // Where the rows cross the replicas too, every reduction goes first: the
+  // block's 40-44, the rows 44-49 and 49-50 across; the second micro-batch
+  // from 50 ends with the block's 90-94, the rows 94-99 and 99-100.
+  in.units.front().replica_row_grad_bytes = 1;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 100);
+}
+
 TEST(StepScheduleTest, ParametersGatheredAfterTheOptimizerAreWaitedOn) {
   ScheduleInput in = Uniform(1, 0, 10, 10, 0);
   in.after_step_gather_bytes = 7;
