@@ -14,4 +14,10 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)"
 cd build
 # Tests labelled gpu skip themselves (exit code 77) where no GPU is present.
-ctest --output-on-failure --timeout 900 "$@"
+# Two tests at a time: the unit and integration tests (a process, or up to 4
+# ranks on loopback, each) overlap one another's start-up and waits; those
+# that start a whole cluster with heartbeat deadlines (e2e, deploy, fuzz,
+# plan_vs_engine) are RUN_SERIAL and run alone. Two, not nproc: that is how
+# the suite is run on the 2-core machines it is kept green on, and more at
+# once on few cores would stretch the integration tests' rank timeouts.
+ctest --output-on-failure --timeout 900 --parallel 2 "$@"

@@ -67,5 +67,38 @@ TEST(AdamW, DecayedAndUndecayedElementsFollowTorch) {
   EXPECT_NEAR(v[0].item<float>(), 0.05f * 0.25f, 1e-8);
 }
 
+TEST(AdamW, AVectorizedShardUpdatesBitForBitAsElementByElement) {
+  // The engine's update loop is vectorized (worker/CMakeLists.txt's flags);
+  // one-element calls run its scalar remainder. Every lane must round as the
+  // scalar code does: no reassociation, no contraction into FMA. 4099 elements
+  // (not a multiple of any vector width), decayed and not, bf16 and fp32
+  // gradients, three steps so that the moments are not their first values.
+  const int64_t n = 4099, decayed = 2500;
+  for (const at::ScalarType grad_type : {at::kFloat, at::kBFloat16}) {
+    at::manual_seed(7);
+    at::Tensor p = at::randn({n}), m = at::zeros({n}), v = at::zeros({n});
+    at::Tensor p1 = p.clone(), m1 = m.clone(), v1 = v.clone();
+    for (int64_t step = 1; step <= 3; ++step) {
+      const at::Tensor g = (at::randn({n}) * 1e-2).to(grad_type);
+      const at::Tensor clip = at::scalar_tensor(0.75f);
+      AdamWStep s;
+      s.lr = 3e-3;
+      s.beta1 = 0.9;
+      s.beta2 = 0.95;
+      s.eps = 1e-8;
+      s.weight_decay = 0.1;
+      s.step = step;
+      AdamWUpdate(s, {{0, decayed}}, p, m, v, g, clip);
+      for (int64_t i = 0; i < n; ++i) {
+        const std::vector<DecayRange> decay = i < decayed ? std::vector<DecayRange>{{0, 1}} : std::vector<DecayRange>{};
+        AdamWUpdate(s, decay, p1.narrow(0, i, 1), m1.narrow(0, i, 1), v1.narrow(0, i, 1), g.narrow(0, i, 1), clip);
+      }
+    }
+    EXPECT_TRUE(at::equal(p, p1)) << at::toString(grad_type);
+    EXPECT_TRUE(at::equal(m, m1)) << at::toString(grad_type);
+    EXPECT_TRUE(at::equal(v, v1)) << at::toString(grad_type);
+  }
+}
+
 }  // namespace
 }  // namespace shardline
