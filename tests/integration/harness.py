@@ -6,6 +6,7 @@ fails the run with its stderr."""
 import atexit
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -100,9 +101,26 @@ def small_gpt_config(strategy, world, steps, batch):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for rank 0's store that nothing else takes between this check
+    and the store's bind: drawn at random below the kernel's ephemeral range.
+    A port bind(0) hands out is in that range, where every outgoing
+    connection (Gloo's, another test's: ctest runs two at a time) draws its
+    own, and one did take such a port before the store bound it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(10000, max(ephemeral, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RunError(f"no free port in 10000-{ephemeral - 1} after 100 draws")
 
 
 class RunError(Exception):
