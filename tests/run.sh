@@ -16,8 +16,9 @@ cd build
 # Tests labelled gpu skip themselves (exit code 77) where no GPU is present.
 # Two tests at a time: the unit and integration tests (a process, or up to 4
 # ranks on loopback, each) overlap one another's start-up and waits; those
-# that start a whole cluster with heartbeat deadlines (e2e, deploy, fuzz,
-# plan_vs_engine) are RUN_SERIAL and run alone. Two, not nproc: that is how
+# that start services or whole clusters with deadlines (every e2e test, the
+# deploy tests but gpu_route_carry_size, fuzz, plan_vs_engine) are RUN_SERIAL
+# and run alone. Two, not nproc: that is how
 # the suite is run on the 2-core machines it is kept green on, and more at
 # once on few cores would stretch the integration tests' rank timeouts.
 ctest --output-on-failure --timeout 900 --parallel 2 "$@"
