@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-from harness import BUILD, Checks  # noqa: E402
+from harness import BUILD, Checks, free_ports  # noqa: E402
 
 BUILD = os.path.abspath(BUILD)
 SITE = "/usr/lib/shardline/site-packages"
@@ -56,12 +55,6 @@ c = Checks()
 
 def log(msg):
     print(f"[{time.monotonic() - t0:5.0f} s] {msg}", flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Docker:
@@ -405,7 +398,7 @@ interval = 30
         for n in dirs + files:
             os.chown(os.path.join(root, n), uid, uid)
 
-    port, metrics = free_port(), free_port()
+    port, metrics = free_ports(2)
     addr = f"127.0.0.1:{port}"
     coord = f"{PREFIX}-coordinator"
     r = docker("run", "-d", "--name", coord, "--network", "host",

@@ -45,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 SCRIPT = os.path.join(REPO, "deploy", "slurm", "shardline.sbatch")
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-from harness import BUILD, Checks  # noqa: E402
+from harness import BUILD, Checks, free_ports  # noqa: E402
 
 BUILD = os.path.abspath(BUILD)
 PROGRAMS = [os.path.join(BUILD, d, p) for d, p in (("server", "shardline-coordinator"),
@@ -81,18 +81,6 @@ warmup_steps = 2
 [parallelism]
 strategy = "full_shard"
 {checkpoint}"""
-
-
-def free_ports(n):
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def wait_for(pred, timeout, step=0.5):

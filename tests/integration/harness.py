@@ -100,27 +100,41 @@ def small_gpt_config(strategy, world, steps, batch):
     return cfg
 
 
-def free_port():
-    """A port for rank 0's store that nothing else takes between this check
-    and the store's bind: drawn at random below the kernel's ephemeral range.
+def free_ports(n):
+    """`n` distinct ports that nothing else takes between this check and
+    their servers' binds: drawn at random below the kernel's ephemeral range.
     A port bind(0) hands out is in that range, where every outgoing
     connection (Gloo's, another test's: ctest runs two at a time) draws its
-    own, and one did take such a port before the store bound it."""
+    own, and one did take such a port before rank 0's store bound it. Each
+    stays bound until all are drawn, so no two are the same."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             ephemeral = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral = 32768
     rng = random.SystemRandom()
-    for _ in range(100):
-        port = rng.randrange(10000, max(ephemeral, 10001))
-        with socket.socket() as s:
+    held = []
+    try:
+        for _ in range(100 * n):
+            if len(held) == n:
+                break
+            s = socket.socket()
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("127.0.0.1", rng.randrange(10000, max(ephemeral, 10001))))
             except OSError:
+                s.close()
                 continue
-            return port
-    raise RunError(f"no free port in 10000-{ephemeral - 1} after 100 draws")
+            held.append(s)
+        if len(held) < n:
+            raise RunError(f"no {n} free ports in 10000-{ephemeral - 1} after {100 * n} draws")
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+def free_port():
+    return free_ports(1)[0]
 
 
 class RunError(Exception):
