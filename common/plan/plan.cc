@@ -173,6 +173,9 @@ struct Movement {
   // (tied the embed unit, untied the head) is then never gathered for the
   // head.
   bool vocab_head = false;
+  // The hidden states and targets over the shard group (in flight while
+  // the head's first statistics compute), then the statistics.
+  int64_t head_hidden_bytes = 0;
   int64_t head_exchange_bytes = 0, head_grad_bytes = 0;
   int64_t head_prefix_bytes = 0;  // the untied head's norm: once per step, where it trains
   // Over the world (comm::HeadOverWorldBeatsAllReduce): every rank's
@@ -282,6 +285,11 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
   if (mv.vocab_head) {
     UnitWork& head = sch.units.back();
     if (!mv.tied) head.gather_bytes = head.reduce_bytes = 0;  // (exchanged instead)
+    head.overlapped_lookup_bytes = mv.head_hidden_bytes;
+    // (Over the world, the replicas' tokens of this shard rank's are here
+    // once the first stage across the replicas is in: R of the head's g R
+    // tokens' statistics compute while the shard group's stage runs.)
+    head.overlapped_lookup_s = head.forward_s / g;
     head.lookup_bytes += mv.head_exchange_bytes;
     head.first_lookup_bytes = mv.head_prefix_bytes;
     head.row_grad_bytes += mv.head_grad_bytes;
@@ -360,8 +368,9 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
   if (!mv.tied) (lora ? mv.f : mv.t).embed = 0;  // neither held, gathered nor reduce-scattered
   // Tied, the head's loss over the vocabulary where that moves fewer bytes
   // than the table (comm::VocabParallelBeatsGather, as the engine decides):
-  // hidden states (param dtype), targets and [rows, 2 + cut rows] fp32
-  // statistics gathered, dL/dh (reduce dtype) reduce-scattered.
+  // hidden states (param dtype) and targets gathered while a rank's own
+  // tokens' statistics compute, then [rows, 2 + cut rows] fp32 statistics
+  // gathered, dL/dh (reduce dtype) reduce-scattered.
   // Untied, the head unit's norm (C) is all-reduced instead of gathering
   // the unit (once per step: it changes only with the optimizer), and its
   // gradient likewise (every micro-batch) where it trains.
@@ -382,9 +391,8 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
     const int R = mv.head_world ? mv.replicas : 1;
     const int64_t head_rows = R * rows;
     const int64_t stats = 2 + static_cast<int64_t>(TableShard::CutRows(unit, table, R).size());
-    mv.head_exchange_bytes = comm::RingAllGatherBytes(head_rows * C * p, g) +
-                             comm::RingAllGatherBytes(head_rows * 8, g) +
-                             comm::RingAllGatherBytes(g * R * head_rows * stats * 4, g);
+    mv.head_hidden_bytes = comm::RingAllGatherBytes(head_rows * C * p, g) + comm::RingAllGatherBytes(head_rows * 8, g);
+    mv.head_exchange_bytes = comm::RingAllGatherBytes(g * R * head_rows * stats * 4, g);
     mv.head_grad_bytes = comm::RingReduceScatterBytes(head_rows * C * r, g);
     if (mv.head_world) {
       mv.replica_head_exchange_bytes = comm::RingAllGatherBytes(R * own * C * p, R) +

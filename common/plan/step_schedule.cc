@@ -67,6 +67,13 @@ void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, LinkQu
   for (int u = 0; u < n; ++u) {
     const UnitWork& w = in.units[u];
     if (w.replica_lookup_bytes > 0) clock.now = replica.Send(clock.now, w.replica_lookup_bytes);
+    double early = 0;  // forward computed while the overlapped lookup is in flight
+    if (w.overlapped_lookup_bytes > 0) {
+      const double in_at = shard.Send(clock.now, w.overlapped_lookup_bytes);
+      early = std::min(w.overlapped_lookup_s, w.forward_s);
+      clock.now += early;
+      clock.WaitFor(in_at);
+    }
     const double lookup = w.lookup_bytes + (first_micro ? w.first_lookup_bytes : 0);
     if (lookup > 0) clock.now = shard.Send(clock.now, lookup);
     if (next <= u) issue(next++);
@@ -87,7 +94,7 @@ void Forward(const ScheduleInput& in, bool first_micro, LinkQueue& shard, LinkQu
         ++in_flight;
       }
     }
-    clock.now += w.forward_s;
+    clock.now += w.forward_s - early;
     out.compute_s += w.forward_s;
   }
 }
@@ -205,6 +212,7 @@ ScheduleTimes SimulateStep(const ScheduleInput& in) {
   for (UnitWork& w : stretched.units) {
     w.forward_s *= stretch;
     w.backward_s *= stretch;
+    w.overlapped_lookup_s *= stretch;
   }
   return Simulate(stretched);
 }

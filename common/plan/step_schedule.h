@@ -40,6 +40,12 @@ struct UnitWork {
   double lookup_bytes = 0;               // sparse embedding: exchanged and waited on before forward
   double replica_lookup_bytes = 0;       // likewise across replicas, first (the head over the world)
   double first_lookup_bytes = 0;         // likewise, in the first micro-batch only (once per step)
+  // The head over the vocabulary (VocabParallelHead): every rank's hidden
+  // states go out first, in flight while `overlapped_lookup_s` of the unit's
+  // forward (its own tokens' statistics) computes, then are waited on
+  // before lookup_bytes (the statistics' exchange).
+  double overlapped_lookup_bytes = 0;
+  double overlapped_lookup_s = 0;
   double row_grad_bytes = 0;             // sparse embedding: exchanged and waited on in backward
   // Sparse embedding: the rows' gradients gathered across replicas and
   // waited on, after row_grad_bytes: every micro-batch, or the last only.

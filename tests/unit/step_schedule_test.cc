@@ -188,6 +188,25 @@ TEST(StepScheduleTest, SparseEmbeddingExchangesAreWaitedOn) {
   EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 2 * (3 + 20 + 20 + 5) + 2);
 }
 
+TEST(StepScheduleTest, TheHeadsHiddenStatesHideBehindItsOwnTokens) {
+  // The head over the vocabulary: every rank's hidden states (4 s) go out
+  // as the head starts, while its own tokens' quarter of its 10 s forward
+  // computes (2.5 s); the 1.5 s left is waited on, then the statistics' 1 s
+  // exchange, then the rest of the forward: 10 + 2.5 + 1.5 + 1 + 7.5, and
+  // the two backwards.
+  ScheduleInput in = Uniform(1, 0, 10, 10, 0);
+  UnitWork& head = in.units.back();
+  head.overlapped_lookup_bytes = 4;
+  head.overlapped_lookup_s = 2.5;
+  head.lookup_bytes = 1;
+  ScheduleTimes t = SimulateStep(in);
+  EXPECT_DOUBLE_EQ(t.step_s, 10 + 2.5 + 1.5 + 1 + 7.5 + 20);
+  EXPECT_DOUBLE_EQ(t.compute_s, 40) << "the overlapped part is the forward's, counted once";
+  // A gather shorter than the own tokens' compute is hidden whole.
+  head.overlapped_lookup_bytes = 2;
+  EXPECT_DOUBLE_EQ(SimulateStep(in).step_s, 10 + 10 + 1 + 20);
+}
+
 TEST(StepScheduleTest, TheRowsGoOutBeforeTheFirstBlocksReduction) {
   // As the engine orders them: the rows' exchange, waited on at once, first,
   // and the first block's reduce-scatter behind it, where it hides behind

@@ -21,6 +21,7 @@ constexpr int64_t kChunkLogits = 1 << 26;  // 256 MiB of fp32 logits per chunk, 
 // rows hold.
 struct VocabParallelHead::Chunk {
   int64_t r0, k;
+  at::Tensor hidden;   // [k, C]: the gathered rows, or this rank's own tokens' before they are gathered
   at::Tensor targets;  // [k] int64
   at::Tensor mine;     // [k] bool: the target is a whole row held here
   at::Tensor index;    // [k, 1]: the target's column in this rank's logits (0 where not mine)
@@ -50,23 +51,53 @@ class VocabParallelHead::Group {
 
   int size() const { return shard_.size() * (replicas_ ? replicas_->size() : 1); }
 
-  // Each pair's own [m] into out [size * m], in position order: across the
-  // replicas first (a rank's own tokens cross the link between shard groups
-  // once), then their R m over the shard group.
-  absl::Status AllGather(const std::vector<std::pair<at::Tensor, at::Tensor>>& out_own) {
-    std::vector<at::Tensor> own;
-    std::vector<std::shared_ptr<comm::Work>> works;
-    for (const auto& [out, mine] : out_own) {
-      at::Tensor in = mine;
-      if (replicas_) {
-        in = at::empty({replicas_->size() * mine.numel()}, mine.options());
-        works.push_back(replicas_->AllGather(in, mine));
+  // A gather of each pair's own [m] into out [size * m], in position order:
+  // across the replicas first (a rank's own tokens cross the link between
+  // shard groups once), then their R m over the shard group. Begun by
+  // StartAllGather, which issues the first stage; ShardStage waits for the
+  // stage across the replicas and issues the shard group's (the first
+  // without replicas); Finish waits for it.
+  struct Gather {
+    std::vector<std::pair<at::Tensor, at::Tensor>> out_own;
+    std::vector<at::Tensor> staged;  // each pair's R m gathered across the replicas (own m without)
+    std::vector<std::shared_ptr<comm::Work>> works;  // the stage in flight
+    bool sharded = false;                            // the shard group's stage is issued
+  };
+
+  Gather StartAllGather(std::vector<std::pair<at::Tensor, at::Tensor>> out_own) {
+    Gather g{std::move(out_own)};
+    for (const auto& [out, mine] : g.out_own) {
+      if (!replicas_) {
+        g.staged.push_back(mine);
+        continue;
       }
-      own.push_back(in);
+      g.staged.push_back(at::empty({replicas_->size() * mine.numel()}, mine.options()));
+      g.works.push_back(replicas_->AllGather(g.staged.back(), mine));
     }
-    SL_RETURN_IF_ERROR(WaitAll(works, comm::Op::kAllGather));
-    for (size_t i = 0; i < out_own.size(); ++i) works.push_back(shard_.AllGather(out_own[i].first, own[i]));
-    return WaitAll(works, comm::Op::kAllGather);
+    if (!replicas_) IssueShardStage(g);
+    return g;
+  }
+
+  absl::Status ShardStage(Gather& g) {
+    if (g.sharded) return absl::OkStatus();
+    SL_RETURN_IF_ERROR(WaitAll(g.works, comm::Op::kAllGather));
+    IssueShardStage(g);
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish(Gather& g) {
+    SL_RETURN_IF_ERROR(ShardStage(g));
+    return WaitAll(g.works, comm::Op::kAllGather);
+  }
+
+  absl::Status AllGather(std::vector<std::pair<at::Tensor, at::Tensor>> out_own) {
+    Gather g = StartAllGather(std::move(out_own));
+    return Finish(g);
+  }
+
+  absl::Status WaitAll(std::vector<std::shared_ptr<comm::Work>>& works, comm::Op op) {
+    for (const auto& w : std::exchange(works, {})) SL_RETURN_IF_ERROR(waiter_.OnDevice(*w, op));
+    return absl::OkStatus();
   }
 
   // Sums `send` [size * m] over the group into own [m], this position's
@@ -80,9 +111,9 @@ class VocabParallelHead::Group {
   }
 
  private:
-  absl::Status WaitAll(std::vector<std::shared_ptr<comm::Work>>& works, comm::Op op) {
-    for (const auto& w : std::exchange(works, {})) SL_RETURN_IF_ERROR(waiter_.OnDevice(*w, op));
-    return absl::OkStatus();
+  void IssueShardStage(Gather& g) {
+    for (size_t i = 0; i < g.out_own.size(); ++i) g.works.push_back(shard_.AllGather(g.out_own[i].first, g.staged[i]));
+    g.sharded = true;
   }
 
   comm::Communicator& shard_;
@@ -93,9 +124,8 @@ class VocabParallelHead::Group {
   at::Tensor staged_;
 };
 
-at::Tensor VocabParallelHead::WholeRowLogits(const at::Tensor& all_hidden, const at::Tensor& held, int64_t r0,
-                                             int64_t k) const {
-  return at::linear(all_hidden.narrow(0, r0, k), held).to(at::kFloat);
+at::Tensor VocabParallelHead::WholeRowLogits(const at::Tensor& hidden, const at::Tensor& held) {
+  return at::linear(hidden, held).to(at::kFloat);
 }
 
 absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communicator& shard,
@@ -111,42 +141,82 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
   const int64_t g = group.size(), n = hidden.size(0), C = width_, rows = g * n;
   const int64_t cuts = static_cast<int64_t>(cut_rows_.size()), vr = held_.full_rows();
   const at::TensorOptions f32 = hidden.options().dtype(at::kFloat);
-  // 1. Every rank's hidden states and targets.
+  // 1. Every rank's hidden states and targets, in flight while 2 computes
+  // the rows already here: this rank's own tokens, then (over the world)
+  // its replicas' once the first stage is in.
   const at::Tensor own_hidden = hidden.detach().contiguous();
   const at::Tensor own_targets = targets.reshape({-1}).to(at::kLong).contiguous();
   const at::Tensor all_hidden = at::empty({rows, C}, hidden.options());
   const at::Tensor all_targets = at::empty({rows}, own_targets.options());
-  SL_RETURN_IF_ERROR(group.AllGather({{all_hidden.view({-1}), own_hidden.view({-1})}, {all_targets, own_targets}}));
+  Group::Gather gather =
+      group.StartAllGather({{all_hidden.view({-1}), own_hidden.view({-1})}, {all_targets, own_targets}});
   const bool train = want.grad_hidden || want.grad_table;
-  if (train && issue) issue(1);  // (sent while 2 computes)
+  bool first_issued = false;  // the caller's first collective, queued behind the shard group's stage
+  auto issue_first = [&] {
+    if (train && issue && !first_issued) issue(1);
+    first_issued = true;
+  };
+  if (gather.sharded) issue_first();
 
   // 2. This rank's statistics: [logsumexp of its whole rows, its target
-  // logits, its elements' share of each cut row's logit].
+  // logits, its elements' share of each cut row's logit]. Its own tokens
+  // first, then the others' once they are in.
   const at::Tensor held = vr > 0 ? table_part.narrow(0, held_.full_at, vr * C).view({vr, C}) : at::Tensor();
   const int64_t chunk_rows =
       want.chunk_rows > 0 ? want.chunk_rows : std::max<int64_t>(1, kChunkLogits / std::max<int64_t>(1, vr));
+  // Where every token's logits fit in one chunk's budget they are all kept
+  // for the gradient; else each chunk's are computed again.
+  const bool keep = rows <= chunk_rows;
+  const int64_t own0 = position_ * n;
   std::vector<Chunk> chunks;
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
-    Chunk c{r0, std::min(chunk_rows, rows - r0)};
-    c.targets = all_targets.narrow(0, r0, c.k);
-    c.mine = c.targets.ge(held_.full_lo).logical_and(c.targets.lt(held_.full_hi));
-    c.index = at::where(c.mine, c.targets - held_.full_lo, at::zeros_like(c.targets)).unsqueeze(1);
-    chunks.push_back(std::move(c));
-  }
-  // One chunk's logits are kept for the gradient; more are computed again.
-  at::Tensor kept;
-  const at::Tensor stats = at::zeros({rows, 2 + cuts}, f32);
-  for (const Chunk& c : chunks) {
-    const at::Tensor s = stats.narrow(0, c.r0, c.k);
-    if (vr == 0) {
-      s.select(1, 0).fill_(-std::numeric_limits<float>::infinity());
-      continue;
+  // Chunks of rows [begin, end), read from `from_hidden` and `from_targets`,
+  // whose first row is row `base`.
+  auto add_chunks = [&](int64_t begin, int64_t end, const at::Tensor& from_hidden, const at::Tensor& from_targets,
+                        int64_t base) {
+    for (int64_t r0 = begin; r0 < end; r0 += chunk_rows) {
+      Chunk c{r0, std::min(chunk_rows, end - r0)};
+      c.hidden = from_hidden.narrow(0, r0 - base, c.k);
+      c.targets = from_targets.narrow(0, r0 - base, c.k);
+      c.mine = c.targets.ge(held_.full_lo).logical_and(c.targets.lt(held_.full_hi));
+      c.index = at::where(c.mine, c.targets - held_.full_lo, at::zeros_like(c.targets)).unsqueeze(1);
+      chunks.push_back(std::move(c));
     }
-    at::Tensor logits = WholeRowLogits(all_hidden, held, c.r0, c.k);
-    s.select(1, 0).copy_(at::logsumexp(logits, {1}));
-    s.select(1, 1).copy_(at::where(c.mine, logits.gather(1, c.index).squeeze(1), at::zeros({c.k}, f32)));
-    if (chunks.size() == 1) kept = std::move(logits);
+  };
+  std::vector<at::Tensor> kept;  // chunks[i]'s logits (keep)
+  const at::Tensor stats = at::zeros({rows, 2 + cuts}, f32);
+  auto chunk_stats = [&](size_t from) {
+    for (size_t i = from; i < chunks.size(); ++i) {
+      const Chunk& c = chunks[i];
+      const at::Tensor s = stats.narrow(0, c.r0, c.k);
+      if (vr == 0) {
+        s.select(1, 0).fill_(-std::numeric_limits<float>::infinity());
+        continue;
+      }
+      at::Tensor logits = WholeRowLogits(c.hidden, held);
+      s.select(1, 0).copy_(at::logsumexp(logits, {1}));
+      s.select(1, 1).copy_(at::where(c.mine, logits.gather(1, c.index).squeeze(1), at::zeros({c.k}, f32)));
+      if (keep) kept.push_back(std::move(logits));
+    }
+  };
+  add_chunks(own0, own0 + n, own_hidden, own_targets, own0);
+  chunk_stats(0);
+  SL_RETURN_IF_ERROR(group.ShardStage(gather));
+  issue_first();
+  // [lo, hi): the rows here before the last stage ends (the replicas' R n
+  // tokens of this shard rank's, over the world).
+  const int64_t lo = own0 - (position_ % replicas_) * n, hi = lo + replicas_ * n;
+  if (replicas_ > 1) {
+    const at::Tensor staged_hidden = gather.staged[0].view({replicas_ * n, C}), staged_targets = gather.staged[1];
+    const size_t from = chunks.size();
+    add_chunks(lo, own0, staged_hidden, staged_targets, lo);
+    add_chunks(own0 + n, hi, staged_hidden, staged_targets, lo);
+    chunk_stats(from);
   }
+  const size_t from = chunks.size();
+  SL_RETURN_IF_ERROR(group.Finish(gather));
+  add_chunks(0, lo, all_hidden, all_targets, 0);
+  add_chunks(hi, rows, all_hidden, all_targets, 0);
+  chunk_stats(from);
   std::vector<at::Tensor> part_values;  // held_.parts' elements, fp32
   for (size_t i = 0; i < held_.parts.size(); ++i) {
     const TableShard::PartRow& p = held_.parts[i];
@@ -193,18 +263,18 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
   };
   const at::Tensor dh = at::zeros({rows, C}, f32);
   at::Tensor row_grad = want.grad_table && vr > 0 ? at::zeros({vr, C}, f32) : at::Tensor();
-  at::Tensor kept_grad;  // one chunk's dL/dlogits, for the rows' gradient after dL/dh is sent
-  for (const Chunk& c : chunks) {
-    if (vr == 0) break;
-    at::Tensor logits = kept.defined() ? kept : WholeRowLogits(all_hidden, held, c.r0, c.k);
+  std::vector<at::Tensor> kept_grads;  // chunks[i]'s dL/dlogits (keep), for the rows' gradient after dL/dh is sent
+  for (size_t i = 0; i < chunks.size() && vr > 0; ++i) {
+    const Chunk& c = chunks[i];
+    at::Tensor logits = keep ? std::move(kept[i]) : WholeRowLogits(c.hidden, held);
     at::Tensor d = logit_grad(std::move(logits), lse.narrow(0, c.r0, c.k), c.index, c.mine);
     const at::Tensor dc = d.mul_(coef.narrow(0, c.r0, c.k)).to(hidden.scalar_type());
     dh.narrow(0, c.r0, c.k).add_(at::mm(dc, held));
     if (!row_grad.defined()) continue;
-    if (chunks.size() == 1) {
-      kept_grad = dc;
+    if (keep) {
+      kept_grads.push_back(dc);
     } else {
-      row_grad.add_(at::mm(dc.t(), all_hidden.narrow(0, c.r0, c.k)));
+      row_grad.add_(at::mm(dc.t(), c.hidden));
     }
   }
   std::vector<at::Tensor> part_grads;
@@ -229,7 +299,7 @@ absl::StatusOr<VocabParallelHead::Result> VocabParallelHead::Run(comm::Communica
     SL_ASSIGN_OR_RETURN(scatter, group.ReduceScatter(own, send));
   }
   if (want.grad_table) {
-    if (kept_grad.defined()) row_grad.add_(at::mm(kept_grad.t(), all_hidden));
+    for (size_t i = 0; i < kept_grads.size(); ++i) row_grad.add_(at::mm(kept_grads[i].t(), chunks[i].hidden));
     at::Tensor grad = at::zeros({part_numel_}, f32);
     if (row_grad.defined()) grad.narrow(0, held_.full_at, vr * C).copy_(row_grad.view({-1}));
     for (size_t i = 0; i < part_grads.size(); ++i) {

@@ -14,7 +14,11 @@
 // (comm::VocabParallelBeatsGather decides which).
 //
 // One micro-batch over a shard group of G ranks with n tokens each:
-//  1. every rank's hidden states [n, C] and targets are all-gathered;
+//  1. every rank's hidden states [n, C] and targets are all-gathered, while
+//     2 computes for the rank's own tokens (the gather's wait, and the
+//     ranks' skew arriving at it, hide behind 1/G of 2); over the world,
+//     while 2 computes for its own tokens the gather's first stage across
+//     the replicas runs, and for the replicas' tokens the shard group's;
 //  2. each rank computes, for all G n tokens, the logits of the rows it
 //     holds whole (the compute dtype's matmul, then fp32, as
 //     LinearCrossEntropy), their logsumexp, the logit of each token's
@@ -59,8 +63,8 @@
 // Memory (G: the group's ranks, the world's over the world): every rank's
 // hidden states [G n, C] (compute dtype), the logits of
 // this rank's rows for them, [G n, V/G] fp32 (what one process holds for n
-// tokens over V; in chunks of at most 2^26 logits, recomputed for the
-// gradient when there is more than one), dL/dh [G n, C] fp32 and a shard's
+// tokens over V; kept for the gradient where they fit in 2^26 logits, else
+// in chunks of at most that, each computed again for the gradient), dL/dh [G n, C] fp32 and a shard's
 // fp32 gradient.
 // Not thread-safe: the engine's step thread drives it. Errors: a failed
 // collective (the communicator's).
@@ -107,7 +111,7 @@ class VocabParallelHead {
   // dtype). `replicas` is the replicate group (over the world; else
   // ignored, may be null). Every rank of the group calls it with the same
   // n. `issue(most)` (may be empty; training only) issues at most `most` of
-  // the caller's collectives: issue(1) once step 1's exchange is in, then
+  // the caller's collectives: issue(1) once step 1's exchange is issued, then
   // issue(INT_MAX) once the statistics' exchange is issued.
   absl::StatusOr<Result> Run(comm::Communicator& shard, comm::Communicator* replicas, CommWaiter& waiter,
                              const at::Tensor& hidden, const at::Tensor& targets, const at::Tensor& table_part,
@@ -125,9 +129,9 @@ class VocabParallelHead {
  private:
   struct Chunk;
   class Group;
-  // The fp32 logits of the whole rows held ([k, full rows]) for rows [r0,
-  // r0 + k) of every rank's hidden states.
-  at::Tensor WholeRowLogits(const at::Tensor& all_hidden, const at::Tensor& held, int64_t r0, int64_t k) const;
+  // The fp32 logits of the whole rows held ([k, full rows]) for hidden
+  // states [k, C].
+  static at::Tensor WholeRowLogits(const at::Tensor& hidden, const at::Tensor& held);
 
   int64_t vocab_, width_;
   int replicas_, position_;  // position: in the group's order (shard rank x replicas + replica)
