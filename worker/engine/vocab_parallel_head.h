@@ -25,7 +25,11 @@
 //     target where it holds that row, and its elements' share of each row
 //     the shards cut (TableShard::parts; fp32 dot products);
 //  3. those [G n, 2 + cut rows] statistics are all-gathered: every rank then
-//     has each token's logsumexp over the vocabulary and target logit;
+//     has each token's logsumexp over the vocabulary and target logit. In
+//     two halves of the group's tokens (split at a rank's boundary), each
+//     issued once computed, the first always first: the first half's
+//     exchange (and the ranks' skew in reaching it) hides behind the second
+//     half's statistics, the second's behind the first half's step 4;
 //  4. training: each rank turns its logits into dL/dlogits ((softmax -
 //     onehot) x scale on counted tokens, rounded to the compute dtype as
 //     autograd rounds them), into its share of dL/dh for every token (fp32,
@@ -48,11 +52,11 @@
 //
 // The caller may issue collectives of its own (`issue`, the engine's
 // backward prefetch) at two points: one before 2, where the link would idle
-// while the statistics compute (the statistics' exchange queues behind it:
+// while the statistics compute (the statistics' exchanges queue behind it:
 // late only where that one collective takes longer than the statistics'
-// compute), and the rest once 3 is issued, while 4 computes (dL/dh's
-// reduce-scatter queues behind them). A communicator runs its ops in call
-// order, on every rank the same.
+// compute), and the rest once both halves of 3 are issued, while 4
+// computes (dL/dh's reduce-scatter queues behind them). A communicator runs
+// its ops in call order, on every rank the same.
 //
 // Numerics against LinearCrossEntropy in one process: the logit of a whole
 // row is the same dot product; a cut row's logit, the logsumexp, dL/dh (G
@@ -112,7 +116,7 @@ class VocabParallelHead {
   // ignored, may be null). Every rank of the group calls it with the same
   // n. `issue(most)` (may be empty; training only) issues at most `most` of
   // the caller's collectives: issue(1) once step 1's exchange is issued, then
-  // issue(INT_MAX) once the statistics' exchange is issued.
+  // issue(INT_MAX) once the statistics' exchanges are issued.
   absl::StatusOr<Result> Run(comm::Communicator& shard, comm::Communicator* replicas, CommWaiter& waiter,
                              const at::Tensor& hidden, const at::Tensor& targets, const at::Tensor& table_part,
                              double scale, const Want& want, const std::function<void(int)>& issue) const;
@@ -129,6 +133,7 @@ class VocabParallelHead {
  private:
   struct Chunk;
   class Group;
+  class Pass;
   // The fp32 logits of the whole rows held ([k, full rows]) for hidden
   // states [k, C].
   static at::Tensor WholeRowLogits(const at::Tensor& hidden, const at::Tensor& held);
