@@ -265,26 +265,34 @@ def ring_bus_bandwidth(mbit, n_hosts=4):
 
 def planned(job_toml, world, per_host, link, calib, strategy):
     """shardctl plan's step time for `strategy` at this placement over a link
-    carrying `link` bytes/s out of each host, and its recommendation."""
+    carrying `link` bytes/s out of each host, and what strategy = "auto"
+    picks there (the job file says "auto"; the pick weighs the hybrids with
+    the link shared as the coordinator does: common/plan/strategy_choice.h)."""
     flops, mem_bw, busbw = calib
     cores = os.cpu_count() or 1
     share = min(1.0, cores / world)
-    inter = link / per_host if strategy.startswith("hybrid") else link
     # The kernel's TCP work for every byte a rank sends (and its peer
     # receives) runs on the cores the ranks compute on. Gloo's loopback
     # measurement ran plan_accuracy.WORLD ranks on these cores, each sending
     # busbw bytes/s: a byte costs cores / (WORLD x busbw) core-seconds, which
     # a rank pays out of its share of the cores.
     cpu_per_byte = cores / (plan_accuracy.WORLD * busbw) / share
-    r = subprocess.run([plan_accuracy.SHARDCTL, "--json", "plan", job_toml, "--workers", str(world),
-                        "--gpus-per-node", str(per_host), "--flops", str(flops * share), "--mem-bw",
-                        str(mem_bw * share), "--intra-bw", str(busbw), "--inter-bw", str(inter),
-                        "--comm-cpu-per-byte", str(cpu_per_byte), "--gpu-memory", "1e12"],
-                       capture_output=True, text=True, timeout=60)
-    if r.returncode != 0:
-        raise harness.RunError(f"shardctl plan: {r.stderr.strip()}")
-    out = json.loads(r.stdout)
-    return {s["strategy"]: s["step_s"] for s in out["strategies"]}[strategy], out.get("recommended", "")
+
+    def plan(inter):
+        r = subprocess.run([plan_accuracy.SHARDCTL, "--json", "plan", job_toml, "--workers", str(world),
+                            "--gpus-per-node", str(per_host), "--flops", str(flops * share), "--mem-bw",
+                            str(mem_bw * share), "--intra-bw", str(busbw), "--inter-bw", str(inter),
+                            "--comm-cpu-per-byte", str(cpu_per_byte), "--gpu-memory", "1e12"],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise harness.RunError(f"shardctl plan: {r.stderr.strip()}")
+        return json.loads(r.stdout)
+    out = plan(link)
+    auto = out.get("auto", {}).get("strategy", "")
+    if strategy.startswith("hybrid"):
+        # Its replicate groups, one flow per rank of a host, share the link.
+        out = plan(link / per_host)
+    return {s["strategy"]: s["step_s"] for s in out["strategies"]}[strategy], auto
 
 
 def spread(values, fmt):
@@ -341,24 +349,34 @@ HEADER = ("| placement | strategy | Mbit/s | sl_tok/s | pt_tok/s | ratio | comm 
 
 
 def plan_cell(a, model, placement, strategy, mbit, link, calib, work):
-    """(the planner's step time for the point's job, its recommendation)."""
+    """(the planner's step time for the point's job, what auto picks there)."""
     n_hosts, per_host = PLACEMENTS[placement]
     world = n_hosts * per_host
     job = os.path.join(work, "plan-job.toml")
-    harness.write_toml(shardline_config(a, strategy, world, per_host, model, os.path.join(work, "tokens.bin")), job)
+    cfg = shardline_config(a, strategy, world, per_host, model, os.path.join(work, "tokens.bin"))
+    # The same job left to strategy = "auto": every strategy's row is planned
+    # alike (the hybrids' groups are a host's ranks), and its pick comes too.
+    cfg["parallelism"]["strategy"] = "auto"
+    cfg["parallelism"].pop("shard_group_size", None)
+    cfg["parallelism"]["shard_optimizer_across_replicas"] = a.shard_optimizer_across_replicas
+    cfg["train"]["grad_accumulation"] = "sharded"  # the engine's default, which the runs use
+    harness.write_toml(cfg, job)
     return planned(job, world, per_host, link, calib, strategy)
 
 
 def pick_lines(mbit, points):
-    """Per placement: the planner's pick among the strategies measured against
-    the fastest measured. points: (placement, strategy, measured step, plan step, recommended)."""
+    """Per placement: what strategy = "auto" picks and the planner's pick
+    among the strategies measured, against the fastest measured.
+    points: (placement, strategy, measured step, plan step, auto's pick)."""
     lines = []
     for placement in dict.fromkeys(p[0] for p in points):
         here = [p for p in points if p[0] == placement]
         best = min(here, key=lambda p: p[2])[1]
         pick = min(here, key=lambda p: p[3])[1]
-        lines.append(f"- {mbit} Mbit/s, {placement}: of the strategies measured the planner picks {pick} (of all, "
-                     f"{here[0][4]}); measured fastest: {best} ({'agree' if pick == best else 'DISAGREE'})")
+        auto = here[0][4]
+        verdict = ("agree" if auto == best else "DISAGREE") if auto in {p[1] for p in here} else "auto's not measured"
+        lines.append(f"- {mbit} Mbit/s, {placement}: of the strategies measured the planner picks {pick} (auto: "
+                     f"{auto}); measured fastest: {best} ({verdict})")
     return lines
 
 

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <iostream>
+#include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +15,7 @@
 #include "common/base/status_macros.h"
 #include "common/job/job_config.h"
 #include "common/model/model_shapes.h"
+#include "common/plan/strategy_choice.h"
 #include "common/spec/job_spec.h"
 
 namespace shardline::ctl {
@@ -119,12 +123,29 @@ absl::Status ApplyLoraFlags(const PlanFlags& f, PlanInput* in) {
   return absl::OkStatus();
 }
 
+// For a job file that says strategy = "auto": what the coordinator would
+// pick on the flags' cluster, had its ranks measured the flags' bandwidth
+// (between nodes where the world spans several), from the job file's keys.
+absl::StatusOr<std::optional<StrategyChoice>> AutoPick(const JobConfig& config, const ClusterSpec& cluster) {
+  if (!config.parallelism.auto_strategy) return std::optional<StrategyChoice>();
+  AttemptCluster a;
+  a.world = cluster.workers;
+  a.ranks_per_host = std::min(cluster.gpus_per_node, cluster.workers);
+  a.hosts = (a.world + a.ranks_per_host - 1) / a.ranks_per_host;
+  if (a.hosts * a.ranks_per_host != a.world) a.ranks_per_host = 0;
+  a.min_memory_bytes = static_cast<int64_t>(std::min(cluster.device_memory_bytes, 9e18));
+  a.measured_bus_bandwidth = a.hosts > 1 ? cluster.inter_node_bw : cluster.intra_node_bw;
+  SL_ASSIGN_OR_RETURN(StrategyChoice pick, ChooseStrategyOn(config, a, cluster));
+  return std::optional<StrategyChoice>(std::move(pick));
+}
+
 }  // namespace
 
 absl::Status RunPlan(const PlanFlags& f, bool json) {
   PlanInput in;
   in.cluster = f.cluster;
   in.cluster.workers = 8;
+  std::optional<StrategyChoice> auto_pick;
   if (!f.job_file.empty()) {
     SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobFile(f.job_file));
     // As `submit --workers` would check it (its files aside: they need not
@@ -135,6 +156,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     in = PlanInputForJob(config, world);
     in.cluster = flags;
     in.cluster.workers = world;
+    SL_ASSIGN_OR_RETURN(auto_pick, AutoPick(config, in.cluster));
   } else if (f.layers > 0 || f.hidden > 0 || f.heads > 0) {
     if (f.layers <= 0 || f.hidden <= 0 || f.heads <= 0) {
       return absl::InvalidArgumentError("plan: --layers, --hidden and --heads go together");
@@ -181,7 +203,15 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
   }
   SL_ASSIGN_OR_RETURN(Plan plan, std::move(made));
   if (json) {
-    std::cout << PlanJson(plan) << std::endl;
+    nlohmann::ordered_json out = nlohmann::ordered_json::parse(PlanJson(plan));
+    if (auto_pick) {
+      out["auto"] = {{"strategy", StrategyName(auto_pick->strategy)},
+                     {"shard_group_size", auto_pick->shard_group_size},
+                     {"grad_accumulation", GradAccumulationName(auto_pick->grad_accumulation)},
+                     {"sparse_embedding", auto_pick->sparse_embedding},
+                     {"why", auto_pick->why}};
+    }
+    std::cout << out.dump() << std::endl;
   } else {
     const ModelConfig& m = in.model;
     const std::string llama = m.is_llama() ? absl::StrCat(" (", m.kv_heads(), " kv), SwiGLU ", m.intermediate_size,
@@ -197,6 +227,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
                               in.model.block_size, lora, "; ", in.cluster.workers, " workers, ",
                               in.cluster.gpus_per_node, " per node\n")
               << PlanTable(plan);
+    if (auto_pick) std::cout << "strategy = \"auto\" here: " << auto_pick->why << "\n";
   }
   return absl::OkStatus();
 }

@@ -11,8 +11,8 @@
 // running below its workers grows back at its next committed checkpoint
 // once enough workers are idle.
 #include <algorithm>
+#include <map>
 #include <random>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -293,14 +293,17 @@ void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*
   v1::Job& j = JobOf(r);
   AttemptCluster a;
   a.world = world;
-  std::set<std::string> hosts;
+  std::map<std::string, int> ranks_on;  // by host
   for (int i = 0; i < world; ++i) {
     const v1::WorkerInfo& w = ranks[i]->info;
-    hosts.insert(w.host());
+    ++ranks_on[w.host()];
     a.min_memory_bytes = i == 0 ? w.memory_bytes() : std::min<int64_t>(a.min_memory_bytes, w.memory_bytes());
     a.device_kind = DeviceKindName(w.device());
   }
-  a.hosts = static_cast<int>(hosts.size());
+  a.hosts = static_cast<int>(ranks_on.size());
+  const int first = ranks_on.empty() ? 0 : ranks_on.begin()->second;
+  const bool even = std::all_of(ranks_on.begin(), ranks_on.end(), [&](const auto& h) { return h.second == first; });
+  a.ranks_per_host = even ? first : 0;
   a.measured_bus_bandwidth = j.measured_bus_bandwidth();
   absl::StatusOr<StrategyChoice> choice = ChooseStrategy(r.config, a);
   if (!choice.ok()) {
@@ -310,6 +313,7 @@ void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*
     j.set_strategy_reason(absl::StrCat("auto: full_shard (the planner failed: ", choice.status().message(), ")"));
   } else {
     r.config.parallelism.strategy = choice->strategy;
+    r.config.parallelism.shard_group_size = choice->shard_group_size;  // a host's ranks for a hybrid
     r.config.train.grad_accumulation = choice->grad_accumulation;  // the job's own unless left to auto
     r.config.parallelism.sparse_embedding = choice->sparse_embedding;  // likewise
     j.set_strategy_reason(choice->why);

@@ -46,7 +46,33 @@ def main():
     c.check(groups.get("hybrid_shard") == 2, "plan --workers 4 of a job with shard groups of 2",
             r.stderr.strip() or str(groups))
     check_comm_bytes(c)
+    check_auto(c)
     c.finish()
+
+
+def check_auto(c):
+    """A job that says strategy = "auto": `plan` says what the coordinator
+    would pick on the flags' cluster. Two nodes of two over a 300 Mbit/s link
+    between them: a hybrid whose shard group is a node's ranks; one node of
+    four: never a hybrid (its group would be the world)."""
+    cfg = harness.small_gpt_config("full_shard", 4, STEPS, BATCH)
+    cfg["parallelism"] = {"strategy": "auto"}
+    job = os.path.join(harness.scratch_dir("shardline-plan-"), "auto.toml")
+    harness.write_toml(cfg, job)
+    picks = {}
+    for per_node in (2, 4):
+        r = subprocess.run([SHARDCTL, "--json", "plan", job, "--workers", "4", "--gpus-per-node", str(per_node),
+                            "--intra-bw", "1e9", "--inter-bw", "37.5e6", "--flops", "5e10", "--gpu-memory", "1e12"],
+                           capture_output=True, text=True, timeout=60)
+        picks[per_node] = json.loads(r.stdout).get("auto", {}) if r.returncode == 0 else {"error": r.stderr.strip()}
+    c.check(picks[2].get("strategy", "").startswith("hybrid_shard") and picks[2].get("shard_group_size") == 2,
+            "plan of an auto job over two nodes of two: a hybrid with a node's ranks as its shard group", str(picks[2]))
+    c.check("strategy" in picks[4] and not picks[4]["strategy"].startswith("hybrid"),
+            "plan of an auto job on one node of four: no hybrid", str(picks[4]))
+    r = subprocess.run([SHARDCTL, "plan", job, "--workers", "4", "--gpus-per-node", "2", "--inter-bw", "37.5e6"],
+                       capture_output=True, text=True, timeout=60)
+    c.check(r.returncode == 0 and 'strategy = "auto" here: auto: ' in r.stdout, "plan's table says auto's pick",
+            r.stderr.strip() or r.stdout[-300:])
 
 
 def check_comm_bytes(c):

@@ -429,6 +429,53 @@ TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
   EXPECT_EQ(j.attempts(1).strategy(), j.strategy());
 }
 
+// strategy = "auto" across two hosts of two ranks each: once the ranks
+// measured a slow link between the hosts, the next attempt runs a hybrid
+// whose shard group is a host's ranks (the ranks of a host are numbered
+// consecutively), and the resolved spec and the ownership map both say so.
+TEST_F(RestartTest, AutoRunsAHybridWhoseShardGroupIsAHostsRanks) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c, d;
+  std::vector<std::string> ids;
+  for (RecordingChannel* ch : {&a, &b, &c, &d}) {
+    v1::WorkerInfo info;
+    info.set_host(ch == &a || ch == &b ? "h1" : "h2");
+    info.set_device("cpu");
+    info.set_memory_bytes(int64_t{16} << 30);
+    ids.push_back(core_->RegisterWorker(info, ch)->worker_id());
+  }
+  std::string spec = kRestartSpec;
+  spec.replace(spec.find("workers = 3\nmin_workers = 2"), 27, "workers = 4\nmin_workers = 4");
+  spec += "[parallelism]\nstrategy = \"auto\"\n";
+  const std::string job = SubmitRestartable(spec);
+  ASSERT_EQ(State(job), "RUNNING");
+  for (int rank = 0; rank < 4; ++rank) {
+    v1::RankConnected connected;
+    connected.set_job_id(job);
+    connected.set_rank(rank);
+    connected.set_bus_bandwidth(1e6);  // 8 Mbit/s between the hosts
+    core_->OnConnected(ids[rank], connected);
+  }
+  Finish(ids[1], job, 1, false, "all_gather #3: connection reset by rank 2", absl::StatusCode::kUnavailable);
+  for (int rank : {0, 2, 3}) Finish(ids[rank], job, rank, false, "cancelled", absl::StatusCode::kCancelled);
+  core_->Tick(absl::Now() + absl::Milliseconds(60));
+  const v1::Job j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  ASSERT_EQ(j.attempts_size(), 2);
+  EXPECT_EQ(j.strategy().rfind("hybrid_shard", 0), 0u) << j.strategy_reason();
+  EXPECT_NE(j.strategy_reason().find("(shard groups of 2, one a host)"), std::string::npos) << j.strategy_reason();
+  EXPECT_NE(j.strategy_reason().find("0.001 GB/s measured"), std::string::npos) << j.strategy_reason();
+  for (RecordingChannel* ch : {&a, &d}) {
+    absl::StatusOr<JobConfig> sent = DecodeJobConfig(ch->Starts().back().spec(), job);
+    ASSERT_TRUE(sent.ok()) << sent.status();
+    EXPECT_EQ(StrategyName(sent->parallelism.strategy), j.strategy());
+    EXPECT_EQ(sent->parallelism.shard_group_size, 2);
+  }
+  absl::StatusOr<v1::Ownership> owners = core_->GetOwnership(job);
+  ASSERT_TRUE(owners.ok()) << owners.status();
+  EXPECT_EQ(owners->shard_group_size(), 2);
+}
+
 // The checkpoint of the last step ends the job: it does not stop the ranks
 // to grow onto a worker that came back (they would restart only to finish).
 TEST_F(RestartTest, TheLastStepsCheckpointDoesNotGrowTheJob) {

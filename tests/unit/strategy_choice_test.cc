@@ -3,6 +3,8 @@
 // bandwidth it assumed.
 #include "common/plan/strategy_choice.h"
 
+#include <tuple>
+
 #include <gtest/gtest.h>
 
 #include "common/plan/plan.h"
@@ -184,6 +186,67 @@ TEST(StrategyChoice, WeighsTheSparseEmbedding) {
   ASSERT_TRUE(tied.ok()) << tied.status();
   EXPECT_EQ(tied->strategy, Strategy::kFullShard) << tied->why;
   EXPECT_EQ(tied->sparse_embedding, step(true) < step(false)) << tied->why;
+}
+
+// Across hosts that hold two ranks each, the hybrids are weighed with a
+// host's ranks as the shard group. The measured figure is the world ring's,
+// one flow out of a host; a hybrid's two replicate groups each put a flow
+// through every host's link at once, so each is planned at half of it. Over
+// a slow link the hybrid moves a quarter of full_shard's bytes between the
+// hosts and is picked; on one host, at one rank a host, or with hosts of
+// different sizes there is no hybrid to weigh.
+TEST(StrategyChoice, WeighsAHybridWhoseShardGroupIsAHostsRanks) {
+  JobConfig c = Llama1B();
+  c.memory.activation_checkpointing = false;
+  c.train.batch_size = 24;  // whole micro-batches at 4 and 6 ranks
+  AttemptCluster a;
+  a.world = 4;
+  a.hosts = 2;
+  a.ranks_per_host = 2;
+  a.device_kind = "cpu";
+  a.min_memory_bytes = int64_t{64} << 30;
+  a.measured_bus_bandwidth = 37.5e6;  // 300 Mbit/s
+  ClusterSpec figures;
+  figures.workers = 4;
+  figures.gpus_per_node = 2;
+  figures.device_memory_bytes = 64.0 * (1 << 30);
+  figures.intra_node_bw = 2e9;
+  figures.inter_node_bw = a.measured_bus_bandwidth;
+  figures.flops = 5e10;
+  figures.memory_bw = 10e9;
+  absl::StatusOr<StrategyChoice> pick = ChooseStrategyOn(c, a, figures);
+  ASSERT_TRUE(pick.ok()) << pick.status();
+  EXPECT_EQ(pick->strategy, Strategy::kHybridShard) << pick->why;
+  EXPECT_EQ(pick->shard_group_size, 2);
+  EXPECT_NE(pick->why.find("hybrid_shard (shard groups of 2, one a host), the fastest"), std::string::npos) << pick->why;
+  auto hybrid_step = [&](double inter) {
+    PlanInput in = PlanInputForJob(c, 4);
+    in.cluster = figures;
+    in.cluster.inter_node_bw = inter;
+    in.shard_group_size = 2;
+    for (const StrategyPlan& p : MakePlan(in)->strategies) {
+      if (p.strategy == Strategy::kHybridShard) return p.step_s;
+    }
+    return 0.0;
+  };
+  EXPECT_DOUBLE_EQ(pick->step_s, hybrid_step(a.measured_bus_bandwidth / 2));
+  EXPECT_LT(hybrid_step(a.measured_bus_bandwidth), pick->step_s);
+  // The device kind's defaults and the measurement give the same pick.
+  absl::StatusOr<StrategyChoice> measured = ChooseStrategy(c, a);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_EQ(measured->strategy, Strategy::kHybridShard) << measured->why;
+  EXPECT_EQ(measured->shard_group_size, 2);
+  EXPECT_NE(measured->why.find("at 4 ranks and 0.0375 GB/s measured"), std::string::npos) << measured->why;
+
+  for (auto [world, hosts, per_host] : {std::tuple{4, 1, 4}, {4, 4, 1}, {6, 2, 0}}) {
+    a.world = world;
+    a.hosts = hosts;
+    a.ranks_per_host = per_host;
+    absl::StatusOr<StrategyChoice> none = ChooseStrategy(c, a);
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_FALSE(IsHybrid(none->strategy)) << world << " ranks on " << hosts << " hosts: " << none->why;
+    EXPECT_EQ(none->shard_group_size, 0);
+  }
 }
 
 TEST(StrategyChoice, TheJobFileSaysAuto) {
