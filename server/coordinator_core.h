@@ -328,6 +328,9 @@ class CoordinatorCore {
     absl::Time restart_by;    // while RESTARTING: when it fails instead
     absl::Time settle_until;  // while RESTARTING: until then, only all its workers will do
     std::string restart_reason;  // while RESTARTING: what Job.message leads with
+    // strategy = "auto" picked this attempt before any link was measured
+    // (the job's first): once its ranks measured one, it picks again.
+    bool picked_unmeasured = false;
   };
 
   v1::Job& JobOf(JobRecord& r) { return r.stored.job; }
@@ -380,6 +383,11 @@ class CoordinatorCore {
   // (common/plan/strategy_choice.h) into r.config, Job.strategy and its reason.
   void PickStrategy(JobRecord& r, const std::vector<WorkerRecord*>& ranks, int world)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once every rank of an attempt that auto picked without a measurement
+  // reported the link it measured: where the pick on that link differs, the
+  // ranks stop and the job restarts at once, from where the attempt started
+  // (a grown job's way; no failure, no restart of max_restarts spent).
+  void PickAgainOnTheMeasuredLink(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the running attempt's record.
   void EndAttempt(JobRecord& r, const std::string& end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a job's rendezvous keys and its ranks' store access.

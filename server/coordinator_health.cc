@@ -50,6 +50,7 @@ void CoordinatorCore::OnConnected(const std::string& worker_id, const v1::RankCo
   if (!was_complete && static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers()) {
     FindSlowLink(r);
     if (options_.events.rendezvous_done) options_.events.rendezvous_done(Now() - r.started);
+    PickAgainOnTheMeasuredLink(r);
   }
 }
 

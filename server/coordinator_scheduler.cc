@@ -289,8 +289,10 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   Transition(r, v1::JOB_STATE_RUNNING, msg).IgnoreError();  // queued: PENDING or RESTARTING
 }
 
-void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*>& ranks, int world) {
-  v1::Job& j = JobOf(r);
+namespace {
+
+// The cluster `world` of `ranks` make for strategy = "auto".
+AttemptCluster AttemptOf(const std::vector<WorkerRecord*>& ranks, int world, double measured_bus_bandwidth) {
   AttemptCluster a;
   a.world = world;
   std::map<std::string, int> ranks_on;  // by host
@@ -304,8 +306,24 @@ void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*
   const int first = ranks_on.empty() ? 0 : ranks_on.begin()->second;
   const bool even = std::all_of(ranks_on.begin(), ranks_on.end(), [&](const auto& h) { return h.second == first; });
   a.ranks_per_host = even ? first : 0;
-  a.measured_bus_bandwidth = j.measured_bus_bandwidth();
-  absl::StatusOr<StrategyChoice> choice = ChooseStrategy(r.config, a);
+  a.measured_bus_bandwidth = measured_bus_bandwidth;
+  return a;
+}
+
+// Whether the attempt configured by `c` runs what `pick` says.
+bool RunsThePick(const JobConfig& c, const StrategyChoice& pick) {
+  return c.parallelism.strategy == pick.strategy && c.train.grad_accumulation == pick.grad_accumulation &&
+         c.parallelism.sparse_embedding == pick.sparse_embedding &&
+         (!IsHybrid(pick.strategy) || c.parallelism.shard_group_size == pick.shard_group_size);
+}
+
+}  // namespace
+
+void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*>& ranks, int world) {
+  v1::Job& j = JobOf(r);
+  r.picked_unmeasured = j.measured_bus_bandwidth() <= 0;
+  absl::StatusOr<StrategyChoice> choice =
+      ChooseStrategy(r.config, AttemptOf(ranks, world, j.measured_bus_bandwidth()));
   if (!choice.ok()) {
     // The planner refused the model (it passed ValidateJobConfig): keep
     // full_shard, the strategy of least memory, and say why.
@@ -319,6 +337,28 @@ void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*
     j.set_strategy_reason(choice->why);
   }
   j.set_strategy(StrategyName(r.config.parallelism.strategy));
+}
+
+void CoordinatorCore::PickAgainOnTheMeasuredLink(JobRecord& r) {
+  v1::Job& j = JobOf(r);
+  if (!r.picked_unmeasured || j.measured_bus_bandwidth() <= 0 || j.state() != v1::JOB_STATE_RUNNING) return;
+  r.picked_unmeasured = false;
+  std::vector<WorkerRecord*> ranks;
+  for (const std::string& id : j.worker_ids()) {
+    WorkerRecord* w = registry_.Find(id);
+    if (w == nullptr) return;  // a lost worker restarts the job anyway, and it picks again then
+    ranks.push_back(w);
+  }
+  const double measured = j.measured_bus_bandwidth();
+  absl::StatusOr<StrategyChoice> choice = ChooseStrategy(r.config, AttemptOf(ranks, j.worker_ids_size(), measured));
+  if (!choice.ok() || RunsThePick(r.config, *choice)) return;
+  const std::string why = absl::StrFormat(
+      "stopped after its rendezvous: on the %.3g GB/s its ranks measured, auto picks %s", measured / 1e9,
+      StrategyName(choice->strategy));
+  StopRanks(r, why, "");
+  EndAttempt(r, why);
+  Restart(r, absl::StrFormat("restarting with the strategy picked on the %.3g GB/s its ranks measured",
+                             measured / 1e9));
 }
 
 }  // namespace shardline

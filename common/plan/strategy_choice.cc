@@ -80,7 +80,8 @@ absl::StatusOr<StrategyChoice> ChooseStrategy(const JobConfig& c, const AttemptC
   return ChooseStrategyOn(c, a, ClusterOf(a));
 }
 
-absl::StatusOr<StrategyChoice> ChooseStrategyOn(const JobConfig& c, const AttemptCluster& a, const ClusterSpec& figures) {
+absl::StatusOr<StrategyChoice> ChooseStrategyOn(const JobConfig& c, const AttemptCluster& a,
+                                                const ClusterSpec& figures) {
   PlanInput in = PlanInputForJob(c, a.world);
   in.cluster = figures;
   std::vector<GradAccumulation> modes = {c.train.grad_accumulation};

@@ -429,11 +429,14 @@ TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
   EXPECT_EQ(j.attempts(1).strategy(), j.strategy());
 }
 
-// strategy = "auto" across two hosts of two ranks each: once the ranks
-// measured a slow link between the hosts, the next attempt runs a hybrid
-// whose shard group is a host's ranks (the ranks of a host are numbered
-// consecutively), and the resolved spec and the ownership map both say so.
-TEST_F(RestartTest, AutoRunsAHybridWhoseShardGroupIsAHostsRanks) {
+// strategy = "auto" across two hosts of two ranks each. The first attempt
+// picks on the defaults (no link measured yet). Once every rank measured a
+// slow link between the hosts, the job stops and restarts at once with a
+// hybrid whose shard group is a host's ranks (numbered consecutively); the
+// resolved spec and the ownership map both say so, and no restart of
+// max_restarts was spent. That attempt picked on a measurement, so it is
+// not picked again.
+TEST_F(RestartTest, AutoPicksAgainOnTheLinkItsRanksMeasured) {
   Open(absl::ZeroDuration());
   RecordingChannel a, b, c, d;
   std::vector<std::string> ids;
@@ -449,19 +452,31 @@ TEST_F(RestartTest, AutoRunsAHybridWhoseShardGroupIsAHostsRanks) {
   spec += "[parallelism]\nstrategy = \"auto\"\n";
   const std::string job = SubmitRestartable(spec);
   ASSERT_EQ(State(job), "RUNNING");
-  for (int rank = 0; rank < 4; ++rank) {
-    v1::RankConnected connected;
-    connected.set_job_id(job);
-    connected.set_rank(rank);
-    connected.set_bus_bandwidth(1e6);  // 8 Mbit/s between the hosts
-    core_->OnConnected(ids[rank], connected);
-  }
-  Finish(ids[1], job, 1, false, "all_gather #3: connection reset by rank 2", absl::StatusCode::kUnavailable);
-  for (int rank : {0, 2, 3}) Finish(ids[rank], job, rank, false, "cancelled", absl::StatusCode::kCancelled);
+  ASSERT_EQ(core_->GetJob(job)->strategy().rfind("hybrid", 0), std::string::npos)
+      << "the defaults already pick a hybrid: " << core_->GetJob(job)->strategy_reason();
+  auto connect = [&](double bus_bandwidth) {
+    for (int rank = 0; rank < 4; ++rank) {
+      v1::RankConnected connected;
+      connected.set_job_id(job);
+      connected.set_rank(rank);
+      connected.set_bus_bandwidth(bus_bandwidth);
+      core_->OnConnected(ids[rank], connected);
+    }
+  };
+  connect(1e6);  // 8 Mbit/s between the hosts
+  v1::Job j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RESTARTING) << j.message();
+  EXPECT_EQ(j.attempts(0).end().rfind("stopped after its rendezvous: on the 0.001 GB/s its ranks measured, auto picks "
+                                      "hybrid_shard", 0),
+            0u)
+      << j.attempts(0).end();
+  for (RecordingChannel* ch : {&a, &b, &c, &d}) EXPECT_EQ(ch->Cancels(), 1);
+  for (int rank = 0; rank < 4; ++rank) Finish(ids[rank], job, rank, false, "cancelled", absl::StatusCode::kCancelled);
   core_->Tick(absl::Now() + absl::Milliseconds(60));
-  const v1::Job j = *core_->GetJob(job);
+  j = *core_->GetJob(job);
   ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
   ASSERT_EQ(j.attempts_size(), 2);
+  EXPECT_EQ(j.restarts(), 0);
   EXPECT_EQ(j.strategy().rfind("hybrid_shard", 0), 0u) << j.strategy_reason();
   EXPECT_NE(j.strategy_reason().find("(shard groups of 2, one a host)"), std::string::npos) << j.strategy_reason();
   EXPECT_NE(j.strategy_reason().find("0.001 GB/s measured"), std::string::npos) << j.strategy_reason();
@@ -474,6 +489,10 @@ TEST_F(RestartTest, AutoRunsAHybridWhoseShardGroupIsAHostsRanks) {
   absl::StatusOr<v1::Ownership> owners = core_->GetOwnership(job);
   ASSERT_TRUE(owners.ok()) << owners.status();
   EXPECT_EQ(owners->shard_group_size(), 2);
+  // Picked on a measurement: a faster link now changes nothing until a restart.
+  connect(5e9);
+  EXPECT_EQ(State(job), "RUNNING");
+  EXPECT_EQ(core_->GetJob(job)->attempts_size(), 2);
 }
 
 // The checkpoint of the last step ends the job: it does not stop the ranks

@@ -218,7 +218,8 @@ TEST(StrategyChoice, WeighsAHybridWhoseShardGroupIsAHostsRanks) {
   ASSERT_TRUE(pick.ok()) << pick.status();
   EXPECT_EQ(pick->strategy, Strategy::kHybridShard) << pick->why;
   EXPECT_EQ(pick->shard_group_size, 2);
-  EXPECT_NE(pick->why.find("hybrid_shard (shard groups of 2, one a host), the fastest"), std::string::npos) << pick->why;
+  EXPECT_NE(pick->why.find("hybrid_shard (shard groups of 2, one a host), the fastest"), std::string::npos)
+      << pick->why;
   auto hybrid_step = [&](double inter) {
     PlanInput in = PlanInputForJob(c, 4);
     in.cluster = figures;
