@@ -9,6 +9,9 @@ bridge) and workers each on hosts of their own.
   same strategy: the same collectives in the same order give the same sums).
 - hybrid_shard on 2 hosts x 2 workers: its shard groups are placed by host
   (ranks 0-1 on one host, 2-3 on the other) and it equals loopback too.
+- strategy = "auto" over a slow link between 2 hosts x 2 workers picks
+  again on the link its ranks measured, and runs a hybrid whose shard groups
+  are the hosts.
 - A worker told to bind an address it does not have refuses to start,
   naming it.
 Exits 77 (skipped) where emulated hosts cannot be built (not root, no ip
@@ -128,6 +131,41 @@ def loopback_references(c):
     return refs
 
 
+def check_auto_on_a_slow_link(c, cl, hs, directory, two_hosts):
+    """strategy = "auto" on 2 hosts x 2 workers whose link sends 30 Mbit/s.
+    The first attempt picks on the defaults (1 GB/s between hosts): a hybrid
+    whose shard groups are the hosts. Its ranks measure the link over their
+    replicate groups and report what the world's ring would see; on that
+    figure auto picks hybrid_shard_zero2 (the planner's pick for this model
+    below about 8 MB/s, hybrid_shard above), so the job stops after its
+    rendezvous and runs that, spending no restart."""
+    link = 30e6 / 8
+    for h in two_hosts:
+        hs.limit_egress(h, 30)
+    try:
+        path = job_file(directory, name="hosts-auto", workers=4, steps=STEPS, strategy="auto", extra=CKPT)
+        rc, out, err = cl.ctl("submit", path, "--json", "--follow", timeout=300)
+        job_id = json.loads(out.splitlines()[0])["job_id"] if out.strip() else None
+        job = cl.ctl_json("status", job_id) if job_id else {}
+    finally:
+        for h in two_hosts:
+            hs.unlimit(h)
+    attempts = job.get("attempts", [])
+    first = attempts[0] if attempts else {}
+    c.check(job.get("state") == "SUCCEEDED" and len(attempts) == 2 and job.get("restarts") == 0 and
+            first.get("strategy") == "hybrid_shard" and job.get("strategy") == "hybrid_shard_zero2" and
+            first.get("end", "").startswith("stopped after its rendezvous: on the "),
+            'strategy = "auto" over a 30 Mbit/s link: picks again on the measured link, spending no restart',
+            f"{job.get('state')}: {[(a.get('strategy'), a.get('end', '')[:90]) for a in attempts]}; "
+            f"{job.get('message', '')[:200] or err.strip()[-200:]}")
+    measured = job.get("measured_bus_bandwidth") or 0
+    c.check(0.5 * link <= measured <= 1.1 * link,
+            "a hybrid's ranks measure the link between the hosts, not a replicate group's share of it",
+            f"{measured / 1e6:.2f} MB/s measured, the link {link / 1e6:.2f}")
+    c.check("(shard groups of 2, one a host)" in job.get("strategy_reason", ""),
+            "and say that a host's ranks make each shard group", job.get("strategy_reason", "")[:160])
+
+
 def main():
     why = emulated.available()
     if why:
@@ -180,6 +218,7 @@ def main():
             placed = [by_id.get(w) for w in job.get("worker_ids", [])]
             c.check(len(placed) == 4 and placed[0] == placed[1] and placed[2] == placed[3] and placed[0] != placed[2],
                     "its shard groups are placed by host (ranks 0-1 on one host, 2-3 on the other)", str(placed))
+            check_auto_on_a_slow_link(c, cl, hs, directory, (d, e))
         finally:
             cl.stop_workers()
     c.remove_unless_failed(directory)

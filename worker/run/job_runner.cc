@@ -51,8 +51,17 @@ absl::Status JobRunner::Start(c10::intrusive_ptr<c10d::Store> store, std::shared
                       ConnectGroups(store, plan, *device, backend, run_.collective_timeout, run_.collective_address));
   if (hooks_.opened) hooks_.opened(comms);
   double bus_bandwidth = 0;
-  if (run_.config.parallelism.auto_strategy && run_.world > 1 && comms.shard->size() == run_.world) {
-    SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(*comms.shard, *device, run_.collective_timeout));
+  if (run_.config.parallelism.auto_strategy && run_.world > 1) {
+    if (comms.shard->size() == run_.world) {
+      SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(*comms.shard, *device, run_.collective_timeout));
+    } else if (comms.replicate->size() > 1) {
+      // A hybrid auto picked: its replicate groups, one rank of each host
+      // (its shard groups are the hosts), measure all at once, so a host's
+      // link carries shard-group-size of their flows. That many times one
+      // flow's figure is what the world's ring measures between the hosts.
+      SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(*comms.replicate, *device, run_.collective_timeout));
+      bus_bandwidth *= comms.shard->size();
+    }
   }
   // Where one group spans the job (every strategy but a two-level hybrid)
   // and its broadcast goes out from the root to each rank (host backends;
