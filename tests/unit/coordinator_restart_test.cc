@@ -383,14 +383,8 @@ TEST_F(RestartTest, ACoordinatorThatRestartedRestartsItsRunningJobsOnceWorkersRe
 TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
   Open(absl::ZeroDuration());
   RecordingChannel a, b;
-  std::vector<std::string> ids;
-  for (RecordingChannel* ch : {&a, &b}) {
-    v1::WorkerInfo info;
-    info.set_host(ch == &a ? "h1" : "h2");
-    info.set_device("cpu");
-    info.set_memory_bytes(int64_t{16} << 30);
-    ids.push_back(core_->RegisterWorker(info, ch)->worker_id());
-  }
+  const std::vector<std::string> ids = {AddWorker("h1", "cpu", &a, int64_t{16} << 30),
+                                        AddWorker("h2", "cpu", &b, int64_t{16} << 30)};
   std::string spec = kRestartSpec;
   spec.replace(spec.find("workers = 3\nmin_workers = 2"), 27, "workers = 2\nmin_workers = 1");
   spec += "[parallelism]\nstrategy = \"auto\"\n";
@@ -439,14 +433,9 @@ TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
 TEST_F(RestartTest, AutoPicksAgainOnTheLinkItsRanksMeasured) {
   Open(absl::ZeroDuration());
   RecordingChannel a, b, c, d;
-  std::vector<std::string> ids;
-  for (RecordingChannel* ch : {&a, &b, &c, &d}) {
-    v1::WorkerInfo info;
-    info.set_host(ch == &a || ch == &b ? "h1" : "h2");
-    info.set_device("cpu");
-    info.set_memory_bytes(int64_t{16} << 30);
-    ids.push_back(core_->RegisterWorker(info, ch)->worker_id());
-  }
+  const int64_t memory = int64_t{16} << 30;
+  const std::vector<std::string> ids = {AddWorker("h1", "cpu", &a, memory), AddWorker("h1", "cpu", &b, memory),
+                                        AddWorker("h2", "cpu", &c, memory), AddWorker("h2", "cpu", &d, memory)};
   std::string spec = kRestartSpec;
   spec.replace(spec.find("workers = 3\nmin_workers = 2"), 27, "workers = 4\nmin_workers = 4");
   spec += "[parallelism]\nstrategy = \"auto\"\n";

@@ -62,10 +62,13 @@ class CoreTest : public ::testing::Test {
     store_.reset();
     std::filesystem::remove_all(dir_);
   }
-  std::string AddWorker(const std::string& host, const std::string& device, RecordingChannel* ch) {
+  // memory_bytes: what strategy = "auto" plans with (0: nothing fits).
+  std::string AddWorker(const std::string& host, const std::string& device, RecordingChannel* ch,
+                        int64_t memory_bytes = 0) {
     v1::WorkerInfo info;
     info.set_host(host);
     info.set_device(device);
+    info.set_memory_bytes(memory_bytes);
     return core_->RegisterWorker(info, ch)->worker_id();
   }
   std::string Submit(int workers) {
