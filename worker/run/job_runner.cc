@@ -50,27 +50,27 @@ absl::Status JobRunner::Start(c10::intrusive_ptr<c10d::Store> store, std::shared
   SL_ASSIGN_OR_RETURN(Communicators comms,
                       ConnectGroups(store, plan, *device, backend, run_.collective_timeout, run_.collective_address));
   if (hooks_.opened) hooks_.opened(comms);
+  // The group that spans the job, where one does: the shard group, or
+  // no_shard's replicate group (none in a two-level hybrid).
+  comm::Communicator* world_group = comms.shard->size() == run_.world       ? comms.shard.get()
+                                    : comms.replicate->size() == run_.world ? comms.replicate.get()
+                                                                            : nullptr;
   double bus_bandwidth = 0;
   if (run_.config.parallelism.auto_strategy && run_.world > 1) {
-    if (comms.shard->size() == run_.world) {
-      SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(*comms.shard, *device, run_.collective_timeout));
-    } else if (comms.replicate->size() > 1) {
-      // A hybrid auto picked: its replicate groups, one rank of each host
-      // (its shard groups are the hosts), measure all at once, so a host's
-      // link carries shard-group-size of their flows. That many times one
-      // flow's figure is what the world's ring measures between the hosts.
-      SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(*comms.replicate, *device, run_.collective_timeout));
-      bus_bandwidth *= comms.shard->size();
-    }
+    // A two-level hybrid auto picked measures over its replicate groups, one
+    // rank of each host (its shard groups are the hosts), all at once: a
+    // host's link carries shard-group-size of their flows, so that many
+    // times one flow's figure is what the world's ring measures between them.
+    comm::Communicator& over = world_group ? *world_group : *comms.replicate;
+    SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(over, *device, run_.collective_timeout));
+    if (!world_group) bus_bandwidth *= comms.shard->size();
   }
-  // Where one group spans the job (every strategy but a two-level hybrid)
-  // and its broadcast goes out from the root to each rank (host backends;
-  // NCCL pipelines it through every link, which tells hosts apart no more).
+  // Where the world's group broadcasts from the root to each rank (host
+  // backends; NCCL pipelines it through every link, which tells hosts apart
+  // no more).
   std::vector<double> send_seconds;
-  for (comm::Communicator* c : {comms.shard.get(), comms.replicate.get()}) {
-    if (run_.world > 1 && c->size() == run_.world && !c->ordered_on_device() && send_seconds.empty()) {
-      SL_ASSIGN_OR_RETURN(send_seconds, MeasureSendSeconds(*c, *device, run_.collective_timeout));
-    }
+  if (run_.world > 1 && world_group && !world_group->ordered_on_device()) {
+    SL_ASSIGN_OR_RETURN(send_seconds, MeasureSendSeconds(*world_group, *device, run_.collective_timeout));
   }
   if (hooks_.connected) hooks_.connected(comms, bus_bandwidth, send_seconds);
   std::vector<comm::Communicator*> groups = {comms.shard.get(), comms.replicate.get()};
