@@ -516,16 +516,21 @@ def main():
             world = n_hosts * per_host
             sl, pt, rates, cpu = [], [], [], ""
             try:
-                for _ in range(a.repeats):
+                for repeat in range(a.repeats):
                     rates.append(rate())
                     with emulated.Hosts(n_hosts) as hs:
                         for h in hs:
                             hs.limit_egress(h, mbit)
                         ranks = rank_hosts(hs, per_host)
                         cfg = shardline_config(a, strategy, world, per_host, model, data)
-                        where = os.path.join(a.trace, f"{placement}-{strategy}-{mbit}-{len(sl)}") if a.trace else ""
-                        sl.append(run_shardline(ranks, cfg, a.steps, where))
-                        pt.append(run_torch(ranks, a, strategy, data))
+                        where = os.path.join(a.trace, f"{placement}-{strategy}-{mbit}-{repeat}") if a.trace else ""
+                        # Which of the two runs first alternates: on this VM the
+                        # second of two runs computes a few percent slower
+                        # (network_compare_gpt_sparse.md, "interleaved").
+                        runs = [lambda: sl.append(run_shardline(ranks, cfg, a.steps, where)),
+                                lambda: pt.append(run_torch(ranks, a, strategy, data))]
+                        for run in runs if repeat % 2 == 0 else reversed(runs):
+                            run()
                 here = (statistics.median(rates),) + calib[1:]
                 plan_s, recommended = plan_cell(a, model, placement, strategy, mbit, link, here, work)
                 line = row(placement, strategy, mbit, a.batch * T, sl, pt, plan_s)

@@ -82,6 +82,8 @@ Json JobObject(const v1::Job& j) {
               {"restarts", j.restarts()},
               {"strategy_reason", j.strategy_reason()},
               {"measured_bus_bandwidth", FiniteOrNull(j.measured_bus_bandwidth())},
+              {"measured_compute_flops", FiniteOrNull(j.measured_compute_flops())},
+              {"measured_comm_cpu_s_per_byte", FiniteOrNull(j.measured_comm_cpu_s_per_byte())},
               {"goodput", FiniteOrNull(JobGoodput(j, absl::ToUnixMillis(absl::Now())))},
               {"epoch", FiniteOrNull(EpochAt(j.step(), j.batch_size(), j.sequences_per_epoch()))},
               {"sequences_per_epoch", j.sequences_per_epoch()},

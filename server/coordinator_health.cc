@@ -17,6 +17,21 @@
 #include "server/coordinator_core.h"
 
 namespace shardline {
+namespace {
+
+// What the job keeps of a rank's figure for strategy = "auto": from the
+// first rank of a rendezvous, its own (0 where it is none: a worker is not
+// trusted, so only a finite figure in (0, bound] counts); from the others,
+// the slowest rank's, the least (or where `most`, the greatest).
+double Slowest(double kept, double reported, bool first, double bound, bool most) {
+  const bool valid = reported > 0 && reported <= bound;  // (NaN is neither)
+  if (first) return valid ? reported : 0;
+  if (!valid) return kept;
+  if (kept <= 0) return reported;
+  return most ? std::max(kept, reported) : std::min(kept, reported);
+}
+
+}  // namespace
 
 void CoordinatorCore::RecordProgress(JobRecord& r, int rank, int64_t step, int64_t seq) {
   RankProgress& p = r.progress[rank];
@@ -35,12 +50,13 @@ void CoordinatorCore::OnConnected(const std::string& worker_id, const v1::RankCo
   const bool was_complete = static_cast<int>(r.connected_ranks.size()) == JobOf(r).workers();
   r.connected_ranks.insert(c.rank());
   RecordProgress(r, c.rank(), 0, 0);
-  // The slowest rank's measurement bounds the ring: the next pick uses it.
-  if (c.bus_bandwidth() > 0 && std::isfinite(c.bus_bandwidth())) {
-    v1::Job& j = JobOf(r);
-    const bool first = r.connected_ranks.size() == 1 || j.measured_bus_bandwidth() <= 0;
-    j.set_measured_bus_bandwidth(first ? c.bus_bandwidth() : std::min(j.measured_bus_bandwidth(), c.bus_bandwidth()));
-  }
+  // The slowest rank's measurements bound the step: the next pick uses them.
+  v1::Job& j = JobOf(r);
+  const bool first = r.connected_ranks.size() == 1;
+  j.set_measured_bus_bandwidth(Slowest(j.measured_bus_bandwidth(), c.bus_bandwidth(), first, 1e15, false));
+  j.set_measured_compute_flops(Slowest(j.measured_compute_flops(), c.compute_flops(), first, 1e18, false));
+  j.set_measured_comm_cpu_s_per_byte(
+      Slowest(j.measured_comm_cpu_s_per_byte(), c.comm_cpu_s_per_byte(), first, 1, true));
   if (c.send_seconds_size() == JobOf(r).workers()) {
     std::vector<double> s(c.send_seconds().begin(), c.send_seconds().end());
     if (std::all_of(s.begin(), s.end(), [](double x) { return std::isfinite(x) && x >= 0; })) {

@@ -291,8 +291,9 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
 
 namespace {
 
-// The cluster `world` of `ranks` make for strategy = "auto".
-AttemptCluster AttemptOf(const std::vector<WorkerRecord*>& ranks, int world, double measured_bus_bandwidth) {
+// The cluster `world` of `ranks` make for strategy = "auto", with the figures
+// the job's ranks measured at its last rendezvous.
+AttemptCluster AttemptOf(const std::vector<WorkerRecord*>& ranks, int world, const v1::Job& measured) {
   AttemptCluster a;
   a.world = world;
   std::map<std::string, int> ranks_on;  // by host
@@ -306,7 +307,9 @@ AttemptCluster AttemptOf(const std::vector<WorkerRecord*>& ranks, int world, dou
   const int first = ranks_on.empty() ? 0 : ranks_on.begin()->second;
   const bool even = std::all_of(ranks_on.begin(), ranks_on.end(), [&](const auto& h) { return h.second == first; });
   a.ranks_per_host = even ? first : 0;
-  a.measured_bus_bandwidth = measured_bus_bandwidth;
+  a.measured_bus_bandwidth = measured.measured_bus_bandwidth();
+  a.measured_flops = measured.measured_compute_flops();
+  a.measured_comm_cpu_s_per_byte = measured.measured_comm_cpu_s_per_byte();
   return a;
 }
 
@@ -323,7 +326,7 @@ void CoordinatorCore::PickStrategy(JobRecord& r, const std::vector<WorkerRecord*
   v1::Job& j = JobOf(r);
   r.picked_unmeasured = j.measured_bus_bandwidth() <= 0;
   absl::StatusOr<StrategyChoice> choice =
-      ChooseStrategy(r.config, AttemptOf(ranks, world, j.measured_bus_bandwidth()));
+      ChooseStrategy(r.config, AttemptOf(ranks, world, j));
   if (!choice.ok()) {
     // The planner refused the model (it passed ValidateJobConfig): keep
     // full_shard, the strategy of least memory, and say why.
@@ -350,7 +353,7 @@ void CoordinatorCore::PickAgainOnTheMeasuredLink(JobRecord& r) {
     ranks.push_back(w);
   }
   const double measured = j.measured_bus_bandwidth();
-  absl::StatusOr<StrategyChoice> choice = ChooseStrategy(r.config, AttemptOf(ranks, j.worker_ids_size(), measured));
+  absl::StatusOr<StrategyChoice> choice = ChooseStrategy(r.config, AttemptOf(ranks, j.worker_ids_size(), j));
   if (!choice.ok() || RunsThePick(r.config, *choice)) return;
   const std::string why = absl::StrFormat(
       "stopped after its rendezvous: on the %.3g GB/s its ranks measured, auto picks %s", measured / 1e9,

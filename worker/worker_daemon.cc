@@ -378,13 +378,15 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   JobRun run{config, a.rank(), a.world_size(), a.resume_from(), options_.collective_timeout};
   run.collective_address = options_.collective_address;
   JobHooks hooks;
-  hooks.connected = [&](Communicators& comms, double bus_bandwidth, const std::vector<double>& send_seconds) {
+  hooks.connected = [&](Communicators& comms, const AutoFigures& figures, const std::vector<double>& send_seconds) {
     comms.shard->set_observer(metrics.ObserverFor(/*shard_group=*/true));
     comms.replicate->set_observer(metrics.ObserverFor(/*shard_group=*/false));
     v1::WorkerMessage connected;
     connected.mutable_connected()->set_job_id(a.job_id());
     connected.mutable_connected()->set_rank(a.rank());
-    connected.mutable_connected()->set_bus_bandwidth(bus_bandwidth);
+    connected.mutable_connected()->set_bus_bandwidth(figures.bus_bandwidth);
+    connected.mutable_connected()->set_compute_flops(figures.compute_flops);
+    connected.mutable_connected()->set_comm_cpu_s_per_byte(figures.comm_cpu_s_per_byte);
     for (double s : send_seconds) connected.mutable_connected()->add_send_seconds(s);
     Write(connected);
   };

@@ -138,6 +138,14 @@ double TrainingFlopsPerToken(const ModelConfig& m, const LoraConfig& l) {
   return 4 * n + 6 * static_cast<double>(NumAdapterParams(m, l)) + attention;
 }
 
+BlockFlops BlockFlopsPerToken(const ModelConfig& m, const LoraConfig& l) {
+  double numel = 0;
+  for (const ParamSpec& spec : UnitParams(m, 1)) numel += static_cast<double>(spec.numel());
+  const double adapters = l.enabled ? static_cast<double>(NumAdapterParams(m, l)) / m.n_layer : 0;
+  const double attention = 12.0 * m.n_head * m.head_dim() * m.block_size;
+  return {2 * numel + 2 * adapters + attention / 3, (l.enabled ? 2 : 4) * numel + 4 * adapters + 2 * attention / 3};
+}
+
 absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int group_size) {
   std::vector<ShardLayout> out;
   for (int u = 0; u < NumUnits(m); ++u) {

@@ -43,6 +43,14 @@ double ApproxNumParams(const ModelConfig& m);
 // gradient: 4 FLOPs per frozen weight, 6 per adapter weight.
 double TrainingFlopsPerToken(const ModelConfig& m, const LoraConfig& l = LoraConfig());
 
+// One block's share of TrainingFlopsPerToken: its matmuls (2 FLOPs per weight
+// forward, 4 backward; 2 backward for a frozen weight under LoRA, plus 6 per
+// adapter weight) and attention (12 H Q T, a third of it forward).
+struct BlockFlops {
+  double forward = 0, backward = 0;
+};
+BlockFlops BlockFlopsPerToken(const ModelConfig& m, const LoraConfig& l = LoraConfig());
+
 // The ownership map: every unit's layout for shard group size `group_size`.
 absl::StatusOr<std::vector<ShardLayout>> OwnershipMap(const ModelConfig& m, int group_size);
 

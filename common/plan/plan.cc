@@ -554,17 +554,11 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   plan.flops_per_token = model::TrainingFlopsPerToken(m, in.lora);
   plan.tokens_per_step = batch * m.block_size;
   plan.micro_batches = static_cast<int>(batch / per_step);
-  // Per token: a block's matmuls (2 FLOPs per weight forward, 4 backward; 2
-  // under LoRA, whose frozen weights get no gradient, plus 6 per adapter
-  // weight) and attention (12 L H Q T, a third of it forward); the head's
-  // share is the rest of model::TrainingFlopsPerToken, split the same way.
-  double block_numel = 0;
-  for (const ParamSpec& spec : model::UnitParams(m, 1)) block_numel += spec.numel();
+  // Per token: a block's (model::BlockFlopsPerToken); the head's share is
+  // the rest of model::TrainingFlopsPerToken, split as a block's is.
   const bool lora = in.lora.enabled;
-  const double adapters = lora ? static_cast<double>(model::NumAdapterParams(m, in.lora)) / m.n_layer : 0;
-  const double attention = 12.0 * m.n_head * m.head_dim() * m.block_size;
-  const double block_forward = 2 * block_numel + 2 * adapters + attention / 3;
-  const double block_backward = (lora ? 2 : 4) * block_numel + 4 * adapters + 2 * attention / 3;
+  const model::BlockFlops block = model::BlockFlopsPerToken(m, in.lora);
+  const double block_forward = block.forward, block_backward = block.backward;
   const double head = plan.flops_per_token - m.n_layer * (block_forward + block_backward);
   const double head_forward = lora ? head / 2 : head / 3;
   const double seconds_per_flop = static_cast<double>(b) * m.block_size / c.flops;  // one micro-batch's tokens'

@@ -37,6 +37,8 @@ ClusterSpec ClusterOf(const AttemptCluster& a) {
     s.flops = 5e10;
     s.memory_bw = 10e9;
   }
+  if (a.measured_flops > 0) s.flops = a.measured_flops;
+  s.comm_cpu_s_per_byte = a.measured_comm_cpu_s_per_byte;
   return s;
 }
 
@@ -103,11 +105,15 @@ absl::StatusOr<StrategyChoice> ChooseStrategyOn(const JobConfig& c, const Attemp
     if (k.plan.fits && (!best || k.plan.step_s < best->plan.step_s)) best = &k;
   }
   if (!smallest) return absl::InternalError("the planner returned no strategy");
-  const std::string bandwidth =
+  std::string bandwidth =
       a.measured_bus_bandwidth > 0
           ? absl::StrFormat("%.3g GB/s measured", a.measured_bus_bandwidth / 1e9)
           : absl::StrFormat("%.3g GB/s assumed until measured",
                             (a.hosts > 1 ? in.cluster.inter_node_bw : in.cluster.intra_node_bw) / 1e9);
+  if (a.measured_flops > 0) {
+    absl::StrAppendFormat(&bandwidth, ", %.3g GFLOP/s a rank and %.3g ns of its compute a byte sent measured",
+                          a.measured_flops / 1e9, a.measured_comm_cpu_s_per_byte * 1e9);
+  }
   const Candidate& pick = best ? *best : *smallest;
   StrategyChoice out;
   out.strategy = pick.plan.strategy;

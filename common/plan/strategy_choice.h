@@ -12,6 +12,12 @@
 // numbers a host's ranks consecutively; a job's shard_group_size is not
 // read under auto). The job's own activation checkpointing setting is kept.
 //
+// On host transports the ranks also measure their compute and what the
+// transport's CPU takes from it (worker/run/rendezvous_figures.h): where ranks
+// share a host's cores, a byte sent stretches the step as much as a few
+// thousand FLOPs, which decides between strategies that move different bytes
+// over the same compute (LoRA's replicated base against a sharded one).
+//
 // The measured figure is the world ring's bus bandwidth: across hosts, what
 // one flow gets out of a host. A hybrid's replicate groups hold one rank of
 // each host and run at once, so a host's link carries ranks-per-host of
@@ -39,6 +45,11 @@ struct AttemptCluster {
   int64_t min_memory_bytes = 0;       // the smallest worker's memory
   std::string device_kind = "cpu";    // "cuda" or "cpu"
   double measured_bus_bandwidth = 0;  // bytes/s per rank; 0: not measured yet
+  // Host transports (0: not measured; the device kind's defaults): the
+  // slowest rank's compute (FLOP/s), and the seconds of it each byte a rank
+  // sends costs (ClusterSpec::comm_cpu_s_per_byte).
+  double measured_flops = 0;
+  double measured_comm_cpu_s_per_byte = 0;
 };
 
 struct StrategyChoice {

@@ -164,6 +164,12 @@ def check_auto_on_a_slow_link(c, cl, hs, directory, two_hosts):
             f"{measured / 1e6:.2f} MB/s measured, the link {link / 1e6:.2f}")
     c.check("(shard groups of 2, one a host)" in job.get("strategy_reason", ""),
             "and say that a host's ranks make each shard group", job.get("strategy_reason", "")[:160])
+    # Over Gloo the ranks also time a block's compute and the CPU the link's
+    # bytes took; the pick names them.
+    flops, cpu = job.get("measured_compute_flops") or 0, job.get("measured_comm_cpu_s_per_byte") or 0
+    c.check(1e8 < flops < 1e13 and 1e-11 < cpu < 1e-6 and "GFLOP/s a rank and " in job.get("strategy_reason", ""),
+            "the ranks measure their compute and the CPU a byte sent costs it, and auto plans on them",
+            f"{flops / 1e9:.3g} GFLOP/s, {cpu * 1e9:.3g} ns a byte; {job.get('strategy_reason', '')[:200]}")
 
 
 def main():

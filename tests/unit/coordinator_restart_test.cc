@@ -6,6 +6,7 @@
 // every attempt.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -401,21 +402,37 @@ TEST_F(RestartTest, AutoPicksAStrategyForEachAttempt) {
   ASSERT_TRUE(sent.ok()) << sent.status();
   EXPECT_EQ(StrategyName(sent->parallelism.strategy), j.strategy());
   EXPECT_TRUE(sent->parallelism.auto_strategy);
-  // The ranks measured the bus after they connected: the slower one counts.
+  // The ranks measured the bus, their compute and the CPU a byte sent costs
+  // after they connected: the slower rank's figures count.
   for (int rank : {0, 1}) {
     v1::RankConnected c;
     c.set_job_id(job);
     c.set_rank(rank);
     c.set_bus_bandwidth(rank == 0 ? 3e9 : 1.5e9);
+    c.set_compute_flops(rank == 0 ? 40e9 : 20e9);
+    c.set_comm_cpu_s_per_byte(rank == 0 ? 1e-9 : 3e-9);
     core_->OnConnected(ids[rank], c);
   }
+  // A figure no rank can have measured changes nothing.
+  v1::RankConnected bogus;
+  bogus.set_job_id(job);
+  bogus.set_rank(1);
+  bogus.set_bus_bandwidth(std::nan(""));
+  bogus.set_compute_flops(1e30);
+  bogus.set_comm_cpu_s_per_byte(-1);
+  core_->OnConnected(ids[1], bogus);
   EXPECT_DOUBLE_EQ(core_->GetJob(job)->measured_bus_bandwidth(), 1.5e9);
+  EXPECT_DOUBLE_EQ(core_->GetJob(job)->measured_compute_flops(), 20e9);
+  EXPECT_DOUBLE_EQ(core_->GetJob(job)->measured_comm_cpu_s_per_byte(), 3e-9);
   core_->WorkerGone(ids[1], "session closed");
   Finish(ids[0], job, 0, false, "cancelled", absl::StatusCode::kCancelled);
   j = *core_->GetJob(job);
   ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
   EXPECT_EQ(j.workers(), 1);
-  EXPECT_NE(j.strategy_reason().find("1.5 GB/s measured"), std::string::npos) << j.strategy_reason();
+  EXPECT_NE(j.strategy_reason().find("1.5 GB/s measured, 20 GFLOP/s a rank and 3 ns of its compute a byte sent "
+                                     "measured"),
+            std::string::npos)
+      << j.strategy_reason();
   EXPECT_NE(j.strategy_reason().find("at 1 ranks"), std::string::npos) << j.strategy_reason();
   sent = DecodeJobConfig(a.Starts().back().spec(), job);
   ASSERT_TRUE(sent.ok()) << sent.status();

@@ -250,6 +250,53 @@ TEST(StrategyChoice, WeighsAHybridWhoseShardGroupIsAHostsRanks) {
   }
 }
 
+// Where ranks share a host's cores, what they measured of their compute and
+// of the CPU a byte sent takes from it decides between LoRA's bases: the
+// ~100M llama with rank-16 adapters on every projection, four CPU ranks on
+// two hosts at 1000 Mbit/s. On the defaults (no CPU a byte) a hybrid, which
+// gathers the sharded base inside each host behind its compute, looks
+// fastest. At what this VM's ranks measure (38 GFLOP/s, 2.3 ns of compute a
+// byte) those gathers stretch the compute more than no_shard's replicated
+// base costs, and no_shard is picked, as bench/results/network_compare_llama100m.md
+// measured it (479 against HSDP's 431 tokens/s at 100 Mbit/s, 470 against
+// 431 at 1000).
+TEST(StrategyChoice, MeasuredComputeAndCpuABytePickLorasReplicatedBase) {
+  JobConfig c;
+  c.model.family = "llama";
+  c.model.n_layer = 8;
+  c.model.n_embd = 768;
+  c.model.n_head = 12;
+  c.model.n_kv_head = 4;
+  c.model.intermediate_size = 2048;
+  c.model.vocab_size = 32000;
+  c.model.block_size = 256;
+  c.train.batch_size = 8;
+  c.train.micro_batch_size = 2;
+  c.lora.enabled = true;
+  c.lora.rank = 16;
+  c.lora.alpha = 32;
+  c.lora.target_modules = {"all-linear"};
+  c.parallelism.auto_strategy = true;
+  c.parallelism.sparse_embedding = true;
+  AttemptCluster a;
+  a.world = 4;
+  a.hosts = 2;
+  a.ranks_per_host = 2;
+  a.device_kind = "cpu";
+  a.min_memory_bytes = int64_t{8} << 30;
+  a.measured_bus_bandwidth = 116e6;
+  absl::StatusOr<StrategyChoice> defaults = ChooseStrategy(c, a);
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_TRUE(IsHybrid(defaults->strategy)) << defaults->why;
+  a.measured_flops = 38e9;
+  a.measured_comm_cpu_s_per_byte = 2.3e-9;
+  absl::StatusOr<StrategyChoice> measured = ChooseStrategy(c, a);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_EQ(measured->strategy, Strategy::kNoShard) << measured->why;
+  EXPECT_NE(measured->why.find("38 GFLOP/s a rank and 2.3 ns of its compute a byte sent measured"), std::string::npos)
+      << measured->why;
+}
+
 TEST(StrategyChoice, TheJobFileSaysAuto) {
   absl::StatusOr<JobConfig> c = ResolveJobSpec(R"(
 [model]

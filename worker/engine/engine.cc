@@ -18,9 +18,7 @@
 
 namespace shardline {
 
-namespace {
 at::ScalarType TorchDType(DType d) { return d == DType::kFloat32 ? at::kFloat : at::kBFloat16; }
-}  // namespace
 
 Engine::Engine(const JobConfig& config, int rank, int world, std::shared_ptr<const Device> device,
                Communicators comms, absl::Duration timeout)

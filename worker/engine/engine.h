@@ -56,6 +56,9 @@
 
 namespace shardline {
 
+// The torch dtype of a job's DType.
+at::ScalarType TorchDType(DType d);
+
 // Per-rank memory by kind; at rest (between steps) and the peak of all kinds
 // together during the last step.
 struct MemoryReport {

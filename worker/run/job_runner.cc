@@ -8,37 +8,6 @@
 
 namespace shardline {
 
-absl::StatusOr<double> MeasureBusBandwidth(comm::Communicator& c, const Device& device, absl::Duration timeout) {
-  constexpr int64_t kFloats = 2 << 20;  // 8 MiB: past the latency-bound sizes
-  at::Tensor t = device.Zeros(kFloats, at::kFloat);
-  std::vector<double> rates;
-  for (int i = 0; i < 4; ++i) {
-    const absl::Time t0 = absl::Now();
-    std::shared_ptr<comm::Work> w = c.AllReduce(t);
-    SL_RETURN_IF_ERROR(w->Wait(timeout));
-    const double s = absl::ToDoubleSeconds(absl::Now() - t0);
-    // nccl-tests' busbw for a ring all-reduce; the first call warms up.
-    if (i > 0 && s > 0) rates.push_back(2.0 * (c.size() - 1) / c.size() * kFloats * 4 / s);
-  }
-  std::sort(rates.begin(), rates.end());
-  return rates.empty() ? 0 : rates[rates.size() / 2];
-}
-
-absl::StatusOr<std::vector<double>> MeasureSendSeconds(comm::Communicator& c, const Device& device,
-                                                       absl::Duration timeout) {
-  constexpr int64_t kBytes = 1 << 20;
-  at::Tensor t = device.Zeros(kBytes, at::kByte);
-  std::vector<double> seconds;
-  for (int root = 0; root < c.size(); ++root) {
-    // All start together, so that a root's time is its own sending.
-    SL_RETURN_IF_ERROR(c.Barrier()->Wait(timeout));
-    const absl::Time t0 = absl::Now();
-    SL_RETURN_IF_ERROR(c.Broadcast(t, root)->Wait(timeout));
-    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
-  }
-  return seconds;
-}
-
 JobRunner::JobRunner(JobRun run, CheckpointSink* sink, JobHooks hooks)
     : run_(std::move(run)), sink_(sink), hooks_(std::move(hooks)) {}
 
@@ -55,15 +24,15 @@ absl::Status JobRunner::Start(c10::intrusive_ptr<c10d::Store> store, std::shared
   comm::Communicator* world_group = comms.shard->size() == run_.world       ? comms.shard.get()
                                     : comms.replicate->size() == run_.world ? comms.replicate.get()
                                                                             : nullptr;
-  double bus_bandwidth = 0;
+  AutoFigures figures;
   if (run_.config.parallelism.auto_strategy && run_.world > 1) {
     // A two-level hybrid auto picked measures over its replicate groups, one
     // rank of each host (its shard groups are the hosts), all at once: a
     // host's link carries shard-group-size of their flows, so that many
     // times one flow's figure is what the world's ring measures between them.
     comm::Communicator& over = world_group ? *world_group : *comms.replicate;
-    SL_ASSIGN_OR_RETURN(bus_bandwidth, MeasureBusBandwidth(over, *device, run_.collective_timeout));
-    if (!world_group) bus_bandwidth *= comms.shard->size();
+    SL_ASSIGN_OR_RETURN(figures, MeasureAutoFigures(over, world_group ? 1 : comms.shard->size(), run_.config,
+                                                    *device, run_.collective_timeout));
   }
   // Where the world's group broadcasts from the root to each rank (host
   // backends; NCCL pipelines it through every link, which tells hosts apart
@@ -72,7 +41,7 @@ absl::Status JobRunner::Start(c10::intrusive_ptr<c10d::Store> store, std::shared
   if (run_.world > 1 && world_group && !world_group->ordered_on_device()) {
     SL_ASSIGN_OR_RETURN(send_seconds, MeasureSendSeconds(*world_group, *device, run_.collective_timeout));
   }
-  if (hooks_.connected) hooks_.connected(comms, bus_bandwidth, send_seconds);
+  if (hooks_.connected) hooks_.connected(comms, figures, send_seconds);
   std::vector<comm::Communicator*> groups = {comms.shard.get(), comms.replicate.get()};
   SL_ASSIGN_OR_RETURN(engine_, Engine::Create(run_.config, run_.rank, run_.world, std::move(device), std::move(comms),
                                               run_.collective_timeout));

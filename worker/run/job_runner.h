@@ -34,6 +34,7 @@
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/comm/groups.h"
 #include "worker/engine/engine.h"
+#include "worker/run/rendezvous_figures.h"
 
 namespace shardline {
 
@@ -62,27 +63,16 @@ struct JobHooks {
   // (e.g. observers that must see every collective, as Stats counts them).
   std::function<void(Communicators&)> opened;
   // Once the communicators are connected, before the engine is built (e.g.
-  // their observers). `bus_bandwidth`: with strategy = "auto", what a timed
-  // all-reduce over the world measured (bytes/s); 0 otherwise.
-  // `send_seconds`: by rank, how long that rank's 1 MiB broadcast took here
-  // (MeasureSendSeconds; empty where not measured).
-  std::function<void(Communicators&, double bus_bandwidth, const std::vector<double>& send_seconds)> connected;
+  // their observers). `figures`: with strategy = "auto", what the rank
+  // measured (MeasureAutoFigures); zeros otherwise. `send_seconds`: by rank,
+  // how long that rank's 1 MiB broadcast took here (MeasureSendSeconds;
+  // empty where not measured).
+  std::function<void(Communicators&, const AutoFigures& figures, const std::vector<double>& send_seconds)> connected;
   // After every step (before its save); an error ends the run with it.
   std::function<absl::Status(const StepResult&, const Engine&)> stepped;
   // After each save ended: its seconds, bytes and outcome.
   std::function<void(double seconds, int64_t bytes, bool ok)> saved;
 };
-
-// The median of three timed 8 MiB all-reduces over `c` (after a warm-up),
-// as nccl-tests' bus bandwidth: bytes/s per rank through the ring.
-absl::StatusOr<double> MeasureBusBandwidth(comm::Communicator& c, const Device& device, absl::Duration timeout);
-
-// How fast each rank sends, as this rank sees it: after a barrier, rank r
-// broadcasts 1 MiB, for each r in turn, and this rank times each. A host
-// whose link is slow makes its own broadcast slow for every rank (the
-// coordinator names it: a straggler by its link, not its compute).
-absl::StatusOr<std::vector<double>> MeasureSendSeconds(comm::Communicator& c, const Device& device,
-                                                       absl::Duration timeout);
 
 class JobRunner {
  public:
