@@ -19,15 +19,15 @@
 namespace shardline {
 namespace {
 
-// What the job keeps of a rank's figure for strategy = "auto": from the
-// first rank of a rendezvous, its own (0 where it is none: a worker is not
-// trusted, so only a finite figure in (0, bound] counts); from the others,
-// the slowest rank's, the least (or where `most`, the greatest).
+// What the job keeps of a rank's figure for strategy = "auto": only a
+// finite one in (0, bound] counts (a worker is not trusted; 0 is a figure
+// not measured, and the last attempt's stays); the first rank's of a
+// rendezvous replaces the last attempt's, then the slowest rank's stays: the
+// least (or where `most`, the greatest).
 double Slowest(double kept, double reported, bool first, double bound, bool most) {
   const bool valid = reported > 0 && reported <= bound;  // (NaN is neither)
-  if (first) return valid ? reported : 0;
   if (!valid) return kept;
-  if (kept <= 0) return reported;
+  if (first || kept <= 0) return reported;
   return most ? std::max(kept, reported) : std::min(kept, reported);
 }
 
