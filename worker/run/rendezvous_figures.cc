@@ -57,7 +57,9 @@ absl::StatusOr<LinkFigures> MeasureLink(comm::Communicator& c, const Device& dev
   at::Tensor t = device.Zeros(kFloats, at::kFloat);
   std::vector<double> rates;
   double cpu = 0;
+  int64_t sent = 0;  // by the timed calls, as the communicator counts them
   for (int i = 0; i < 4; ++i) {
+    const int64_t sent0 = c.Stats().of(comm::Op::kAllReduce).bytes_sent;
     SL_ASSIGN_OR_RETURN(const double cpu0, ProcessCpuSeconds());
     const absl::Time t0 = absl::Now();
     std::shared_ptr<comm::Work> w = c.AllReduce(t);
@@ -66,14 +68,15 @@ absl::StatusOr<LinkFigures> MeasureLink(comm::Communicator& c, const Device& dev
     SL_ASSIGN_OR_RETURN(const double cpu1, ProcessCpuSeconds());
     // nccl-tests' busbw for a ring all-reduce; the first call warms up.
     if (i > 0 && s > 0) rates.push_back(2.0 * (c.size() - 1) / c.size() * kFloats * 4 / s);
-    if (i > 0) cpu += cpu1 - cpu0;
+    if (i > 0) {
+      cpu += cpu1 - cpu0;
+      sent += c.Stats().of(comm::Op::kAllReduce).bytes_sent - sent0;
+    }
   }
   std::sort(rates.begin(), rates.end());
   LinkFigures out;
   out.bus_bandwidth = rates.empty() ? 0 : rates[rates.size() / 2];
-  // A ring all-reduce sends 2 (n - 1) / n of the buffer from every rank.
-  const double sent = 3 * 2.0 * (c.size() - 1) / c.size() * kFloats * 4;
-  if (!c.ordered_on_device() && sent > 0) out.cpu_s_per_byte = cpu / sent;
+  if (!c.ordered_on_device() && sent > 0) out.cpu_s_per_byte = cpu / static_cast<double>(sent);
   return out;
 }
 
