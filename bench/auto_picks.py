@@ -105,7 +105,8 @@ def point(name, placement, mbit, data, directory):
                 hs.limit_egress(h, mbit)
                 for i in range(per_host):
                     cl.add_worker(h, str(i), collective_timeout=120)
-            idle = lambda: len([w for w in cl.ctl_json("workers")["workers"] if w["state"] == "IDLE"]) >= 4  # noqa: E731
+            def idle():
+                return len([w for w in cl.ctl_json("workers")["workers"] if w["state"] == "IDLE"]) >= 4
             if not wait_for(idle, 60, "4 idle workers", fail=False):
                 return None, "4 workers did not register"
             return measured_pick(cl, job_toml(name, per_host, data, directory))
