@@ -558,8 +558,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   // the rest of model::TrainingFlopsPerToken, split as a block's is.
   const bool lora = in.lora.enabled;
   const model::BlockFlops block = model::BlockFlopsPerToken(m, in.lora);
-  const double block_forward = block.forward, block_backward = block.backward;
-  const double head = plan.flops_per_token - m.n_layer * (block_forward + block_backward);
+  const double head = plan.flops_per_token - m.n_layer * (block.forward + block.backward);
   const double head_forward = lora ? head / 2 : head / 3;
   const double seconds_per_flop = static_cast<double>(b) * m.block_size / c.flops;  // one micro-batch's tokens'
 
@@ -569,7 +568,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
 
   StepShape x;
   x.world = world, x.b = b, x.p = p, x.r = r, x.micro_batches = plan.micro_batches;
-  x.block_forward = block_forward * seconds_per_flop, x.block_backward = block_backward * seconds_per_flop;
+  x.block_forward = block.forward * seconds_per_flop, x.block_backward = block.backward * seconds_per_flop;
   x.head_forward = head_forward * seconds_per_flop, x.head_backward = (head - head_forward) * seconds_per_flop;
   x.layer_act = layer_act, x.head_act = head_act, x.layer_input = layer_input;
   for (Strategy s : kStrategies) {
