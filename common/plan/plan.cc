@@ -51,19 +51,22 @@ void StateBytes(const std::vector<ShardLayout>& layouts, Strategy s, int p, int 
   out->state_bytes = out->params_bytes + out->grads_bytes + out->master_bytes + out->optimizer_bytes;
 }
 
-// Korthikanti et al. 2022, eq. 2 (no tensor or sequence parallelism): bytes
-// of one layer's saved activations at 2-byte activations; doubled in fp32.
+// Bytes of one layer's saved activations at 2-byte activations; doubled in
+// fp32. GPT-2: Korthikanti et al. 2022, eq. 2 (no tensor or sequence
+// parallelism), 34sbh + 5as^2b, less the GELU's output (8sbh), which the MLP
+// computes again in backward (ActivationLinear).
 double LayerActivationBytes(const ModelConfig& m, int b, int p) {
   const double s = m.block_size, h = m.n_embd, a = m.n_head;
   const double scale = p == 4 ? 2.0 : 1.0;
-  if (!m.is_llama()) return s * b * h * (34 + 5 * a * s / h) * scale;
+  if (!m.is_llama()) return s * b * h * (26 + 5 * a * s / h) * scale;
   // Llama, in 2-byte units per token: norm input and q/k/v input (4h); q, and
   // k and v at the key/value width, before and after rotation (4q + 4kv);
-  // the attention output (2q); the MLP's norm input and input (4h); gate,
-  // up, silu(gate) and their product (8i); and the softmax (2as per token).
+  // the attention output (2q); the MLP's norm input and input (4h); gate and
+  // up (4i: ActivationLinear keeps neither silu(gate) nor the product); and
+  // the softmax (2as per token).
   const double q = static_cast<double>(m.n_head) * m.head_dim(), kv = static_cast<double>(m.kv_heads()) * m.head_dim();
   const double i = m.intermediate_size;
-  return s * b * (8 * h + 6 * q + 4 * kv + 8 * i + 2 * a * s) * scale;
+  return s * b * (8 * h + 6 * q + 4 * kv + 4 * i + 2 * a * s) * scale;
 }
 
 // Padded sizes of the embed unit, the head unit and one block.

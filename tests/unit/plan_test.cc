@@ -167,14 +167,14 @@ TEST(Plan, LlamaWithBf16ReductionHoldsSixteenBytesPerParameter) {
   EXPECT_NEAR(Of(*plan, Strategy::kFullShard).state_bytes, 16 * P / 8, pad);
   // Activations: per layer and token, norm inputs and projections' inputs
   // (8h), q (and rotated q) and the attention output (6q), k and v at the kv
-  // width before and after rotation (4kv), SwiGLU's four intermediate-wide
-  // tensors (8i) and the softmax (2as), in bytes at bf16; then the logits
+  // width before and after rotation (4kv), SwiGLU's two intermediate-wide
+  // inputs (4i) and the softmax (2as), in bytes at bf16; then the logits
   // and their gradient (fp32), and lm_head's gradient, which the fused loss
   // computes in forward (fp32).
   const ModelConfig& m = in.model;
   const double sb = 2048.0 * in.micro_batch_size, h = m.n_embd, q = m.n_head * m.head_dim(),
                kv = m.kv_heads() * m.head_dim(), i = m.intermediate_size;
-  const double layer = sb * (8 * h + 6 * q + 4 * kv + 8 * i + 2 * m.n_head * 2048.0);
+  const double layer = sb * (8 * h + 6 * q + 4 * kv + 4 * i + 2 * m.n_head * 2048.0);
   EXPECT_DOUBLE_EQ(Of(*plan, Strategy::kFullShard).activation_bytes,
                    std::floor(m.n_layer * layer + 2.0 * sb * m.vocab_size * 4 + 4.0 * m.vocab_size * h));
 }

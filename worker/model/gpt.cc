@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/match.h"
+#include "worker/model/activation_linear.h"
 
 namespace shardline {
 
@@ -38,8 +39,7 @@ at::Tensor GptFamily::Block(const at::Tensor& x, const BlockWeights& w, const Pa
   y = y.transpose(1, 2).contiguous().view({B, T, C});
   at::Tensor x1 = x + w.Linear(y, 4, w[5]);
   h = at::layer_norm(x1, {C}, w[6], w[7], 1e-5);
-  h = at::gelu(w.Linear(h, 8, w[9]), "tanh");
-  return x1 + w.Linear(h, 10, w[11]);
+  return x1 + ActivationLinear(MlpActivation::kGeluTanh, w.Linear(h, 8, w[9]), at::Tensor(), w, 10, w[11]);
 }
 
 at::Tensor GptFamily::HeadHidden(const at::Tensor& x, const Weights& w) const {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/match.h"
+#include "worker/model/activation_linear.h"
 
 namespace shardline {
 
@@ -124,7 +125,7 @@ at::Tensor LlamaFamily::Block(const at::Tensor& x, const BlockWeights& w, const 
   y = y.transpose(1, 2).reshape({B, T, H * D});
   at::Tensor x1 = x + w.Linear(y, o_proj);
   h = RmsNorm(x1, post_norm, eps);
-  return x1 + w.Linear(at::silu(w.Linear(h, gate)) * w.Linear(h, up), down);
+  return x1 + ActivationLinear(MlpActivation::kSwiGlu, w.Linear(h, gate), w.Linear(h, up), w, down);
 }
 
 at::Tensor LlamaFamily::HeadHidden(const at::Tensor& x, const Weights& head) const {
