@@ -53,12 +53,13 @@ void StateBytes(const std::vector<ShardLayout>& layouts, Strategy s, int p, int 
 
 // Bytes of one layer's saved activations at 2-byte activations; doubled in
 // fp32. GPT-2: Korthikanti et al. 2022, eq. 2 (no tensor or sequence
-// parallelism), 34sbh + 5as^2b, less the GELU's output (8sbh), which the MLP
-// computes again in backward (ActivationLinear).
+// parallelism), 34sbh + 5as^2b, less what the block computes again in
+// backward (recomputed_linear.h): the GELU's output (8sbh) and the two layer
+// norms' outputs (2sbh each).
 double LayerActivationBytes(const ModelConfig& m, int b, int p) {
   const double s = m.block_size, h = m.n_embd, a = m.n_head;
   const double scale = p == 4 ? 2.0 : 1.0;
-  if (!m.is_llama()) return s * b * h * (26 + 5 * a * s / h) * scale;
+  if (!m.is_llama()) return s * b * h * (22 + 5 * a * s / h) * scale;
   // Llama, in 2-byte units per token: norm input and q/k/v input (4h); q, and
   // k and v at the key/value width, before and after rotation (4q + 4kv);
   // the attention output (2q); the MLP's norm input and input (4h); gate and

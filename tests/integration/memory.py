@@ -58,10 +58,10 @@ def main():
                              f"{m['peak']} <= {bound}")
     # Measured by the allocator: every tensor byte of a step, activations
     # included. It bounds the engine's ledger from above, and activation
-    # checkpointing must lower it where activations dominate (long sequences).
+    # checkpointing must lower it where activations dominate (long sequences, several blocks).
     peaks = {}
     for ckpt in (False, True):
-        cfg = harness.config("full_shard", 2, micro_batches=1, train__steps=2, model__block_size=128,
+        cfg = harness.config("full_shard", 2, micro_batches=1, train__steps=2, model__block_size=128, model__n_layer=6,
                              train__batch_size=8, train__micro_batch_size=4,
                              memory__activation_checkpointing=ckpt)
         _, ranks = harness.run(cfg, 2)

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/match.h"
-#include "worker/model/activation_linear.h"
+#include "worker/model/recomputed_linear.h"
 
 namespace shardline {
 
