@@ -60,11 +60,11 @@ double LayerActivationBytes(const ModelConfig& m, int b, int p) {
   const double s = m.block_size, h = m.n_embd, a = m.n_head;
   const double scale = p == 4 ? 2.0 : 1.0;
   if (!m.is_llama()) return s * b * h * (22 + 5 * a * s / h) * scale;
-  // Llama, in 2-byte units per token: norm input and q/k/v input (4h); q, and
-  // k and v at the key/value width, before and after rotation (4q + 4kv);
-  // the attention output (2q); the MLP's norm input and input (4h); gate and
-  // up (4i: ActivationLinear keeps neither silu(gate) nor the product); and
-  // the softmax (2as per token).
+  // Llama, in 2-byte units per token: norm input and q/k/v input (4h; an RMS
+  // norm keeps no fp32 copy, rms_norm.h); q, and k and v at the key/value
+  // width, before and after rotation (4q + 4kv); the attention output (2q);
+  // the MLP's norm input and input (4h); gate and up (4i: ActivationLinear
+  // keeps neither silu(gate) nor the product); and the softmax (2as per token).
   const double q = static_cast<double>(m.n_head) * m.head_dim(), kv = static_cast<double>(m.kv_heads()) * m.head_dim();
   const double i = m.intermediate_size;
   return s * b * (8 * h + 6 * q + 4 * kv + 4 * i + 2 * a * s) * scale;

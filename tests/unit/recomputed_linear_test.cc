@@ -15,6 +15,7 @@
 #include "worker/device/tensor_memory.h"
 
 namespace shardline {
+namespace recomputed_linear_test {  // (one unity translation unit with other tests)
 namespace {
 
 constexpr int64_t kB = 2, kT = 17, kIn = 96, kOut = 40, kRank = 4;
@@ -184,4 +185,5 @@ TEST(RecomputedLinear, UnderNoGradIsThePlainForward) {
 }
 
 }  // namespace
+}  // namespace recomputed_linear_test
 }  // namespace shardline

@@ -4,17 +4,11 @@
 
 #include "absl/strings/match.h"
 #include "worker/model/recomputed_linear.h"
+#include "worker/model/rms_norm.h"
 
 namespace shardline {
 
 namespace {
-
-// transformers' LlamaRMSNorm: in fp32, cast back, then scaled.
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  at::Tensor h = x.to(at::kFloat);
-  h = h * at::rsqrt(h.pow(2).mean({-1}, /*keepdim=*/true) + eps);
-  return weight * h.to(x.scalar_type());
-}
 
 at::Tensor RotateHalf(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
