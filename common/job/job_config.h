@@ -189,6 +189,10 @@ struct PrecisionConfig {
 };
 struct MemoryConfig {
   bool activation_checkpointing = false, cpu_offload = false;
+  // GELU, SwiGLU and the norms computed again in backward instead of their
+  // outputs kept (worker/model/recomputed_linear.h, rms_norm.h): the same
+  // results bit for bit, less activation memory, one pass more each.
+  bool recompute_cheap_ops = true;
 };
 struct PrefetchConfig {
   bool forward = true;

@@ -324,6 +324,7 @@ void ReadExecution(SectionReaders& r, JobConfig& c) {
   TableReader& mem = r["memory"];
   mem.Bool("activation_checkpointing", &c.memory.activation_checkpointing);
   mem.Bool("cpu_offload", &c.memory.cpu_offload);
+  mem.Bool("recompute_cheap_ops", &c.memory.recompute_cheap_ops);
   TableReader& pf = r["prefetch"];
   pf.Bool("forward", &c.prefetch.forward);
   pf.Enum<BackwardPrefetch>("backward", &c.prefetch.backward, ParseBackwardPrefetch);

@@ -57,7 +57,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimizerConfig, lr, min_lr, warmup_steps, sc
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelismConfig, strategy, auto_strategy, shard_group_size, sparse_embedding,
                                    auto_sparse_embedding, shard_optimizer_across_replicas)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PrecisionConfig, param_dtype, reduce_dtype, buffer_dtype, allow_tf32)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryConfig, activation_checkpointing, cpu_offload)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryConfig, activation_checkpointing, cpu_offload, recompute_cheap_ops)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PrefetchConfig, forward, backward, max_inflight_all_gathers)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LoraConfig, enabled, rank, alpha, target_modules, dropout, init_from, base,
                                    explicit_keys, base_digest)

@@ -53,21 +53,24 @@ void StateBytes(const std::vector<ShardLayout>& layouts, Strategy s, int p, int 
 
 // Bytes of one layer's saved activations at 2-byte activations; doubled in
 // fp32. GPT-2: Korthikanti et al. 2022, eq. 2 (no tensor or sequence
-// parallelism), 34sbh + 5as^2b, less what the block computes again in
-// backward (recomputed_linear.h): the GELU's output (8sbh) and the two layer
-// norms' outputs (2sbh each).
-double LayerActivationBytes(const ModelConfig& m, int b, int p) {
+// parallelism), 34sbh + 5as^2b, less what a block that recomputes its cheap
+// ops computes again in backward (recomputed_linear.h): the GELU's output
+// (8sbh) and the two layer norms' outputs (2sbh each).
+double LayerActivationBytes(const ModelConfig& m, int b, int p, bool recompute_cheap_ops) {
   const double s = m.block_size, h = m.n_embd, a = m.n_head;
   const double scale = p == 4 ? 2.0 : 1.0;
-  if (!m.is_llama()) return s * b * h * (22 + 5 * a * s / h) * scale;
-  // Llama, in 2-byte units per token: norm input and q/k/v input (4h; an RMS
-  // norm keeps no fp32 copy, rms_norm.h); q, and k and v at the key/value
-  // width, before and after rotation (4q + 4kv); the attention output (2q);
-  // the MLP's norm input and input (4h); gate and up (4i: ActivationLinear
-  // keeps neither silu(gate) nor the product); and the softmax (2as per token).
+  if (!m.is_llama()) return s * b * h * ((recompute_cheap_ops ? 22 : 34) + 5 * a * s / h) * scale;
+  // Llama, in 2-byte units per token: norm input and q/k/v input (4h); q, and
+  // k and v at the key/value width, before and after rotation (4q + 4kv);
+  // the attention output (2q); the MLP's norm input and input (4h); gate and
+  // up (4i), and where the cheap ops are kept silu(gate) and the product
+  // (4i more) and each norm's fp32 input and normalized rows (rms_norm.h:
+  // 6h, twice, in a 2-byte dtype; in fp32 the input is its own fp32 copy,
+  // 2h in these units); and the softmax (2as per token).
   const double q = static_cast<double>(m.n_head) * m.head_dim(), kv = static_cast<double>(m.kv_heads()) * m.head_dim();
   const double i = m.intermediate_size;
-  return s * b * (8 * h + 6 * q + 4 * kv + 4 * i + 2 * a * s) * scale;
+  const double kept = recompute_cheap_ops ? 0 : 4 * i + (p == 4 ? 4 * h : 12 * h);
+  return s * b * (8 * h + 6 * q + 4 * kv + 4 * i + kept + 2 * a * s) * scale;
 }
 
 // Padded sizes of the embed unit, the head unit and one block.
@@ -92,6 +95,7 @@ PlanInput PlanInputForJob(const JobConfig& c, int workers) {
   in.shard_group_size = c.parallelism.shard_group_size;
   in.lora = c.lora;
   in.sparse_embedding = c.parallelism.sparse_embedding;
+  in.recompute_cheap_ops = c.memory.recompute_cheap_ops;
   in.shard_optimizer_across_replicas = c.parallelism.shard_optimizer_across_replicas;
   in.cluster.workers = workers;
   return in;
@@ -566,7 +570,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
   const double head_forward = lora ? head / 2 : head / 3;
   const double seconds_per_flop = static_cast<double>(b) * m.block_size / c.flops;  // one micro-batch's tokens'
 
-  const double layer_act = LayerActivationBytes(m, b, p);
+  const double layer_act = LayerActivationBytes(m, b, p, in.recompute_cheap_ops);
   const double head_act = 2.0 * b * m.block_size * m.vocab_size * 4;  // fp32 logits and their gradient
   const double layer_input = static_cast<double>(b) * m.block_size * m.n_embd * (p == 4 ? 4 : 2);
 

@@ -74,6 +74,9 @@ struct PlanInput {
   // otherwise gathered for the head alone and its reduction starts after
   // the head's backward.
   bool sparse_embedding = false;
+  // [memory] recompute_cheap_ops: the blocks keep no GELU, SwiGLU or norm
+  // output (LayerActivationBytes).
+  bool recompute_cheap_ops = true;
   // [parallelism] shard_optimizer_across_replicas under hybrid_shard: each
   // unit but those the sparse embedding trains keeps 1/R of its shard's
   // master and moments, reduce-scatters its shard across the R replicas

@@ -1,7 +1,9 @@
 """Memory: at N=4 with bf16 parameters and gradients (DESIGN.md's table), the
 bytes each rank holds by kind (params, grads, master, optimizer) equal the
 formulas up to padding, for every strategy; and the peak during a step stays
-within the state plus the units allowed in flight plus activations."""
+within the state plus the units allowed in flight plus activations. Keeping
+the cheap ops' outputs ([memory] recompute_cheap_ops = false) changes no bit
+of the run and raises the measured peak."""
 import formulas
 import harness
 
@@ -71,6 +73,7 @@ def main():
         peaks[ckpt] = m["tensor_peak"]
     checks.check(peaks[True] < 0.8 * peaks[False], "activation checkpointing lowers the measured step peak",
                  f"{peaks[True]} vs {peaks[False]} bytes")
+    check_recompute_cheap_ops(checks)
     # fp32: the master copy is the parameters themselves, never a duplicate.
     for strategy in harness.STRATEGIES:
         cfg = harness.config(strategy, WORLD, micro_batches=1, train__steps=1, model__n_embd=30,
@@ -81,6 +84,30 @@ def main():
         checks.check(got == expected, f"{strategy} fp32 rank 0 bytes by kind",
                      f"{got}" + ("" if got == expected else f" expected {expected}"))
     checks.finish()
+
+
+def check_recompute_cheap_ops(checks):
+    """The GELU, SwiGLU and norm outputs computed again in backward or kept:
+    the same losses and gradient norms bit for bit (GPT-2 in fp32 and bf16; a
+    Qwen3-shaped llama, with per-head norms, in bf16: in fp32 its block input
+    is its own fp32 copy, whose three gradient terms autograd may sum in
+    another order, rms_norm.h), and a lower measured step peak where they
+    are not kept."""
+    models = [("gpt fp32", {}, "fp32"), ("gpt bf16", {}, "bf16"),
+              ("qwen3 bf16", {"model": harness.llama_model("qwen3")}, "bf16")]
+    for name, tables, dtype in models:
+        runs = {}
+        for recompute in (True, False):
+            cfg = harness.config("full_shard", 2, micro_batches=1, train__steps=3, model__block_size=64,
+                                 precision__param_dtype=dtype, memory__recompute_cheap_ops=recompute)
+            cfg.update(tables)
+            _, ranks = harness.run(cfg, 2)
+            runs[recompute] = ([(s["loss"], s["grad_norm"]) for s in ranks[0]["steps"]],
+                               ranks[0]["memory"]["tensor_peak"])
+        checks.check(runs[True][0] == runs[False][0], f"{name}: recompute_cheap_ops changes no loss or norm bit",
+                     f"{runs[True][0]} vs {runs[False][0]}")
+        checks.check(runs[True][1] < runs[False][1], f"{name}: recomputing lowers the measured step peak",
+                     f"{runs[True][1]} vs {runs[False][1]} bytes")
 
 
 if __name__ == "__main__":

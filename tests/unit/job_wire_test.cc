@@ -80,7 +80,7 @@ JobConfig EveryFieldSet() {
   c.optimizer = {3e-4, 1e-5, 7, LrSchedule::kWsd, 4, {0.8, 0.99}, 1e-7, 0.01, 0.5};
   c.parallelism = {Strategy::kHybridShardZero2, true, 2, true, true, true};
   c.precision = {DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, true};
-  c.memory = {true, true};
+  c.memory = {true, true, false};
   c.prefetch = {false, BackwardPrefetch::kPost, 4};
   c.lora.enabled = true;
   c.lora.rank = 16, c.lora.alpha = 32, c.lora.dropout = 0.05;

@@ -71,16 +71,20 @@ at::Tensor Composed(const Leaves& l) {
   return WeightsOf(l).Linear(g, 0, l.bias);
 }
 
-at::Tensor Fused(const Leaves& l) {
-  if (l.op == Op::kLayerNorm) return LayerNormLinear(l.a, l.norm_weight, l.norm_bias, kEps, WeightsOf(l), 0, l.bias);
+// The function under test; `recompute` false is [memory]
+// recompute_cheap_ops = false, the composed ops.
+at::Tensor Fused(const Leaves& l, bool recompute = true) {
+  if (l.op == Op::kLayerNorm) {
+    return LayerNormLinear(l.a, l.norm_weight, l.norm_bias, kEps, WeightsOf(l), 0, l.bias, recompute);
+  }
   const MlpActivation act = l.op == Op::kGelu ? MlpActivation::kGeluTanh : MlpActivation::kSwiGlu;
-  return ActivationLinear(act, l.a, l.b, WeightsOf(l), 0, l.bias);
+  return ActivationLinear(act, l.a, l.b, WeightsOf(l), 0, l.bias, recompute);
 }
 
 // The output and every leaf's gradient (undefined where it has none) after
 // backward of a fixed random cotangent.
-std::vector<at::Tensor> Run(const Leaves& l, bool fused) {
-  const at::Tensor y = fused ? Fused(l) : Composed(l);
+std::vector<at::Tensor> Run(const Leaves& l, bool fused, bool recompute = true) {
+  const at::Tensor y = fused ? Fused(l, recompute) : Composed(l);
   at::manual_seed(99);
   y.backward(at::randn(y.sizes()).to(y.scalar_type()));
   std::vector<at::Tensor> out{y.detach()};
@@ -93,10 +97,13 @@ std::vector<at::Tensor> Run(const Leaves& l, bool fused) {
 
 void ExpectBitForBit(Op op, at::ScalarType dtype, Shape s) {
   const Leaves l = MakeLeaves(op, dtype, s);
-  const std::vector<at::Tensor> want = Run(l, /*fused=*/false), got = Run(l, /*fused=*/true);
+  const std::vector<at::Tensor> want = Run(l, /*fused=*/false), got = Run(l, /*fused=*/true),
+                                kept = Run(l, /*fused=*/true, /*recompute=*/false);
   const char* names[] = {"output", "a", "b", "norm_weight", "norm_bias", "weight", "bias", "lora_A", "lora_B"};
   for (size_t i = 0; i < want.size(); ++i) {
     SCOPED_TRACE(names[i]);
+    ASSERT_EQ(kept[i].defined(), want[i].defined());
+    if (want[i].defined()) EXPECT_TRUE(at::equal(kept[i], want[i])) << "recompute = false";
     ASSERT_EQ(got[i].defined(), want[i].defined());
     if (!want[i].defined()) continue;
     EXPECT_EQ(got[i].scalar_type(), want[i].scalar_type());
@@ -143,9 +150,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, RecomputedLinear, testing::Values(at::kFloat, a
 
 // The bytes forward leaves for backward, by TensorMemory's count, beyond the
 // inputs (the caller's either way) and the output.
-int64_t HeldAfterForward(const Leaves& l, bool fused) {
+int64_t HeldAfterForward(const Leaves& l, bool fused, bool recompute = true) {
   const int64_t before = TensorMemory::current();
-  const at::Tensor y = fused ? Fused(l) : Composed(l);
+  const at::Tensor y = fused ? Fused(l, recompute) : Composed(l);
   return TensorMemory::current() - before - y.nbytes();
 }
 
@@ -160,6 +167,7 @@ TEST(RecomputedLinear, KeepsNoneOfTheOpsOutputs) {
   const Leaves gelu = MakeLeaves(Op::kGelu, at::kBFloat16, {.bias = true});
   EXPECT_EQ(HeldAfterForward(gelu, false), out_bytes);
   EXPECT_EQ(HeldAfterForward(gelu, true), 0);
+  EXPECT_EQ(HeldAfterForward(gelu, true, /*recompute=*/false), out_bytes);
   const Leaves swiglu = MakeLeaves(Op::kSwiGlu, at::kBFloat16, {});
   EXPECT_EQ(HeldAfterForward(swiglu, false), 2 * out_bytes);
   EXPECT_EQ(HeldAfterForward(swiglu, true), 0);

@@ -30,10 +30,11 @@ struct Result {
   at::Tensor y, dx, dweight;
 };
 
-Result Run(const at::Tensor& x0, const at::Tensor& w0, bool weight_trains, bool fused) {
+// fused: RmsNorm, recomputing or not; else the test's own composition.
+Result Run(const at::Tensor& x0, const at::Tensor& w0, bool weight_trains, bool fused, bool recompute = true) {
   const at::Tensor x = x0.detach().clone().requires_grad_(true);
   const at::Tensor w = w0.detach().clone().requires_grad_(weight_trains);
-  const at::Tensor y = fused ? RmsNorm(x, w, kEps) : Composed(x, w);
+  const at::Tensor y = fused ? RmsNorm(x, w, kEps, recompute) : Composed(x, w);
   at::manual_seed(99);
   y.backward(at::randn(y.sizes()).to(y.scalar_type()));
   return {y.detach(), x.grad(), w.grad()};
@@ -43,6 +44,8 @@ void ExpectBitForBit(std::vector<int64_t> shape, at::ScalarType dtype, bool weig
   const at::Tensor x = (at::randn(shape) * 3).to(dtype);
   const at::Tensor w = (1 + 0.1 * at::randn({shape.back()})).to(dtype);
   const Result want = Run(x, w, weight_trains, false), got = Run(x, w, weight_trains, true);
+  const Result kept = Run(x, w, weight_trains, true, /*recompute=*/false);
+  EXPECT_TRUE(at::equal(kept.y, want.y) && at::equal(kept.dx, want.dx)) << "recompute = false";
   EXPECT_EQ(got.y.scalar_type(), dtype);
   EXPECT_TRUE(at::equal(got.y, want.y));
   EXPECT_TRUE(at::equal(got.dx, want.dx)) << "max |diff| " << (got.dx - want.dx).abs().max().item<double>();
@@ -80,14 +83,15 @@ TEST(RmsNorm, KeepsOnlyTheRsqrt) {
   const int64_t rows = 3 * 11, C = 64;
   const at::Tensor x = at::randn({3, 11, C}).to(at::kBFloat16).requires_grad_(true);
   const at::Tensor w = at::ones({C}, at::kBFloat16).requires_grad_(true);
-  auto held = [&](bool fused) {
+  auto held = [&](bool fused, bool recompute = true) {
     const int64_t before = TensorMemory::current();
-    const at::Tensor y = fused ? RmsNorm(x, w, kEps) : Composed(x, w);
+    const at::Tensor y = fused ? RmsNorm(x, w, kEps, recompute) : Composed(x, w);
     return TensorMemory::current() - before - y.nbytes();
   };
   const int64_t rsqrt = rows * 4;
   EXPECT_EQ(held(false), rows * C * (4 + 2) + rsqrt);
   EXPECT_EQ(held(true), rsqrt);
+  EXPECT_EQ(held(true, /*recompute=*/false), held(false));
 }
 
 TEST(RmsNorm, UnderNoGradIsThePlainForward) {
@@ -95,7 +99,7 @@ TEST(RmsNorm, UnderNoGradIsThePlainForward) {
   const at::Tensor x = at::randn({4, 32}).to(at::kBFloat16), w = at::randn({32}).to(at::kBFloat16);
   const at::Tensor want = Composed(x, w);
   at::NoGradGuard no_grad;
-  EXPECT_TRUE(at::equal(RmsNorm(x, w, kEps), want));
+  EXPECT_TRUE(at::equal(RmsNorm(x, w, kEps, /*recompute=*/true), want));
 }
 
 }  // namespace

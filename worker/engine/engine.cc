@@ -23,7 +23,9 @@ at::ScalarType TorchDType(DType d) { return d == DType::kFloat32 ? at::kFloat : 
 Engine::Engine(const JobConfig& config, int rank, int world, std::shared_ptr<const Device> device,
                Communicators comms, absl::Duration timeout)
     : config_(config), rank_(rank), world_(world), device_(std::move(device)),
-      family_(MakeModelFamily(config.model)), comms_(std::move(comms)), waiter_(timeout) {}
+      family_(MakeModelFamily(config.model, config.memory.recompute_cheap_ops)),
+      comms_(std::move(comms)),
+      waiter_(timeout) {}
 
 Engine::~Engine() = default;
 

@@ -34,9 +34,9 @@ at::Tensor BlockWeights::Linear(const at::Tensor& x, size_t i, const at::Tensor&
   return y;
 }
 
-std::unique_ptr<ModelFamily> MakeModelFamily(const ModelConfig& m) {
-  if (m.is_llama()) return std::make_unique<LlamaFamily>(m);
-  return std::make_unique<GptFamily>(m);
+std::unique_ptr<ModelFamily> MakeModelFamily(const ModelConfig& m, bool recompute_cheap_ops) {
+  if (m.is_llama()) return std::make_unique<LlamaFamily>(m, recompute_cheap_ops);
+  return std::make_unique<GptFamily>(m, recompute_cheap_ops);
 }
 
 namespace {

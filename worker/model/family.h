@@ -86,8 +86,10 @@ class ModelFamily {
                       double loss_scale) const;
 };
 
-// The family of `m` (ValidateJobConfig has accepted its name).
-std::unique_ptr<ModelFamily> MakeModelFamily(const ModelConfig& m);
+// The family of `m` (ValidateJobConfig has accepted its name), computing its
+// cheap ops again in backward or keeping their outputs ([memory]
+// recompute_cheap_ops).
+std::unique_ptr<ModelFamily> MakeModelFamily(const ModelConfig& m, bool recompute_cheap_ops);
 
 // PEFT's initialisation of a unit's adapters (model::AdapterParams) into
 // `flat` (fp32, layout.padded_numel): lora_A Kaiming-uniform with a = sqrt(5)

@@ -15,7 +15,8 @@ namespace shardline {
 
 class GptFamily : public ModelFamily {
  public:
-  explicit GptFamily(const ModelConfig& m) : m_(m) {}
+  // recompute_cheap_ops: [memory]'s (recomputed_linear.h).
+  GptFamily(const ModelConfig& m, bool recompute_cheap_ops) : m_(m), recompute_(recompute_cheap_ops) {}
   void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const override;
   at::Tensor Embed(const at::Tensor& idx, const Weights& embed, const Packing& packing) const override;
   at::Tensor Block(const at::Tensor& x, const BlockWeights& block, const Packing& packing) const override;
@@ -24,6 +25,7 @@ class GptFamily : public ModelFamily {
 
  private:
   const ModelConfig m_;
+  const bool recompute_;
 };
 
 }  // namespace shardline

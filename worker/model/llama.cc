@@ -35,7 +35,8 @@ at::Tensor InvFreq(const ModelConfig& m) {
 
 }  // namespace
 
-LlamaFamily::LlamaFamily(const ModelConfig& m) : m_(m), inv_freq_(InvFreq(m)) {}
+LlamaFamily::LlamaFamily(const ModelConfig& m, bool recompute_cheap_ops)
+    : m_(m), recompute_(recompute_cheap_ops), inv_freq_(InvFreq(m)) {}
 
 void LlamaFamily::InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const {
   flat.zero_();
@@ -95,13 +96,13 @@ at::Tensor LlamaFamily::Block(const at::Tensor& x, const BlockWeights& w, const 
   const at::Tensor& post_norm = w[i++];
   const size_t gate = i++, up = i++, down = i++;
 
-  at::Tensor h = RmsNorm(x, in_norm, eps);
+  at::Tensor h = RmsNorm(x, in_norm, eps, recompute_);
   at::Tensor q = w.Linear(h, q_proj.weight, q_proj.bias).view({B, T, H, D});
   at::Tensor k = w.Linear(h, k_proj.weight, k_proj.bias).view({B, T, KV, D});
   at::Tensor v = w.Linear(h, v_proj.weight, v_proj.bias).view({B, T, KV, D});
   if (m_.qk_norm) {
-    q = RmsNorm(q, q_norm, eps);
-    k = RmsNorm(k, k_norm, eps);
+    q = RmsNorm(q, q_norm, eps, recompute_);
+    k = RmsNorm(k, k_norm, eps, recompute_);
   }
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
@@ -118,12 +119,12 @@ at::Tensor LlamaFamily::Block(const at::Tensor& x, const BlockWeights& w, const 
                                                   /*scale=*/1.0 / std::sqrt(static_cast<double>(D)));
   y = y.transpose(1, 2).reshape({B, T, H * D});
   at::Tensor x1 = x + w.Linear(y, o_proj);
-  h = RmsNorm(x1, post_norm, eps);
-  return x1 + ActivationLinear(MlpActivation::kSwiGlu, w.Linear(h, gate), w.Linear(h, up), w, down);
+  h = RmsNorm(x1, post_norm, eps, recompute_);
+  return x1 + ActivationLinear(MlpActivation::kSwiGlu, w.Linear(h, gate), w.Linear(h, up), w, down, {}, recompute_);
 }
 
 at::Tensor LlamaFamily::HeadHidden(const at::Tensor& x, const Weights& head) const {
-  return RmsNorm(x, head[0], m_.rms_norm_eps);
+  return RmsNorm(x, head[0], m_.rms_norm_eps, recompute_);
 }
 
 const at::Tensor& LlamaFamily::HeadWeight(const Weights& head, const Weights& embed) const {

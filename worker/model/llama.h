@@ -21,7 +21,8 @@ namespace shardline {
 
 class LlamaFamily : public ModelFamily {
  public:
-  explicit LlamaFamily(const ModelConfig& m);
+  // recompute_cheap_ops: [memory]'s (recomputed_linear.h, rms_norm.h).
+  LlamaFamily(const ModelConfig& m, bool recompute_cheap_ops);
   void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const override;
   at::Tensor Embed(const at::Tensor& idx, const Weights& embed, const Packing& packing) const override;
   at::Tensor Block(const at::Tensor& x, const BlockWeights& block, const Packing& packing) const override;
@@ -34,6 +35,7 @@ class LlamaFamily : public ModelFamily {
                                            at::Device device) const;
 
   const ModelConfig m_;
+  const bool recompute_;
   at::Tensor inv_freq_;  // fp32 [D/2], on the host
 };
 

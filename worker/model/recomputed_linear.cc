@@ -139,7 +139,8 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
 }  // namespace
 
 at::Tensor ActivationLinear(MlpActivation act, const at::Tensor& a, const at::Tensor& b, const BlockWeights& w,
-                            size_t i, const at::Tensor& bias) {
+                            size_t i, const at::Tensor& bias, bool recompute) {
+  if (!recompute) return w.Linear(Activate(act, a, b).out, i, bias);
   const at::Tensor b_arg = act == MlpActivation::kSwiGlu ? b : at::Tensor();
   return AddAdapter(ActivationLinearFn::apply(a, Present(b_arg, a), w[i], Present(bias, a),
                                               Present(AdapterA(w, i), a), static_cast<int64_t>(act)),
@@ -147,7 +148,8 @@ at::Tensor ActivationLinear(MlpActivation act, const at::Tensor& a, const at::Te
 }
 
 at::Tensor LayerNormLinear(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& norm_bias,
-                           double eps, const BlockWeights& w, size_t i, const at::Tensor& bias) {
+                           double eps, const BlockWeights& w, size_t i, const at::Tensor& bias, bool recompute) {
+  if (!recompute) return w.Linear(at::layer_norm(x, {x.size(-1)}, norm_weight, norm_bias, eps), i, bias);
   return AddAdapter(
       LayerNormLinearFn::apply(x, norm_weight, norm_bias, w[i], Present(bias, x), Present(AdapterA(w, i), x), eps), w,
       i);

@@ -44,14 +44,16 @@ enum class MlpActivation {
 
 // w.Linear(act(a, b), i, bias), as BlockWeights::Linear computes it (its
 // adapter's term included), differentiable in a, b and every weight that
-// requires a gradient.
+// requires a gradient. `recompute` false: through the composed ops ([memory]
+// recompute_cheap_ops = false), which keep the activation's output.
 at::Tensor ActivationLinear(MlpActivation act, const at::Tensor& a, const at::Tensor& b, const BlockWeights& w,
-                            size_t i, const at::Tensor& bias = {});
+                            size_t i, const at::Tensor& bias, bool recompute);
 
 // w.Linear(at::layer_norm(x, {C}, norm_weight, norm_bias, eps), i, bias),
 // differentiable in x, the norm's weight and bias and every weight that
-// requires a gradient. The norm's weight and bias are defined.
+// requires a gradient. The norm's weight and bias are defined. `recompute`
+// as ActivationLinear's.
 at::Tensor LayerNormLinear(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& norm_bias,
-                           double eps, const BlockWeights& w, size_t i, const at::Tensor& bias = {});
+                           double eps, const BlockWeights& w, size_t i, const at::Tensor& bias, bool recompute);
 
 }  // namespace shardline

@@ -9,6 +9,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+at::Tensor Rsqrt(const at::Tensor& x32, double eps) { return at::rsqrt(x32.pow(2).mean({-1}, /*keepdim=*/true) + eps); }
+
 // x.to(fp32) * rsqrt, in the compute dtype.
 at::Tensor Normalized(const at::Tensor& x32, const at::Tensor& rsqrt, at::ScalarType dtype) {
   return (x32 * rsqrt).to(dtype);
@@ -17,7 +19,7 @@ at::Tensor Normalized(const at::Tensor& x32, const at::Tensor& rsqrt, at::Scalar
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
     const at::Tensor x32 = x.to(at::kFloat);
-    const at::Tensor rsqrt = at::rsqrt(x32.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+    const at::Tensor rsqrt = Rsqrt(x32, eps);
     ctx->save_for_backward({x, weight, rsqrt});
     return weight * Normalized(x32, rsqrt, x.scalar_type());
   }
@@ -50,6 +52,10 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
 
 }  // namespace
 
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) { return RmsNormFn::apply(x, weight, eps); }
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, bool recompute) {
+  if (recompute) return RmsNormFn::apply(x, weight, eps);
+  const at::Tensor x32 = x.to(at::kFloat);
+  return weight * Normalized(x32, Rsqrt(x32, eps), x.scalar_type());
+}
 
 }  // namespace shardline

@@ -29,6 +29,8 @@
 namespace shardline {
 
 // x [..., C] in the compute dtype, weight [C]; differentiable in both.
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// `recompute` false: through the composed ops ([memory] recompute_cheap_ops
+// = false), which keep the fp32 copy and the normalized rows.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps, bool recompute);
 
 }  // namespace shardline

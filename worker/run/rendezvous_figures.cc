@@ -95,7 +95,7 @@ absl::StatusOr<ComputeFigures> MeasureCompute(const JobConfig& config, const Dev
     weights.push_back(at::randn(spec.shape, gen, options).mul_(0.02).requires_grad_(true));
   }
   const BlockWeights block(weights);
-  const std::unique_ptr<ModelFamily> family = MakeModelFamily(m);
+  const std::unique_ptr<ModelFamily> family = MakeModelFamily(m, config.memory.recompute_cheap_ops);
   const at::Tensor x = at::randn({sequences, m.block_size, m.n_embd}, gen, options).requires_grad_(true);
   at::AutoGradMode grad(true);
   auto forward_and_backward = [&] {
