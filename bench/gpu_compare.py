@@ -17,7 +17,10 @@ median and the spread), and Shardline's full_shard at --shared-worlds: at 1, one
 (FSDP2's fully_shard semantics at world 1: each unit's bf16 parameters and
 gradients freed after use, where no_shard keeps them), at 2 and 4, ranks sharing the GPU
 through Gloo staging (PyTorch has no peer for that: NCCL 2.28 refuses two
-ranks on one GPU, and Gloo cannot reduce-scatter CUDA tensors).
+ranks on one GPU, and Gloo cannot reduce-scatter CUDA tensors). With
+--keep-cheap-ops, also Shardline at N = 1 with [memory] recompute_cheap_ops =
+false (the GELU, SwiGLU and norm outputs kept, not computed again in
+backward): what that setting's memory costs and its speed buys.
 
 Figures: tokens/s (median step over the steps after 2 warm-ups), MFU against
 989 TFLOP/s (the H100 SXM's dense bf16 peak), and the CUDA caching
@@ -179,9 +182,10 @@ def run_torch(a, model, data, compile_, timeout, profile=""):
             "loss": r["losses"][-1]}, ""
 
 
-def run_shardline(a, model, data, strategy, world, timeout, profile=""):
+def run_shardline(a, model, data, strategy, world, timeout, profile="", recompute_cheap_ops=True):
     _, m, lora = model_of(model)
     cfg = harness.small_gpt_config(strategy, world, a.steps, a.batch)
+    cfg.setdefault("memory", {})["recompute_cheap_ops"] = recompute_cheap_ops
     cfg["model"] = m
     cfg["data"] = {"format": "llmc", "path": data}
     cfg["optimizer"]["warmup_steps"] = WARMUP
@@ -269,6 +273,8 @@ def main():
     ap.add_argument("--shared-worlds", default="2,4",
                     help="Shardline full_shard at these N sharing the GPU over Gloo (first model only); "
                          "1: full_shard on one rank, FSDP2's fully_shard at world 1 (units freed after use)")
+    ap.add_argument("--keep-cheap-ops", action="store_true",
+                    help="also Shardline at N=1 with [memory] recompute_cheap_ops = false (first model only)")
     ap.add_argument("--profile", default="", help="profile each model once per side after the first round; traces here")
     # one PyTorch process
     ap.add_argument("--torch-run", action="store_true")
@@ -300,6 +306,8 @@ def main():
     plan = [key for r in rounds for key in r]
     plan += [(models[0], "shardline full_shard" + (" gloo" if int(w) > 1 else ""), int(w))
              for w in a.shared_worlds.split(",") if w]
+    if a.keep_cheap_ops:
+        plan.append((models[0], "shardline keep-cheap-ops", 1))
     if not a.no_compile:
         plan += [(mdl, "fsdp2+compile", 1) for mdl in models if model_of(mdl)[2] == 0]  # (full fine-tuning)
     work = tempfile.mkdtemp(prefix="gpu-compare-")
@@ -322,7 +330,9 @@ def main():
             profile(a, mdl, run.split()[0], data[family], timeout)
             continue
         if run.startswith("shardline"):
-            r, err = run_shardline(a, mdl, data[family], "no_shard" if world == 1 else "full_shard", world, timeout)
+            strategy = "full_shard" if world > 1 or "full_shard" in run else "no_shard"
+            r, err = run_shardline(a, mdl, data[family], strategy, world, timeout,
+                                   recompute_cheap_ops=not run.endswith("keep-cheap-ops"))
         else:
             r, err = run_torch(a, mdl, data[family], run.endswith("compile"), timeout)
         if r:

@@ -28,13 +28,14 @@ grep -E '^(FAIL|\[  FAILED)' "$logs/test-step.txt" | head -20
 head -12 "$logs/test/table-test.txt" 2>/dev/null
 
 for batch in 8 16; do
-  profile=()
-  [ "$batch" != 8 ] || profile=(--profile "$logs/prof")
-  # Batch 8: two rounds and the profiled one (7 runs, ~150 s); batch 16: one round (3 runs, ~75 s).
-  OUT="$logs/bench-$batch" SHARDLINE_GPU_BUDGET=$((batch == 8 ? 200 : 110)) SHARDLINE_GPU_BENCH_TARGETS="" \
+  extra=(--keep-cheap-ops)
+  [ "$batch" != 8 ] || extra=(--profile "$logs/prof")
+  # Batch 8: two rounds and the profiled one (7 runs, ~150 s); batch 16: one round and Shardline
+  # keeping its GELU and norm outputs ([memory] recompute_cheap_ops = false; 4 runs, ~100 s).
+  OUT="$logs/bench-$batch" SHARDLINE_GPU_BUDGET=$((batch == 8 ? 200 : 140)) SHARDLINE_GPU_BENCH_TARGETS="" \
     tests/gpu/run.sh bench python3 bench/gpu_compare.py --models "$models" --batch "$batch" \
-    --repeat $((batch == 8 ? 2 : 1)) --shared-worlds 1 --no-compile --budget $((batch == 8 ? 180 : 95)) \
-    "${profile[@]}" \
+    --repeat $((batch == 8 ? 2 : 1)) --shared-worlds 1 --no-compile --budget $((batch == 8 ? 180 : 125)) \
+    "${extra[@]}" \
     >"$logs/bench-$batch.txt" 2>&1
   echo "bench at batch $batch: exit $?"
   grep -E '^== profile|^span|^  by kind|^    [a-z/]+ +[0-9.]+ +[0-9.]+%$|^\|' "$logs/bench-$batch.txt" | tail -60
