@@ -138,9 +138,14 @@ double TrainingFlopsPerToken(const ModelConfig& m, const LoraConfig& l) {
   return 4 * n + 6 * static_cast<double>(NumAdapterParams(m, l)) + attention;
 }
 
-BlockFlops BlockFlopsPerToken(const ModelConfig& m, const LoraConfig& l) {
+double BlockParams(const ModelConfig& m) {
   double numel = 0;
   for (const ParamSpec& spec : UnitParams(m, 1)) numel += static_cast<double>(spec.numel());
+  return numel;
+}
+
+BlockFlops BlockFlopsPerToken(const ModelConfig& m, const LoraConfig& l) {
+  const double numel = BlockParams(m);
   const double adapters = l.enabled ? static_cast<double>(NumAdapterParams(m, l)) / m.n_layer : 0;
   const double attention = 12.0 * m.n_head * m.head_dim() * m.block_size;
   return {2 * numel + 2 * adapters + attention / 3, (l.enabled ? 2 : 4) * numel + 4 * adapters + 2 * attention / 3};

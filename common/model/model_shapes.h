@@ -43,6 +43,10 @@ double ApproxNumParams(const ModelConfig& m);
 // gradient: 4 FLOPs per frozen weight, 6 per adapter weight.
 double TrainingFlopsPerToken(const ModelConfig& m, const LoraConfig& l = LoraConfig());
 
+// One block's parameter count (its base weights, no adapters), in double as
+// the FLOP figures built on it are.
+double BlockParams(const ModelConfig& m);
+
 // One block's share of TrainingFlopsPerToken: its matmuls (2 FLOPs per weight
 // forward, 4 backward; 2 backward for a frozen weight under LoRA, plus 6 per
 // adapter weight) and attention (12 H Q T, a third of it forward).

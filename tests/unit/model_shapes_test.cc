@@ -22,6 +22,15 @@ TEST(ModelShapes, Gpt2SmallHasItsPublishedParameterCount) {
   EXPECT_EQ(NumParams(Gpt2Small()), 124439808);  // GPT-2 124M, lm_head tied to wte
 }
 
+// A GPT-2 124M block: two layer norms (2 x 2 x 768), c_attn (768 x 2304 +
+// 2304), the attention's c_proj (768 x 768 + 768), c_fc (768 x 3072 + 3072)
+// and the MLP's c_proj (3072 x 768 + 768); twelve of them and the embeddings
+// (50257 x 768 + 1024 x 768) and ln_f (2 x 768) make the published count.
+TEST(ModelShapes, BlockParamsIsOneBlocksWeights) {
+  EXPECT_EQ(BlockParams(Gpt2Small()), 7087872.0);
+  EXPECT_EQ(12 * BlockParams(Gpt2Small()) + (50257 + 1024) * 768 + 2 * 768, NumParams(Gpt2Small()));
+}
+
 TEST(ModelShapes, TrainingFlopsPerTokenIsPalmsFormula) {
   // nanoGPT's estimate_mfu for GPT-2 124M: N excludes wpe (1024*768), then
   // 6N + 12*L*H*Q*T = 6*123653376 + 12*12*12*64*1024.

@@ -82,9 +82,7 @@ absl::StatusOr<LinkFigures> MeasureLink(comm::Communicator& c, const Device& dev
 
 absl::StatusOr<ComputeFigures> MeasureCompute(const JobConfig& config, const Device& device) {
   if (device.is_cuda()) return ComputeFigures{};
-  double numel = 0;
-  for (const ParamSpec& spec : model::UnitParams(config.model, 1)) numel += static_cast<double>(spec.numel());
-  if (numel > kMaxMeasuredBlockParams) return ComputeFigures{};
+  if (model::BlockParams(config.model) > kMaxMeasuredBlockParams) return ComputeFigures{};
   int sequences = 1;
   const ModelConfig m = MeasuredShape(config, &sequences);
   const at::TensorOptions options = at::TensorOptions().dtype(TorchDType(config.precision.param_dtype));
