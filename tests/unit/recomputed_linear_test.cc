@@ -139,6 +139,17 @@ TEST_P(RecomputedLinear, AdaptedOverAFrozenBaseIsAutogradsBitForBit) {
   }
 }
 
+// LoRA's projections it does not target: frozen and unadapted, so no weight
+// gradient reads the op's output and backward does not compute it again;
+// the op's input still gets its gradient.
+TEST_P(RecomputedLinear, AFrozenUnadaptedProjectionIsAutogradsBitForBit) {
+  at::manual_seed(6);
+  for (Op op : {Op::kGelu, Op::kSwiGlu, Op::kLayerNorm}) {
+    SCOPED_TRACE(static_cast<int>(op));
+    ExpectBitForBit(op, GetParam(), {.bias = op != Op::kSwiGlu, .base_trains = false});
+  }
+}
+
 TEST_P(RecomputedLinear, AdaptedAndTrainingTheBaseIsAutogradsBitForBit) {
   at::manual_seed(5);
   ExpectBitForBit(Op::kGelu, GetParam(), {.bias = true, .lora = true});
