@@ -274,6 +274,9 @@ absl::Status RunRank(const Flags& f, Timeline* timeline) {
   }
   hooks.stepped = [&](const StepResult& r, const Engine&) {
     steps.push_back(StepObject(r));
+    // When the step ended, in Unix seconds: benchmarks take a run's start-up
+    // (launch to first step) from it.
+    steps.back()["ended_unix"] = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
     if (f.rank == 0) std::cout << steps.back().dump() << std::endl;
     return profile ? profile->AfterStep(r.step) : absl::OkStatus();
   };

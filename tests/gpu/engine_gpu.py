@@ -1,6 +1,6 @@
 """The engine on a CUDA device (ctest label gpu; exits 77 where there is none).
 
-    engine_gpu.py [numerics|shared_gpu|memory]   (default: all three)
+    engine_gpu.py [numerics|llama|nccl|shared_gpu|memory]   (default: all five)
 
 numerics   One rank on cuda:0, fp32 with TF32 off, 10 steps of the tiny GPT
            (2 micro-batches, clipping, warmup and cosine): parameters within
@@ -9,16 +9,29 @@ numerics   One rank on cuda:0, fp32 with TF32 off, 10 steps of the tiny GPT
            losses within 1e-5 relative. bf16 params with fp32 reduction: the
            loss curve within 2^-8 relative of the CPU engine's bf16 run, and
            parameters within 0.2 * lr * steps (see Tolerances).
+llama      The tiny Qwen3 (q/k norm, GQA 4:1, tied head) with LoRA r = 8 on
+           every projection and activation checkpointing, one rank on
+           cuda:0: fp32 with TF32 off within 1e-4 (params: base and
+           adapters) and 1e-5 (losses) of the CPU engine after 10 steps, as
+           numerics; bf16 the loss curve within 2^-8 and the adapters within
+           0.2 * lr * steps.
+nccl       Ranks over NCCL on this GPU, each rank process a host of its own
+           (a different NCCL_HOSTID: NCCL 2.28 refuses two ranks of one host
+           on one GPU and then connects them over sockets on loopback), or
+           with NCCL_MULTI_RANK_GPU_ENABLE=1 where the loaded NCCL is 2.30+:
+           full_shard N = 2 and hybrid_shard 2 x 2, the tiny GPT and the tiny
+           Qwen3 + LoRA, each within 1e-4 (params) and 1e-5 (losses) of the
+           one-rank cuda:0 run, bytes per collective equal to the ring
+           formulas. The gate is the NCCL the programs load (nccl_test
+           --nccl-version), never torch.cuda.nccl.version(), torch's
+           compile-time constant; a case that cannot run fails.
 shared_gpu Several ranks sharing cuda:0: N = 2 and 4 processes over Gloo
            (CUDA buffers staged through host memory) for every strategy equal
            the one-rank cuda:0 run within 1e-4 (params) and 1e-5 (losses),
            and their bytes per collective equal the ring formulas; so do
            the sparse embedding's runs (full_shard N = 2, and hybrid_shard
            N = 4 at vocabulary 1024 against a one-rank run there) and
-           hybrid_shard's with its optimizer across the replicas (N = 4). Where
-           PyTorch's NCCL is 2.30 or later, also N = 2 over NCCL with
-           NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL 2.28, the wheel's pin, refuses
-           two ranks on one GPU).
+           hybrid_shard's with its optimizer across the replicas (N = 4).
 memory     Per strategy at N = 1: the engine's ledger (state, and its peak
            with activations) against the CUDA caching allocator's peak of
            allocated and reserved bytes, as a table; the ledger's peak may not
@@ -129,40 +142,103 @@ def shared_gpu(checks):
     # (Gloo: AllGatherAfter on the host; NCCL: the all-gather stream's order).
     pieces = {"parallelism__shard_optimizer_across_replicas": True}
     runs += [("hybrid_shard", 4, "gloo", {}, pieces)]
-    nccl = torch.cuda.nccl.version()
-    if nccl >= (2, 30, 0):
-        runs += [(s, 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, {}) for s in ("full_shard", "hybrid_shard")]
-        runs += [("full_shard", 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, sparse)]
-        runs += [("hybrid_shard", 2, "nccl", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, pieces)]
-    else:
-        print(f"NOTE NCCL {'.'.join(map(str, nccl))} refuses two ranks on one GPU: the NCCL runs need 2.30+")
     refs = {}  # vocabulary -> (params, ranks) of the one-rank cuda:0 run
     for strategy, world, backend, env, keys in runs:
         cfg = harness.config(strategy, world, **keys)
         vocab = cfg["model"]["vocab_size"]
         if vocab not in refs:
-            out, ranks = harness.run(harness.config("no_shard", 1, model__vocab_size=vocab), 1, extra_args=GPU)
-            refs[vocab] = harness.load_params(out), ranks
-        ref_p, ref = refs[vocab]
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            out, ranks = harness.run(cfg, world, timeout=300, extra_args=GPU + ("--backend", backend))
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            refs[vocab] = one_rank(harness.config("no_shard", 1, model__vocab_size=vocab))
         label = (" sparse embedding" if keys.get("parallelism__sparse_embedding") else "") + (
             " optimizer across replicas" if keys.get("parallelism__shard_optimizer_across_replicas") else "")
-        name = f"{strategy} N={world} {backend}{label} on cuda:0"
-        check_params(checks, name, harness.load_params(out), ref_p, 1e-4)
-        r = max_rel(losses_of(ranks), losses_of(ref))
-        checks.check(r <= 1e-5, f"{name}: losses", f"max rel diff {r:.2e} (tol 1e-5)")
-        expected = formulas.comm_bytes(cfg, world, cfg["train"]["steps"])
-        got = {(c, op): ranks[0]["comm"][c][op]["bytes"] for (c, op) in expected}
-        checks.check(got == expected, f"{name}: bytes per collective", "" if got == expected else f"{got} vs {expected}")
+        check_against_one_rank(checks, f"{strategy} N={world} {backend}{label} on cuda:0", cfg, world, backend,
+                               refs[vocab])
+
+
+def one_rank(cfg):
+    """(params, ranks) of `cfg` on one rank on cuda:0."""
+    out, ranks = harness.run(cfg, 1, extra_args=GPU)
+    return harness.load_params(out), ranks
+
+
+def check_against_one_rank(checks, name, cfg, world, backend, ref, rank_env=None):
+    """`cfg` at `world` ranks on cuda:0 over `backend` equals the one-rank run
+    `ref` (params 1e-4, losses 1e-5: the Tolerances), and rank 0's bytes per
+    collective are the ring formulas'."""
+    ref_p, ref_ranks = ref
+    out, ranks = harness.run(cfg, world, timeout=300, extra_args=GPU + ("--backend", backend), rank_env=rank_env)
+    check_params(checks, name, harness.load_params(out), ref_p, 1e-4)
+    r = max_rel(losses_of(ranks), losses_of(ref_ranks))
+    checks.check(r <= 1e-5, f"{name}: losses", f"max rel diff {r:.2e} (tol 1e-5)")
+    expected = formulas.comm_bytes(cfg, world, cfg["train"]["steps"])
+    got = {(c, op): ranks[0]["comm"][c][op]["bytes"] for (c, op) in expected}
+    checks.check(got == expected, f"{name}: bytes per collective", "" if got == expected else f"{got} vs {expected}")
+
+
+def tiny_qwen3_lora(strategy="no_shard", world=1, **overrides):
+    """The tiny Qwen3 with LoRA r = 8 (alpha 16) on every projection, under activation checkpointing."""
+    cfg = harness.config(strategy, world, memory__activation_checkpointing=True, **overrides)
+    cfg["model"] = harness.llama_model("qwen3")
+    cfg["lora"] = {"rank": 8, "alpha": 16, "target_modules": "all-linear"}
+    return cfg
+
+
+def llama(checks):
+    cfg = tiny_qwen3_lora()
+    cpu_out, cpu = harness.run(cfg, 1)
+    gpu_out, gpu = harness.run(cfg, 1, extra_args=GPU)
+    checks.check(gpu[0].get("device") == "cuda:0", "qwen3 + LoRA: the run computed on cuda:0", str(gpu[0].get("device")))
+    cpu_l, gpu_l = losses_of(cpu), losses_of(gpu)
+    checks.check(cpu_l[-1] < cpu_l[0], "qwen3 + LoRA: the CPU engine's loss falls", f"{cpu_l[0]:.4f} -> {cpu_l[-1]:.4f}")
+    cpu_p, gpu_p = harness.load_params(cpu_out), harness.load_params(gpu_out)
+    checks.check(any("lora" in k for k in cpu_p), "qwen3 + LoRA: the saved parameters hold the adapters",
+                 ", ".join(sorted(cpu_p)[:3]))
+    check_params(checks, "qwen3 + LoRA fp32 cuda:0 vs CPU engine", gpu_p, cpu_p, 1e-4)
+    r = max_rel(gpu_l, cpu_l)
+    checks.check(r <= 1e-5, "qwen3 + LoRA fp32 cuda:0 vs CPU engine: losses", f"max rel diff {r:.2e} (tol 1e-5)")
+
+    bf16 = tiny_qwen3_lora(precision__param_dtype="bf16", precision__reduce_dtype="fp32")
+    cpu_out, cpu = harness.run(bf16, 1)
+    gpu_out, gpu = harness.run(bf16, 1, extra_args=GPU)
+    r = max_rel(losses_of(gpu), losses_of(cpu))
+    checks.check(r <= 2 ** -8, "qwen3 + LoRA bf16 cuda:0 vs CPU engine: loss curve",
+                 f"max rel diff {r:.2e} (tol {2 ** -8:.1e})")
+    cpu_p, gpu_p = harness.load_params(cpu_out), harness.load_params(gpu_out)
+    adapters = [k for k in cpu_p if "lora" in k]
+    d, _ = harness.param_diffs({k: gpu_p[k] for k in adapters}, {k: cpu_p[k] for k in adapters})
+    tol = 0.2 * LR * STEPS
+    checks.check(d <= tol, "qwen3 + LoRA bf16 cuda:0 vs CPU engine: adapters", f"max abs diff {d:.2e} (tol {tol:.1e})")
+
+
+def loaded_nccl_version():
+    """The version code (22809 = 2.28.9) of the NCCL the build's programs load."""
+    p = subprocess.run([os.path.join(harness.BUILD, "tests", "nccl_test"), "--nccl-version"], capture_output=True,
+                       text=True, timeout=60)
+    return int(p.stdout.strip()) if p.returncode == 0 and p.stdout.strip().isdigit() else 0
+
+
+def nccl_rank_env(version):
+    """What each NCCL rank process sharing cuda:0 adds to its environment."""
+    if version >= 23000:
+        return lambda r: {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    return lambda r: {"NCCL_HOSTID": f"shardline-rank-{r}", "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"}
+
+
+def nccl(checks):
+    version = loaded_nccl_version()
+    if not checks.check(version > 0, "the loaded NCCL's version", str(version)):
+        return
+    how = "NCCL_MULTI_RANK_GPU_ENABLE=1" if version >= 23000 else "a host id per rank"
+    print(f"NCCL {version}: ranks on one GPU with {how}")
+    env = nccl_rank_env(version)
+    models = [("tiny GPT", lambda s, w: harness.config(s, w)), ("tiny Qwen3 + LoRA", tiny_qwen3_lora)]
+    for label, make in models:
+        ref = one_rank(make("no_shard", 1))
+        for strategy, world in (("full_shard", 2), ("hybrid_shard", 4)):
+            cfg = make(strategy, world)
+            shape = f"N={world}" if strategy == "full_shard" else f"{world // cfg['parallelism']['shard_group_size']}x" \
+                f"{cfg['parallelism']['shard_group_size']}"
+            check_against_one_rank(checks, f"{label} {strategy} {shape} nccl on cuda:0", cfg, world, "nccl", ref,
+                                   rank_env=env)
 
 
 def memory(checks):
@@ -183,10 +259,10 @@ def main():
     if torch.cuda.device_count() == 0:
         print("no CUDA device: skipped")
         sys.exit(77)
-    parts = sys.argv[1:] or ["numerics", "shared_gpu", "memory"]
+    parts = sys.argv[1:] or ["numerics", "llama", "nccl", "shared_gpu", "memory"]
     checks = harness.Checks()
     for part in parts:
-        {"numerics": numerics, "shared_gpu": shared_gpu, "memory": memory}[part](checks)
+        {"numerics": numerics, "llama": llama, "nccl": nccl, "shared_gpu": shared_gpu, "memory": memory}[part](checks)
     checks.finish()
 
 

@@ -4,11 +4,12 @@
 // wait that runs out, the watchdog's op timeout). Exits 77 (ctest: skipped)
 // where no CUDA device exists.
 //
-// With --two-ranks, instead: two ranks in two threads over the non-blocking
-// communicator (the mode nccl_communicator.cc chose), whose enqueue path
-// (ncclInProgress, polled) only runs at two ranks or more. That needs two
-// GPUs, or one with NCCL 2.30+ and NCCL_MULTI_RANK_GPU_ENABLE=1 (2.28 refuses
-// two ranks on one GPU); elsewhere it exits 77 saying which.
+// With --two-ranks, instead: two ranks in two processes over the
+// non-blocking communicator (the mode nccl_communicator.cc chose), whose
+// enqueue path (ncclInProgress, polled) only runs at two ranks or more, then
+// MeasureLink over it. On one GPU the ranks meet as NCCL allows
+// (TwoRankEnvironment): NCCL_MULTI_RANK_GPU_ENABLE=1 on 2.30+, else a host id
+// per rank process.
 //
 // At one rank every collective finishes almost at once, so the tests that
 // need an op still running delay it with at::cuda::sleep (a spinning kernel)
@@ -27,12 +28,18 @@
 #include <thread>
 #include <vector>
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <nccl.h>
 
 #include "worker/comm/nccl_communicator.h"
 #include "worker/device/device.h"
+#include "worker/run/rendezvous_figures.h"
 
 namespace shardline::comm {
 namespace {
@@ -243,33 +250,73 @@ TEST(NcclAbort, WatchdogTimesOutAnOp) {
   compute.synchronize();
 }
 
-// Where two ranks can run: their devices, or why not.
-int TwoRankDevice(int rank) { return shardline::CudaDeviceCount() >= 2 ? rank : 0; }
-std::string WhyTwoRanksCannotRun() {
-  if (shardline::CudaDeviceCount() >= 2) return "";
+// --- two ranks, two processes ---------------------------------------------
+//
+// NCCL does not support ranks that are threads of one process on one GPU, so
+// --two-ranks is a launcher: it serves a TCPStore and starts this program
+// again as each rank (--rank R --store-port P), each with its own
+// environment (TwoRankEnvironment), and waits for both within a deadline.
+
+// The NCCL this process loaded (not torch's compile-time constant).
+int LoadedNcclVersion() {
   int version = 0;
-  if (ncclGetVersion(&version) != ncclSuccess) return "ncclGetVersion failed";
-  const char* multi = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
-  if (version >= 23000 && multi != nullptr && std::strcmp(multi, "1") == 0) return "";
-  return "one GPU, and NCCL " + std::to_string(version) +
-         " without NCCL_MULTI_RANK_GPU_ENABLE=1 (2.30+) refuses two ranks on it";
+  return ncclGetVersion(&version) == ncclSuccess ? version : 0;
+}
+
+// Where each rank computes: its own GPU where there are two, else both on 0.
+int TwoRankDevice(int rank) { return shardline::CudaDeviceCount() >= 2 ? rank : 0; }
+
+// What rank `rank` adds to the environment, and how the two ranks meet:
+// nothing on two GPUs; on one, NCCL_MULTI_RANK_GPU_ENABLE=1 where the loaded
+// NCCL is 2.30 or later (its supported way); else (2.28, the wheel's pin)
+// a host id of its own per rank, so that NCCL takes each rank for a host and
+// connects them over sockets on loopback (it refuses two ranks of one host
+// on one GPU): slow, but the same multi-rank code path.
+std::vector<std::string> TwoRankEnvironment(int rank, std::string* how) {
+  if (shardline::CudaDeviceCount() >= 2) {
+    *how = "two GPUs";
+    return {};
+  }
+  const int v = LoadedNcclVersion();
+  if (v >= 23000) {
+    *how = "one GPU, NCCL " + std::to_string(v) + " with NCCL_MULTI_RANK_GPU_ENABLE=1";
+    return {"NCCL_MULTI_RANK_GPU_ENABLE=1"};
+  }
+  *how = "one GPU, NCCL " + std::to_string(v) + " with a host id per rank (sockets on loopback)";
+  return {"NCCL_HOSTID=shardline-nccl-test-rank-" + std::to_string(rank), "NCCL_SOCKET_IFNAME=lo",
+          "NCCL_IB_DISABLE=1"};
+}
+
+struct TwoRankArgs {
+  int rank = -1;  // >= 0: this process is a rank the launcher started
+  int store_port = 0;
+};
+TwoRankArgs g_two_ranks;
+
+cudaStream_t RawStream(const shardline::Device& d, shardline::StreamRole role) {
+  return c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, d.stream(role)).stream();
 }
 
 // Each rank's collectives against their definitions, several in flight at
-// once on both role streams, as the engine issues them.
+// once on the device's role streams, as the engine issues them; then
+// MeasureLink (the rendezvous' bandwidth figure) over the same communicator.
 std::string RunRank(const c10::intrusive_ptr<c10d::Store>& store, int rank) {
-  const int dev = TwoRankDevice(rank);
-  c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(dev));
-  c10::cuda::CUDAStream compute = c10::cuda::getStreamFromPool(false, dev);
-  c10::cuda::CUDAStreamGuard on_compute(compute);
+  const std::string spec = "cuda:" + std::to_string(TwoRankDevice(rank));
+  if (absl::Status s = shardline::PrepareDevice(spec); !s.ok()) return std::string(s.message());
+  auto opened = shardline::Device::Open(spec);
+  if (!opened.ok()) return std::string(opened.status().message());
+  const shardline::Device& device = **opened;
+  shardline::Device::ComputeScope on_compute(device);
   NcclOptions o;
-  o.device = dev;
-  o.compute_stream = compute.stream();
+  o.device = device.device().index();
+  o.compute_stream = RawStream(device, shardline::StreamRole::kCompute);
+  o.all_gather_stream = RawStream(device, shardline::StreamRole::kAllGather);
+  o.reduce_scatter_stream = RawStream(device, shardline::StreamRole::kReduceScatter);
   o.connect_timeout = o.op_timeout = absl::Seconds(60);
   auto made = CreateNcclCommunicator(store, "two", rank, 2, o);
   if (!made.ok()) return std::string(made.status().message());
   Communicator& comm = **made;
-  const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(dev));
+  const at::Device cuda = device.device();
   constexpr int64_t n = 1000;
   // all-reduce: (iota + 1) + (iota + 2); reduce-scatter: chunk `rank` of
   // (iota + 0) + (iota + 1); all-gather: [iota + 0, iota + 1].
@@ -293,36 +340,124 @@ std::string RunRank(const c10::intrusive_ptr<c10d::Store>& store, int rank) {
   if (!Host(ag_out).equal(at::cat({Iota(n, 0), Iota(n, 1)}))) return "all_gather differs";
   const CommStats stats = comm.Stats();
   if (stats.last_completed_seq != 10) return "last_completed_seq " + std::to_string(stats.last_completed_seq);
+  // The ring formulas, per rank: all-gather and reduce-scatter send (n-1)/n of
+  // the full buffer, all-reduce twice that.
+  if (stats.of(Op::kAllGather).bytes_sent != RingAllGatherBytes(ag_out.nbytes(), 2) ||
+      stats.of(Op::kReduceScatter).bytes_sent != RingReduceScatterBytes(rs_in.nbytes(), 2) ||
+      stats.of(Op::kAllReduce).bytes_sent != 8 * RingAllReduceBytes(reduced[0].nbytes(), 4, 2)) {
+    return "bytes sent differ from the ring formulas";
+  }
+  auto link = shardline::MeasureLink(comm, device, absl::Seconds(60));
+  if (!link.ok()) return "MeasureLink: " + std::string(link.status().message());
+  if (!(link->bus_bandwidth > 0)) return "MeasureLink gave no bandwidth";
+  std::printf("PASS [rank %d] MeasureLink over NCCL: bus bandwidth %.3g GB/s\n", rank, link->bus_bandwidth / 1e9);
   return "";
 }
 
 TEST(NcclTwoRanks, NonBlockingCollectivesMatchTheirDefinitions) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::string failures[2];
-  std::thread ranks[2];
-  for (int r = 0; r < 2; ++r) ranks[r] = std::thread([&, r] { failures[r] = RunRank(store, r); });
-  for (auto& t : ranks) t.join();
-  EXPECT_EQ(failures[0], "") << "rank 0";
-  EXPECT_EQ(failures[1], "") << "rank 1";
+  ASSERT_GE(g_two_ranks.rank, 0) << "a rank of --two-ranks (the launcher starts it)";
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(g_two_ranks.store_port);
+    so.isServer = false;
+    so.timeout = std::chrono::seconds(60);
+    store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  } catch (const std::exception& e) {
+    FAIL() << "[rank " << g_two_ranks.rank << "] store: " << e.what();
+  }
+  EXPECT_EQ(RunRank(store, g_two_ranks.rank), "") << "rank " << g_two_ranks.rank;
+}
+
+// Serves the store, starts both ranks, waits for both (killing both past the
+// deadline); 0 only if both passed.
+int LaunchTwoRanks(const char* self) {
+  constexpr int kDeadlineSeconds = 240;  // two NCCL inits over sockets and 13 small ops take seconds
+  c10::intrusive_ptr<c10d::TCPStore> server;
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = 0;
+    so.isServer = true;
+    so.numWorkers = 3;  // the server's own client and both ranks
+    so.waitWorkers = false;
+    so.timeout = std::chrono::seconds(kDeadlineSeconds);
+    server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  } catch (const std::exception& e) {
+    std::printf("FAIL the launcher's store: %s\n", e.what());
+    return 1;
+  }
+  const std::string port = std::to_string(server->getPort());
+  pid_t pids[2];
+  for (int r = 0; r < 2; ++r) {
+    std::string how;
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+    for (std::string& add : TwoRankEnvironment(r, &how)) env.push_back(std::move(add));
+    if (r == 0) std::printf("two NCCL ranks as two processes: %s\n", how.c_str());
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string rank = std::to_string(r);
+    std::string a0 = self, a1 = "--rank", a3 = "--store-port";
+    char* argv[] = {a0.data(), a1.data(), rank.data(), a3.data(), const_cast<char*>(port.c_str()), nullptr};
+    if (posix_spawn(&pids[r], "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) {
+      std::printf("FAIL starting rank %d: %s\n", r, std::strerror(errno));
+      if (r == 1) kill(pids[0], SIGKILL), waitpid(pids[0], nullptr, 0);
+      return 1;
+    }
+  }
+  int status[2] = {-1, -1};
+  bool done[2] = {false, false};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kDeadlineSeconds);
+  while ((!done[0] || !done[1]) && std::chrono::steady_clock::now() < deadline) {
+    for (int r = 0; r < 2; ++r) {
+      if (!done[r] && waitpid(pids[r], &status[r], WNOHANG) == pids[r]) done[r] = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  int failed = 0;
+  for (int r = 0; r < 2; ++r) {
+    if (!done[r]) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], &status[r], 0);
+      std::printf("FAIL rank %d did not finish within %d s\n", r, kDeadlineSeconds);
+      failed = 1;
+    } else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) {
+      std::printf("FAIL rank %d: %s %d\n", r, WIFEXITED(status[r]) ? "exit" : "signal",
+                  WIFEXITED(status[r]) ? WEXITSTATUS(status[r]) : WTERMSIG(status[r]));
+      failed = 1;
+    }
+  }
+  if (!failed) std::printf("PASS two NCCL ranks in two processes\n");
+  return failed;
 }
 
 }  // namespace
 }  // namespace shardline::comm
 
+//   nccl_test                  one rank: every test but NcclTwoRanks
+//   nccl_test --two-ranks      two ranks in two processes (the launcher)
+//   nccl_test --nccl-version   prints the loaded NCCL's version code (22809 is 2.28.9)
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--nccl-version") == 0) {
+      std::printf("%d\n", shardline::comm::LoadedNcclVersion());
+      return 0;
+    }
+  }
   if (shardline::CudaDeviceCount() == 0) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }
-  bool two_ranks = false;
-  for (int i = 1; i < argc; ++i) two_ranks |= std::strcmp(argv[i], "--two-ranks") == 0;
-  if (two_ranks) {
-    if (std::string why = shardline::comm::WhyTwoRanksCannotRun(); !why.empty()) {
-      std::printf("two NCCL ranks cannot run here: %s: skipped\n", why.c_str());
-      return 77;
-    }
+  bool launch = false;
+  auto& two = shardline::comm::g_two_ranks;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--two-ranks") == 0) launch = true;
+    if (std::strcmp(argv[i], "--rank") == 0 && i + 1 < argc) two.rank = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--store-port") == 0 && i + 1 < argc) two.store_port = std::atoi(argv[++i]);
   }
+  if (launch) return shardline::comm::LaunchTwoRanks(argv[0]);
   ::testing::InitGoogleTest(&argc, argv);
-  ::testing::GTEST_FLAG(filter) = two_ranks ? "NcclTwoRanks.*" : "-NcclTwoRanks.*";
+  ::testing::GTEST_FLAG(filter) = two.rank >= 0 ? "NcclTwoRanks.*" : "-NcclTwoRanks.*";
   return RUN_ALL_TESTS();
 }

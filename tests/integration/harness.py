@@ -234,8 +234,10 @@ def wait_ranks(procs, timeout, done=lambda r: False, what=""):
         raise RunError(prefix + "; ".join(errors))
 
 
-def run(cfg, world, timeout=120, extra_args=(), threads=1):
-    """Runs `world` ranks to completion; returns (out_dir, [rank json])."""
+def run(cfg, world, timeout=120, extra_args=(), threads=1, rank_env=None):
+    """Runs `world` ranks to completion; returns (out_dir, [rank json]).
+    rank_env(r), where given, is what rank r's process adds to this one's
+    environment (a per-rank NCCL_HOSTID, say)."""
     out = scratch_dir("shardline-")
     path = os.path.join(out, "job.toml")
     write_toml(cfg, path)
@@ -244,7 +246,8 @@ def run(cfg, world, timeout=120, extra_args=(), threads=1):
     for r in range(world):
         args = [TRAIN, "--config", path, "--rank", str(r), "--world", str(world), "--store-port", str(port),
                 "--threads", str(threads), "--out", out, "--timeout", "60", *extra_args]
-        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(os.environ, **rank_env(r)) if rank_env else None
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     wait_ranks(procs, timeout)
     ranks = []
     for r in range(world):
