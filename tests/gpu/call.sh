@@ -71,7 +71,7 @@ step() {
   write_table
 }
 
-gpu_compare() { tests/gpu/run.sh bench python3 bench/gpu_compare.py --no-compile "$@"; }
+gpu_compare=(tests/gpu/run.sh bench python3 bench/gpu_compare.py --no-compile)
 
 if [ "$call" = 1 ]; then
   # Build (80 s on a fresh H200) and the tests (about 150 s), then the seeds' workload.
@@ -79,7 +79,7 @@ if [ "$call" = 1 ]; then
   tables+=("$scratch/tests/table-test.txt")
   # PEFT eager, Shardline full_shard, PEFT under FSDP2: one run each of 8
   # steps; no run starts past its --budget, and each run stops there.
-  SHARDLINE_GPU_BENCH_TARGETS="" step seeds 150 gpu_compare --models qwen3-4b-lora16 --batch 8 --steps 8 \
+  SHARDLINE_GPU_BENCH_TARGETS="" step seeds 150 "${gpu_compare[@]}" --models qwen3-4b-lora16 --batch 8 --steps 8 \
     --repeat 1 --shared-worlds "" --budget $(($(capped 150) - 20)) --table "$out/seeds-table.md"
   tables+=("$out/seeds-table.md")
 else
@@ -87,11 +87,11 @@ else
   # ops, against eager FSDP2, the pair twice (about 25 s a run).
   # A few seconds where call 1's build is still there; 80 s on a fresh machine.
   SHARDLINE_GPU_BENCH_TARGETS="" step build 100 tests/gpu/run.sh build
-  SHARDLINE_GPU_BENCH_TARGETS="" step gpt2-b16 120 gpu_compare --models gpt2-350m --batch 16 --repeat 2 \
+  SHARDLINE_GPU_BENCH_TARGETS="" step gpt2-b16 120 "${gpu_compare[@]}" --models gpt2-350m --batch 16 --repeat 2 \
     --shared-worlds 1 --keep-cheap-ops --budget $(($(capped 120) - 20)) --table "$out/gpt2-b16.md"
   tables+=("$out/gpt2-b16.md")
   # One profiled pair at batch 8 (no table rows: where each side's step goes).
-  SHARDLINE_GPU_BENCH_TARGETS="" step profile 60 gpu_compare --models gpt2-350m --batch 8 --repeat 0 \
+  SHARDLINE_GPU_BENCH_TARGETS="" step profile 60 "${gpu_compare[@]}" --models gpt2-350m --batch 8 --repeat 0 \
     --shared-worlds "" --profile "$scratch/prof" --budget $(($(capped 60) - 15))
   step shared-gpu 75 tests/gpu/run.sh test -R gpu_engine_shared_gpu
   tables+=("$scratch/shared-gpu/table-test.txt")
