@@ -2,7 +2,7 @@
 (issue 22, item 3).
 
 The same model, tokens (an llm.c .bin file of seeded random tokens both sides
-read in DESIGN.md's order), global batch, steps, AdamW, schedule and clipping,
+read in docs/design.md's order), global batch, steps, AdamW, schedule and clipping,
 in bf16 compute with fp32 master weights and fp32 gradient reduction:
 
     shardline        shardline-train --device cuda:0, [precision] param_dtype = "bf16", reduce_dtype = "fp32"

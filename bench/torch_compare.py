@@ -2,7 +2,7 @@
 
 The same GPT (bench/engine_bench.py's small GPT: 6 layers, width 512, block
 256, vocab 16384), the same tokens (an llm.c .bin file of seeded random tokens
-both sides read in DESIGN.md's order), the same global batch, steps, AdamW,
+both sides read in docs/design.md's order), the same global batch, steps, AdamW,
 schedule and clipping, at N = 1, 2, 4 ranks on CPU over Gloo with equal
 intra-op threads per rank. Shardline runs every strategy; PyTorch (the venv's
 torch) runs its matching one:
@@ -117,7 +117,7 @@ def read_tokens(path):
 
 
 def batch(tokens, step, B, T, j0, count):
-    """DESIGN.md's order: sequence i = (step*B + j) mod n."""
+    """docs/design.md's order: sequence i = (step*B + j) mod n."""
     import torch
     n = (len(tokens) - 1) // T
     idx = [((step * B + j) % n) * T for j in range(j0, j0 + count)]

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/base/plural.h"
 #include "common/base/status_macros.h"
 #include "common/job/job_config.h"
 #include "common/model/model_shapes.h"
@@ -28,6 +29,7 @@ namespace {
 // infinities refused (CLI::Range lets a NaN through).
 constexpr int kMaxRanks = 1 << 20;
 constexpr double kMaxParams = 1e13;  // ValidateJobConfig's parameter limit
+constexpr int kDefaultVocab = 50304, kDefaultSeq = 2048;  // without a job file
 
 CLI::Validator Within(double lo, double hi) {
   return CLI::Validator(
@@ -51,12 +53,16 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--intermediate", f->intermediate, "llama: SwiGLU width (default: 8/3 x hidden, rounded to 256)")
       ->check(CLI::Range(1, 1 << 22));
+  cmd->add_option("--head-dim", f->head_dim, "llama: the width of one head (default: hidden / heads; Qwen3: 128)")
+      ->check(CLI::Range(1, 65536));
   cmd->add_flag("--tied", f->tied, "llama: the head is the token embedding");
+  cmd->add_flag("--qk-norm", f->qk_norm, "llama: RMSNorm over each head of q and k (Qwen3)");
   cmd->add_option("--layers", f->layers, "or the shape: layers")->check(CLI::Range(1, 10000));
   cmd->add_option("--hidden", f->hidden, "hidden size")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--heads", f->heads, "attention heads")->check(CLI::Range(1, 65536));
-  cmd->add_option("--vocab", f->vocab, "vocabulary size")->check(CLI::Range(2, 1 << 24));
-  cmd->add_option("--seq", f->seq, "sequence length")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", f->vocab, "vocabulary size (default: the job file's, else 50304)")
+      ->check(CLI::Range(2, 1 << 24));
+  cmd->add_option("--seq", f->seq, "sequence length (default: the job file's, else 2048)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--workers", f->workers, "world size (default: the job file's, else 8)")
       ->check(CLI::Range(1, kMaxRanks));
   cmd->add_option("--gpus-per-node", f->cluster.gpus_per_node, "devices per node (hybrid groups stay in a node)")
@@ -123,6 +129,104 @@ absl::Status ApplyLoraFlags(const PlanFlags& f, PlanInput* in) {
   return absl::OkStatus();
 }
 
+// The flags given (model and batch) replace the job file's keys, before the
+// file is validated: what is planned is the job as the flags change it.
+void ApplyFlagsToJob(const PlanFlags& f, JobConfig* c) {
+  ModelConfig& m = c->model;
+  if (!f.family.empty()) m.family = f.family;
+  if (f.layers > 0) m.n_layer = f.layers;
+  if (f.hidden > 0) m.n_embd = f.hidden;
+  if (f.heads > 0) m.n_head = f.heads;
+  if (f.vocab > 0) m.vocab_size = f.vocab;
+  if (f.seq > 0) m.block_size = f.seq;
+  if (f.kv_heads > 0) m.n_kv_head = f.kv_heads;
+  if (f.intermediate > 0) m.intermediate_size = f.intermediate;
+  if (f.head_dim > 0) m.head_dim_override = f.head_dim;
+  if (f.tied) m.tie_word_embeddings = true;
+  if (f.qk_norm) m.qk_norm = true;
+  if (f.batch > 0) c->train.batch_size = f.batch;
+  if (f.micro_batch > 0) c->train.micro_batch_size = f.micro_batch;
+}
+
+// Where nothing fits: the smallest world size at which each strategy would
+// (checkpointing allowed), and whether LoRA would on the given one.
+struct WhatFits {
+  static constexpr int kMaxWorld = 65536;
+  std::vector<std::pair<Strategy, int>> smallest_world;  // 0: not up to kMaxWorld
+  std::string lora_strategy;  // the strategy LoRA (rank 16, all-linear) fits with; empty: none, or LoRA already
+
+  std::string Describe(const PlanInput& in) const {
+    std::vector<std::string> parts;
+    for (const auto& [strategy, world] : smallest_world) {
+      parts.push_back(world > 0 ? absl::StrCat(StrategyName(strategy), " at ", world)
+                                : absl::StrCat(StrategyName(strategy), " at none up to ", kMaxWorld));
+    }
+    std::string out = absl::StrCat("on ", Plural(in.cluster.workers, "worker"), " of ", absl::StrFormat("%.3g", in.cluster.device_memory_bytes),
+                                   " bytes; the fewest workers that fit (each with this rank's micro-batches): ", absl::StrJoin(parts, ", "), "\n");
+    if (!lora_strategy.empty()) {
+      absl::StrAppend(&out, "LoRA (rank 16 on every projection, the base frozen) fits on these workers: ",
+                      lora_strategy, " (--lora-rank 16 --lora-targets all-linear)\n");
+    } else if (!in.lora.enabled) {
+      absl::StrAppend(&out, "LoRA (rank 16 on every projection) does not fit on these workers either\n");
+    }
+    return out;
+  }
+};
+
+bool StrategyFits(PlanInput in, Strategy s, int64_t per_rank) {
+  in.batch_size = per_rank * in.cluster.workers;
+  absl::StatusOr<Plan> p = MakePlan(in);
+  if (!p.ok()) return false;
+  for (const StrategyPlan& sp : p->strategies) {
+    if (sp.strategy == s) return sp.fits || sp.fits_checkpointed;
+  }
+  return false;
+}
+
+WhatFits FindWhatFits(const PlanInput& in) {
+  WhatFits out;
+  absl::StatusOr<Plan> here = MakePlan(in);
+  if (!here.ok()) return out;
+  for (const StrategyPlan& sp : here->strategies) {
+    // Doubling to the first world that fits, then the smallest between:
+    // memory per rank falls as the world grows (no_shard's never does).
+    // Each rank keeps its micro-batches (the global batch grows with the
+    // world, as adding GPUs to an FSDP job does), so that the world is the
+    // one thing that changes.
+    PlanInput at = in;
+    const int64_t per_rank = here->micro_batches * static_cast<int64_t>(std::max(1, in.micro_batch_size));
+    int lo = in.cluster.workers, hi = 0;
+    for (int w = std::max(2, 2 * lo); w <= WhatFits::kMaxWorld; w *= 2) {
+      at.cluster.workers = w;
+      if (StrategyFits(at, sp.strategy, per_rank)) {
+        hi = w;
+        break;
+      }
+      lo = w;
+    }
+    while (hi > 0 && hi - lo > 1) {
+      const int mid = lo + (hi - lo) / 2;
+      at.cluster.workers = mid;
+      if (StrategyFits(at, sp.strategy, per_rank)) {
+        hi = mid;
+      } else {
+        lo = mid;
+      }
+    }
+    out.smallest_world.push_back({sp.strategy, hi});
+  }
+  if (!in.lora.enabled) {
+    PlanInput lora = in;
+    lora.lora.enabled = true;
+    lora.lora.rank = 16;
+    lora.lora.alpha = 32;
+    lora.lora.target_modules = {"all-linear"};
+    absl::StatusOr<Plan> p = MakePlan(lora);
+    if (p.ok()) out.lora_strategy = p->recommended;
+  }
+  return out;
+}
+
 // For a job file that says strategy = "auto": what the coordinator would
 // pick on the flags' cluster, had its ranks measured the flags' bandwidth
 // (between nodes where the world spans several), from the job file's keys.
@@ -148,6 +252,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
   std::optional<StrategyChoice> auto_pick;
   if (!f.job_file.empty()) {
     SL_ASSIGN_OR_RETURN(JobConfig config, ResolveJobFile(f.job_file));
+    ApplyFlagsToJob(f, &config);
     // As `submit --workers` would check it (its files aside: they need not
     // exist where a job is planned), before anything is computed from it.
     const int world = f.workers > 0 ? f.workers : config.workers;
@@ -161,27 +266,30 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     if (f.layers <= 0 || f.hidden <= 0 || f.heads <= 0) {
       return absl::InvalidArgumentError("plan: --layers, --hidden and --heads go together");
     }
-    in.model.family = f.family;
+    in.model.family = f.family.empty() ? "gpt2" : f.family;
     in.model.n_layer = f.layers;
     in.model.n_embd = f.hidden;
     in.model.n_head = f.heads;
-    in.model.vocab_size = f.vocab;
-    in.model.block_size = f.seq;
+    in.model.vocab_size = f.vocab > 0 ? f.vocab : kDefaultVocab;
+    in.model.block_size = f.seq > 0 ? f.seq : kDefaultSeq;
     if (in.model.is_llama()) {
       in.model.n_kv_head = f.kv_heads;
       in.model.intermediate_size =
           f.intermediate > 0 ? f.intermediate : DefaultIntermediateSize(f.hidden);
+      in.model.head_dim_override = f.head_dim;
       in.model.tie_word_embeddings = f.tied;
+      in.model.qk_norm = f.qk_norm;
     }
   } else if (f.params > 0) {
-    in.model = ModelForParams(f.params, f.vocab, f.seq, f.family);
+    in.model = ModelForParams(f.params, f.vocab > 0 ? f.vocab : kDefaultVocab, f.seq > 0 ? f.seq : kDefaultSeq,
+                              f.family.empty() ? "gpt2" : f.family);
     if (in.model.is_llama()) in.model.tie_word_embeddings = f.tied;
   } else {
     return absl::InvalidArgumentError("plan: give a JOB.toml, --params, or --layers/--hidden/--heads");
   }
   if (f.workers > 0) in.cluster.workers = f.workers;
-  if (f.batch > 0) in.batch_size = f.batch;
-  if (f.micro_batch > 0) in.micro_batch_size = f.micro_batch;
+  if (f.job_file.empty() && f.batch > 0) in.batch_size = f.batch;
+  if (f.job_file.empty() && f.micro_batch > 0) in.micro_batch_size = f.micro_batch;
   if (!f.grad_accumulation.empty()) {
     in.grad_accumulation =
         f.grad_accumulation == "unsharded" ? GradAccumulation::kUnsharded : GradAccumulation::kSharded;
@@ -202,8 +310,18 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
                                                           {{"plan: [model] ", absl::StrCat("plan: ", flags, ": ")}}));
   }
   SL_ASSIGN_OR_RETURN(Plan plan, std::move(made));
+  const std::optional<WhatFits> fits = plan.recommended.empty() ? std::optional<WhatFits>(FindWhatFits(in))
+                                                                : std::nullopt;
   if (json) {
     nlohmann::ordered_json out = nlohmann::ordered_json::parse(PlanJson(plan));
+    if (fits) {
+      nlohmann::ordered_json at = nlohmann::ordered_json::object();
+      for (const auto& [strategy, world] : fits->smallest_world) {
+        at[StrategyName(strategy)] = world > 0 ? nlohmann::ordered_json(world) : nlohmann::ordered_json();
+      }
+      out["fits_at_workers"] = at;  // the smallest world size at which each fits (null: none up to the bound)
+      out["lora_fits"] = fits->lora_strategy.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(fits->lora_strategy);
+    }
     if (auto_pick) {
       out["auto"] = {{"strategy", StrategyName(auto_pick->strategy)},
                      {"shard_group_size", auto_pick->shard_group_size},
@@ -227,6 +345,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
                               in.model.block_size, lora, "; ", in.cluster.workers, " workers, ",
                               in.cluster.gpus_per_node, " per node\n")
               << PlanTable(plan);
+    if (fits) std::cout << fits->Describe(in);
     if (auto_pick) std::cout << "strategy = \"auto\" here: " << auto_pick->why << "\n";
   }
   return absl::OkStatus();

@@ -14,10 +14,15 @@ namespace shardline::ctl {
 struct PlanFlags {
   std::string job_file;
   double params = 0;
-  int layers = 0, hidden = 0, heads = 0, vocab = 50304, seq = 2048;
-  std::string family = "gpt2";      // for --params and --layers/--hidden/--heads
+  // The model's flags; 0 (or false) where not given. With a job file, each
+  // one given replaces the file's key before anything is checked; without
+  // one, vocab defaults to 50304 and seq to 2048.
+  int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
+  std::string family;               // for --params and --layers/--hidden/--heads (default gpt2)
   int kv_heads = 0, intermediate = 0;  // llama; 0 = heads, 8/3 x hidden rounded to 256
+  int head_dim = 0;                 // 0 = hidden / heads (Qwen3 sets its own)
   bool tied = false;                // llama: tie the head to the embedding
+  bool qk_norm = false;             // llama: RMSNorm over each head of q and k (Qwen3)
   std::string reduce_dtype;         // bf16 | fp32; default: the job file's, else fp32
   int workers = 0, batch = 0, micro_batch = 0, shard_group = 0;
   std::string dtype;  // bf16 | fp32; default: the job file's, else bf16

@@ -34,6 +34,7 @@
 #include "client/plan_command.h"
 #include "client/render.h"
 #include "client/tensorboard_events.h"
+#include "common/base/plural.h"
 #include "common/base/build_info.h"
 #include "common/base/file_util.h"
 #include "common/base/quoted.h"
@@ -321,8 +322,10 @@ absl::Status Start(const Client& c, const Args& a, const v1::SubmitJobRequest& r
   c.Prepare(&ctx);
   v1::SubmitJobResponse resp;
   SL_RETURN_IF_ERROR(c.Check(c.stub()->SubmitJob(&ctx, r, &resp)));
-  std::cout << (a.o.json ? Dump({{"job_id", resp.job_id()}}) : resp.job_id())
-            << std::endl;
+  // The id alone on stdout (scripts take it); the steps it resolved (from
+  // [train] steps, or epochs over its data) on stderr.
+  std::cout << (a.o.json ? Dump({{"job_id", resp.job_id()}, {"steps", resp.steps()}}) : resp.job_id()) << std::endl;
+  if (!a.o.json) std::cerr << resp.job_id() << ": " << resp.steps() << " steps" << std::endl;
   return a.follow ? Watch(c, resp.job_id()) : absl::OkStatus();
 }
 
@@ -377,8 +380,13 @@ absl::Status StatusOrCancel(const Client& c, const Args& a, bool cancel) {
     SL_ASSIGN_OR_RETURN(j, FetchJob(c, a.job, history));
     if (history) PrependLineage(c, j, &note);
     if (!a.tensorboard_dir.empty()) {
+      // What was written, not the status and its history again.
       SL_ASSIGN_OR_RETURN(const std::string events, WriteTensorBoardEvents(a.tensorboard_dir, j));
-      std::cerr << "shardctl: wrote " << j.history_size() << " steps to " << events << std::endl;
+      std::cout << (a.o.json ? Dump({{"tensorboard", events}, {"steps", j.history_size()}})
+                             : absl::StrCat("wrote ", Plural(j.history_size(), "step"), " to ", events))
+                << std::endl;
+      if (!note.empty()) std::cerr << "shardctl: " << note << std::endl;
+      return absl::OkStatus();
     }
   } else {
     grpc::ClientContext ctx;

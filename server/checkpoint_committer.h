@@ -1,5 +1,5 @@
 // CheckpointCommitter: the coordinator's part of sharded checkpoints
-// (DESIGN.md, "Checkpoints"): it checks and collects the ranks' reports,
+// (docs/design.md, "Checkpoints"): it checks and collects the ranks' reports,
 // commits a step by writing its manifest last, applies [checkpoint]
 // keep_latest, and removes saves that were interrupted.
 //

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/plural.h"
 #include "common/base/quoted.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_manifest.h"
@@ -123,7 +124,7 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
   j.set_batch_size(cfg->train.batch_size);
   j.set_strategy(StrategyName(cfg->parallelism.strategy));
   j.set_created_unix_ms(NowMs());
-  j.set_message(absl::StrFormat("waiting for %d idle workers", workers));
+  j.set_message(absl::StrCat("waiting for ", Plural(workers, "idle worker")));
   j.set_base_dir(req.base_dir());
   j.set_resume_from(req.resume_from());
   j.set_resumed_from_job(parent);

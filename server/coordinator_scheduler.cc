@@ -1,4 +1,4 @@
-// The job state machine's attempts (DESIGN.md, "Control plane"): starting a
+// The job state machine's attempts (docs/design.md, "Control plane"): starting a
 // queued job on the workers the Scheduler places it on (server/scheduler.h),
 // at what world size and from which checkpoint; how an attempt ends, and
 // when a job restarts or grows back.
@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/plural.h"
 #include "common/checkpoint/checkpoint_manifest.h"
 #include "common/job/device_spec.h"
 #include "common/job/job_wire.h"
@@ -133,10 +134,12 @@ void CoordinatorCore::GrowAtCheckpoint(JobRecord& r, int64_t step) {
   const int grown = LargestWorld(r, j.workers() + 1, std::min(want, j.workers() + idle));
   if (grown == 0) return;
   const std::string why =
-      absl::StrFormat("stopped at the checkpoint of step %d to grow from %d to %d workers", step, j.workers(), grown);
+      absl::StrFormat("stopped at the checkpoint of step %d to grow from %d to %s", step, j.workers(),
+                      Plural(grown, "worker"));
   StopRanks(r, why, "");
   EndAttempt(r, why);
-  Restart(r, absl::StrFormat("growing from %d to %d workers from the checkpoint of step %d", j.workers(), grown, step));
+  Restart(r, absl::StrFormat("growing from %d to %s from the checkpoint of step %d", j.workers(),
+                             Plural(grown, "worker"), step));
   r.settle_until = Now();  // the workers it grows onto are idle now
 }
 
@@ -187,15 +190,16 @@ Scheduler::StartOutcome CoordinatorCore::TryStart(const std::string& id) {
     absl::StrAppend(&idle, idle.empty() ? "" : ", ", ws.size(), " ", kind);
   }
   const std::string what = least == want ? absl::StrCat(want) : absl::StrCat(least, " to ", want);
+  const char* plural = least == want && want == 1 ? "" : "s";
   // A restart that could settle for the workers registered holds the queue
   // while it waits for more: they are its own, coming back.
   if (most < min_workers) {
-    j.set_message(absl::StrFormat("%s for %s workers of one device kind (registered: %s); later jobs that fit start "
+    j.set_message(absl::StrFormat("%s for %s worker%s of one device kind (registered: %s); later jobs that fit start "
                                   "ahead of it",
-                                  doing, what, registered.empty() ? "none" : registered));
+                                  doing, what, plural, registered.empty() ? "none" : registered));
     return Scheduler::StartOutcome::kTooFewRegistered;
   }
-  j.set_message(absl::StrFormat("%s for %s idle workers of one device kind (idle: %s)", doing, what,
+  j.set_message(absl::StrFormat("%s for %s idle worker%s of one device kind (idle: %s)", doing, what, plural,
                                 idle.empty() ? "none" : idle));
   return Scheduler::StartOutcome::kWaitsForIdle;
 }
@@ -282,7 +286,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
   r.send_seconds.clear();
   r.slow_rank = -1;
   j.clear_straggler();
-  std::string msg = absl::StrFormat("running on %d workers", world);
+  std::string msg = absl::StrCat("running on ", Plural(world, "worker"));
   if (world < RequestedWorkers(j)) absl::StrAppendFormat(&msg, " of %d (min_workers %d)", RequestedWorkers(j), r.config.restart.min_workers);
   if (restart) absl::StrAppendFormat(&msg, ", attempt %d from step %d", j.attempts_size(), first_step);
   if (r.config.parallelism.auto_strategy) absl::StrAppend(&msg, "; ", j.strategy_reason());

@@ -336,8 +336,10 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
     }
   }
   auto id = core_->Submit(*req, OwnerOf(ctx));
-  if (id.ok()) resp->set_job_id(*id);
-  return Done(ctx, id.status());
+  if (!id.ok()) return Done(ctx, id.status());
+  resp->set_job_id(*id);
+  if (absl::StatusOr<v1::Job> job = core_->GetJob(*id); job.ok()) resp->set_steps(job->steps());
+  return Done(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,

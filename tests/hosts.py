@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Emulated hosts for tests: N network namespaces on one bridge, each with its
 own IPv4 address, so that a coordinator and workers talk over a network
 rather than one loopback.
@@ -57,12 +58,14 @@ a working iptables; available() says why not in one line.
 """
 import atexit
 import ipaddress
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 
 _PREFIX = "slh"
 # slh<pid>[i<k>](h<i>|s|p): host i, the switch, the iptables probe; i<k> for
@@ -456,12 +459,117 @@ def _install_handlers():
             pass
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--sweep"]:
+# ---- hosts to try things on, from a shell: up, run, address, down ----------
+#
+# `up N` starts a keeper process that makes Hosts(N) and holds them (it is
+# their owner, so no sweep removes them) until `down` stops it, which closes
+# them as any Hosts closes: what runs inside is killed and every namespace
+# deleted. The keeper's pid and the hosts are in STATE.
+
+STATE = os.environ.get("SHARDLINE_HOSTS_STATE", "/tmp/shardline-hosts.json")
+USAGE = """usage: tests/hosts.py up N           N emulated hosts (host-a, host-b, ...) until `down`
+       tests/hosts.py run HOST -- CMD   CMD on HOST (in its network namespace)
+       tests/hosts.py address HOST      HOST's IPv4 address
+       tests/hosts.py down              stop the hosts: kill what runs on them, remove them
+       tests/hosts.py --sweep           remove what runs that are gone left behind"""
+
+
+def _read_state():
+    """The hosts `up` made ({"keeper": pid, "hosts": [...]}), or None where none are up."""
+    try:
+        with open(STATE) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if _start_time(state.get("keeper", 0)) is not None else None
+
+
+def _up(n):
+    if _read_state():
+        sys.exit(f"hosts.py: hosts are up already ({STATE}): tests/hosts.py down first")
+    ready_r, ready_w = os.pipe()
+    if os.fork() == 0:  # the keeper: its own session, no terminal, holds the hosts
+        os.close(ready_r)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        try:
+            hosts = Hosts(n)
+            state = {"keeper": os.getpid(), "hosts": [{"name": h.name, "ns": h.ns, "address": h.address}
+                                                     for h in hosts]}
+            with open(STATE + ".tmp", "w") as f:
+                json.dump(state, f)
+            os.replace(STATE + ".tmp", STATE)
+            os.write(ready_w, b"ok")
+        except BaseException as e:  # noqa: B902: whatever it was goes to `up`, which says it
+            os.write(ready_w, f"error: {e}".encode()[:4000])
+            os._exit(1)
+        os.close(ready_w)
+        while True:  # until `down`'s SIGTERM, whose handler closes the hosts and exits
+            signal.pause()
+    os.close(ready_w)
+    with os.fdopen(ready_r, "rb") as r:
+        said = r.read().decode()
+    if said != "ok":
+        sys.exit(f"hosts.py up: {said or 'the keeper died'}")
+    state = _read_state()
+    for h in state["hosts"]:
+        print(f"{h['name']}  {h['address']:<15}  tests/hosts.py run {h['name']} -- CMD   "
+              f"(ip netns exec {h['ns']} CMD)")
+
+
+def _host(name):
+    state = _read_state()
+    if not state:
+        sys.exit("hosts.py: no hosts are up: tests/hosts.py up N")
+    for h in state["hosts"]:
+        if h["name"] == name:
+            return h
+    sys.exit(f"hosts.py: no host {name!r} (up: {', '.join(h['name'] for h in state['hosts'])})")
+
+
+def _down():
+    state = _read_state()
+    if not state:
+        print("no hosts are up")
+        return
+    os.kill(state["keeper"], signal.SIGTERM)
+    deadline = time.time() + 30
+    while time.time() < deadline and _start_time(state["keeper"]) is not None:
+        time.sleep(0.05)
+    left = [h["ns"] for h in state["hosts"] if h["ns"] in _namespaces()]
+    for ns in left:  # a keeper that could not finish: remove them here
+        _delete(ns)
+    try:
+        os.unlink(STATE)
+    except FileNotFoundError:
+        pass
+    print(f"removed {len(state['hosts'])} hosts")
+
+
+def main(argv):
+    if argv == ["--sweep"]:
         why = available()
         if why:
             sys.exit(why)
         for name in sweep():
             print("removed", name)
+    elif len(argv) == 2 and argv[0] == "up" and argv[1].isdigit() and 1 <= int(argv[1]) <= 253:
+        why = available()
+        if why:
+            sys.exit(why)
+        _up(int(argv[1]))
+    elif len(argv) >= 4 and argv[0] == "run" and argv[2] == "--":
+        ns = _host(argv[1])["ns"]
+        os.execvp("ip", ["ip", "netns", "exec", ns, *argv[3:]])
+    elif len(argv) == 2 and argv[0] == "address":
+        print(_host(argv[1])["address"])
+    elif argv == ["down"]:
+        _down()
     else:
-        sys.exit("usage: hosts.py --sweep  (removes what runs that are gone left behind)")
+        sys.exit(USAGE)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -262,7 +262,9 @@ absl::Status RunRank(const Flags& f, Timeline* timeline) {
   SL_ASSIGN_OR_RETURN(std::shared_ptr<const Device> device, Device::Open(f.device));
   SL_ASSIGN_OR_RETURN(const Backend backend, ParseBackend(f.backend));
   // --save-at saves where the job file would not; without it, only [checkpoint] interval steps save.
-  if (f.ckpt_dir.empty()) config.checkpoint.interval = 0, config.checkpoint.interval_seconds = 0;
+  if (f.ckpt_dir.empty()) {
+    config.checkpoint.interval = 0, config.checkpoint.interval_seconds = 0, config.checkpoint.at_end = false;
+  }
   StoreSink sink(config, f, store.get());
   Json steps = Json::array();
   JobHooks hooks;

@@ -1,4 +1,4 @@
-// WorkerMetrics: what one worker exports at /metrics (DESIGN.md "Metrics").
+// WorkerMetrics: what one worker exports at /metrics (docs/design.md "Metrics").
 //
 // Every series carries the labels job_id and rank of the job the worker runs
 // (or ran last): BeginJob drops the previous job's series, so a long-lived

@@ -1,7 +1,7 @@
 // How a caller's text appears inside an error message.
 //
 // Every error is one line that names the file, key or rank at fault
-// (DESIGN.md). A value, key or path echoed verbatim from a job file, a
+// (docs/design.md). A value, key or path echoed verbatim from a job file, a
 // manifest or a config.json can hold newlines (a TOML multi-line string, a
 // quoted key), terminal escapes or megabytes, and would break that line or
 // flood a log. These helpers make any text safe to embed:

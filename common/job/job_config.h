@@ -1,4 +1,4 @@
-// JobConfig: the job of DESIGN.md as types, and the names of its enums.
+// JobConfig: the job of docs/design.md as types, and the names of its enums.
 // Its job file (TOML) is read by common/job/job_file.h; its wire form, the
 // resolved spec an Assignment carries, is common/job/job_wire.h; a job file
 // resolved against the files it names and validated is common/spec/job_spec.h.
@@ -236,9 +236,13 @@ struct CheckpointConfig {
   // so that the work a failure costs is bounded in time.
   double interval_seconds = 0;
   bool async = true;
+  // Save the last step when the job has trained to its end, unless that
+  // step is already saved: a job that trained ends with its last step
+  // committed whatever the interval (rank 0 reports done after the commit).
+  bool at_end = true;
 };
 
-// How a job recovers by itself (DESIGN.md, "Control plane"): when a rank is
+// How a job recovers by itself (docs/design.md, "Control plane"): when a rank is
 // lost or fails with a retryable error, the job goes RESTARTING and starts
 // again from its newest committed checkpoint at the largest world size in
 // [min_workers, workers] it can have within restart_timeout, up to

@@ -127,6 +127,9 @@ class TableReader {
     (*out)[1] = *(*a)[1].value<double>();
   }
 
+  // The keys read so far, in the order they were first read.
+  const std::vector<std::string>& Read() const { return order_; }
+
   // Every key the table holds (after Finish, all of them were read).
   std::set<std::string> Present() const {
     std::set<std::string> keys;
@@ -150,6 +153,7 @@ class TableReader {
 
  private:
   const toml::node* Take(const std::string& key) {
+    if (!used_.count(key)) order_.push_back(key);
     used_[key] = true;
     return table_ ? table_->get(key) : nullptr;
   }
@@ -157,6 +161,7 @@ class TableReader {
   const toml::table* table_;
   std::string section_, source_;
   std::map<std::string, bool> used_;
+  std::vector<std::string> order_;
   absl::Status status_;
 };
 
@@ -347,6 +352,7 @@ void ReadLoraAndCheckpoint(SectionReaders& r, JobConfig& c) {
   ck.Double("interval_seconds", &c.checkpoint.interval_seconds);
   ck.Int("keep_latest", &c.checkpoint.keep_latest, 0, 1 << 20);
   ck.Bool("async", &c.checkpoint.async);
+  ck.Bool("at_end", &c.checkpoint.at_end);
 }
 
 absl::Status ReadSections(const toml::table& root, const std::string& src, JobConfig& c) {
@@ -384,6 +390,21 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std
   c.parallelism.auto_sparse_embedding =
       c.parallelism.auto_strategy && !(par && par->contains("sparse_embedding"));
   return c;
+}
+
+std::vector<std::string> JobFileKeys() {
+  const toml::table empty;
+  SectionReaders readers(empty, "keys");
+  JobConfig c;
+  ReadJobAndModel(readers, c);
+  ReadDataAndTraining(readers, c);
+  ReadExecution(readers, c);
+  ReadLoraAndCheckpoint(readers, c);
+  std::vector<std::string> keys;
+  for (const char* s : kSections) {
+    for (const std::string& k : readers[s].Read()) keys.push_back(absl::StrCat(s, ".", k));
+  }
+  return keys;
 }
 
 std::string ResolveJobPath(const std::string& base_dir, const std::string& path) {

@@ -1,4 +1,4 @@
-// The job file (TOML) of DESIGN.md, read into a JobConfig, and the paths it
+// The job file (TOML) of docs/design.md, read into a JobConfig, and the paths it
 // names as the programs see them.
 //
 // Contract: ParseJobConfig never throws. Every error is one line naming the
@@ -18,6 +18,10 @@ namespace shardline {
 
 // Parses TOML text; `source` names the file in error messages.
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source);
+
+// Every key ParseJobConfig accepts, as "section.key" in the order it reads
+// them (docs/job-file.md documents each; a unit test holds the two together).
+std::vector<std::string> JobFileKeys();
 
 // A path of the job file (data, init_from, checkpoint dir) as the programs
 // see it: relative paths resolve against `base_dir`, the job file's folder.

@@ -61,7 +61,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryConfig, activation_checkpointing, cpu_o
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PrefetchConfig, forward, backward, max_inflight_all_gathers)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LoraConfig, enabled, rank, alpha, target_modules, dropout, init_from, base,
                                    explicit_keys, base_digest)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CheckpointConfig, dir, interval, keep_latest, interval_seconds, async)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CheckpointConfig, dir, interval, keep_latest, interval_seconds, async,
+                                                at_end)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RestartConfig, max_restarts, min_workers, restart_timeout)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(JobConfig, name, workers, restart, model, data, train, optimizer, parallelism,
                                    precision, memory, prefetch, lora, checkpoint)

@@ -12,7 +12,7 @@
 //  - ExponentialBuckets, which prometheus-cpp 1.0 lacks.
 //
 // Contract:
-//  - Names follow DESIGN.md ("Metrics"): `shardline_` prefix, base units,
+//  - Names follow docs/design.md ("Metrics"): `shardline_` prefix, base units,
 //    `_total` on counters. prometheus-cpp checks a family's name and label
 //    names when it is added and throws std::invalid_argument: a programming
 //    error, caught by the first test that runs the program.

@@ -4,7 +4,7 @@
 //
 // The model is the engine's own accounting, not a fit:
 //  - state by kind is the engine's exact formula (units padded to the shard
-//    group, fp32 master aliased to fp32 parameters), i.e. DESIGN.md's table;
+//    group, fp32 master aliased to fp32 parameters), i.e. docs/design.md's table;
 //  - transient memory is the unsharded units the schedule holds at once
 //    (the tied embedding, the head, the unit being computed and the
 //    prefetched ones) and one unit's unsharded gradient;

@@ -29,7 +29,7 @@ std::string PlanTable(const Plan& p) {
         s.step_s_checkpointed, s.fits ? "yes" : (s.fits_checkpointed ? "with ckpt" : "no"));
   }
   if (p.recommended.empty()) {
-    absl::StrAppend(&out, "\nrecommended: none fits; add workers or memory\n");
+    absl::StrAppend(&out, "\nrecommended: none fits\n");
   } else {
     absl::StrAppend(&out, "\nrecommended: ", p.recommended,
                     p.recommended_checkpointing ? " with activation checkpointing" : "", "\n");

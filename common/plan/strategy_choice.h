@@ -1,4 +1,4 @@
-// What `[parallelism] strategy = "auto"` runs (DESIGN.md, "Control plane"):
+// What `[parallelism] strategy = "auto"` runs (docs/design.md, "Control plane"):
 // the coordinator asks the planner (common/plan/plan.h) for every strategy's
 // memory and step time at the attempt's world size, on the smallest memory
 // among the attempt's workers and at the bus bandwidth its ranks measured at

@@ -1,4 +1,4 @@
-// Job and worker states (DESIGN.md, "Control plane"): the proto enums'
+// Job and worker states (docs/design.md, "Control plane"): the proto enums'
 // names as people read them, and the one table of legal job transitions.
 //
 // Transitions: PENDING -> RUNNING | CANCELLED; RUNNING -> SUCCEEDED | FAILED

@@ -64,35 +64,9 @@ for _ in $(seq 100); do
 done
 build/client/shardctl workers
 
-cat > "$work/fortunes-gpt.toml" <<TOML
-[job]
-name = "fortunes-gpt"
-workers = 2
-
-[model]
-n_layer = 4
-n_head = 4
-n_embd = 128
-vocab_size = 256          # bytes
-block_size = 128
-
-[data]
-format = "text"
-path = "corpus.txt"
-
-[train]
-steps = $steps
-batch_size = 16
-micro_batch_size = 8
-
-[optimizer]
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 10
-
-[parallelism]
-strategy = "full_shard"
-TOML
+# The job is examples/tiny-gpt.toml (the file a user copies), at this run's steps.
+sed -e "s/^steps = .*/steps = $steps/" -e 's/^name = .*/name = "fortunes-gpt"/' examples/tiny-gpt.toml \
+  >"$work/fortunes-gpt.toml"
 echo "submitting $work/fortunes-gpt.toml (full_shard over 2 workers, $steps steps)"
 build/client/shardctl submit "$work/fortunes-gpt.toml" --follow
 build/client/shardctl jobs

@@ -360,40 +360,13 @@ def run_job(docker, base, version):
     with open(os.path.join(shared, "corpus.txt"), "w") as f:
         f.write(text * max(1, 200000 // len(text)))
     steps = 60
-    # deploy/local/demo.sh's model and batch, fewer steps, checkpoints on the shared volume.
+    # examples/tiny-gpt.toml (the demo's job), fewer steps, checkpoints on the shared volume.
+    with open(os.path.join(REPO, "examples", "tiny-gpt.toml")) as f:
+        job = f.read()
+    job = re.sub(r"(?m)^name = .*$", 'name = "docker-gpt"', job)
+    job = re.sub(r"(?m)^steps = .*$", f"steps = {steps}", job)
     with open(os.path.join(shared, "fortunes-gpt.toml"), "w") as f:
-        f.write(f"""[job]
-name = "docker-gpt"
-workers = 2
-
-[model]
-n_layer = 4
-n_head = 4
-n_embd = 128
-vocab_size = 256
-block_size = 128
-
-[data]
-format = "text"
-path = "corpus.txt"
-
-[train]
-steps = {steps}
-batch_size = 16
-micro_batch_size = 8
-
-[optimizer]
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 5
-
-[parallelism]
-strategy = "full_shard"
-
-[checkpoint]
-dir = "/shared/checkpoints"
-interval = 30
-""")
+        f.write(job + '\n[checkpoint]\ndir = "/shared/checkpoints"\ninterval = 30\n')
     for root, dirs, files in os.walk(shared):
         for n in dirs + files:
             os.chown(os.path.join(root, n), uid, uid)

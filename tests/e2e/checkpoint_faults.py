@@ -5,6 +5,13 @@ and checksums verify), the interrupted one has no manifest and is removed once
 the job's ranks stopped, and a resume from the latest committed checkpoint
 runs.
 
+The last step is always saved ([checkpoint] at_end, the default): a job of
+221 steps saving every 100 ends with step 221 committed, and it exports;
+submit says how many steps it resolved; a job whose last step an interval
+already saved saves it once; a worker killed during the final save
+(mid-write@221) sends the job RESTARTING, and it resumes from step 200 and
+commits 221 before it SUCCEEDS.
+
 kill -9 of the coordinator in the middle of a prune (SHARDLINE_FAULT=mid-prune,
 server/fault_injection.h: the commit of step 4 with keep_latest = 1 recorded
 that step 2 is dropped, and the coordinator dies before removing it). Started
@@ -57,8 +64,55 @@ def kill_during_prune(c):
                 f"{j['state']} from step {first} to {j['step']}: {j['message']}")
 
 
+def saves(cl, job):
+    """How many times rank 0 saved its shard in `job` (its log lines)."""
+    _, out, _ = cl.ctl("logs", job, "--rank", "0")
+    return out.count("saved its shard")
+
+
+def last_step_saved(c):
+    cl = Cluster()
+    cl.add_worker("host-a")
+    cl.add_worker("host-c")
+    cl.wait_workers(2)
+    every_100 = '\n[checkpoint]\ndir = "ckpt"\ninterval = 100\n'
+    rc, out, err = cl.ctl("submit", job_file(cl.dir, "long", workers=2, steps=221, extra=every_100), "--follow",
+                          timeout=180)
+    job = out.splitlines()[0].strip() if out else ""
+    c.check(rc == 0 and f"{job}: 221 steps" in err, "submit says the steps it resolved", err.strip()[-200:])
+    ckpts = [k["step"] for k in cl.ctl_json("ckpt", "list", job)["checkpoints"]]
+    c.check(ckpts == [100, 200, 221], "221 steps saving every 100: the last step is committed too", str(ckpts))
+    step_dir = os.path.join(cl.dir, "ckpt", job, "step-00000221")
+    rc, _, err = cl.ctl("ckpt", "export", step_dir, "--out", os.path.join(cl.dir, "last.safetensors"))
+    c.check(rc == 0 and os.path.getsize(os.path.join(cl.dir, "last.safetensors")) > 0,
+            "the last step exports", err.strip())
+    c.check(saves(cl, job) == 3, "rank 0 saved three times", str(saves(cl, job)))
+
+    every_10 = '\n[checkpoint]\ndir = "ckpt"\ninterval = 10\n'
+    rc, out, err = cl.ctl("submit", job_file(cl.dir, "even", workers=2, steps=20, extra=every_10), "--follow",
+                          timeout=120)
+    job = out.splitlines()[0].strip() if out else ""
+    ckpts = [k["step"] for k in cl.ctl_json("ckpt", "list", job)["checkpoints"]] if job else []
+    c.check(rc == 0 and ckpts == [10, 20] and saves(cl, job) == 2,
+            "a last step the interval saved is saved once", f"{ckpts}, {saves(cl, job) if job else 0} saves")
+
+    # host-b sorts before host-c: the next 2-worker job takes host-a and host-b.
+    cl.add_worker("host-b", env={"SHARDLINE_FAULT": "mid-write@221"})
+    cl.wait_workers(3)
+    job = cl.ctl_json("submit", job_file(cl.dir, "killed", workers=2, steps=221, extra=every_100))["job_id"]
+    end = wait_for(lambda: cl.job(job)["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") and cl.job(job), 180,
+                   "the job whose final save was killed to end")
+    c.check(cl.workers["host-b"].wait(timeout=10) == -9, "a worker was killed during the final save")
+    ckpts = [k["step"] for k in cl.ctl_json("ckpt", "list", job)["checkpoints"]]
+    c.check(end["state"] == "SUCCEEDED" and ckpts == [100, 200, 221],
+            "killed during its final save, the job restarted from step 200 and committed step 221",
+            f"{end['state']} {end['message']}; committed {ckpts}; attempts {len(end.get('attempts', []))}")
+    c.check(len(end.get("attempts", [])) >= 2, "it took a second attempt", str(end.get("attempts", []))[:200])
+
+
 def main():
     c = Checks()
+    last_step_saved(c)
     kill_during_prune(c)
     for point in ("before-write", "mid-write", "before-report"):
         cl = Cluster()

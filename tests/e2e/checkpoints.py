@@ -19,7 +19,9 @@ def check_tensorboard(c, cl, job, losses):
     loss (simple_value is a float32: within its rounding, 2^-24 relative)."""
     from tensorboard.backend.event_processing import event_accumulator
     tb = os.path.join(cl.dir, "tb")
-    rc, _, err = cl.ctl("status", job, "--tensorboard", tb)
+    rc, out, err = cl.ctl("status", job, "--tensorboard", tb)
+    c.check(rc == 0 and len(out.splitlines()) == 1 and out.startswith(f"wrote {len(losses)} steps to "),
+            "status --tensorboard prints what it wrote, one line (not the status again)", out.strip()[:200])
     acc = event_accumulator.EventAccumulator(tb)
     acc.Reload()
     tags = acc.Tags().get("scalars", [])

@@ -134,15 +134,16 @@ class Cluster:
         self.port = int(m.group(2))
         self.address = f"127.0.0.1:{self.port}"
 
-    def add_worker(self, host, env=None, args=(), collective_timeout=10, device="cpu"):
+    def add_worker(self, host, env=None, args=(), collective_timeout=10, device="cpu", name=None):
+        """A worker on `host`; `name` (default: the host) keys self.workers and its log, for several on a host."""
         args = [WORKER, "--coordinator", self.address, "--device", device, "--host", host,
                 "--collective-timeout", str(collective_timeout)] + list(args)
         if self.worker_token_file or self.token_file:
             args += ["--token-file", self.worker_token_file or self.token_file]
-        log = open(os.path.join(self.dir, f"worker-{host}.log"), "w")
+        log = open(os.path.join(self.dir, f"worker-{name or host}.log"), "w")
         p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
         _procs.append(p)
-        self.workers[host] = p
+        self.workers[name or host] = p
         return p
 
     def ctl(self, *args, token=True, timeout=60):

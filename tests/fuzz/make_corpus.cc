@@ -62,35 +62,6 @@ void Die(const absl::Status& s) {
 
 // ---- job files ----
 constexpr const char* kHybrid = test::kHybridJob;
-// deploy/local/demo.sh's job.
-constexpr char kDemo[] = R"([job]
-name = "fortunes-gpt"
-workers = 2
-
-[model]
-n_layer = 4
-n_head = 4
-n_embd = 128
-vocab_size = 256          # bytes
-block_size = 128
-
-[data]
-format = "text"
-path = "corpus.txt"
-
-[train]
-steps = 200
-batch_size = 16
-micro_batch_size = 8
-
-[optimizer]
-lr = 3e-3
-min_lr = 3e-4
-warmup_steps = 10
-
-[parallelism]
-strategy = "full_shard"
-)";
 // Every section, a llama model, LoRA, masks and checkpoints.
 constexpr char kLlamaLora[] = R"([job]
 name = "sft-llama"
@@ -162,7 +133,10 @@ async = false
 
 void JobFiles() {
   Put("job_config", "hybrid.toml", kHybrid);
-  Put("job_config", "demo.toml", kDemo);
+  // The files users copy (run from the repository's root).
+  for (const auto& e : fs::directory_iterator("examples")) {
+    if (e.path().extension() == ".toml") Put("job_config", "example-" + e.path().filename().string(), Slurp(e.path()));
+  }
   Put("job_config", "llama_lora.toml", kLlamaLora);
   Put("job_config", "qwen3.toml", R"([model]
 family = "llama"
@@ -186,7 +160,7 @@ target_modules = ["q_proj", "v_proj"]
   Put("job_config", "bad_type.toml", Replace(kHybrid, "steps = 5", "steps = \"5\""));
   Put("job_config", "bad_key.toml", Replace(kHybrid, "block_size", "blocksize"));
   Put("job_config", "bad_toml.toml", Replace(kHybrid, "[train]", "[train"));
-  Put("job_config", "bad_strategy.toml", Replace(kDemo, "full_shard", "fullshard"));
+  Put("job_config", "bad_strategy.toml", Replace(Slurp("examples/tiny-gpt.toml"), "full_shard", "fullshard"));
   // The same target decodes its input as a resolved spec on the wire too.
   absl::StatusOr<JobConfig> lora = ParseJobConfig(kLlamaLora, "job.toml");
   if (lora.ok()) {

@@ -4,7 +4,7 @@ The training data is three llm.c shards, named once as a list and once
 through a glob, with a loss mask per shard (prompt tokens masked out,
 completion tokens in):
 
-1. Step 0 in one process: the batch is the stream order of DESIGN.md over the
+1. Step 0 in one process: the batch is the stream order of docs/design.md over the
    concatenated shards, computed here; the masked-out targets are -100; the
    engine's loss and every gradient equal PyTorch's cross_entropy with
    ignore_index (the mean over the counted targets) in fp32.
@@ -64,7 +64,7 @@ def make_data(d):
 
 
 def batch(tokens, mask, step, B):
-    """DESIGN's order over the stream: sequence (step*B + j) mod n; masked targets -100."""
+    """docs/design.md's order over the stream: sequence (step*B + j) mod n; masked targets -100."""
     n = (len(tokens) - 1) // T
     xs, ys = [], []
     for j in range(B):

@@ -1,4 +1,4 @@
-"""DESIGN.md's memory and communication formulas, computed independently of
+"""docs/design.md's memory and communication formulas, computed independently of
 the engine from the unit sizes alone (the ShardLayout rule: pad each unit to a
 multiple of the shard group size)."""
 
@@ -334,7 +334,7 @@ def lora_table(strategy, base, P_base, P_adapters, N, G):
 
 
 def design_table(strategy, P, N, G):
-    """DESIGN.md's table (bf16 params and grads, fp32 master and Adam)."""
+    """docs/design.md's table (bf16 params and grads, fp32 master and Adam)."""
     return {
         "no_shard": 16 * P,
         "zero1": 4 * P + 12 * P / N,

@@ -1,4 +1,4 @@
-"""Memory: at N=4 with bf16 parameters and gradients (DESIGN.md's table), the
+"""Memory: at N=4 with bf16 parameters and gradients (docs/design.md's table), the
 bytes each rank holds by kind (params, grads, master, optimizer) equal the
 formulas up to padding, for every strategy; and the peak during a step stays
 within the state plus the units allowed in flight plus activations. Keeping
@@ -37,7 +37,7 @@ def main():
                                  f"{got}" + ("" if got == expected else f" expected {expected}"))
                     table = formulas.design_table(strategy, P, WORLD, G)
                     checks.check(abs(m["state"] - table) <= pad_allowance,
-                                 f"{name} rank {r['rank']} state vs DESIGN table",
+                                 f"{name} rank {r['rank']} state vs docs/design.md's table",
                                  f"{m['state']} vs {table:.0f} (padding allowance {pad_allowance})")
                 # Transient unsharded parameters: the pinned embed and head
                 # units, the one being computed and the prefetched ones.

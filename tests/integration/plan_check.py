@@ -47,7 +47,57 @@ def main():
             r.stderr.strip() or str(groups))
     check_comm_bytes(c)
     check_auto(c)
+    check_flags(c)
     c.finish()
+
+
+def plan_json(*args):
+    r = subprocess.run([SHARDCTL, "--json", "plan", *args], capture_output=True, text=True, timeout=60)
+    return r, (json.loads(r.stdout) if r.returncode == 0 else {})
+
+
+def check_flags(c):
+    """The model and batch flags replace the job file's keys before it is
+    checked; --head-dim makes Qwen3-4B by flags 4.02e9 parameters (its
+    config.json's count); where nothing fits, plan says at how many workers
+    each strategy would, and that LoRA would on these."""
+    cfg = harness.small_gpt_config("full_shard", 2, STEPS, 2)  # batch_size 2: not divisible at 4 ranks
+    job = os.path.join(harness.scratch_dir("shardline-plan-"), "job.toml")
+    harness.write_toml(cfg, job)
+    r, plan = plan_json(job, "--workers", "4", "--batch", "4")
+    c.check(r.returncode == 0 and plan.get("tokens_per_step") == 4 * cfg["model"]["block_size"],
+            "plan --batch replaces the file's batch_size before the divisibility check", r.stderr.strip())
+    r, plan = plan_json(job, "--workers", "2", "--layers", "3")
+    full = {s["strategy"]: s for s in plan.get("strategies", [])}.get("full_shard", {})
+    r6, plan6 = plan_json(job, "--workers", "2")
+    c.check(r.returncode == 0 and plan.get("params", 0) < plan6.get("params", 0) and full,
+            "plan --layers replaces the file's n_layer", f"{plan.get('params')} vs {plan6.get('params')}")
+    qwen3 = ["--family", "llama", "--layers", "36", "--hidden", "2560", "--heads", "32", "--kv-heads", "8",
+             "--head-dim", "128", "--intermediate", "9728", "--vocab", "151936", "--tied", "--qk-norm", "--seq", "1024"]
+    r, plan = plan_json(*qwen3)
+    # Qwen3-4B: 4,022,468,096 parameters (its embedding tied, counted once).
+    c.check(r.returncode == 0 and plan.get("params") == 4022468096, "plan --head-dim: Qwen3-4B by flags",
+            str(plan.get("params")) + r.stderr.strip())
+    r, plan = plan_json(*qwen3, "--workers", "2", "--gpu-memory", "24e9", "--batch", "2", "--micro-batch", "1",
+                        "--dtype", "bf16")
+    fits_at = plan.get("fits_at_workers", {})
+    c.check(r.returncode == 0 and not plan.get("recommended") and fits_at.get("full_shard", 0) > 2
+            and plan.get("lora_fits"), "nothing fits on two 24 GB GPUs: the fewest workers per strategy, and LoRA fits",
+            f"{fits_at} lora {plan.get('lora_fits')}")
+    if fits_at.get("full_shard"):
+        w = fits_at["full_shard"]
+        _, at = plan_json(*qwen3, "--workers", str(w), "--gpu-memory", "24e9", "--batch", str(w),
+                          "--micro-batch", "1", "--dtype", "bf16")
+        _, below = plan_json(*qwen3, "--workers", str(w - 1), "--gpu-memory", "24e9", "--batch", str(w),
+                             "--micro-batch", "1", "--dtype", "bf16")
+        fs = {s["strategy"]: s for s in at.get("strategies", [])}.get("full_shard", {})
+        fb = {s["strategy"]: s for s in below.get("strategies", [])}.get("full_shard", {})
+        c.check((fs.get("fits") or fs.get("fits_checkpointed")) and not (fb.get("fits") or fb.get("fits_checkpointed")),
+                f"full_shard fits at {w} workers and not at {w - 1}", "")
+    r = subprocess.run([SHARDCTL, "plan", *qwen3, "--workers", "2", "--gpu-memory", "24e9", "--batch", "2",
+                        "--micro-batch", "1"], capture_output=True, text=True, timeout=60)
+    c.check("the fewest workers that fit" in r.stdout and "LoRA (rank 16" in r.stdout,
+            "the table says so too", r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip())
 
 
 def check_auto(c):

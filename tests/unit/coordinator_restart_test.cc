@@ -1,4 +1,4 @@
-// CoordinatorCore's restarts (issue 13, DESIGN.md "Control plane"): a lost
+// CoordinatorCore's restarts (issue 13, docs/design.md "Control plane"): a lost
 // rank or a retryable error sends a job RESTARTING; it starts again from its
 // newest checkpoint at the largest world it can have, grows back at a
 // checkpoint, fails naming every attempt once restarts or time are spent,

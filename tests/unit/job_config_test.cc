@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 
 #include "tests/unit/job_files.h"
 
@@ -21,6 +22,37 @@ std::string ErrorOf(const std::string& text, int world = 2) {
   if (!c.ok()) return std::string(c.status().message());
   absl::Status s = ValidateJobConfig(*c, world, "job.toml");
   return s.ok() ? "" : std::string(s.message());
+}
+
+// docs/job-file.md documents every key the parser accepts, and no other:
+// its "## [section]" headings and the first cell of each table row.
+TEST(JobFileKeys, DocumentedInDocsJobFile) {
+  std::ifstream in(std::string(SHARDLINE_SOURCE_DIR) + "/docs/job-file.md");
+  ASSERT_TRUE(in) << "docs/job-file.md";
+  std::set<std::string> documented;
+  std::string line, section;
+  while (std::getline(in, line)) {
+    if (line.rfind("## [", 0) == 0 && line.back() == ']') section = line.substr(4, line.size() - 5);
+    if (!section.empty() && line.rfind("| `", 0) == 0) {
+      const size_t end = line.find('`', 3);
+      ASSERT_NE(end, std::string::npos) << line;
+      EXPECT_TRUE(documented.insert(section + "." + line.substr(3, end - 3)).second) << "twice: " << line;
+    }
+  }
+  std::set<std::string> accepted;
+  for (const std::string& k : JobFileKeys()) accepted.insert(k);
+  for (const std::string& k : accepted) EXPECT_TRUE(documented.count(k)) << k << " is accepted but not in docs/job-file.md";
+  for (const std::string& k : documented) EXPECT_TRUE(accepted.count(k)) << k << " is in docs/job-file.md but not accepted";
+  EXPECT_GT(accepted.size(), 70u);  // every section's keys, not an empty list
+}
+
+TEST(JobConfig, SavesTheLastStepByDefault) {
+  auto c = ParseJobConfig(kGood, "job.toml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->checkpoint.at_end);
+  auto off = ParseJobConfig(std::string(kGood) + "\n[checkpoint]\nat_end = false\n", "job.toml");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->checkpoint.at_end);
 }
 
 TEST(JobConfig, ParsesAGoodFile) {

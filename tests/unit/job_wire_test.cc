@@ -89,7 +89,7 @@ JobConfig EveryFieldSet() {
   c.lora.base = LoraBase::kReplicated;
   c.lora.explicit_keys = {"rank"};
   c.lora.base_digest = std::string(64, 'a');
-  c.checkpoint = {"/ck", 9, 1, 30.5, false};
+  c.checkpoint = {"/ck", 9, 1, 30.5, false, false};
   return c;
 }
 

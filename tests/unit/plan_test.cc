@@ -1,4 +1,4 @@
-// The planner's arithmetic: DESIGN.md's state table, the ring bytes, the
+// The planner's arithmetic: docs/design.md's state table, the ring bytes, the
 // choice of strategy, and errors naming the flag.
 #include "common/plan/plan.h"
 

@@ -1,4 +1,4 @@
-// TokenDataset: DESIGN's batch order and every bad file named in its error.
+// TokenDataset: docs/design.md's batch order and every bad file named in its error.
 #include "worker/data/token_dataset.h"
 
 #include <gtest/gtest.h>

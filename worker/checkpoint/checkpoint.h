@@ -1,4 +1,4 @@
-// Sharded checkpoints of the engine's state (DESIGN.md, "Checkpoints").
+// Sharded checkpoints of the engine's state (docs/design.md, "Checkpoints").
 //
 // Each rank writes `rank-<5 digits>.safetensors` holding, for every unit,
 // its shard of the fp32 parameters and of Adam's m and v ("<unit>.param",

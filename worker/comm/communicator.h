@@ -6,7 +6,7 @@
 // once. Calls are executed in the order they are made, and every rank of the
 // group must make the same calls in the same order (as with NCCL and Gloo).
 //
-// Devices and streams (DESIGN.md): a collective sees every kernel the caller
+// Devices and streams (docs/design.md): a collective sees every kernel the caller
 // issued on its compute stream (the stream current on the calling thread)
 // before the call. Work::WaitOnDevice orders the compute stream after the
 // collective without blocking the host where the backend completes on the

@@ -384,14 +384,14 @@ class GlooCommunicator : public Communicator {
     try {
       rw = pg_->recv(r, left, tag);
     } catch (const std::exception& e) {
-      return Link(absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": cannot receive from rank ",
+      return Link(absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " ring step ", step, ": cannot receive from rank ",
                                                       JobRank(left), " (", FirstLine(e), ")")),
                   left, rank_, seq, step);
     }
     try {
       sw = pg_->send(s, right, tag);
     } catch (const std::exception& e) {
-      return Link(absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": cannot send to rank ",
+      return Link(absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " ring step ", step, ": cannot send to rank ",
                                                       JobRank(right), " (", FirstLine(e), ")")),
                   rank_, right, seq, step);
     }
@@ -412,7 +412,7 @@ class GlooCommunicator : public Communicator {
     auto aborted_by = [&](const std::string& what) {
       absl::MutexLock lock(&mu_);
       return abort_status_.ok() ? absl::OkStatus()
-                                : absl::AbortedError(absl::StrCat(OpLabel(op, seq), " step ", step, ": ", what,
+                                : absl::AbortedError(absl::StrCat(OpLabel(op, seq), " ring step ", step, ": ", what,
                                                                   " ended: ", abort_status_.message()));
     };
     SetWaitingOn(LinkFault{JobRank(left), JobRank(rank_), seq, step});
@@ -421,7 +421,7 @@ class GlooCommunicator : public Communicator {
     } catch (const std::exception& e) {
       if (absl::Status a = aborted_by(absl::StrCat("waiting for rank ", JobRank(left))); !a.ok()) return a;
       const bool late = absl::Now() >= deadline;
-      const std::string msg = absl::StrCat(OpLabel(op, seq), " step ", step, ": no data from rank ",
+      const std::string msg = absl::StrCat(OpLabel(op, seq), " ring step ", step, ": no data from rank ",
                                            JobRank(left), late ? " before the deadline (" : " (",
                                            FirstLine(e), ")");
       return Link(late ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg), left, rank_, seq, step);
@@ -431,7 +431,7 @@ class GlooCommunicator : public Communicator {
       if (!sw->wait(Remaining(deadline))) throw std::runtime_error("timed out");
     } catch (const std::exception& e) {
       if (absl::Status a = aborted_by(absl::StrCat("sending to rank ", JobRank(right))); !a.ok()) return a;
-      return Link(absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " step ", step, ": sending to rank ",
+      return Link(absl::UnavailableError(absl::StrCat(OpLabel(op, seq), " ring step ", step, ": sending to rank ",
                                                       JobRank(right), " failed (", FirstLine(e), ")")),
                   rank_, right, seq, step);
     }

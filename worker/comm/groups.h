@@ -1,6 +1,6 @@
 // Groups: how a rank's world splits into the shard group and the replicate
 // group it belongs to, and one function that connects both over the backend
-// its device calls for (DESIGN.md: NCCL for CUDA, Gloo for CPU). Nothing
+// its device calls for (docs/design.md: NCCL for CUDA, Gloo for CPU). Nothing
 // here names a backend's types, so callers stay backend-neutral.
 //
 // The world of R ranks is split into shard groups of G consecutive ranks

@@ -1,5 +1,5 @@
 // TokenDataset: the training tokens of a job, memory-mapped, and the batch
-// order of DESIGN.md's numerics contract.
+// order of docs/design.md's numerics contract.
 //
 // Sources: llm.c `.bin` files (a 256 x int32 header: magic, version, token
 // count; then the tokens: GPT-2's magic 20240520 version 1 with uint16

@@ -1,4 +1,4 @@
-// Device: where one rank computes (DESIGN.md, "Devices and streams"), its
+// Device: where one rank computes (docs/design.md, "Devices and streams"), its
 // streams named by role, and the one place the engine allocates.
 //
 //   compute          forward, backward, the optimizer; current on the step thread

@@ -1,5 +1,5 @@
 // Engine: one rank's training loop over sharded units. It owns the FlatParams,
-// runs DESIGN.md's step schedule (gather, forward, free; gather, backward,
+// runs docs/design.md's step schedule (gather, forward, free; gather, backward,
 // free, reduce-scatter; clip; optimizer on the local shard) on its Device and
 // counts what it holds and moves.
 //

@@ -1,4 +1,4 @@
-// GradReduction: the gradient reduction of DESIGN.md's step. As soon as a
+// GradReduction: the gradient reduction of docs/design.md's step. As soon as a
 // unit's backward is complete its gradient is reduce-scattered over the
 // shard group (cast to the reduce dtype first where that differs; a one-rank
 // group's copy casts as it copies), and once

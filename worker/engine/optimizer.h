@@ -7,7 +7,7 @@
 // checkpoints reach them through exp_avg() / exp_avg_sq().
 //
 // LearningRate: [optimizer] schedule at 0-based step s of total_steps
-// (LrSchedule in common/job/job_config.h; the default is DESIGN.md's linear
+// (LrSchedule in common/job/job_config.h; the default is docs/design.md's linear
 // warmup, then cosine decay to min_lr).
 #pragma once
 

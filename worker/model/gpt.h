@@ -1,4 +1,4 @@
-// GPT-2 as nanoGPT's model.py defines it (DESIGN.md's numerics contract).
+// GPT-2 as nanoGPT's model.py defines it (docs/design.md's numerics contract).
 //
 // Units and their parameters are common/model/model_shapes.h. The lm_head is tied
 // to wte, so the head reads the embed unit's wte view.

@@ -1,6 +1,6 @@
 // CollectiveAddress: the address a worker binds its collective traffic to
 // (Gloo's TCP pairs, NCCL's bootstrap and socket transport), so that peers on
-// other hosts can reach it (DESIGN.md, "Hosts and addresses").
+// other hosts can reach it (docs/design.md, "Hosts and addresses").
 //
 // Chosen once at start, in this order:
 //   --listen-address ADDR   that address (an IP literal of this machine);

@@ -103,7 +103,9 @@ absl::Status JobRunner::Run() {
     // A save that failed in the background fails the job now, naming why,
     // not at the next save or at the end of the run.
     if (s_ok.ok() && save_done_ && save_thread_.joinable()) s_ok = WaitForSave();
-    if (s_ok.ok() && ((interval > 0 && (s + 1) % interval == 0) || r->save || run_.save_at == s + 1)) {
+    // The job's last step (not a --stop-after's), where no other reason saved it.
+    const bool at_end = run_.config.checkpoint.at_end && s + 1 == run_.config.train.steps;
+    if (s_ok.ok() && ((interval > 0 && (s + 1) % interval == 0) || r->save || run_.save_at == s + 1 || at_end)) {
       s_ok = Save(s + 1);
     }
     if (!s_ok.ok()) {

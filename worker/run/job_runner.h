@@ -1,5 +1,5 @@
 // JobRunner: one rank of one job, from rendezvous to its last step, for both
-// the worker daemon and shardline-train (DESIGN.md, "Layout"): it connects
+// the worker daemon and shardline-train (docs/design.md, "Layout"): it connects
 // the rank's communicators over a store, builds the engine, resumes from a
 // committed checkpoint, and runs the step loop: progress to the caller,
 // non-finite steps ([train] max_nonfinite_skips), saves every [checkpoint]
