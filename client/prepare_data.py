@@ -50,6 +50,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 
 import numpy as np
 
@@ -67,11 +68,27 @@ def write_llmc(path, values, kind):
     magic, version, dtype = kind
     header = np.zeros(256, dtype=np.int32)
     header[:3] = (magic, version, len(values))
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(values, dtype=dtype).tobytes())
-    os.replace(tmp, path)
+    # A temporary file of a fresh random name, created exclusively (O_EXCL:
+    # never through a link planted beside the output), then renamed over the
+    # output (a link there is replaced, not followed).
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path) + ".",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header.tobytes())
+            f.write(np.asarray(values, dtype=dtype).tobytes())
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def records(path, fmt):

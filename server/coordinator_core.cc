@@ -132,10 +132,13 @@ std::string CoordinatorCore::BlameLink(JobRecord& r) {
         return std::make_pair(a.seq(), a.step()) < std::make_pair(b.seq(), b.step());
       });
   const v1::Job& j = JobOf(r);
+  // Each end as "host (address)": two workers may give one --host name.
   auto end = [&](int rank) {
     const WorkerRecord* w = registry_.Find(j.worker_ids(rank));
-    return w == nullptr ? std::make_pair(std::string("?"), std::string())
-                        : std::make_pair(w->info.host(), WorkerRegistry::Key(w->info));
+    if (w == nullptr) return std::make_pair(std::string("?"), std::string());
+    const std::string& addr = w->info.collective_address();
+    return std::make_pair(addr.empty() ? w->info.host() : absl::StrCat(w->info.host(), " (", addr, ")"),
+                          WorkerRegistry::Key(w->info));
   };
   const auto [from_host, from_key] = end(link.from_rank());
   const auto [to_host, to_key] = end(link.to_rank());

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/file_util.h"
 #include "common/base/plural.h"
 #include "common/base/quoted.h"
 #include "common/base/status_macros.h"
@@ -32,8 +33,12 @@ absl::StatusOr<JobConfig> CoordinatorCore::ParseAndValidate(const v1::SubmitJobR
   absl::Status s = ValidateJobConfig(*cfg, *workers, source);
   if (!s.ok()) return s;
   if (!req.resume_from().empty()) {
+    // The service resolved it: it must still be its own real path, before
+    // and after the manifest is read (a link swapped in between is refused).
+    if (absl::Status real = CheckIsRealPath(req.resume_from(), "resume_from"); !real.ok()) return real;
     auto m = ReadManifest(req.resume_from());
     if (!m.ok()) return m.status();
+    if (absl::Status real = CheckIsRealPath(req.resume_from(), "resume_from"); !real.ok()) return real;
     absl::Status same = CheckSameTraining(*m, *cfg, req.resume_from());
     if (!same.ok()) return same;
     *resume = *std::move(m);

@@ -259,6 +259,7 @@ void CoordinatorCore::StartOn(JobRecord& r, std::vector<WorkerRecord*> idle, int
     a->set_rank(rank);
     a->set_world_size(world);
     a->set_resume_from(resume);
+    a->set_resume_from_is_real_path(!resume.empty() && resume == j.resume_from());
     a->set_checkpoint_root(j.checkpoint_root());
     a->set_credential(NewCredential());
     a->set_attempt(j.attempts_size() + 1);  // the Attempt added below

@@ -326,16 +326,23 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
   SL_AUTHORIZE(ctx, kUser);
   // A resume reads the weights of the job whose checkpoint it names and
   // writes beside them: that job's owner's call. (A step directory that is
-  // no job's, a copy, is read with the workers' permissions.)
-  if (!req->resume_from().empty()) {
-    absl::StatusOr<std::string> from = core_->JobOfCheckpoint(req->resume_from());
+  // no job's, a copy, is read with the workers' permissions.) The path is
+  // resolved once, here: the check, the job's record and its workers all
+  // use the real path, which the core and the workers check again is still
+  // its own (a link swapped in later leads nowhere else).
+  v1::SubmitJobRequest resolved = *req;
+  if (!req->resume_from().empty() && req->resume_from().size() <= CoordinatorCore::kMaxPathBytes) {
+    absl::StatusOr<std::string> real = RealPath(req->resume_from(), "resume_from");
+    if (!real.ok()) return Done(ctx, real.status());
+    resolved.set_resume_from(*real);
+    absl::StatusOr<std::string> from = core_->JobOfCheckpoint(*real);
     if (from.ok() && !from->empty()) {
       if (absl::Status mine = CheckOwner(ctx, *from, "resume from its checkpoints"); !mine.ok()) {
         return Done(ctx, mine);
       }
     }
   }
-  auto id = core_->Submit(*req, OwnerOf(ctx));
+  auto id = core_->Submit(resolved, OwnerOf(ctx));
   if (!id.ok()) return Done(ctx, id.status());
   resp->set_job_id(*id);
   if (absl::StatusOr<v1::Job> job = core_->GetJob(*id); job.ok()) resp->set_steps(job->steps());

@@ -52,7 +52,9 @@ absl::Status WorkerRegistry::Check(const v1::WorkerInfo& info) {
   return absl::OkStatus();
 }
 
-std::string WorkerRegistry::Key(const v1::WorkerInfo& w) { return absl::StrCat(w.host(), "/", w.device()); }
+std::string WorkerRegistry::Key(const v1::WorkerInfo& w) {
+  return absl::StrCat(w.host(), "/", w.device(), w.collective_address().empty() ? "" : "@", w.collective_address());
+}
 
 WorkerRecord& WorkerRegistry::Add(v1::WorkerInfo info, WorkerChannel* channel, absl::Time now) {
   const std::string id = absl::StrFormat("w-%d", next_id_++);

@@ -59,8 +59,9 @@ class WorkerRegistry {
   // Whether a registering worker's info may enter: every string of a worker
   // is listed to every user, so it is bounded and printable.
   static absl::Status Check(const v1::WorkerInfo& info);
-  // "host/device": a worker's place, which outlives its session (a job's
-  // excluded workers are named by it).
+  // "host/device@address" (the address its collectives bind): a worker's
+  // place, which outlives its session (a job's excluded workers are named by
+  // it). The address tells apart two workers that give one --host name.
   static std::string Key(const v1::WorkerInfo& w);
 
   // Adds an idle worker under a fresh id (info.worker_id), heard from `now`.

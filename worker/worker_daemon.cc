@@ -375,6 +375,13 @@ absl::Status WorkerDaemon::TrainJob(const v1::Assignment& a) {
   absl::StatusOr<std::shared_ptr<const Device>> device = Device::Open(options_.device);
   if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat("[rank ", a.rank(), "] ", device.status().message()));
 
+  if (a.resume_from_is_real_path()) {
+    // The step directory the submit named, resolved and checked then: a link
+    // swapped into its path since would lead this rank to other files.
+    if (absl::Status real = CheckIsRealPath(a.resume_from(), "resume_from"); !real.ok()) {
+      return absl::Status(real.code(), absl::StrCat("[rank ", a.rank(), "] ", real.message()));
+    }
+  }
   JobRun run{config, a.rank(), a.world_size(), a.resume_from(), options_.collective_timeout};
   run.collective_address = options_.collective_address;
   JobHooks hooks;

@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/base/quoted.h"
 #include "common/base/status_macros.h"
 
 namespace shardline {
@@ -115,6 +116,20 @@ absl::Status WriteFileAtomicallyAt(int dir_fd, const std::string& dir, const std
   return f->Commit();
 }
 
+absl::StatusOr<std::string> RealPath(const std::string& path, const char* what) {
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::canonical(path, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(what, " ", Shown(path, 256), ": ", ec.message()));
+  return real.string();
+}
+
+absl::Status CheckIsRealPath(const std::string& path, const char* what) {
+  SL_ASSIGN_OR_RETURN(const std::string real, RealPath(path, what));
+  if (real == path) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(what, " ", Shown(path, 256), " now leads to ", Shown(real, 256),
+                                                    ": a link in it changed since it was checked; refused"));
+}
+
 absl::StatusOr<UniqueFd> OpenDirectoryNoFollow(int at, const std::string& name, const std::string& path) {
   UniqueFd fd(::openat(at, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() >= 0) return fd;
@@ -162,7 +177,12 @@ absl::Status ReadExactlyAt(int fd, const std::string& path, int64_t at, int64_t 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path) {
+absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path, int64_t max_bytes) {
+  const auto too_large = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", max_bytes, " bytes: refused"));
+  };
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && st.st_size > max_bytes) return too_large();  // sparse or not: never read
   std::string out;
   char buf[64 << 10];
   for (off_t at = 0;;) {
@@ -171,6 +191,7 @@ absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path
     if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read failed: ", std::strerror(errno)));
     if (n == 0) return out;
     out.append(buf, static_cast<size_t>(n));
+    if (static_cast<int64_t>(out.size()) > max_bytes) return too_large();
     at += n;
   }
 }

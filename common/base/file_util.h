@@ -80,6 +80,14 @@ class AtomicFileAt {
 // or that exists and is not a directory.
 absl::Status MakeDirs(const std::string& dir);
 
+// `path` with every symlink in it resolved (std::filesystem::canonical);
+// NotFound naming `what` and `path` where it does not resolve.
+absl::StatusOr<std::string> RealPath(const std::string& path, const char* what);
+// OK where `path` is its own real path (no symlink anywhere in it, absolute,
+// no "." or ".." or doubled "/"); else FailedPrecondition naming `what`,
+// `path` and where it leads now.
+absl::Status CheckIsRealPath(const std::string& path, const char* what);
+
 // Opens the directory `name` (one path component) inside the open directory
 // `at` (AT_FDCWD: `name` is a path, and only its last component is checked)
 // without following a symlink there: a symlink is PermissionDenied naming
@@ -99,8 +107,11 @@ absl::StatusOr<UniqueFd> OpenRegularFileNoFollow(const std::string& path);
 // naming `path` and the first byte missing.
 absl::Status ReadExactlyAt(int fd, const std::string& path, int64_t at, int64_t n, char* dst);
 
-// The whole of the open file `fd` (read from offset 0); errors name `path`.
-absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path);
+// The whole of the open file `fd` (read from offset 0), which may hold at
+// most `max_bytes`: a larger one (as fstat says, or as it turns out while it
+// is read: it may grow) is InvalidArgument naming `path` and the limit,
+// after at most max_bytes + 64 KiB were read. Errors name `path`.
+absl::StatusOr<std::string> ReadOpenFileToString(int fd, const std::string& path, int64_t max_bytes);
 
 // Hex SHA-256 of the whole of the open file `fd` (read from offset 0 with
 // pread, in 4 MiB pieces); errors name `path`.

@@ -192,25 +192,55 @@ std::vector<HfFile> PlanHfFiles(const ModelConfig& m, int element_bytes, int64_t
 
 namespace {
 
-// A file that transformers' or PEFT's from_pretrained would read from a
-// model directory: weights in any of their formats, their indexes, and the
+// A file that the loader of `kind`'s output would read from its folder:
+// from_pretrained's weights in any of their formats, their indexes and the
 // configs that decide what is loaded (an adapter_config.json makes
-// from_pretrained load an adapter over the base it names).
-bool ReadByLoaders(absl::string_view name) {
-  for (absl::string_view suffix : {".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt",
-                                   ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".distcp"}) {
-    if (absl::EndsWith(name, suffix)) return true;
+// transformers load an adapter over the base it names); PEFT's adapter
+// files; DCP's .metadata and the .distcp files it lists.
+bool ReadByLoader(ExportKind kind, absl::string_view name) {
+  switch (kind) {
+    case ExportKind::kHf:
+      return absl::EndsWith(name, ".safetensors") || absl::EndsWith(name, ".safetensors.index.json") ||
+             (absl::StartsWith(name, "pytorch_model") &&
+              (absl::EndsWith(name, ".bin") || absl::EndsWith(name, ".bin.index.json"))) ||
+             name == "tf_model.h5" || name == "flax_model.msgpack" || name == "config.json" ||
+             name == "generation_config.json" || name == "adapter_config.json" || name == "adapter_model.bin";
+    case ExportKind::kPeft:
+      return absl::StartsWith(name, "adapter_model.") || name == "adapter_config.json";
+    case ExportKind::kDcp:
+      return name == ".metadata" || absl::EndsWith(name, ".distcp");
   }
-  return name == "config.json" || name == "adapter_config.json" || name == "generation_config.json" ||
-         name == ".metadata";
+  return false;
 }
 
 }  // namespace
 
+bool WrittenByExport(ExportKind kind, absl::string_view name) {
+  switch (kind) {
+    case ExportKind::kHf: {
+      for (const char* t : kTokenizerFiles) {
+        if (name == t) return true;
+      }
+      int i = 0, n = 0;
+      char tail = 0;
+      const std::string s(name);
+      const bool shard = name.size() == std::string("model-00001-of-00002.safetensors").size() &&
+                         std::sscanf(s.c_str(), "model-%5d-of-%5d.safetensors%c", &i, &n, &tail) == 2;
+      return shard || name == "model.safetensors" || name == "model.safetensors.index.json" ||
+             name == "config.json";
+    }
+    case ExportKind::kPeft:
+      return name == "adapter_model.safetensors" || name == "adapter_config.json";
+    case ExportKind::kDcp:
+      return name == ".metadata" || name == "__0_0.distcp";
+  }
+  return false;
+}
+
 // Weights left by an earlier export would be loaded in place of these (one
 // model.safetensors beside a new sharded index is read by from_pretrained
-// first): hence an empty folder, or --overwrite.
-absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite) {
+// first): hence an empty folder, or --overwrite of this export's own files.
+absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite, ExportKind kind) {
   SL_RETURN_IF_ERROR(MakeDirs(out_dir));
   SL_ASSIGN_OR_RETURN(UniqueFd dir, OpenDirectoryNoFollow(AT_FDCWD, out_dir, out_dir));
   DIR* listing = ::fdopendir(::dup(dir.get()));
@@ -226,10 +256,27 @@ absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite) {
   if (!overwrite) {
     return absl::FailedPreconditionError(absl::StrCat(
         out_dir, ": not empty (", Quoted(names[0]), names.size() > 1 ? absl::StrCat(" and ", names.size() - 1, " more") : "",
-        "): an export goes to a new or empty folder, or --overwrite replaces the weights and configs there"));
+        "): an export goes to a new or empty folder, or --overwrite replaces an earlier export's files there"));
   }
+  // Every refusal before the first removal.
+  std::vector<std::string> ours;
   for (const std::string& name : names) {
-    if (ReadByLoaders(name) && ::unlinkat(dir.get(), name.c_str(), 0) != 0) {
+    const std::string shown = absl::StrCat(out_dir, "/", Shown(name));
+    if (WrittenByExport(kind, name)) {
+      struct stat st;
+      if (::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(shown, ": not a regular file, where this export writes one: --overwrite removes only files"));
+      }
+      ours.push_back(name);
+    } else if (ReadByLoader(kind, name)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          shown, ": not a file this export writes, and a loader would read it beside the export: "
+                 "--overwrite removes only the export's own files; move it, or export to another folder"));
+    }
+  }
+  for (const std::string& name : ours) {
+    if (::unlinkat(dir.get(), name.c_str(), 0) != 0) {
       return absl::PermissionDeniedError(
           absl::StrCat(out_dir, "/", Shown(name), ": cannot remove the earlier export's file: ", std::strerror(errno)));
     }
@@ -278,7 +325,7 @@ absl::StatusOr<HfExportReport> ExportHf(const std::string& step_dir, const std::
   SL_ASSIGN_OR_RETURN(auto ckpt, OpenForExport(step_dir));
   const ModelConfig& m = ckpt->manifest().model;
   SL_ASSIGN_OR_RETURN(UnitValues values, UnitValues::Open(ckpt.get(), options.merge, step_dir));
-  SL_RETURN_IF_ERROR(PrepareExportDir(out_dir, options.overwrite));
+  SL_RETURN_IF_ERROR(PrepareExportDir(out_dir, options.overwrite, ExportKind::kHf));
   const int element_bytes = options.dtype == StoredDType::kF32 ? 4 : 2;
   const std::vector<HfFile> files = PlanHfFiles(m, element_bytes, std::max<int64_t>(options.max_shard_bytes, 1));
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
@@ -363,7 +410,7 @@ absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir,
   if (!man.lora.enabled) {
     return absl::InvalidArgumentError(absl::StrCat(step_dir, ": --format peft: not a LoRA checkpoint (no adapters)"));
   }
-  SL_RETURN_IF_ERROR(PrepareExportDir(out_dir, overwrite));
+  SL_RETURN_IF_ERROR(PrepareExportDir(out_dir, overwrite, ExportKind::kPeft));
   const std::vector<int> trained = model::TrainableUnits(man.model, man.lora);
   std::vector<SafetensorsStreamWriter::Decl> decls;
   for (int u : trained) {

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/checkpoint/checkpoint_manifest.h"
 #include "common/model/safetensors.h"
 
@@ -94,10 +95,23 @@ absl::StatusOr<HfExportReport> ExportHf(const std::string& step_dir, const std::
 absl::Status ExportPeft(const std::string& step_dir, const std::string& out_dir, StoredDType dtype,
                         bool overwrite = false);
 
+// What an export writes, and so what its --overwrite may remove.
+enum class ExportKind {
+  kHf,    // model.safetensors or model-NNNNN-of-NNNNN.safetensors and its index, config.json, tokenizer files
+  kPeft,  // adapter_model.safetensors, adapter_config.json
+  kDcp,   // .metadata, __0_0.distcp
+};
+// Whether an export of `kind` writes a file named `name`.
+bool WrittenByExport(ExportKind kind, absl::string_view name);
+
 // An export's folder, created if missing (parents too), never through a
-// symlink; one with files is refused unless `overwrite`, which removes the
-// files a loader reads (weights, indexes, configs, a DCP's .metadata and
-// .distcp files) and keeps the rest.
-absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite);
+// symlink. One with files is refused unless `overwrite`, which removes the
+// files this export would write (WrittenByExport) and nothing else. Every
+// refusal is decided before anything is removed: a file of that name that is
+// not a regular file (a folder named model.safetensors, a link), or a file
+// a loader would read beside the export that it would not write (another
+// tool's weights, a DCP checkpoint in an hf folder): it would be loaded in
+// place of, or beside, these weights, and it is not ours to delete.
+absl::Status PrepareExportDir(const std::string& out_dir, bool overwrite, ExportKind kind);
 
 }  // namespace shardline

@@ -256,7 +256,7 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir) {
     }
     return fd.status();
   }
-  absl::StatusOr<std::string> text = ReadOpenFileToString(fd->get(), path);
+  absl::StatusOr<std::string> text = ReadOpenFileToString(fd->get(), path, kMaxManifestBytes);
   if (!text.ok()) return text.status();
   return ParseManifest(*text, path);
 }

@@ -95,7 +95,11 @@ absl::Status WriteManifest(const std::string& dir, const CheckpointManifest& m);
 // followed either. A refusal is PermissionDenied naming the path.
 absl::Status WriteManifestConfined(const std::string& checkpoint_root, const CheckpointManifest& m);
 // NotFound ("<dir>: no manifest.json: not a committed checkpoint") when absent;
-// otherwise ParseManifest of its text.
+// InvalidArgument for one larger than kMaxManifestBytes (never read: the
+// coordinator reads what a user names); otherwise ParseManifest of its text.
+// 16 MiB holds the files of some 80,000 ranks and the layouts of thousands
+// of units.
+constexpr int64_t kMaxManifestBytes = 16 << 20;
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& dir);
 // Parses and checks the text of a manifest (`path` names it in errors). A
 // format_version other than 1 is InvalidArgument; malformed JSON, a missing or

@@ -155,7 +155,7 @@ absl::StatusOr<DcpExportReport> ExportDcp(const std::string& step_dir, const Job
     return absl::DataLossError(absl::StrCat(step_dir, ": manifest lists ", man.units.size(), " units, the model has ",
                                             model::NumUnits(man.model)));
   }
-  SL_RETURN_IF_ERROR(PrepareExportDir(out_dir, overwrite));
+  SL_RETURN_IF_ERROR(PrepareExportDir(out_dir, overwrite, ExportKind::kDcp));
   SL_ASSIGN_OR_RETURN(auto w, DcpWriter::Create(out_dir));
 
   std::vector<std::string> decay, no_decay;  // the two param groups, in model order

@@ -20,7 +20,7 @@
 // tensor stored float32 in chunks of at most 64 MiB along its first
 // dimension, each a torch.save archive. One unit is read at a time. A LoRA
 // checkpoint (adapters only) is refused: export it with --format peft.
-// The folder is prepared as the hf export's (PrepareExportDir).
+// The folder is prepared as the hf export's (PrepareExportDir, ExportKind::kDcp).
 #pragma once
 
 #include <cstdint>

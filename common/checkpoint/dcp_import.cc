@@ -1,5 +1,6 @@
 #include "common/checkpoint/dcp_import.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,7 +47,7 @@ class DcpSource {
     if (fstat(fd.get(), &st) != 0 || st.st_size > kMaxMetadataBytes) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", kMaxMetadataBytes, " bytes"));
     }
-    SL_ASSIGN_OR_RETURN(std::string text, ReadOpenFileToString(fd.get(), path));
+    SL_ASSIGN_OR_RETURN(std::string text, ReadOpenFileToString(fd.get(), path, kMaxMetadataBytes));
     SL_ASSIGN_OR_RETURN(s->meta_, ParseDcpMetadata(text, path));
     for (const DcpStorage& st : s->meta_.storage) s->where_[{st.fqn, st.chunk_offsets}] = &st;
     return s;
@@ -407,59 +408,94 @@ absl::StatusOr<DcpImportReport> ImportDcp(const std::string& dcp_dir, const JobC
   SL_RETURN_IF_ERROR(CheckNoExtraTensors(*src, naming, job.model, layouts));
   Importer importer(src.get(), naming, job.model);
 
-  auto committed = [&](int64_t step) -> absl::Status {
+  // Every refusal is decided before the first write: the root and the step
+  // folder are real folders (never links), the step is not committed, the
+  // data position is known. The units are written into a folder of this
+  // import's own and moved into step-N through open folders, so that a link
+  // swapped in after the checks is not followed either.
+  auto refuse_step = [&](int64_t step) -> absl::Status {
     const std::string dir = absl::StrCat(checkpoint_root, "/", StepDirName(step));
-    if (ReadManifest(dir).ok()) return absl::AlreadyExistsError(absl::StrCat(dir, ": a committed checkpoint is already there"));
+    struct stat st;
+    if (::lstat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(Shown(dir, 256), S_ISLNK(st.st_mode) ? ": is a symlink: refused" : ": not a folder: refused"));
+    }
+    if (ReadManifest(dir).ok()) {
+      return absl::AlreadyExistsError(absl::StrCat(Shown(dir, 256), ": a committed checkpoint is already there"));
+    }
     return absl::OkStatus();
   };
-  if (options.step >= 0) SL_RETURN_IF_ERROR(committed(options.step));  // before anything is read
-  // The step is AdamW's, known once the first unit is read: the units go to
-  // a folder of this import's own first, moved to step-N when complete.
+  struct stat root_st;
+  std::string root_name = checkpoint_root;  // "link/" would be followed: lstat the name itself
+  while (root_name.size() > 1 && root_name.back() == '/') root_name.pop_back();
+  if (::lstat(root_name.c_str(), &root_st) == 0 && !S_ISDIR(root_st.st_mode)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        Shown(checkpoint_root, 256), S_ISLNK(root_st.st_mode) ? ": is a symlink: refused" : ": not a folder: refused"));
+  }
+  if (options.step >= 0) SL_RETURN_IF_ERROR(refuse_step(options.step));  // before anything is read
+  // The data position: given, or where the checkpoint records its trainer's
+  // step (torchtitan's train_state, a top-level "step"), or AdamW's step
+  // (known once the units are read).
+  std::string data_step_from = "--data-step";
+  int64_t data_step = options.data_step;
+  for (const char* entry : {"train_state.step", "step"}) {
+    if (data_step >= 0) break;
+    SL_ASSIGN_OR_RETURN(std::optional<int64_t> v, src->Int(entry));
+    if (!v) continue;
+    if (*v < 0 || *v > kMaxStep) return src->Bad(absl::StrCat(entry, " is ", *v, ", not a step"));
+    data_step = *v;
+    data_step_from = entry;
+  }
   SL_RETURN_IF_ERROR(MakeDirs(checkpoint_root));
+  SL_ASSIGN_OR_RETURN(UniqueFd root, OpenDirectoryNoFollow(AT_FDCWD, checkpoint_root, checkpoint_root));
   std::string staging = checkpoint_root + "/.import-XXXXXX";
   if (::mkdtemp(staging.data()) == nullptr) {
     return absl::PermissionDeniedError(absl::StrCat(checkpoint_root, ": cannot create a folder to import into"));
   }
+  const std::string staging_name = staging.substr(checkpoint_root.size() + 1);
+  const std::string file = RankFileName(0);
+  // Whatever fails from here leaves nothing behind: no staging folder, no shard without a manifest.
+  bool made_step_dir = false;
+  std::string step_name;
+  auto clean = [&](absl::Status s) {
+    (void)::unlinkat(root.get(), (staging_name + "/" + file).c_str(), 0);
+    (void)::unlinkat(root.get(), staging_name.c_str(), AT_REMOVEDIR);
+    if (!step_name.empty()) (void)::unlinkat(root.get(), (step_name + "/" + file).c_str(), 0);
+    if (made_step_dir) (void)::unlinkat(root.get(), step_name.c_str(), AT_REMOVEDIR);
+    return s;
+  };
   absl::StatusOr<ManifestRankFile> written = WriteUnits(staging, layouts, &importer);
-  if (!written.ok()) {
-    ::unlink((staging + "/" + RankFileName(0)).c_str());
-    ::rmdir(staging.c_str());
-    return written.status();
-  }
+  if (!written.ok()) return clean(written.status());
   const ManifestRankFile rank_file = *written;
   const int64_t step = options.step >= 0 ? options.step : importer.step();
   const std::string step_dir = absl::StrCat(checkpoint_root, "/", StepDirName(step));
-  if (absl::Status s = committed(step); !s.ok()) {
-    ::unlink((staging + "/" + rank_file.file).c_str());
-    ::rmdir(staging.c_str());
-    return s;
-  }
-  SL_RETURN_IF_ERROR(MakeDirs(step_dir));
-  if (std::rename((staging + "/" + rank_file.file).c_str(), (step_dir + "/" + rank_file.file).c_str()) != 0) {
-    return absl::InternalError(absl::StrCat(step_dir, ": cannot move the imported shard in"));
-  }
-  ::rmdir(staging.c_str());
-
-  SL_ASSIGN_OR_RETURN(CheckpointManifest m, NewManifest(job.name, job, 1, step));
-  // The data position: given, or where the checkpoint records its trainer's
-  // step (torchtitan's train_state, a top-level "step"), or AdamW's step.
-  std::string data_step_from = "--data-step";
-  m.data_step = options.data_step;
-  for (const char* entry : {"train_state.step", "step"}) {
-    if (m.data_step >= 0) break;
-    SL_ASSIGN_OR_RETURN(std::optional<int64_t> v, src->Int(entry));
-    if (!v) continue;
-    if (*v < 0 || *v > kMaxStep) return src->Bad(absl::StrCat(entry, " is ", *v, ", not a step"));
-    m.data_step = *v;
-    data_step_from = entry;
-  }
-  if (m.data_step < 0) {
-    m.data_step = step;
+  if (absl::Status s = refuse_step(step); !s.ok()) return clean(s);
+  if (data_step < 0) {
+    data_step = step;
     data_step_from = "the step";
   }
+  SL_ASSIGN_OR_RETURN(CheckpointManifest m, NewManifest(job.name, job, 1, step));
+  m.data_step = data_step;
   m.ranks = {rank_file};
-  SL_RETURN_IF_ERROR(WriteManifestConfined(checkpoint_root, m));
-  return DcpImportReport{step_dir,       naming.table,        step, m.data_step, data_step_from,
+  step_name = StepDirName(step);
+  if (::mkdirat(root.get(), step_name.c_str(), 0750) == 0) {
+    made_step_dir = true;
+  } else if (errno != EEXIST) {
+    return clean(absl::PermissionDeniedError(absl::StrCat(step_dir, ": cannot create: ", std::strerror(errno))));
+  }
+  {
+    absl::StatusOr<UniqueFd> step_fd = OpenDirectoryNoFollow(root.get(), step_name, step_dir);
+    absl::StatusOr<UniqueFd> staging_fd = OpenDirectoryNoFollow(root.get(), staging_name, staging);
+    if (!step_fd.ok()) return clean(step_fd.status());
+    if (!staging_fd.ok()) return clean(staging_fd.status());
+    if (::renameat(staging_fd->get(), file.c_str(), step_fd->get(), file.c_str()) != 0) {
+      return clean(absl::InternalError(absl::StrCat(step_dir, ": cannot move the imported shard in: ",
+                                                    std::strerror(errno))));
+    }
+  }
+  (void)::unlinkat(root.get(), staging_name.c_str(), AT_REMOVEDIR);
+  if (absl::Status s = WriteManifestConfined(checkpoint_root, m); !s.ok()) return clean(s);
+  return DcpImportReport{step_dir,       naming.table,        step, data_step, data_step_from,
                          src->tensors_read(), src->bytes_read()};
 }
 

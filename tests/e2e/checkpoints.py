@@ -149,7 +149,9 @@ def main():
     rc, _, err = cl.ctl("resume", job, "--from", bare)
     c.check(rc == 1 and "no manifest.json: not a committed checkpoint" in err and bare in err,
             "resume from a directory without a manifest refused", err.strip())
-    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "nockpt", workers=1, steps=2))
+    # [checkpoint] at_end = false: a job that never saves (its last step neither).
+    rc, out, _ = cl.ctl("--json", "submit", job_file(cl.dir, "nockpt", workers=1, steps=2,
+                                                     extra="\n[checkpoint]\nat_end = false\n"))
     nockpt = json.loads(out)["job_id"]
     cl.ctl("watch", nockpt, timeout=60)
     rc, _, err = cl.ctl("resume", nockpt)

@@ -143,19 +143,26 @@ def run_readme(c):
     shutil.copy(CORPUS, os.path.join(d, "examples", "corpus.txt"))
     port = free_port()
     script = "set -euo pipefail\n" + block.replace("127.0.0.1:50051", f"127.0.0.1:{port}")
-    p = subprocess.Popen(["bash", "-c", script], cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        out, err = "", "timed out"
-    finally:
+    # Output to a file, not a pipe: the coordinator and workers it starts in
+    # the background would hold a pipe open after the script has ended.
+    log_path = os.path.join(d, "readme.log")
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(["bash", "-c", script], cwd=d, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
         try:
-            os.killpg(p.pid, signal.SIGKILL)  # the coordinator and workers it started in the background
-        except ProcessLookupError:
+            p.wait(timeout=300)
+        except subprocess.TimeoutExpired:
             pass
-    c.check(p.returncode == 0, "the README's first job: every command succeeds", err.strip()[-300:])
-    c.check(os.path.exists(os.path.join(d, "tiny-hf", "config.json")), "and its HF export is there", out[-200:])
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the coordinator and workers it started in the background
+            except ProcessLookupError:
+                pass
+            p.wait()
+    with open(log_path) as f:
+        out = f.read()
+    c.check(p.returncode == 0, "the README's first job: every command succeeds", out.strip()[-300:])
+    c.check(os.path.exists(os.path.join(d, "tiny-hf", "config.json")), "and its HF export is there", "")
 
 
 def main():

@@ -141,7 +141,7 @@ def workers_cut_from_each_other(c, hs, directory, one_way):
                          120, "the job running again", fail=False)
         j = state(cl, job)
         why = (j.get("attempts") or [{}])[0].get("end", "")  # how the first attempt ended
-        ends = re.search(r"rank (\d+) on host (\S+) cannot reach rank (\d+) on host (\S+)", why)
+        ends = re.search(r"rank (\d+) on host (\S+)(?: \([^)]*\))? cannot reach rank (\d+) on host (\S+)", why)
         c.check(again and ends is not None and {ends.group(2), ends.group(4)} == {b.name, cc.name},
                 f"two workers cut from each other ({how}): the failure names both ends", why[:240])
         by_id = {w["id"]: w["host"] for w in cl.ctl_json("workers")["workers"]}

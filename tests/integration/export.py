@@ -122,6 +122,37 @@ def main():
                  "model.safetensors.index.json" in files and len(shards) > 1 and
                  len(files) == len(shards) + 3, "--overwrite leaves the new export's files and the user's only",
                  f"rc {r.returncode} {files} {r.stderr.strip()}")
+    # --overwrite removes only this export's own files, and decides every
+    # refusal before it removes anything: beside the export, prepare_data's
+    # token shards, a DCP checkpoint, another tool's weights and a folder
+    # named like a weight file.
+    planted = {"data_train_000000.bin": b"tokens", "data_train_000000.mask": b"mask", ".metadata": b"dcp",
+               "__0_0.distcp": b"dcp", "optimizer.pt": b"adam", "run.ckpt": b"lightning"}
+    mixed = os.path.join(ckpt, "exports", "mixed")
+    os.makedirs(mixed)
+    for name, data in planted.items():
+        with open(os.path.join(mixed, name), "wb") as f:
+            f.write(data)
+    r = subprocess.run([SHARDCTL, "ckpt", "export", step_dir, "--format", "hf", "--out", mixed, "--overwrite"],
+                       capture_output=True, text=True)
+    kept = {n: open(os.path.join(mixed, n), "rb").read() for n in planted if os.path.exists(os.path.join(mixed, n))}
+    checks.check(r.returncode == 0 and kept == planted and "model.safetensors" in os.listdir(mixed),
+                 "--overwrite beside token shards, a DCP checkpoint and optimizer files removes none of them",
+                 f"rc {r.returncode} {r.stderr.strip()} kept {sorted(kept)}")
+    os.makedirs(os.path.join(mixed, "model-00001-of-00002.safetensors"))
+    with open(os.path.join(mixed, "pytorch_model.bin"), "wb") as f:
+        f.write(b"another tool's weights")
+    before = sorted(os.listdir(mixed))
+    for planted_name in ("model-00001-of-00002.safetensors", "pytorch_model.bin"):  # the order they are listed
+        r = subprocess.run([SHARDCTL, "ckpt", "export", step_dir, "--format", "hf", "--out", mixed, "--overwrite",
+                            "--max-shard-size", "20KB"], capture_output=True, text=True)
+        checks.check(r.returncode == 1 and planted_name in r.stderr and len(r.stderr.strip().splitlines()) == 1
+                     and sorted(os.listdir(mixed)) == before,
+                     f"--overwrite with {planted_name} there: refused before anything is removed", r.stderr.strip())
+        path = os.path.join(mixed, planted_name)
+        os.rmdir(path) if os.path.isdir(path) else os.unlink(path)
+        before = sorted(os.listdir(mixed))
+
     sharded = {}
     for f in shards:
         sharded.update(load_file(os.path.join(hf, f)))

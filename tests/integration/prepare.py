@@ -171,7 +171,32 @@ def main():
     r = prepare("--tokenizer", plain, "--input", os.path.join(d, "chats.jsonl"), "--out", prefix, "--format", "chat")
     checks.check(r.returncode == 1 and "has no chat template" in r.stderr, "chat without a chat template refused",
                  r.stderr.strip())
+    planted_links(checks, d, tok_dir)
     checks.finish()
+
+
+def planted_links(checks, d, tok_dir):
+    """Links planted where prepare_data writes (its old temporary name, the
+    output's own name) are never written through: the files they name keep
+    their bytes, and the outputs are regular files."""
+    victims = {}
+    for name in ("victim-tmp", "victim-out"):
+        victims[name] = os.path.join(d, name)
+        with open(victims[name], "wb") as f:
+            f.write(b"the victim's bytes")
+    prefix = os.path.join(d, "planted", "p")
+    os.makedirs(os.path.dirname(prefix))
+    os.symlink(victims["victim-tmp"], prefix + "_train_000000.bin.tmp")
+    os.symlink(victims["victim-out"], prefix + "_train_000000.bin")
+    text = os.path.join(d, "planted.txt")
+    with open(text, "w") as f:
+        f.write(" ".join(WORDS * 4))
+    r = prepare("--tokenizer", tok_dir, "--input", text, "--out", prefix)
+    out = prefix + "_train_000000.bin"
+    checks.check(r.returncode == 0 and all(open(v, "rb").read() == b"the victim's bytes" for v in victims.values()),
+                 "links planted at the temporary and the output names: their targets unchanged", r.stderr.strip())
+    checks.check(os.path.isfile(out) and not os.path.islink(out) and len(read(out)) > 0,
+                 "the output is a regular file of tokens, not the link")
 
 
 if __name__ == "__main__":

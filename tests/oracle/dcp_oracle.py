@@ -106,6 +106,26 @@ def check_refused(checks, label, dcp_dir, job, scratch, expected):
                  f"refused: {label}", err)
 
 
+def linked_outputs(checks, dcp_dir, job, scratch):
+    """--out, or its step folder, a symlink: refused before anything is
+    written, and nothing lands where the link points (nor a staging folder)."""
+    target = os.path.join(scratch, "link-target")
+    os.makedirs(target)
+    link = os.path.join(scratch, "out-link")
+    os.symlink(target, link)
+    r = shardctl("ckpt", "import", dcp_dir, "--job", job, "--out", link)
+    checks.check(r.returncode == 1 and "symlink" in r.stderr and os.listdir(target) == [],
+                 "import --out a symlink: refused, nothing written through it", r.stderr.strip())
+    root = os.path.join(scratch, "step-link-root")
+    os.makedirs(root)
+    os.symlink(target, os.path.join(root, f"step-{SAVE:08d}"))
+    r = shardctl("ckpt", "import", dcp_dir, "--job", job, "--out", root)
+    checks.check(r.returncode == 1 and "symlink" in r.stderr and os.listdir(target) == []
+                 and sorted(os.listdir(root)) == [f"step-{SAVE:08d}"],
+                 "import into ROOT whose step folder is a symlink: refused, nothing in its target, no staging left",
+                 f"{r.stderr.strip()} {sorted(os.listdir(root))} {os.listdir(target)}")
+
+
 def main():
     checks = harness.Checks()
     scratch = harness.scratch_dir("shardline-dcp-")
@@ -226,6 +246,7 @@ def main():
     subprocess.run([sys.executable, PEER, "retype", dcp_dir, retyped, "model.model.norm.weight", "int32"],
                    check=True, timeout=120, capture_output=True)
     check_refused(checks, "an int32 tensor", retyped, job, scratch, ["model.model.norm.weight", "int32"])
+    linked_outputs(checks, dcp_dir, job, scratch)
     checks.remove_unless_failed(scratch)
     checks.finish()
 

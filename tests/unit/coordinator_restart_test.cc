@@ -107,6 +107,50 @@ TEST_F(RestartTest, ABrokenLinkIsNamedByBothEndsAndOneEndSitsOut) {
   EXPECT_EQ(c.Starts().size(), 2u);
 }
 
+// Two workers that give one --host name are told apart by their addresses:
+// a link cut between them benches the receiving end alone (not every worker
+// of that name), the failure names both addresses, and the job goes on.
+TEST_F(RestartTest, TwoWorkersOfOneHostNameAreToldApartByAddress) {
+  Open(absl::ZeroDuration());
+  RecordingChannel a, b, c;
+  const std::string wa = AddWorker("dup", "cpu", &a, 0, "10.0.0.1");
+  const std::string wb = AddWorker("dup", "cpu", &b, 0, "10.0.0.2");
+  const std::string wc = AddWorker("other", "cpu", &c, 0, "10.0.0.3");
+  const std::string job = SubmitRestartable();
+  ASSERT_EQ(State(job), "RUNNING");
+  // Ranks by host, then registration: dup's two are ranks 0 and 1. 0 -> 1
+  // is cut: rank 1 is stuck at ring step 1; 2 and 0 wait further on.
+  auto fail = [&](const std::string& worker, int rank, int from, int step) {
+    v1::RankFinished f;
+    f.set_job_id(job);
+    f.set_rank(rank);
+    f.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    f.set_message(absl::StrCat("[rank ", rank, "] all_gather #40 ring step ", step, ": no data from rank ", from));
+    f.mutable_link()->set_from_rank(from);
+    f.mutable_link()->set_to_rank(rank);
+    f.mutable_link()->set_seq(40);
+    f.mutable_link()->set_step(step);
+    core_->OnFinished(worker, f);
+  };
+  fail(wc, 2, 1, 2);
+  fail(wb, 1, 0, 1);
+  fail(wa, 0, 2, 2);
+  core_->Tick(absl::Now() + absl::Milliseconds(150));
+  v1::Job j = *core_->GetJob(job);
+  ASSERT_GE(j.attempts_size(), 1);
+  EXPECT_NE(j.attempts(0).end().find("rank 0 on host dup (10.0.0.1) cannot reach rank 1 on host dup (10.0.0.2)"),
+            std::string::npos)
+      << j.attempts(0).end();
+  EXPECT_NE(j.attempts(0).end().find("dup/cpu@10.0.0.2 sits out"), std::string::npos) << j.attempts(0).end();
+  core_->Tick(absl::Now() + absl::Milliseconds(150));
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 2);  // a (dup, 10.0.0.1) and c: only b sits out
+  EXPECT_EQ(a.Starts().size(), 2u);
+  EXPECT_EQ(b.Starts().size(), 1u);
+  EXPECT_EQ(c.Starts().size(), 2u);
+}
+
 // A session that says it still runs a job: with a worker token anyone can
 // say so. Only the rank's credential makes the job wait for it.
 TEST_F(RestartTest, OnlyAProvenClaimMakesTheJobWaitForTheClaimant) {

@@ -63,12 +63,14 @@ class CoreTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
   // memory_bytes: what strategy = "auto" plans with (0: nothing fits).
+  // address: the collective address it registers (empty: none).
   std::string AddWorker(const std::string& host, const std::string& device, RecordingChannel* ch,
-                        int64_t memory_bytes = 0) {
+                        int64_t memory_bytes = 0, const std::string& address = "") {
     v1::WorkerInfo info;
     info.set_host(host);
     info.set_device(device);
     info.set_memory_bytes(memory_bytes);
+    info.set_collective_address(address);
     return core_->RegisterWorker(info, ch)->worker_id();
   }
   std::string Submit(int workers) {
