@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/quoted.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/dcp_import.h"
 #include "common/spec/job_spec.h"
@@ -34,9 +35,10 @@ absl::Status RunImport(const ImportFlags& f, bool json) {
                      .dump()
               << std::endl;
   } else {
-    std::cout << "imported " << f.dcp_dir << " (" << r.names << " names, " << r.tensors_read << " tensors, "
-              << r.bytes_read << " bytes) as step " << r.step << ", data from step " << r.data_step << " ("
-              << r.data_step_from << "): " << r.step_dir << std::endl;
+    // Paths as the user typed them may hold anything: escaped, as every message is.
+    std::cout << "imported " << Shown(f.dcp_dir, 1024) << " (" << r.names << " names, " << r.tensors_read
+              << " tensors, " << r.bytes_read << " bytes) as step " << r.step << ", data from step " << r.data_step
+              << " (" << r.data_step_from << "): " << Shown(r.step_dir, 1024) << std::endl;
   }
   return absl::OkStatus();
 }

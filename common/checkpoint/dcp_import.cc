@@ -369,6 +369,25 @@ class Importer {
   std::string step_from_;
 };
 
+// What a job could resume from: every weight and moment finite, and Adam's
+// second moment (a mean of squares) never negative. A checkpoint past that
+// would be committed only to fail the job later ("training diverged").
+absl::Status CheckTrainable(const std::string& unit, const UnitState& u) {
+  const std::pair<const char*, const std::vector<float>*> parts[] = {
+      {"a weight", &u.param}, {"exp_avg", &u.exp_avg}, {"exp_avg_sq", &u.exp_avg_sq}};
+  for (const auto& [what, v] : parts) {
+    for (size_t i = 0; i < v->size(); ++i) {
+      const float x = (*v)[i];
+      if (!std::isfinite(x) || (v == &u.exp_avg_sq && x < 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unit ", unit, ": ", what, " is ", x, " at element ", i,
+            std::isfinite(x) ? " (a second moment is never negative)" : "", ": not a checkpoint to train from; refused"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The rank file of the one-rank checkpoint, written unit by unit.
 absl::StatusOr<ManifestRankFile> WriteUnits(const std::string& step_dir, const std::vector<ShardLayout>& layouts,
                                             Importer* importer) {
@@ -384,6 +403,7 @@ absl::StatusOr<ManifestRankFile> WriteUnits(const std::string& step_dir, const s
   UnitState u;
   for (const ShardLayout& l : layouts) {
     SL_RETURN_IF_ERROR(importer->ReadUnit(l, &u));
+    SL_RETURN_IF_ERROR(CheckTrainable(l.unit, u));
     for (const std::vector<float>* v : {&u.param, &u.exp_avg, &u.exp_avg_sq}) {
       SL_RETURN_IF_ERROR(writer->Append(v->data(), static_cast<int64_t>(v->size())));
     }

@@ -188,6 +188,15 @@ def main():
             r = b.run([WORKER, "--coordinator", cl.address, "--listen-address", coord.address], timeout=30)
             c.check(r.returncode == 2 and f'--listen-address "{coord.address}": cannot bind it here' in r.stderr,
                     "a worker given another host's address refuses to start, naming it", r.stderr.strip()[:200])
+            # Addresses no peer can connect to: refused at start, not at every rendezvous.
+            for bad, why in (("0.0.0.0", "the unspecified address"), ("::", "the unspecified address"),
+                             ("224.0.0.1", "a multicast address"), ("127.0.0.1", "a loopback address"),
+                             ("::1", "a loopback address")):
+                r = b.run([WORKER, "--coordinator", cl.address, "--listen-address", bad], timeout=30)
+                c.check(r.returncode == 2 and f'--listen-address "{bad}": {why}' in r.stderr
+                        and len(r.stderr.strip().splitlines()) == 1,
+                        f"--listen-address {bad} (the coordinator on another host): refused at start",
+                        r.stderr.strip()[:200])
 
             for h in (b, cc, d):
                 cl.add_worker(h, "0")

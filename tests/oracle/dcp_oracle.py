@@ -246,6 +246,17 @@ def main():
     subprocess.run([sys.executable, PEER, "retype", dcp_dir, retyped, "model.model.norm.weight", "int32"],
                    check=True, timeout=120, capture_output=True)
     check_refused(checks, "an int32 tensor", retyped, job, scratch, ["model.model.norm.weight", "int32"])
+    # Values no job could train from: committed nowhere, refused naming the unit.
+    flat = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {os.path.dirname(PEER)!r}); "
+                           f"import fsdp2_dcp; print(*fsdp2_dcp.load_flat({dcp_dir!r}))"],
+                          capture_output=True, text=True, timeout=120).stdout.split()
+    moment = next((k for k in flat if k.endswith("exp_avg_sq") and "norm" in k), "")
+    weight = next((k for k in flat if k.endswith("norm.weight") and k.startswith("model.")), "")
+    for fqn, value, label in ((weight, "nan", "a NaN weight"), (moment, "-1", "a negative exp_avg_sq")):
+        poisoned = os.path.join(scratch, "poisoned-" + label.split()[-2].lower())
+        subprocess.run([sys.executable, PEER, "poison", dcp_dir, poisoned, fqn, value], check=True, timeout=120,
+                       capture_output=True)
+        check_refused(checks, label, poisoned, job, scratch, ["not a checkpoint to train from"])
     linked_outputs(checks, dcp_dir, job, scratch)
     checks.remove_unless_failed(scratch)
     checks.finish()

@@ -27,6 +27,8 @@ transformers Llama, as a user trains it, and the DCP checkpoints it writes.
       set to TRAIN_STEP.
   retype  DCP_DIR OUT_DIR FQN DTYPE
       Re-saves it (no_dist) with tensor FQN cast to DTYPE (int32, bfloat16).
+  poison  DCP_DIR OUT_DIR FQN VALUE
+      Re-saves it (no_dist) with the first element of tensor FQN set to VALUE (nan, inf, -1).
 """
 import json
 import os
@@ -174,6 +176,12 @@ def retype(src, dst, fqn, dtype):
     dcp.save(sd, checkpoint_id=dst, no_dist=True)
 
 
+def poison(src, dst, fqn, value):
+    sd = load_flat(src)
+    sd[fqn].view(-1)[0] = float(value)
+    dcp.save(sd, checkpoint_id=dst, no_dist=True)
+
+
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "train":
@@ -186,6 +194,8 @@ def main():
         titan(args[0], args[1], int(args[2]), int(args[3]), int(args[4]))
     elif mode == "retype":
         retype(*args)
+    elif mode == "poison":
+        poison(*args)
     else:
         raise SystemExit(f"unknown mode {mode}")
 

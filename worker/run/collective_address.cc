@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/quoted.h"
@@ -91,6 +92,52 @@ absl::StatusOr<std::string> AddressOfInterface(const std::string& name) {
 
 // Binds a TCP socket to `ip`, any port, and lets it go: what Gloo and NCCL
 // will do with it.
+absl::StatusOr<std::string> LocalAddressToward(const std::string& coordinator);
+
+// Peers connect to the address a worker registers: it must name one host.
+// The unspecified address (0.0.0.0, ::) and multicast ones name none, and
+// a loopback address is this machine to every peer: it is refused unless
+// the coordinator's own address is a loopback one (a cluster on one machine).
+absl::Status CheckConnectable(const std::string& what, const std::string& ip, const std::string& coordinator) {
+  in_addr v4;
+  in6_addr v6;
+  bool unspecified = false, multicast = false, loopback = false;
+  if (::inet_pton(AF_INET, ip.c_str(), &v4) == 1) {
+    const uint32_t a = ntohl(v4.s_addr);
+    unspecified = a == 0;
+    multicast = (a >> 28) == 0xE;
+    loopback = (a >> 24) == 127;
+  } else if (::inet_pton(AF_INET6, ip.c_str(), &v6) == 1) {
+    unspecified = IN6_IS_ADDR_UNSPECIFIED(&v6);
+    multicast = IN6_IS_ADDR_MULTICAST(&v6);
+    loopback = IN6_IS_ADDR_LOOPBACK(&v6);
+  } else {
+    return absl::OkStatus();  // CheckBindable names what is not an address
+  }
+  if (unspecified || multicast) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", Quoted(ip), ": ", unspecified ? "the unspecified" : "a multicast",
+                                                   " address, which peers cannot connect to; give one of this "
+                                                   "machine's own addresses"));
+  }
+  if (!loopback || coordinator.empty()) return absl::OkStatus();
+  // The coordinator is on this machine where the route to it is a loopback
+  // one (a name that resolves to 127.0.1.1 counts); unknown: not refused.
+  absl::StatusOr<std::string> toward = LocalAddressToward(coordinator);
+  bool coordinator_local = !toward.ok();
+  if (toward.ok()) {
+    in_addr t4;
+    in6_addr t6;
+    coordinator_local = (::inet_pton(AF_INET, toward->c_str(), &t4) == 1 && (ntohl(t4.s_addr) >> 24) == 127) ||
+                        (::inet_pton(AF_INET6, toward->c_str(), &t6) == 1 && IN6_IS_ADDR_LOOPBACK(&t6));
+  }
+  if (!coordinator_local) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", Quoted(ip), ": a loopback address, which peers on other "
+                                                   "hosts cannot reach (the coordinator is at ", Quoted(coordinator),
+                                                   "); give this machine's address on their network"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckBindable(const std::string& what, const std::string& ip) {
   sockaddr_storage ss{};
   socklen_t len = 0;
@@ -184,6 +231,7 @@ absl::StatusOr<CollectiveAddress> ChooseCollectiveAddress(const std::string& lis
     if (!found.ok()) return found.status();
     a.address = *found;
   }
+  if (absl::Status s = CheckConnectable(what, a.address, coordinator); !s.ok()) return s;
   if (absl::Status s = CheckBindable(what, a.address); !s.ok()) return s;
   a.interface = interface.empty() ? InterfaceHolding(a.address) : interface;
   return a;
