@@ -34,13 +34,14 @@
 #include "client/plan_command.h"
 #include "client/render.h"
 #include "client/tensorboard_events.h"
-#include "common/base/plural.h"
 #include "common/base/build_info.h"
 #include "common/base/file_util.h"
+#include "common/base/plural.h"
 #include "common/base/quoted.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_export.h"
 #include "common/job/job_config.h"
+#include "common/job/job_file.h"
 #include "common/rpc/grpc_status.h"
 #include "common/spec/job_spec.h"
 #include "common/state/job_state.h"
@@ -58,7 +59,7 @@ namespace {
 // one `ckpt import` wrote) that the new job starts from.
 absl::StatusOr<v1::SubmitJobRequest> PrepareSubmit(const std::string& path, int workers, bool local_check,
                                                    const std::string& resume_from) {
-  SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, "job file"));
+  SL_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, "job file", kMaxJobFileBytes));
   std::error_code ec;
   const std::string base = std::filesystem::absolute(std::filesystem::path(path), ec).parent_path().string();
   v1::SubmitJobRequest req;

@@ -188,9 +188,18 @@ void CheckpointCommitter::Prune(v1::Job& j, int keep, const Recorder& record) {
   // or a commit that was not recorded.
   std::vector<std::string> dropped;
   if (keep > 0 && j.checkpoints_size() > keep) {
-    const int drop = j.checkpoints_size() - keep;
-    for (int i = 0; i < drop; ++i) dropped.push_back(j.checkpoints(i).path());
-    j.mutable_checkpoints()->DeleteSubrange(0, drop);
+    int excess = j.checkpoints_size() - keep;
+    google::protobuf::RepeatedPtrField<v1::CheckpointInfo> kept;
+    for (int i = 0; i < j.checkpoints_size(); ++i) {
+      const v1::CheckpointInfo& c = j.checkpoints(i);
+      if (excess > 0 && i < j.checkpoints_size() - 1 && !(in_use_ && in_use_(c.path()))) {
+        dropped.push_back(c.path());
+        --excess;
+      } else {
+        *kept.Add() = c;
+      }
+    }
+    j.mutable_checkpoints()->Swap(&kept);
   }
   record.save();
   if (!dropped.empty()) InjectProcessFault("shardline-coordinator", "mid-prune", j.checkpoints(j.checkpoints_size() - 1).step());

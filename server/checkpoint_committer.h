@@ -71,9 +71,14 @@ class CheckpointCommitter {
   void DropReports(const std::string& job_id);
 
   // keep_latest: drops the oldest of Job.checkpoints past `keep_latest`
-  // (0: keeps all; never the newest), saves the record, then removes their
-  // directories and the interrupted saves older than the newest commit.
+  // (0: keeps all; never the newest, nor one that in_use says a job waiting
+  // to start will resume from: it is dropped at a later commit), saves the
+  // record, then removes their directories and the interrupted saves older
+  // than the newest commit.
   void Prune(v1::Job& j, int keep_latest, const Recorder& record);
+  // What Prune asks of a step directory's path (called with the caller's
+  // lock held, as Commit and Prune are).
+  void set_in_use(std::function<bool(const std::string& step_dir)> in_use) { in_use_ = std::move(in_use); }
   // Removes j's step directories below step `below` that have no manifest
   // and whose step is not being reported (saves that were interrupted).
   // Only real directories under the job's root, itself no symlink.
@@ -85,6 +90,7 @@ class CheckpointCommitter {
  private:
   bool Reporting(const std::string& job_id, int64_t step) const;
 
+  std::function<bool(const std::string&)> in_use_;
   // By job id, then step, then rank.
   std::map<std::string, std::map<int64_t, std::map<int, v1::CheckpointReport>>> reports_;
 };

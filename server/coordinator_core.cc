@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/file_util.h"
 #include "common/base/quoted.h"
 #include "common/model/model_shapes.h"
 #include "common/state/job_state.h"
@@ -45,7 +46,23 @@ bool IsRetryableOwnError(int code) {
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(StateStore* store, CoordinatorOptions options)
-    : store_(store), options_(options) {}
+    : store_(store), options_(options) {
+  // keep_latest spares a step directory that a job waiting to start will
+  // resume from (called from Commit, under mu_).
+  // A queued job records the real path (Submit), the committed step its
+  // job's own path: they are compared as real paths.
+  committer_.set_in_use([this](const std::string& step_dir) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const absl::StatusOr<std::string> real = RealPath(step_dir, "checkpoint");
+    for (const auto& [id, r] : jobs_) {
+      const v1::Job& j = r.stored.job;
+      if (j.state() == v1::JOB_STATE_PENDING && j.checkpoints_size() == 0 && !j.resume_from().empty() &&
+          (j.resume_from() == step_dir || (real.ok() && j.resume_from() == *real))) {
+        return true;
+      }
+    }
+    return false;
+  });
+}
 
 // ---- notification and transitions ------------------------------------------
 

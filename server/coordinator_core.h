@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "common/checkpoint/checkpoint_manifest.h"
 #include "common/job/job_config.h"
+#include "common/job/job_file.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint_committer.h"
 #include "server/job_logs.h"
@@ -102,6 +103,10 @@ struct CoordinatorOptions {
   // Jobs waiting to start at most (PENDING or RESTARTING): a caller cannot
   // make the coordinator hold unbounded specs (Submit: ResourceExhausted).
   size_t max_queued_jobs = 10000;
+  // Of those, at most this many one user's (one token; jobs submitted
+  // without authentication count as one user): one user cannot fill the
+  // queue, nor the coordinator's memory and state with specs.
+  size_t max_queued_jobs_per_user = 1000;
   // A running job's progress is written to the state at most this often
   // (changes of state at once).
   absl::Duration persist_progress_every = absl::Seconds(1);
@@ -174,7 +179,7 @@ class CoordinatorCore {
 
   // ---- jobs (from clients) ----
   // Job files of at most kMaxSpecBytes and paths of at most kMaxPathBytes.
-  static constexpr size_t kMaxSpecBytes = 256 << 10, kMaxPathBytes = 4096;
+  static constexpr size_t kMaxSpecBytes = kMaxJobFileBytes, kMaxPathBytes = 4096;
   // `owner` (Job.owner): the hex SHA-256 of the submitting user token, or
   // empty without authentication; the service checks it on cancel and delete.
   // A job's id is never one whose checkpoint directory (<checkpoint

@@ -84,6 +84,17 @@ absl::StatusOr<std::string> CoordinatorCore::Submit(const v1::SubmitJobRequest& 
     parent = JobOfCheckpoint(req.resume_from(), *resume);
   }
   absl::MutexLock lock(&mu_);
+  if (options_.max_queued_jobs_per_user < options_.max_queued_jobs) {
+    size_t mine = 0;
+    for (const auto& [id, r] : jobs_) {
+      const v1::JobState s = r.stored.job.state();
+      mine += r.stored.job.owner() == owner && (s == v1::JOB_STATE_PENDING || s == v1::JOB_STATE_RESTARTING);
+    }
+    if (mine >= options_.max_queued_jobs_per_user) {
+      return absl::ResourceExhaustedError(absl::StrCat("you already have ", mine, " jobs waiting to start, the limit "
+                                                       "for one user; cancel some or try again later"));
+    }
+  }
   if (scheduler_.size() >= options_.max_queued_jobs) {
     return absl::ResourceExhaustedError(absl::StrCat("the queue already holds ", scheduler_.size(),
                                                      " jobs waiting to start, the limit; try again later"));

@@ -8,6 +8,7 @@
 // checked by ValidateJobConfig (common/spec/job_spec.h).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,10 @@
 #include "common/job/job_config.h"
 
 namespace shardline {
+
+// The largest job file the coordinator takes (and shardctl reads): a job's
+// record stays small enough that listing many of them never exceeds a message.
+constexpr int64_t kMaxJobFileBytes = 256 << 10;
 
 // Parses TOML text; `source` names the file in error messages.
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& toml_text, const std::string& source);

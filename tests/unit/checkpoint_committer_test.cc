@@ -156,6 +156,22 @@ TEST_F(CommitterTest, KeepLatestKeepsTheNewestStepsAndRemovesInterruptedSavesBel
   EXPECT_TRUE(HasManifest(5));  // a committed one is never an interrupted save
 }
 
+// A step directory a queued job will resume from outlives keep_latest until
+// nobody needs it: pruned at the first commit after that.
+TEST_F(CommitterTest, PruneSparesAStepAQueuedJobWillResumeFrom) {
+  const std::string needed = root_ + "/" + StepDirName(1);
+  bool queued = true;
+  committer_.set_in_use([&](const std::string& dir) { return queued && dir == needed; });
+  for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(CommitStep(step).ok());
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{1, 3}));  // 2 dropped in its place
+  EXPECT_TRUE(HasManifest(1));
+  EXPECT_FALSE(Exists(2));
+  queued = false;  // the job started (or went)
+  ASSERT_TRUE(CommitStep(4).ok());
+  EXPECT_EQ(Steps(), (std::vector<int64_t>{3, 4}));
+  EXPECT_FALSE(Exists(1));
+}
+
 TEST_F(CommitterTest, PruneNeverDropsTheNewestAndKeepsAllAtZero) {
   for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(CommitStep(step).ok());
   committer_.Prune(job_, 0, recorder_);

@@ -82,6 +82,27 @@ TEST_F(CoreTest, TheQueueOfWaitingJobsIsBounded) {
   EXPECT_EQ(core_->ListJobs().size(), 2u);
 }
 
+// One user cannot fill the queue: past their own limit their submits are
+// refused, while another user's still enter.
+TEST_F(CoreTest, OneUsersWaitingJobsAreBounded) {
+  CoordinatorOptions o;
+  o.max_queued_jobs = 10;
+  o.max_queued_jobs_per_user = 2;
+  core_ = std::make_unique<CoordinatorCore>(store_.get(), o);
+  v1::SubmitJobRequest r;
+  r.set_spec_toml(kSpec);
+  r.set_workers(3);  // no workers: every job waits
+  ASSERT_TRUE(core_->Submit(r, "alice").ok());
+  ASSERT_TRUE(core_->Submit(r, "alice").ok());
+  absl::StatusOr<std::string> third = core_->Submit(r, "alice");
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_NE(third.status().message().find("you already have 2 jobs waiting to start, the limit for one user"),
+            std::string::npos)
+      << third.status();
+  EXPECT_TRUE(core_->Submit(r, "bob").ok());
+  EXPECT_EQ(core_->ListJobs().size(), 3u);
+}
+
 // shardctl logs: a rank's lines are kept only from the session holding it,
 // one line each, in a bounded tail per rank, and outlive the job.
 TEST_F(CoreTest, LogLinesAreTheRanksOwnInABoundedTail) {
