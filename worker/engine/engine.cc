@@ -406,7 +406,7 @@ absl::Status Engine::ReshardAfterBackward(int u, bool final_micro) {
 }
 
 Packing Engine::PackingOf(const at::Tensor& positions) const {
-  return positions.defined() ? Packing::FromPositions(device_->FromHost(positions)) : Packing();
+  return positions.defined() ? Packing::FromPositions(positions, device_->FromHost(positions)) : Packing();
 }
 
 absl::Status Engine::ForwardBackward(const at::Tensor& x, const at::Tensor& y, const Packing& packing, int micro,

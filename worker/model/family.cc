@@ -10,12 +10,14 @@
 
 namespace shardline {
 
-Packing Packing::FromPositions(const at::Tensor& positions) {
-  const int64_t T = positions.size(1);
-  const at::Tensor document = positions.eq(0).cumsum(1);  // [B, T]: which document of the sequence
-  const at::Tensor same = document.unsqueeze(2).eq(document.unsqueeze(1));  // [B, T (query), T (key)]
-  const at::Tensor causal = at::ones({T, T}, positions.options().dtype(at::kBool)).tril();
-  return {positions, same.logical_and(causal).unsqueeze(1)};
+Packing Packing::FromPositions(const at::Tensor& host_positions, const at::Tensor& positions) {
+  return {positions, DocumentSpans::FromPositions(host_positions)};
+}
+
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Packing& packing,
+                           std::optional<double> scale) {
+  if (packing.packed()) return DocumentAttention(q, k, v, packing.documents, scale);
+  return at::scaled_dot_product_attention(q, k, v, std::nullopt, /*dropout_p=*/0.0, /*is_causal=*/true, scale);
 }
 
 at::Tensor ModelFamily::HeadLogits(const at::Tensor& x, const Weights& head, const Weights& embed) const {

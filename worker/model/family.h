@@ -20,6 +20,7 @@
 
 #include "common/job/job_config.h"
 #include "common/model/shard_layout.h"
+#include "worker/model/document_attention.h"
 
 namespace shardline {
 
@@ -51,14 +52,18 @@ struct BlockWeights {
 // attends the keys of its own document up to itself). Undefined members: one
 // document per sequence (positions 0..T-1, causal attention).
 struct Packing {
-  at::Tensor positions;
-  at::Tensor attn_mask;
+  at::Tensor positions;     // [B, T] on the compute device
+  DocumentSpans documents;  // each sequence's documents, for DocumentAttention
   bool packed() const { return positions.defined(); }
-  // For at::scaled_dot_product_attention: nullopt (not an undefined tensor) when unpacked.
-  std::optional<at::Tensor> mask() const { return packed() ? std::optional<at::Tensor>(attn_mask) : std::nullopt; }
-  // A document begins wherever a position is 0.
-  static Packing FromPositions(const at::Tensor& positions);
+  // A document begins wherever a position is 0; `host_positions` [B, T] on
+  // the host, `positions` the same on the device.
+  static Packing FromPositions(const at::Tensor& host_positions, const at::Tensor& positions);
 };
+
+// Causal attention of a block: over the whole sequence, or (packed) over
+// each document alone.
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Packing& packing,
+                           std::optional<double> scale = std::nullopt);
 
 class ModelFamily {
  public:

@@ -33,8 +33,7 @@ at::Tensor GptFamily::Block(const at::Tensor& x, const BlockWeights& w, const Pa
   at::Tensor qkv = LayerNormLinear(x, w[0], w[1], 1e-5, w, 2, w[3], recompute_);
   auto parts = qkv.split(C, 2);
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, n_head, hs}).transpose(1, 2); };
-  at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                                  packing.mask(), /*dropout_p=*/0.0, /*is_causal=*/!packing.packed());
+  at::Tensor y = CausalAttention(heads(parts[0]), heads(parts[1]), heads(parts[2]), packing);
   y = y.transpose(1, 2).contiguous().view({B, T, C});
   at::Tensor x1 = x + w.Linear(y, 4, w[5]);
   const at::Tensor fc = LayerNormLinear(x1, w[6], w[7], 1e-5, w, 8, w[9], recompute_);

@@ -114,9 +114,7 @@ at::Tensor LlamaFamily::Block(const at::Tensor& x, const BlockWeights& w, const 
     k = k.repeat_interleave(H / KV, 1);
     v = v.repeat_interleave(H / KV, 1);
   }
-  at::Tensor y = at::scaled_dot_product_attention(q, k, v, packing.mask(), /*dropout_p=*/0.0,
-                                                  /*is_causal=*/!packing.packed(),
-                                                  /*scale=*/1.0 / std::sqrt(static_cast<double>(D)));
+  at::Tensor y = CausalAttention(q, k, v, packing, /*scale=*/1.0 / std::sqrt(static_cast<double>(D)));
   y = y.transpose(1, 2).reshape({B, T, H * D});
   at::Tensor x1 = x + w.Linear(y, o_proj);
   h = RmsNorm(x1, post_norm, eps, recompute_);
