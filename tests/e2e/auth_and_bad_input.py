@@ -185,13 +185,16 @@ def main():
             r.stderr.strip().splitlines()[0] if r.stderr.strip() else "")
     rc, _, err = cl.ctl("status", "job-404")
     c.check(rc == 1 and "no job job-404" in err, "unknown job named", err.strip())
-    # A job file past the limit is refused whole; listing pages through the
-    # jobs (without their spec text), so many jobs never make a message too big.
+    # A job file past the limit is refused whole, by shardctl before it is
+    # sent (the coordinator's own refusal: CoreTest.AJobFilePastTheLimitIsRefused);
+    # listing pages through the jobs (without their spec text), so many jobs
+    # never make a message too big.
     huge = os.path.join(d, "huge.toml")
     with open(huge, "w") as f:
         f.write(open(job_file(d, "huge", workers=1, steps=3)).read() + "#" * (300 << 10) + "\n")
     rc, _, err = cl.ctl("submit", huge)
-    c.check(rc == 1 and "huge.toml: the job file is" in err and "more than the limit of 262144" in err and one_line(err), "a 300 KiB job file refused",
+    c.check(rc == 1 and "huge.toml: job file holds" in err and "more than the 262144 allowed" in err and one_line(err),
+            "a 300 KiB job file refused",
             err.strip()[-100:])
     rc, whole, _ = cl.ctl("--json", "jobs")
     rc2, paged, _ = cl.ctl("--json", "jobs", "--page-size", "1")

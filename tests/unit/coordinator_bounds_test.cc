@@ -82,6 +82,19 @@ TEST_F(CoreTest, TheQueueOfWaitingJobsIsBounded) {
   EXPECT_EQ(core_->ListJobs().size(), 2u);
 }
 
+// A job file past kMaxJobFileBytes is refused before it is parsed or stored,
+// naming the file (shardctl refuses it before sending; a raw client reaches this).
+TEST_F(CoreTest, AJobFilePastTheLimitIsRefused) {
+  v1::SubmitJobRequest r;
+  r.set_spec_toml(std::string(kSpec) + "\n#" + std::string(300 << 10, 'x') + "\n");
+  r.set_source("huge.toml");
+  absl::StatusOr<std::string> id = core_->Submit(r);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
+  EXPECT_NE(id.status().message().find("huge.toml: the job file is"), std::string::npos) << id.status();
+  EXPECT_NE(id.status().message().find("more than the limit of 262144"), std::string::npos) << id.status();
+  EXPECT_TRUE(core_->ListJobs().empty());
+}
+
 // One user cannot fill the queue: past their own limit their submits are
 // refused, while another user's still enter.
 TEST_F(CoreTest, OneUsersWaitingJobsAreBounded) {
