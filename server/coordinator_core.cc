@@ -51,14 +51,16 @@ CoordinatorCore::CoordinatorCore(StateStore* store, CoordinatorOptions options)
   // resume from (called from Commit, under mu_).
   // A queued job records the real path (Submit), the committed step its
   // job's own path: they are compared as real paths.
+  // The real path is asked of the file system (under mu_) only where a
+  // queued resume exists to compare it with.
   committer_.set_in_use([this](const std::string& step_dir) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const absl::StatusOr<std::string> real = RealPath(step_dir, "checkpoint");
+    std::optional<absl::StatusOr<std::string>> real;
     for (const auto& [id, r] : jobs_) {
       const v1::Job& j = r.stored.job;
-      if (j.state() == v1::JOB_STATE_PENDING && j.checkpoints_size() == 0 && !j.resume_from().empty() &&
-          (j.resume_from() == step_dir || (real.ok() && j.resume_from() == *real))) {
-        return true;
-      }
+      if (j.state() != v1::JOB_STATE_PENDING || j.checkpoints_size() > 0 || j.resume_from().empty()) continue;
+      if (j.resume_from() == step_dir) return true;
+      if (!real) real = RealPath(step_dir, "checkpoint");
+      if (real->ok() && j.resume_from() == **real) return true;
     }
     return false;
   });

@@ -43,10 +43,7 @@ class DcpSource {
     std::unique_ptr<DcpSource> s(new DcpSource(dir));
     const std::string path = dir + "/.metadata";
     SL_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFileNoFollow(path));
-    struct stat st;
-    if (fstat(fd.get(), &st) != 0 || st.st_size > kMaxMetadataBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", kMaxMetadataBytes, " bytes"));
-    }
+    // Refused past the bound before anything is read (its fstat), or as soon as it is passed.
     SL_ASSIGN_OR_RETURN(std::string text, ReadOpenFileToString(fd.get(), path, kMaxMetadataBytes));
     SL_ASSIGN_OR_RETURN(s->meta_, ParseDcpMetadata(text, path));
     for (const DcpStorage& st : s->meta_.storage) s->where_[{st.fqn, st.chunk_offsets}] = &st;

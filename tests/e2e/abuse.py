@@ -43,19 +43,11 @@ import subprocess
 import time
 import urllib.request
 
-from cluster import BUILD, COORDINATOR, Checks, Cluster, job_file, wait_for
+from cluster import BUILD, COORDINATOR, Checks, Cluster, job_file, rss_mib, wait_for
 
 ABUSER = os.path.join(BUILD, "tests", "store_abuse")
 PERMISSION_DENIED = 7
 RESOURCE_EXHAUSTED = 8
-
-
-def rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class Abuser:

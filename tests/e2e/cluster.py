@@ -73,6 +73,15 @@ def job_file(directory, name="tiny", workers=2, steps=20, strategy="full_shard",
     return path
 
 
+def rss_mib(pid):
+    """A process's resident memory now, in MiB (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def wait_for(pred, timeout, what, fail=True):
     """pred()'s first true value within `timeout` seconds; then TimeoutError,
     or False with fail=False (for a check to report)."""

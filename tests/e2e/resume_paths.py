@@ -18,17 +18,9 @@ import os
 import shutil
 import signal
 
-from cluster import Checks, Cluster, job_file, wait_for
+from cluster import Checks, Cluster, job_file, rss_mib, wait_for
 
 CKPT = '\n[checkpoint]\ndir = "ckpt"\ninterval = 5\n'
-
-
-def rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def main():
