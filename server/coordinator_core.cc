@@ -332,7 +332,9 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
         // Held for failure_grace (see CoordinatorOptions): the rank or
         // worker at fault may still speak up. Tick fails the job.
         r.reported_failure = failure;
-        r.fail_at = Now() + options_.failure_grace;
+        const bool connecting = static_cast<int>(r.connected_ranks.size()) < JobOf(r).workers();
+        r.fail_at = Now() + (connecting ? std::max(options_.failure_grace, options_.rendezvous_failure_grace)
+                                        : options_.failure_grace);
       }
     }
   }

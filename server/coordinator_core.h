@@ -87,6 +87,11 @@ struct CoordinatorOptions {
   // dead worker's session is seen to drop, and the job should name the root
   // cause (the lost worker), not the first rank that noticed.
   absl::Duration failure_grace = absl::Seconds(1);
+  // The grace while some rank has not connected yet: a rank whose Gloo
+  // rendezvous failed probes its peers before it reports (at most 2 s and
+  // a store read a peer: worker/comm/link_probe.h) to name the link, while
+  // a peer that did connect may have timed out in its first collective.
+  absl::Duration rendezvous_failure_grace = absl::Seconds(4);
   // A running job none of whose ranks advanced a step or a collective for
   // this long is stalled: GetJob names the rank(s) at fault (Job.stalled)
   // and the metrics flag them. Informational: the job keeps running.

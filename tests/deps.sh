@@ -14,7 +14,7 @@ SHARDLINE_TENSORBOARD_VERSION="2.20.0"
 SHARDLINE_APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libtomlplusplus-dev libcli11-dev libsqlite3-dev libgtest-dev libgmock-dev libgloo-dev openssl libssl-dev zlib1g-dev nlohmann-json3-dev
-  libcivetweb-dev prometheus-cpp-dev prometheus clang libclang-rt-14-dev systemd zsh
+  libmicrohttpd-dev prometheus-cpp-dev prometheus clang libclang-rt-14-dev systemd zsh
   dpkg-dev file docker.io debootstrap slurm-wlm munge shellcheck)
 
 shardline_install_deps() {

@@ -1,10 +1,14 @@
 #include "common/metrics/metrics_http.h"
 
-#include <CivetServer.h>
-#include <civetweb.h>
-#include <prometheus/exposer.h>
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-#include <exception>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -14,55 +18,92 @@
 namespace shardline::metrics {
 namespace {
 
-// prometheus-cpp's Exposer serves /metrics only, its RegisterAuth speaks
-// HTTP Basic (Prometheus' `authorization` setting sends a Bearer token), and
-// its CivetServer is private. What it does take is civetweb callbacks: the
-// begin_request callback sees every request first, so it answers 401 to a
-// request without an accepted token and serves the JSON endpoints
-// (/sd/workers) itself, on the same port; anything else goes on to the
-// Exposer's handlers. The callback is a plain function: it finds its server
-// by the port the request came in on (servers are registered under kServersMu
-// before their first request can be looked up).
-absl::Mutex kServersMu(absl::kConstInit);
-std::map<int, const MetricsServer*>& Servers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(kServersMu) {
-  static auto* servers = new std::map<int, const MetricsServer*>();
-  return *servers;
+// libmicrohttpd in its epoll mode: one thread polls every connection, so a
+// connection that sends nothing, or a header a byte a second, costs a file
+// descriptor and no thread (a thread-per-connection server stalls every
+// scrape behind as many of them as it has threads). Idle connections close
+// after kIdleSeconds; past kMaxConnections, or kMaxPerAddress from one
+// address, new ones are closed at once, so a flood from one address leaves
+// Prometheus' own connection served. A scrape is a few kilobytes built in
+// the polling thread; Prometheus scrapes one target serially.
+constexpr unsigned kIdleSeconds = 10;
+constexpr unsigned kMaxConnections = 1024;
+constexpr unsigned kMaxPerAddress = 64;
+
+MHD_Result Respond(MHD_Connection* conn, unsigned code, const char* type, const std::string& body,
+                   bool ask_bearer = false) {
+  MHD_Response* r = MHD_create_response_from_buffer(body.size(), const_cast<char*>(body.data()),
+                                                    MHD_RESPMEM_MUST_COPY);
+  if (r == nullptr) return MHD_NO;  // out of memory: MHD closes the connection
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  if (ask_bearer) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+  const MHD_Result queued = MHD_queue_response(conn, code, r);
+  MHD_destroy_response(r);
+  return queued;
 }
 
-void Respond(mg_connection* conn, int code, const char* reason, const char* extra_headers, const char* type,
-             const std::string& body) {
-  mg_printf(conn, "HTTP/1.1 %d %s\r\n%sContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", code,
-            reason, extra_headers, type, body.size());
-  mg_write(conn, body.data(), body.size());
+// "HOST:PORT" or "[V6]:PORT" as a socket address (numeric hosts, or names
+// getaddrinfo resolves), or an error naming `listen`.
+absl::StatusOr<std::pair<sockaddr_storage, socklen_t>> ListenSockaddr(const std::string& listen) {
+  std::string host, port;
+  if (!listen.empty() && listen[0] == '[') {
+    const auto close = listen.find("]:");
+    if (close != std::string::npos) {
+      host = listen.substr(1, close - 1);
+      port = listen.substr(close + 2);
+    }
+  } else if (const auto colon = listen.rfind(':'); colon != std::string::npos) {
+    host = listen.substr(0, colon);
+    port = listen.substr(colon + 1);
+  }
+  if (host.empty() || port.empty() || port.find_first_not_of("0123456789") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics: listen address \"", listen, "\": expected HOST:PORT or [IPV6]:PORT"));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (int e = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); e != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics: listen address \"", listen, "\": ", gai_strerror(e)));
+  }
+  std::pair<sockaddr_storage, socklen_t> a{};
+  std::memcpy(&a.first, found->ai_addr, found->ai_addrlen);
+  a.second = found->ai_addrlen;
+  freeaddrinfo(found);
+  return a;
 }
 
-int BeginRequest(mg_connection* conn) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  const MetricsServer* server = nullptr;
-  {
-    absl::MutexLock lock(&kServersMu);
-    auto it = Servers().find(info->server_port);
-    if (it != Servers().end()) server = it->second;
+int PortOf(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return 0;
+  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  return 0;
+}
+
+// libmicrohttpd's request callback; `cls` is the server.
+MHD_Result Handle(void* cls, MHD_Connection* conn, const char* url, const char* method, const char* /*version*/,
+                  const char* /*upload_data*/, size_t* upload_data_size, void** /*con_cls*/) {
+  const auto* server = static_cast<const MetricsServer*>(cls);
+  // A request body is never wanted: answered before it is read, and the
+  // connection then closes (MHD does not reuse one with a body left unread).
+  (void)upload_data_size;
+  if (std::strcmp(method, MHD_HTTP_METHOD_GET) != 0 && std::strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+    return Respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", "405 method not allowed: this server takes GET\n");
   }
-  if (!server) {
-    Respond(conn, 503, "Service Unavailable", "", "text/plain", "503 metrics server starting or stopping\n");
-    return 503;
+  if (!server->Allowed(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
+    return Respond(conn, MHD_HTTP_UNAUTHORIZED, "text/plain",
+                   "401 unauthorized: this endpoint takes \"Authorization: Bearer <token>\"\n", /*ask_bearer=*/true);
   }
-  if (!server->Allowed(mg_get_header(conn, "Authorization"))) {
-    Respond(conn, 401, "Unauthorized", "WWW-Authenticate: Bearer\r\n", "text/plain",
-            "401 unauthorized: this endpoint takes \"Authorization: Bearer <token>\"\n");
-    return 401;
+  const std::string path = url ? url : "";
+  if (const MetricsServer::JsonHandler* json = server->Extra(path)) return Respond(conn, MHD_HTTP_OK, "application/json", (*json)());
+  if (path != "/metrics") {
+    return Respond(conn, MHD_HTTP_NOT_FOUND, "text/plain", "404 not found: this server has /metrics\n");
   }
-  const std::string path = info->local_uri ? info->local_uri : "";
-  if (const MetricsServer::JsonHandler* json = server->Extra(path)) {
-    Respond(conn, 200, "OK", "", "application/json", (*json)());
-    return 200;
-  }
-  if (path != "/metrics") {  // civetweb's handlers match by prefix: /metricsx too
-    Respond(conn, 404, "Not Found", "", "text/plain", "404 not found: this server has /metrics\n");
-    return 404;
-  }
-  return 0;  // the Exposer's /metrics
+  return Respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", server->Page());
 }
 
 }  // namespace
@@ -90,6 +131,15 @@ const MetricsServer::JsonHandler* MetricsServer::Extra(const std::string& path) 
   return it == extra_.end() ? nullptr : &it->second;
 }
 
+std::string MetricsServer::Page() const {
+  std::vector<prometheus::MetricFamily> families;
+  for (const auto& page : pages_) {
+    std::vector<prometheus::MetricFamily> f = page->Collect();
+    families.insert(families.end(), std::make_move_iterator(f.begin()), std::make_move_iterator(f.end()));
+  }
+  return Serialize(families);
+}
+
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& listen, std::vector<std::shared_ptr<prometheus::Collectable>> pages,
     std::map<std::string, JsonHandler> extra, std::vector<std::string> bearer_tokens) {
@@ -98,37 +148,32 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   server->extra_ = std::move(extra);
   server->pages_ = std::move(pages);
   server->pages_.push_back(std::make_shared<ProcessCollector>());
-  static const CivetCallbacks* const callbacks = [] {
-    auto* c = new CivetCallbacks();
-    c->begin_request = BeginRequest;
-    return c;
-  }();
-  {
-    absl::MutexLock lock(&kServersMu);  // held until the ports are registered
-    try {
-      // Two threads: a scrape is small and Prometheus scrapes one target serially.
-      server->exposer_ = std::make_unique<prometheus::Exposer>(
-          std::vector<std::string>{"listening_ports", listen, "num_threads", "2", "request_timeout_ms", "10000"},
-          callbacks);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
-    }
-    server->ports_ = server->exposer_->GetListeningPorts();
-    if (server->ports_.empty()) return absl::UnavailableError(absl::StrCat("metrics: no port bound for ", listen));
-    server->port_ = server->ports_[0];
-    for (const auto& page : server->pages_) server->exposer_->RegisterCollectable(page);
-    for (int p : server->ports_) Servers()[p] = server.get();
+
+  auto addr = ListenSockaddr(listen);
+  if (!addr.ok()) return addr.status();
+  const int fd = socket(addr->first.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int one = 1;
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, reinterpret_cast<const sockaddr*>(&addr->first), addr->second) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen, ": ", why));
+  }
+  server->port_ = PortOf(fd);
+  // MHD owns the socket from here: MHD_stop_daemon closes it.
+  server->daemon_ = MHD_start_daemon(
+      MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC, 0, nullptr, nullptr, &Handle, server.get(),
+      MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, kIdleSeconds, MHD_OPTION_CONNECTION_LIMIT,
+      kMaxConnections, MHD_OPTION_PER_IP_CONNECTION_LIMIT, kMaxPerAddress, MHD_OPTION_END);
+  if (server->daemon_ == nullptr) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("metrics: cannot start the HTTP server on ", listen));
   }
   return server;
 }
 
 MetricsServer::~MetricsServer() {
-  exposer_.reset();  // stops civetweb and waits for its requests
-  absl::MutexLock lock(&kServersMu);
-  for (int p : ports_) {
-    auto it = Servers().find(p);
-    if (it != Servers().end() && it->second == this) Servers().erase(it);
-  }
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);  // waits for its thread, closes every connection
 }
 
 }  // namespace shardline::metrics

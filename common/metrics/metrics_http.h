@@ -1,6 +1,7 @@
-// MetricsServer: serves collectables at GET /metrics with prometheus-cpp's
-// Exposer (civetweb inside), plus any extra read-only JSON endpoints a
-// program registers (the coordinator's Prometheus service discovery).
+// MetricsServer: serves collectables at GET /metrics in Prometheus' text
+// format (prometheus-cpp's serializer) over libmicrohttpd, plus any extra
+// read-only JSON endpoints a program registers (the coordinator's Prometheus
+// service discovery).
 //
 // Every page also carries ProcessCollector's shardline_build_info and
 // process_* metrics (common/metrics/metrics_process.h).
@@ -8,10 +9,13 @@
 // Contract: Start binds `listen` ("HOST:PORT"; PORT 0 picks a free port, see
 // port()) or returns an error naming the address. With bearer tokens set,
 // every request must carry "Authorization: Bearer <one of them>" (Prometheus'
-// `authorization` scrape setting) or is answered 401. Handlers run on
-// civetweb's threads, so everything they read must be thread-safe;
-// SetBearerTokens may be called at any time. The server stops, and waits for
-// its requests to finish, when destroyed.
+// `authorization` scrape setting) or is answered 401. Pages and handlers run
+// on the server's one polling thread, so everything they read must be
+// thread-safe; SetBearerTokens may be called at any time. Connections cost
+// no thread: idle ones close after 10 s, and at most 1024 (64 from one
+// address) are open at once, so idle or slow clients cannot hold a scrape
+// up. The server stops, and waits for the request in progress, when
+// destroyed.
 #pragma once
 
 #include <prometheus/collectable.h>
@@ -26,9 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace prometheus {
-class Exposer;
-}
+struct MHD_Daemon;
 
 namespace shardline::metrics {
 
@@ -48,13 +50,14 @@ class MetricsServer {
   bool Allowed(const char* authorization) const ABSL_LOCKS_EXCLUDED(mu_);
   // The JSON endpoint at `path`, or null.
   const JsonHandler* Extra(const std::string& path) const;
+  // What GET /metrics answers: every page's families, in the text format.
+  std::string Page() const;
 
  private:
   MetricsServer() = default;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  MHD_Daemon* daemon_ = nullptr;
   std::vector<std::shared_ptr<prometheus::Collectable>> pages_;
   std::map<std::string, JsonHandler> extra_;
-  std::vector<int> ports_;
   int port_ = 0;
   mutable absl::Mutex mu_;
   std::vector<std::string> bearer_tokens_ ABSL_GUARDED_BY(mu_);

@@ -9,10 +9,11 @@ on one host:
 2c. A slow host (its egress at a tenth of the others'): named the straggler
    by rank and host within 60 s in shardctl status and
    shardline_rank_slow_link, and ShardlineSlowLink fires in a real Prometheus.
-2b. Two workers that cannot reach each other (both ways, then one way) but
-   both reach the coordinator: the failure names both ends ("rank 0 on host
-   host-b cannot reach rank 1 on host host-c"), the restart leaves one end
-   out, and the job SUCCEEDS.
+2b. Two workers that cannot reach each other (both ways, then one way, then
+   one way before the job's first rendezvous) but both reach the
+   coordinator: the failure names both ends ("rank 0 on host host-b cannot
+   reach rank 1 on host host-c"), the restart leaves one end out, and the
+   job SUCCEEDS.
 3. A stale rank on one host: rank 1 of 3 freezes (SIGSTOP) as it begins
    saving a step; the job restarts at 2 workers and commits that step; then
    the frozen rank continues and writes its shard into the committed step's
@@ -121,20 +122,26 @@ def worker_cut_from_coordinator(c, hs, directory):
         cl.coordinator.kill()
 
 
-def workers_cut_from_each_other(c, hs, directory, one_way):
+def workers_cut_from_each_other(c, hs, directory, one_way, before_start=False):
     """Two workers that cannot reach each other (both ways, or only one) but
-    both reach the coordinator."""
+    both reach the coordinator; cut while the job runs, or before its first
+    rendezvous (Gloo's connect fails naming no peer: the ranks' link probe
+    names it)."""
     coord, b, cc, d = hs[0], hs[1], hs[2], hs[3]
-    how = "one way" if one_way else "both ways"
+    how = ("one way" if one_way else "both ways") + (" before the rendezvous" if before_start else "")
     cl = HostCluster(hs, directory)
     try:
         for h in (b, cc, d):
             cl.add_worker(h, "2", collective_timeout=5)
         wait_for(lambda: len([w for w in cl.ctl_json("workers")["workers"] if w["state"] == "IDLE"]) >= 3, 30,
                  "3 idle workers")
-        job = submit(cl.ctl, directory, "cut-link-" + ("one" if one_way else "both"), steps=120)
-        wait_for(lambda: state(cl, job)["step"] >= 25, 120, "the job past step 25")
-        hs.cut(b, cc)
+        if before_start:
+            hs.cut(b, cc)
+        job = submit(cl.ctl, directory, "cut-link-" + ("one" if one_way else "both") + ("-early" if before_start
+                                                                                       else ""), steps=120)
+        if not before_start:
+            wait_for(lambda: state(cl, job)["step"] >= 25, 120, "the job past step 25")
+            hs.cut(b, cc)
         if not one_way:
             hs.cut(cc, b)
         again = wait_for(lambda: len(state(cl, job).get("attempts", [])) > 1 and state(cl, job)["state"] == "RUNNING",
@@ -329,6 +336,7 @@ def main():
     scenarios = (("a", worker_cut_from_coordinator), ("b", coordinator_cut_from_all),
                  ("c", lambda c, hs, d: workers_cut_from_each_other(c, hs, d, one_way=False)),
                  ("d", lambda c, hs, d: workers_cut_from_each_other(c, hs, d, one_way=True)),
+                 ("d2", lambda c, hs, d: workers_cut_from_each_other(c, hs, d, one_way=True, before_start=True)),
                  ("e", slow_host))
     for name, scenario in scenarios:
         os.makedirs(os.path.join(directory, name))

@@ -26,7 +26,7 @@ packages=(
   libssl-dev zlib1g-dev                  # OpenSSL::Crypto; ZLIB for gRPC's and prometheus-cpp's configs
   libsqlite3-dev                         # pkg_check_modules(sqlite3): the coordinator's state
   libgtest-dev                           # GTest::gtest (nccl_test); gmock is not used
-  prometheus-cpp-dev libcivetweb-dev     # shardline_metrics (worker, coordinator); pulls curl for its config
+  prometheus-cpp-dev libmicrohttpd-dev   # shardline_metrics (worker, coordinator); pulls curl for its config
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev  # headers
   pkgconf                                # pkg_check_modules needs a pkg-config
 )

@@ -71,7 +71,7 @@ class ConfinementTest : public ::testing::Test {
     dir_ = tmpl;
     store_ = *StateStore::Open(dir_ + "/state");
     core_ = std::make_unique<CoordinatorCore>(store_.get(),
-                                             CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50)});
+                                             CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Milliseconds(50)});
     v1::WorkerInfo info;
     info.set_host("h");
     info.set_device("cpu");

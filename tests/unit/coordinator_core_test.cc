@@ -123,7 +123,7 @@ TEST_F(CoreTest, DeleteForgetsAnEndedJobAndItsIdIsNeverGivenAgain) {
 }
 
 TEST_F(CoreTest, EndedJobsBeyondTheCountOrAgeAreForgottenOldestFirst) {
-  CoordinatorOptions options{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+  CoordinatorOptions options{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Milliseconds(50)};
   options.keep_finished_jobs = 2;
   options.keep_finished_for = absl::Hours(1);
   core_ = std::make_unique<CoordinatorCore>(store_.get(), options);
@@ -467,7 +467,7 @@ TEST_F(CoreTest, OnlyTheSessionHoldingARankSpeaksForIt) {
   // names both ranks of someone else's job finished, progressed or
   // connected changes nothing, and each attempt is counted.
   std::vector<std::string> refused;
-  CoordinatorOptions options{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+  CoordinatorOptions options{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Milliseconds(50)};
   options.events.refused = [&](const char* what) { refused.push_back(what); };
   core_ = std::make_unique<CoordinatorCore>(store_.get(), options);
   RecordingChannel a, b, rogue_channel;

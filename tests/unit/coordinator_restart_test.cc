@@ -30,8 +30,9 @@ const std::string kRestartSpec =
 class RestartTest : public CoreTest {
  protected:
   // With `fake_clock`, the core's time is now_, which only the test moves.
-  void Open(absl::Duration settle, bool fake_clock = false) {
-    CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+  void Open(absl::Duration settle, bool fake_clock = false,
+            absl::Duration rendezvous_grace = absl::Milliseconds(50)) {
+    CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50), rendezvous_grace};
     o.restart_settle = settle;
     if (fake_clock) o.clock = [this] { return now_; };
     o.events.job_restarting = [this](const std::string&) { ++restarting_events_; };
@@ -105,6 +106,54 @@ TEST_F(RestartTest, ABrokenLinkIsNamedByBothEndsAndOneEndSitsOut) {
   EXPECT_EQ(b.Starts().size(), 1u);
   EXPECT_EQ(a.Starts().size(), 2u);
   EXPECT_EQ(c.Starts().size(), 2u);
+}
+
+// A rendezvous cut between ranks 0 and 1: the rank that did connect times
+// out in its first collective at once, while 0 and 1 probe each other
+// (worker/comm/link_probe.h) before they report. Held for the rendezvous
+// grace, not the shorter one, the probe's link (sequence -1) is the one
+// named, and its end sits out.
+TEST_F(RestartTest, AFailedRendezvousWaitsForTheProbeThatNamesTheLink) {
+  // A fake clock: the grace (200 ms) ends inside the workers' lease (300 ms).
+  Open(absl::ZeroDuration(), /*fake_clock=*/true, /*rendezvous_grace=*/absl::Milliseconds(200));
+  RecordingChannel a, b, c;
+  const std::string wa = AddWorker("h1", "cpu", &a), wb = AddWorker("h2", "cpu", &b);
+  const std::string wc = AddWorker("h3", "cpu", &c);
+  const std::string job = SubmitRestartable();
+  ASSERT_EQ(State(job), "RUNNING");
+  auto fail = [&](const std::string& worker, int rank, absl::StatusCode code, int from, int to, int64_t seq,
+                  const std::string& message) {
+    v1::RankFinished f;
+    f.set_job_id(job);
+    f.set_rank(rank);
+    f.set_code(static_cast<int>(code));
+    f.set_message(message);
+    f.mutable_link()->set_from_rank(from);
+    f.mutable_link()->set_to_rank(to);
+    f.mutable_link()->set_seq(seq);
+    core_->OnFinished(worker, f);
+  };
+  fail(wc, 2, absl::StatusCode::kDeadlineExceeded, 1, 2, 0, "[rank 2] broadcast #0 ring step 0: no data from rank 1");
+  now_ += absl::Milliseconds(100);  // past failure_grace, within the rendezvous grace
+  core_->Tick(now_);
+  ASSERT_EQ(State(job), "RUNNING");
+  fail(wa, 0, absl::StatusCode::kUnavailable, 0, 1, -1,
+       "[rank 0] group shard.0/: Gloo rendezvous failed: Connect timeout; rank 1 at 10.0.0.2:41000 cannot be "
+       "reached from here (timed out)");
+  fail(wb, 1, absl::StatusCode::kUnavailable, 1, 0, -1,
+       "[rank 1] group shard.0/: Gloo rendezvous failed: Connect timeout; rank 0 at 10.0.0.1:41000 cannot be "
+       "reached from here (timed out)");
+  now_ += absl::Milliseconds(150);
+  core_->Tick(now_);
+  v1::Job j = *core_->GetJob(job);
+  ASSERT_GE(j.attempts_size(), 1);
+  EXPECT_NE(j.attempts(0).end().find("rank 0 on host h1 cannot reach rank 1 on host h2"), std::string::npos)
+      << j.attempts(0).end();
+  core_->Tick(now_);
+  j = *core_->GetJob(job);
+  ASSERT_EQ(j.state(), v1::JOB_STATE_RUNNING) << j.message();
+  EXPECT_EQ(j.workers(), 2);
+  EXPECT_EQ(b.Starts().size(), 1u);  // h2, the far end, sits out
 }
 
 // Two workers that give one --host name are told apart by their addresses:

@@ -54,7 +54,7 @@ class CoreTest : public ::testing::Test {
     dir_ = tmpl;
     store_ = *StateStore::Open(dir_);
     core_ = std::make_unique<CoordinatorCore>(store_.get(),
-                                             CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50)});
+                                             CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Milliseconds(50)});
   }
   // The core before its store, the store (SQLite) before its directory.
   void TearDown() override {

@@ -104,7 +104,7 @@ class CoreLog : public testing_core::CoreTest {
  protected:
   void SetUp() override {
     CoreTest::SetUp();
-    CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+    CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Milliseconds(50)};
     o.events.log = [this](std::string_view event, Json fields) {
       lines_.push_back(EventLog::Format(LogFormat::kText, kWhen, event, fields).substr(25));
     };

@@ -1,13 +1,19 @@
 // Our additions to prometheus-cpp (Clear, collect hooks, histogram buckets),
 // the process collector, and the HTTP server over a real loopback socket:
-// /metrics, /sd/workers, bearer tokens, 404, a taken port.
+// /metrics, /sd/workers, bearer tokens, 404, a taken port, idle and slow
+// clients that must not hold a scrape up.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <poll.h>
+
+#include <chrono>
 #include <ctime>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -90,8 +96,30 @@ TEST(Metrics, ProcessCollectorHasBuildInfoAndProcessMetrics) {
   EXPECT_NEAR(start, static_cast<double>(time(nullptr)), 3600) << page;
 }
 
+// A TCP connection to 127.0.0.1:port from `source` (another loopback
+// address stands for another client host), or -1.
+int ConnectFrom(const char* source, int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 std::string HttpGet(int port, const std::string& path, const std::string& headers = "") {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  // Every read has a deadline: a server that does not answer fails the test.
+  const timeval five_seconds{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &five_seconds, sizeof(five_seconds));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -152,6 +180,52 @@ TEST(MetricsServer, BearerTokensGuardEveryPath) {
   (*server)->SetBearerTokens({"new"});
   EXPECT_NE(HttpGet(port, "/metrics", "Authorization: Bearer s3cret\r\n").find("401"), std::string::npos);
   EXPECT_NE(HttpGet(port, "/metrics", "Authorization: Bearer new\r\n").find("200 OK"), std::string::npos);
+}
+
+// A server with a thread per connection (civetweb's two) answered nothing
+// for 10 s behind two clients sending half a header, and for minutes
+// behind a few hundred that sent nothing.
+TEST(MetricsServer, IdleAndSlowClientsDoNotHoldAScrapeUp) {
+  auto r = std::make_shared<Registry>();
+  r->AddGauge("shardline_up", "1").Add({}).Set(1);
+  auto server = MetricsServer::Start("127.0.0.1:0", {r});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> idle, slow;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = ConnectFrom("127.0.0.2", port);
+    ASSERT_GE(fd, 0) << i;
+    idle.push_back(fd);
+  }
+  for (const char* source : {"127.0.0.3", "127.0.0.4"}) {
+    const int fd = ConnectFrom(source, port);
+    ASSERT_GE(fd, 0);
+    const std::string half = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    ASSERT_EQ(write(fd, half.data(), half.size()), static_cast<ssize_t>(half.size()));
+    slow.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the server take them all in
+  const std::string m = HttpGet(port, "/metrics");
+  EXPECT_NE(m.find("200 OK"), std::string::npos) << m;
+  EXPECT_NE(m.find("shardline_up 1"), std::string::npos) << m;
+
+  // One address holds at most 64 connections: the server closes the others
+  // (a read sees their end), so a flood from one host cannot take every
+  // descriptor the server may open.
+  std::vector<bool> ended(idle.size(), false);
+  int closed = 0;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+       closed < 200 - 64 && std::chrono::steady_clock::now() < until;) {
+    for (size_t i = 0; i < idle.size(); ++i) {
+      pollfd p{idle[i], POLLIN, 0};
+      char c;
+      if (!ended[i] && poll(&p, 1, 0) == 1 && read(idle[i], &c, 1) == 0) ended[i] = true, ++closed;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(closed, 200 - 64);
+  for (int fd : idle) close(fd);
+  for (int fd : slow) close(fd);
 }
 
 TEST(MetricsServer, ListenAddressFromFlags) {

@@ -67,7 +67,7 @@ class StateDbTest : public CoreTest {
     store_.reset();
   }
   // The coordinator starts again on the same directory and recovers.
-  void Start(CoordinatorOptions o = CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50)}) {
+  void Start(CoordinatorOptions o = CoordinatorOptions{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Milliseconds(50)}) {
     auto s = StateStore::Open(dir_);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
@@ -174,7 +174,7 @@ TEST_F(StateDbTest, ARowWithANullSpecIsNamedAndKeptAndTheOthersServe) {
   Stop();
   Sql(db(), "UPDATE jobs SET spec = NULL WHERE id IN ('job-2', 'job-3')");
   const std::string before = SqlText(db(), "SELECT quote(job) FROM jobs WHERE id = 'job-2'");
-  CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+  CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Milliseconds(50)};
   o.keep_finished_for = absl::Hours(1);  // ended jobs are forgotten after an hour
   Start(o);
   // job-2 had not ended: it cannot run without its spec.
@@ -304,7 +304,7 @@ TEST_F(StateDbTest, AFullStateDiskDuringACommitFailsTheJobAtOnceWithoutAManifest
 // Now one note, of the latest failure, within its bound, gone once a write
 // succeeds.
 TEST_F(StateDbTest, FailedStateWritesLeaveOneBoundedNote) {
-  CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50)};
+  CoordinatorOptions o{absl::Milliseconds(100), 3, absl::Milliseconds(50), absl::Milliseconds(50)};
   o.persist_progress_every = absl::ZeroDuration();  // every progress is written
   core_ = std::make_unique<CoordinatorCore>(store_.get(), o);
   RecordingChannel w;

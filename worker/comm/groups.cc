@@ -1,8 +1,15 @@
 #include "worker/comm/groups.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <optional>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/link_probe.h"
 #ifdef SHARDLINE_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 
@@ -39,6 +46,73 @@ absl::StatusOr<Backend> ResolveBackend(Backend requested, const Device& device) 
 
 namespace {
 
+// A link this rank's probe found cut, as the rendezvous' failure: named
+// in the message and as the link that failed (sequence -1: before any op of
+// the attempt), so that the coordinator leaves one end out of the next one.
+absl::Status CutLink(absl::Status failed, const comm::UnreachablePeer& p, int rank,
+                     const std::vector<int>& job_ranks) {
+  auto job_rank = [&](int r) { return r < static_cast<int>(job_ranks.size()) ? job_ranks[r] : r; };
+  return comm::WithLinkFault(
+      absl::Status(failed.code(), absl::StrCat(failed.message(), "; rank ", job_rank(p.rank), " at ", p.address,
+                                               " cannot be reached from here (", p.why, ")")),
+      comm::LinkFault{job_rank(rank), job_rank(p.rank), /*seq=*/-1, /*step=*/0});
+}
+
+// Gloo's full-mesh connect cannot be interrupted, and names no peer when it
+// times out: on emulated hosts with one link cut it failed after 25 s at a
+// 5 s timeout, long after a rank that did connect had failed its first
+// collective and been blamed. So it runs on a thread of its own while this
+// rank probes its peers (worker/comm/link_probe.h) after 2 s and every 5 s
+// after: a peer that published its address and drops the connection fails
+// the rendezvous at once, naming the link. An abandoned connect finishes on
+// its thread, and its communicator is dropped there.
+absl::StatusOr<std::unique_ptr<comm::Communicator>> ConnectGloo(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                const std::string& name, int rank, int size,
+                                                                comm::GlooOptions o) {
+  comm::LinkProbeOptions po;
+  po.bind_address = o.hostname;
+  std::unique_ptr<comm::LinkProbe> probe =
+      comm::LinkProbe::Start(c10::make_intrusive<c10d::PrefixStore>(name + "probe", store), rank, size, po);
+  struct Connecting {
+    absl::Mutex mu;
+    std::optional<absl::StatusOr<std::unique_ptr<comm::Communicator>>> result ABSL_GUARDED_BY(mu);
+    bool abandoned ABSL_GUARDED_BY(mu) = false;
+  };
+  auto c = std::make_shared<Connecting>();
+  const std::vector<int> job_ranks = o.job_ranks;
+  std::thread([c, store, name, rank, size, o] {
+    auto made = comm::CreateGlooCommunicator(store, name, rank, size, o);
+    absl::MutexLock lock(&c->mu);
+    if (!c->abandoned) c->result = std::move(made);  // else dropped here, outside the caller
+  }).detach();
+  auto ready = [&c]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) { return c->result.has_value(); };
+  absl::Duration wait = absl::Seconds(2);
+  while (true) {
+    std::optional<absl::StatusOr<std::unique_ptr<comm::Communicator>>> made;
+    {
+      absl::MutexLock lock(&c->mu);
+      if (c->mu.AwaitWithTimeout(absl::Condition(&ready), wait)) made = std::move(c->result);
+    }
+    if (made) {
+      if (made->ok() || probe == nullptr) return std::move(*made);
+      const std::vector<comm::UnreachablePeer> cut = probe->Unreachable();
+      return cut.empty() ? made->status() : CutLink(made->status(), cut.front(), rank, job_ranks);
+    }
+    if (probe != nullptr) {
+      const std::vector<comm::UnreachablePeer> cut = probe->Unreachable();
+      if (!cut.empty()) {
+        absl::MutexLock lock(&c->mu);
+        c->abandoned = true;
+        c->result.reset();
+        return CutLink(absl::UnavailableError(absl::StrCat("[rank ", job_ranks.empty() ? rank : job_ranks[rank],
+                                                           "] group ", name, ": Gloo rendezvous stopped")),
+                       cut.front(), rank, job_ranks);
+      }
+    }
+    wait = absl::Seconds(5);
+  }
+}
+
 #ifdef SHARDLINE_WITH_CUDA
 cudaStream_t RawStream(const Device& d, StreamRole role) {
   return c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, d.stream(role)).stream();
@@ -73,7 +147,7 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(const c10::intrusive
   o.hostname = bind_address;
   o.op_timeout = timeout;
   o.connect_timeout = timeout;
-  return comm::CreateGlooCommunicator(store, name, rank, size, o);
+  return ConnectGloo(store, name, rank, size, std::move(o));
 }
 
 }  // namespace

@@ -38,9 +38,8 @@ int CudaDeviceCount() {
 #ifdef SHARDLINE_WITH_CUDA
 // LibTorch's CUDA kernels (libtorch_cuda, which loads cuBLAS, cuDNN and the
 // rest) are loaded when the process first opens a CUDA device, not at start:
-// linked, those libraries take ~190 KB of static TLS in every thread, more
-// than the 100 KB stacks of civetweb's threads (the metrics server) allow,
-// and CPU ranks never need them. Loading registers the CUDA kernels with
+// linked, those libraries take ~190 KB of static TLS in every thread (more
+// than a thread with a small stack has), and CPU ranks never need them. Loading registers the CUDA kernels with
 // ATen's dispatcher, as `import torch` does. It sits beside libtorch_cpu.
 absl::Status LoadLibTorchCuda() {
   static std::once_flag once;
