@@ -343,6 +343,7 @@ void CoordinatorCore::OnFinished(const std::string& id, const v1::RankFinished& 
 
 void CoordinatorCore::Tick(absl::Time now) {
   absl::MutexLock lock(&mu_);
+  RetryUnsaved(now);
   const absl::Duration lost_after = options_.heartbeat_interval * options_.lost_after_missed;
   for (const std::string& id : registry_.Silent(now, lost_after)) {
     WorkerChannel* ch = registry_.Find(id)->channel;

@@ -362,6 +362,8 @@ class CoordinatorCore {
   // write its manifest before the record names it). Writes nothing for an
   // unreadable record (FailedPrecondition).
   absl::Status PersistOrError(JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persist again every job in unsaved_, at most once a second (Tick).
+  void RetryUnsaved(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify(const JobRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A line of the coordinator's log (CoreEvents::log), if it has one.
   void Log(std::string_view event, nlohmann::ordered_json fields) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -463,6 +465,12 @@ class CoordinatorCore {
   // The RUNNING and RESTARTING jobs, kept by Transition: all that Tick's
   // health and deadline checks look at, however many jobs wait or ended.
   std::set<std::string> active_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose latest write failed (a full disk): written again once a
+  // second (RetryUnsaved) until one lands, so that a state they reached
+  // (FAILED, SUCCEEDED) is what a restarted coordinator reads once the disk
+  // has room.
+  std::set<std::string> unsaved_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_unsaved_retry_ ABSL_GUARDED_BY(mu_);
   absl::Time last_retire_ ABSL_GUARDED_BY(mu_);  // RetireEndedJobs, once a second
   std::map<int, std::pair<std::string, JobCallback>> watchers_ ABSL_GUARDED_BY(mu_);
   int next_job_ = 1, next_watch_ = 1;

@@ -145,9 +145,23 @@ void CoordinatorCore::Persist(JobRecord& r) {
   // for this process.
   absl::Status s = PersistOrError(r);  // drops an earlier note
   if (s.ok()) return;
+  unsaved_.insert(JobOf(r).id());
   std::string cause(s.message().substr(0, kMaxUnsavedNoteBytes - kUnsavedNoteSize - 1));
   std::replace(cause.begin(), cause.end(), ']', ')');
   absl::StrAppend(JobOf(r).mutable_message(), kUnsavedNote, cause, "]");
+}
+
+void CoordinatorCore::RetryUnsaved(absl::Time now) {
+  if (unsaved_.empty() || now - last_unsaved_retry_ < absl::Seconds(1)) return;
+  last_unsaved_retry_ = now;
+  for (const std::string& id : std::vector<std::string>(unsaved_.begin(), unsaved_.end())) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) {
+      unsaved_.erase(id);  // forgotten or deleted since
+      continue;
+    }
+    Persist(it->second);
+  }
 }
 
 absl::Status CoordinatorCore::PersistOrError(JobRecord& r) {
@@ -162,6 +176,7 @@ absl::Status CoordinatorCore::PersistOrError(JobRecord& r) {
   r.stored.job.mutable_history()->Swap(&r.history);
   absl::Status put = store_->PutJob(r.stored);
   r.stored.job.mutable_history()->Swap(&r.history);
+  if (put.ok()) unsaved_.erase(JobOf(r).id());
   return put;
 }
 

@@ -494,10 +494,19 @@ absl::StatusOr<DcpImportReport> ImportDcp(const std::string& dcp_dir, const JobC
   SL_ASSIGN_OR_RETURN(CheckpointManifest m, NewManifest(job.name, job, 1, step));
   m.data_step = data_step;
   m.ranks = {rank_file};
-  step_name = StepDirName(step);
-  if (::mkdirat(root.get(), step_name.c_str(), 0750) == 0) {
+  // The step's folder is made here or not at all: the import that makes it
+  // is the one that writes it, so two imports of one step never mix their
+  // shards and manifests (the second is refused, the first unharmed: clean
+  // touches the step's folder only once this import made it).
+  if (::mkdirat(root.get(), StepDirName(step).c_str(), 0750) == 0) {
     made_step_dir = true;
-  } else if (errno != EEXIST) {
+    step_name = StepDirName(step);
+  } else if (errno == EEXIST) {
+    if (absl::Status s = refuse_step(step); !s.ok()) return clean(s);
+    return clean(absl::FailedPreconditionError(
+        absl::StrCat(Shown(step_dir, 256), ": exists without a manifest (another import of this step running, or "
+                                           "one that was stopped): remove it, or import as another --step")));
+  } else {
     return clean(absl::PermissionDeniedError(absl::StrCat(step_dir, ": cannot create: ", std::strerror(errno))));
   }
   {

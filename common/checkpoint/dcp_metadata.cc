@@ -35,7 +35,14 @@ std::set<std::string> AllowedGlobals() {
 // Reading one entry: `where` names it in errors.
 class Decoder {
  public:
-  explicit Decoder(const std::string& source) : source_(source) {}
+  // `file_bytes`: the pickle's size. What a real file keeps is bounded by
+  // it: each kept integer (8 bytes charged) costs at least 2 bytes of
+  // pickle and each size tuple (24) at least 6, so a real file keeps at
+  // most 4x its bytes; 8x, plus 1 MiB for small files, leaves a margin.
+  // Only memoized references repeated past that (a few bytes each for a
+  // whole chunk) keep more: refused before they cost more than the file.
+  Decoder(const std::string& source, int64_t file_bytes)
+      : source_(source), kept_budget_(std::min(kKeptBudget, 8 * file_bytes + (int64_t{1} << 20))) {}
 
   // d->Get(key), charged to a budget: entries may be shared through the memo,
   // so a small file can ask for many lookups in one large dict.
@@ -44,16 +51,17 @@ class Decoder {
     spent_ += static_cast<int64_t>(d->entries.size()) + 1;
     return spent_ <= kLookupBudget ? d->Get(key) : nullptr;
   }
-  bool OverBudget() const { return spent_ > kLookupBudget || kept_ > kKeptBudget; }
+  bool OverBudget() const { return spent_ > kLookupBudget || kept_ > kept_budget_; }
 
   absl::Status Bad(const std::string& where, const std::string& what) const {
     if (spent_ > kLookupBudget) {
       return absl::InvalidArgumentError(absl::StrCat(source_, ": more than ", kLookupBudget,
                                                      " dict entries looked at: not a checkpoint's metadata"));
     }
-    if (kept_ > kKeptBudget) {
-      return absl::InvalidArgumentError(absl::StrCat(source_, ": more than ", kKeptBudget,
-                                                     " bytes of names and sizes: not a checkpoint's metadata"));
+    if (kept_ > kept_budget_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_, ": more than ", kept_budget_,
+          " bytes of names and sizes (8 for each byte of the file, plus 1 MiB): not a checkpoint's metadata"));
     }
     // (`where` and `what` may hold names from the file: shown escaped.)
     return absl::InvalidArgumentError(absl::StrCat(source_, ": ", Shown(where, 300), ": ", Shown(what, 300)));
@@ -176,6 +184,7 @@ class Decoder {
   // 1024 ranks keeps ~100 MB).
   static constexpr int64_t kKeptBudget = int64_t{1} << 30;
   const std::string& source_;
+  const int64_t kept_budget_;
   int64_t spent_ = 0, kept_ = 0;
 };
 
@@ -185,7 +194,7 @@ absl::StatusOr<DcpMetadata> ParseDcpMetadata(absl::string_view data, const std::
   PickleReader reader(AllowedGlobals());
   absl::StatusOr<const PickleValue*> root = reader.Read(data, source);
   if (!root.ok()) return root.status();
-  Decoder dec(source);
+  Decoder dec(source, static_cast<int64_t>(data.size()));
   auto top = dec.State(*root, "Metadata", "the root");
   if (!top.ok()) return top.status();
   DcpMetadata m;

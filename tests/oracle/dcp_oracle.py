@@ -126,6 +126,25 @@ def linked_outputs(checks, dcp_dir, job, scratch):
                  f"{r.stderr.strip()} {sorted(os.listdir(root))} {os.listdir(target)}")
 
 
+def step_folder_taken(checks, dcp_dir, job, scratch):
+    """The step's folder already there without a manifest (another import of
+    that step under way, or one that was stopped): refused naming it, and
+    what is in it left alone; two imports of one step never mix."""
+    root = os.path.join(scratch, "taken-root")
+    step = os.path.join(root, f"step-{SAVE:08d}")
+    os.makedirs(step)
+    with open(os.path.join(step, "rank-00000.safetensors"), "wb") as f:
+        f.write(b"the other import's shard")
+    r = shardctl("ckpt", "import", dcp_dir, "--job", job, "--out", root)
+    with open(os.path.join(step, "rank-00000.safetensors"), "rb") as f:
+        kept = f.read() == b"the other import's shard"
+    checks.check(r.returncode == 1 and "exists without a manifest" in r.stderr and r.stderr.count("\n") == 1
+                 and kept and sorted(os.listdir(root)) == [f"step-{SAVE:08d}"] and os.listdir(step) ==
+                 ["rank-00000.safetensors"],
+                 "import into a step folder another import holds: refused naming it, its shard untouched",
+                 f"{r.stderr.strip()} {sorted(os.listdir(root))} {os.listdir(step)}")
+
+
 def main():
     checks = harness.Checks()
     scratch = harness.scratch_dir("shardline-dcp-")
@@ -258,6 +277,7 @@ def main():
                        capture_output=True)
         check_refused(checks, label, poisoned, job, scratch, ["not a checkpoint to train from"])
     linked_outputs(checks, dcp_dir, job, scratch)
+    step_folder_taken(checks, dcp_dir, job, scratch)
     checks.remove_unless_failed(scratch)
     checks.finish()
 

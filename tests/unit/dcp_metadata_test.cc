@@ -20,11 +20,27 @@
 namespace shardline {
 namespace {
 
-std::string SmallMetadata() {
-  std::ifstream in(std::string(SHARDLINE_TEST_DATA) + "/dcp_small.metadata", std::ios::binary);
+std::string DataFile(const std::string& name) {
+  std::ifstream in(std::string(SHARDLINE_TEST_DATA) + "/" + name, std::ios::binary);
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+std::string SmallMetadata() { return DataFile("dcp_small.metadata"); }
+
+// Python's pickler memoizes shared objects: 41 KB (data/make_dcp_memoized.py)
+// name 200,000 chunks, 16 MB of sizes once expanded, which a 1 GiB budget
+// let through (a 28 MB file cost 1.4 GB and 6 s). Refused by the budget a
+// real file's size allows, naming it.
+TEST(DcpMetadata, MemoizedReferencesRepeatedPastTheFilesSizeAreRefused) {
+  const std::string data = DataFile("dcp_memoized.metadata");
+  ASSERT_GT(data.size(), 30000u);
+  absl::StatusOr<DcpMetadata> m = ParseDcpMetadata(data, "ckpt/.metadata");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("ckpt/.metadata: more than"), std::string::npos) << m.status();
+  EXPECT_NE(m.status().message().find("bytes of names and sizes (8 for each byte of the file"), std::string::npos)
+      << m.status();
 }
 
 TEST(DcpMetadata, ReadsWhatTorchWrote) {

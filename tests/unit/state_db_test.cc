@@ -336,6 +336,32 @@ TEST_F(StateDbTest, FailedStateWritesLeaveOneBoundedNote) {
   EXPECT_FALSE(Contains(core_->GetJob(job)->message(), "state not saved")) << core_->GetJob(job)->message();
 }
 
+// A job that fails while the disk is full is FAILED in memory with the
+// note; its record is written again every Tick, so once the disk has room
+// the FAILED state is what a restarted coordinator reads (it came back
+// RUNNING, and ran again).
+TEST_F(StateDbTest, AStateReachedOnAFullDiskIsWrittenOnceTheDiskHasRoom) {
+  RecordingChannel w;
+  const std::string wid = AddWorker("h", "cpu", &w);
+  const std::string job = Submit(1);
+  ASSERT_EQ(State(job), "RUNNING");
+  store_->SimulateFullDiskForTesting(true);
+  Finish(wid, job, 0, false, "boom", absl::StatusCode::kInvalidArgument);  // its own error: FAILED at once
+  ASSERT_EQ(State(job), "FAILED");
+  EXPECT_TRUE(Contains(core_->GetJob(job)->message(), "[state not saved: ")) << core_->GetJob(job)->message();
+  core_->Tick(absl::Now());  // the disk still full: still unsaved, nothing lost
+  EXPECT_TRUE(Contains(core_->GetJob(job)->message(), "[state not saved: ")) << core_->GetJob(job)->message();
+  store_->SimulateFullDiskForTesting(false);
+  core_->Tick(absl::Now() + absl::Milliseconds(500));  // retried at most once a second
+  EXPECT_TRUE(Contains(core_->GetJob(job)->message(), "[state not saved: ")) << core_->GetJob(job)->message();
+  core_->Tick(absl::Now() + absl::Milliseconds(1100));
+  EXPECT_FALSE(Contains(core_->GetJob(job)->message(), "state not saved")) << core_->GetJob(job)->message();
+  Stop();
+  Start();
+  EXPECT_EQ(State(job), "FAILED");
+  EXPECT_TRUE(Contains(core_->GetJob(job)->message(), "boom")) << core_->GetJob(job)->message();
+}
+
 // A job the state cannot record is not taken (it would vanish at the next
 // start): Submit is refused naming the database and the cause.
 TEST_F(StateDbTest, ASubmitTheStateCannotRecordIsRefusedNamingTheDatabase) {
