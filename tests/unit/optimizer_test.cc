@@ -1,9 +1,12 @@
-// The schedule, the clipping factor and which shard elements are decayed.
+// The schedule, the clipping factor, which shard elements are decayed, and
+// AdamW's update in fp32 and in bf16 state against torch.optim.AdamW.
 #include "worker/engine/optimizer.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+
+#include "common/model/safetensors.h"
 
 namespace shardline {
 namespace {
@@ -98,6 +101,39 @@ TEST(AdamW, AVectorizedShardUpdatesBitForBitAsElementByElement) {
     EXPECT_TRUE(at::equal(m, m1)) << at::toString(grad_type);
     EXPECT_TRUE(at::equal(v, v1)) << at::toString(grad_type);
   }
+}
+
+// bf16 state: torch.optim.AdamW over bf16 parameters (no fp32 master),
+// recorded by tests/unit/data/make_adamw_bf16.py: five steps, two of them
+// clipped, 600 decayed elements and 427 not. Bitwise: the update is torch's
+// own op sequence, so nothing but the ops' rounding enters, and that is the
+// same on both sides.
+TEST(AdamW, Bf16StateEqualsTorchsAdamWOnBf16ParametersBitwise) {
+  auto file = SafetensorsReader::Open(std::string(SHARDLINE_TEST_DATA) + "/adamw_bf16.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto read = [&](const std::string& name) {
+    const int64_t n = (*file)->entries().at(name).numel();
+    at::Tensor t = at::empty({n}, at::kFloat);
+    EXPECT_TRUE((*file)->ReadFloats(name, 0, n, t.data_ptr<float>()).ok()) << name;
+    return t;
+  };
+  at::Tensor p = read("p0").to(at::kBFloat16);  // exact: the file's values are bf16
+  at::Tensor m = at::zeros_like(p), v = at::zeros_like(p);
+  for (int64_t step = 1; step <= 5; ++step) {
+    const std::string k = std::to_string(step);
+    AdamWStep s;
+    s.lr = 3e-3;
+    s.beta1 = 0.9;
+    s.beta2 = 0.95;
+    s.eps = 1e-8;
+    s.weight_decay = 0.1;
+    s.step = step;
+    AdamWUpdate(s, {{0, 600}}, p, m, v, read("g" + k).to(at::kBFloat16), read("clip" + k).reshape({}));
+    EXPECT_TRUE(at::equal(p.to(at::kFloat), read("p" + k))) << "params after step " << step;
+    EXPECT_TRUE(at::equal(m.to(at::kFloat), read("m" + k))) << "exp_avg after step " << step;
+    EXPECT_TRUE(at::equal(v.to(at::kFloat), read("v" + k))) << "exp_avg_sq after step " << step;
+  }
+  EXPECT_EQ(p.scalar_type(), at::kBFloat16);
 }
 
 }  // namespace

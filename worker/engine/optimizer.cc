@@ -146,10 +146,47 @@ void FusedUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::T
   }
 }
 
+// State in bf16 (no fp32 master: what torch.optim.AdamW holds for a model
+// loaded in bfloat16): torch's own op sequence, that of its single-tensor
+// path, on each decay and no-decay run of the shard. Each op rounds to bf16
+// as torch's do (its lerp contracts into an FMA on vectorized CPUs, which a
+// hand-written loop would have to match machine by machine), so the update
+// equals torch's bitwise wherever the two run on one kind of device. The
+// gradient is clipped as clip_grad_norm_ clips a bf16 gradient: multiplied
+// by the fp32 coefficient, rounded to bf16 (a copy: the gradient buffer
+// itself is left as it is).
+void TorchOpsUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::Tensor param, at::Tensor exp_avg,
+                    at::Tensor exp_avg_sq, const at::Tensor& grad, const at::Tensor& clip_coef) {
+  // A number as Python passes one to an op (a wrapped 0-dim double): the
+  // kernel reads it in its opmath type (fp32). C++'s Scalar overloads of
+  // mul_, div and add_ round it to the tensor's dtype first (0.95 becomes
+  // 0.9492 in bf16), which torch's Python calls never do.
+  auto number = [](double x) {
+    at::Tensor t = at::scalar_tensor(x, at::kDouble);
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  };
+  const at::Tensor g = grad.to(param.scalar_type()).mul(clip_coef);
+  // Python's floats: beta ** step, lr / bias_correction1, bias_correction2 ** 0.5.
+  const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
+  const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
+  const double step_size = s.lr / bc1, bc2_sqrt = std::pow(bc2, 0.5);
+  ForEachDecayRun(decay, param.numel(), [&](int64_t b, int64_t e, bool d) {
+    at::Tensor p = param.narrow(0, b, e - b), m = exp_avg.narrow(0, b, e - b), v = exp_avg_sq.narrow(0, b, e - b);
+    const at::Tensor gi = g.narrow(0, b, e - b);
+    if (d && s.weight_decay != 0) p.mul_(number(1.0 - s.lr * s.weight_decay));
+    m.lerp_(gi, 1.0 - s.beta1);  // its weight is read in opmath
+    v.mul_(number(s.beta2)).addcmul_(gi, gi, 1.0 - s.beta2);
+    const at::Tensor denom = v.sqrt().div_(number(bc2_sqrt)).add_(number(s.eps));
+    p.addcdiv_(m, denom, -step_size);
+  });
+}
+
 }  // namespace
 
 void AdamWUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::Tensor param, at::Tensor exp_avg,
                  at::Tensor exp_avg_sq, const at::Tensor& grad, const at::Tensor& clip_coef) {
+  if (param.scalar_type() != at::kFloat) return TorchOpsUpdate(s, decay, param, exp_avg, exp_avg_sq, grad, clip_coef);
   if (!param.is_cpu()) return FusedUpdate(s, decay, param, exp_avg, exp_avg_sq, grad, clip_coef);
   const float scale = clip_coef.item<float>();
   float* p = param.data_ptr<float>();

@@ -40,10 +40,12 @@ struct AdamWStep {
   int64_t step = 1;          // 1-based, as torch counts
 };
 
-// Updates param, exp_avg, exp_avg_sq (fp32, same length, one device) in
-// place from grad (fp32 or bf16) times `clip_coef` (an fp32 scalar on the
-// same device). On CUDA an fp32 grad is scaled in place, as
-// clip_grad_norm_ does.
+// Updates param, exp_avg, exp_avg_sq (same length, one device, all fp32 or
+// all bf16) in place from grad (fp32 or bf16) times `clip_coef` (an fp32
+// scalar on the same device). fp32 state: one fused pass (on CUDA an fp32
+// grad is scaled in place, as clip_grad_norm_ does). bf16 state (no fp32
+// master): torch.optim.AdamW's own sequence of bf16 ops, equal to it
+// bitwise (tests/unit/data/make_adamw_bf16.py), the grad left as it is.
 void AdamWUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::Tensor param,
                  at::Tensor exp_avg, at::Tensor exp_avg_sq, const at::Tensor& grad, const at::Tensor& clip_coef);
 
