@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/base/accepted_token.h"
+#include "common/base/host_port.h"
 #include "common/metrics/metrics_process.h"
 
 namespace shardline::metrics {
@@ -46,17 +47,7 @@ MHD_Result Respond(MHD_Connection* conn, unsigned code, const char* type, const 
 // getaddrinfo resolves), or an error naming `listen`.
 absl::StatusOr<std::pair<sockaddr_storage, socklen_t>> ListenSockaddr(const std::string& listen) {
   std::string host, port;
-  if (!listen.empty() && listen[0] == '[') {
-    const auto close = listen.find("]:");
-    if (close != std::string::npos) {
-      host = listen.substr(1, close - 1);
-      port = listen.substr(close + 2);
-    }
-  } else if (const auto colon = listen.rfind(':'); colon != std::string::npos) {
-    host = listen.substr(0, colon);
-    port = listen.substr(colon + 1);
-  }
-  if (host.empty() || port.empty() || port.find_first_not_of("0123456789") != std::string::npos) {
+  if (!SplitHostPort(listen, &host, &port) || port.find_first_not_of("0123456789") != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics: listen address \"", listen, "\": expected HOST:PORT or [IPV6]:PORT"));
   }

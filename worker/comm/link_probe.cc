@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/host_port.h"
 
 namespace shardline::comm {
 namespace {
@@ -49,11 +50,9 @@ int Listen(const std::string& ip, std::string* published) {
 // or -1 with `*err` set where it failed at once.
 int StartConnect(const std::string& address, int* err) {
   std::string host, port;
-  if (!address.empty() && address[0] == '[') {
-    const auto close_at = address.find("]:");
-    if (close_at != std::string::npos) host = address.substr(1, close_at - 1), port = address.substr(close_at + 2);
-  } else if (const auto colon = address.rfind(':'); colon != std::string::npos) {
-    host = address.substr(0, colon), port = address.substr(colon + 1);
+  if (!SplitHostPort(address, &host, &port)) {
+    *err = EDESTADDRREQ;
+    return -1;
   }
   sockaddr_storage ss{};
   socklen_t len = 0;

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/host_port.h"
 #include "common/base/quoted.h"
 
 namespace shardline {
@@ -168,16 +169,7 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& coordinator) {
     if (target.rfind(scheme, 0) == 0) target = target.substr(std::strlen(scheme));
   }
   std::string host, port;
-  if (!target.empty() && target[0] == '[') {
-    const auto close = target.find(']');
-    if (close != std::string::npos) host = target.substr(1, close - 1);
-    if (close != std::string::npos && close + 1 < target.size() && target[close + 1] == ':') {
-      port = target.substr(close + 2);
-    }
-  } else if (const auto colon = target.rfind(':'); colon != std::string::npos) {
-    host = target.substr(0, colon);
-    port = target.substr(colon + 1);
-  }
+  SplitHostPort(target, &host, &port);  // both stay empty where it does not split: refused below
   auto fail = [&](const std::string& why) {
     return absl::FailedPreconditionError(absl::StrCat("the coordinator ", Quoted(coordinator),
                                                       ": no local address routes to it (", why,
