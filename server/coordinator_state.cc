@@ -161,6 +161,9 @@ void CoordinatorCore::RetryUnsaved(absl::Time now) {
       continue;
     }
     Persist(it->second);
+    // The first that fails again says the disk is still full: the rest wait
+    // for the next round rather than each hold the lock through a failure.
+    if (unsaved_.count(id)) return;
   }
 }
 

@@ -4,8 +4,12 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cerrno>
 #include <cstring>
@@ -23,21 +27,29 @@ namespace {
 // connection that sends nothing, or a header a byte a second, costs a file
 // descriptor and no thread (a thread-per-connection server stalls every
 // scrape behind as many of them as it has threads). Idle connections close
-// after kIdleSeconds; past kMaxConnections, or kMaxPerAddress from one
-// address, new ones are closed at once, so a flood from one address leaves
-// Prometheus' own connection served. A scrape is a few kilobytes built in
-// the polling thread; Prometheus scrapes one target serially.
+// after kIdleSeconds. Descriptors are the process's (a worker's sockets and
+// data files need them too): at most an eighth of the soft RLIMIT_NOFILE,
+// and kMaxConnections, are open at once, and kMaxPerAddress from one
+// address; new ones past either are closed at once, so a flood from one
+// address leaves Prometheus' own connection (it uses one) served. A scrape
+// is a few kilobytes built in the polling thread.
 constexpr unsigned kIdleSeconds = 10;
 constexpr unsigned kMaxConnections = 1024;
-constexpr unsigned kMaxPerAddress = 64;
+constexpr unsigned kMaxPerAddress = 8;
+
+unsigned ConnectionLimit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return kMaxConnections;
+  return static_cast<unsigned>(std::max<rlim_t>(kMaxPerAddress, std::min<rlim_t>(kMaxConnections, r.rlim_cur / 8)));
+}
 
 MHD_Result Respond(MHD_Connection* conn, unsigned code, const char* type, const std::string& body,
-                   bool ask_bearer = false) {
+                   const char* header = nullptr, const char* value = nullptr) {
   MHD_Response* r = MHD_create_response_from_buffer(body.size(), const_cast<char*>(body.data()),
                                                     MHD_RESPMEM_MUST_COPY);
   if (r == nullptr) return MHD_NO;  // out of memory: MHD closes the connection
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-  if (ask_bearer) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+  if (header != nullptr) MHD_add_response_header(r, header, value);
   const MHD_Result queued = MHD_queue_response(conn, code, r);
   MHD_destroy_response(r);
   return queued;
@@ -79,15 +91,18 @@ int PortOf(int fd) {
 MHD_Result Handle(void* cls, MHD_Connection* conn, const char* url, const char* method, const char* /*version*/,
                   const char* /*upload_data*/, size_t* upload_data_size, void** /*con_cls*/) {
   const auto* server = static_cast<const MetricsServer*>(cls);
-  // A request body is never wanted: answered before it is read, and the
-  // connection then closes (MHD does not reuse one with a body left unread).
+  // Answered at the first call, before any body is read: MHD then closes
+  // the connection after the response (no keep-alive; Prometheus opens
+  // another for its next scrape).
   (void)upload_data_size;
   if (std::strcmp(method, MHD_HTTP_METHOD_GET) != 0 && std::strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
-    return Respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", "405 method not allowed: this server takes GET\n");
+    return Respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", "405 method not allowed: this server takes GET\n",
+                   MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
   }
   if (!server->Allowed(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
     return Respond(conn, MHD_HTTP_UNAUTHORIZED, "text/plain",
-                   "401 unauthorized: this endpoint takes \"Authorization: Bearer <token>\"\n", /*ask_bearer=*/true);
+                   "401 unauthorized: this endpoint takes \"Authorization: Bearer <token>\"\n",
+                   MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   }
   const std::string path = url ? url : "";
   if (const MetricsServer::JsonHandler* json = server->Extra(path)) return Respond(conn, MHD_HTTP_OK, "application/json", (*json)());
@@ -151,15 +166,21 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen, ": ", why));
   }
   server->port_ = PortOf(fd);
-  // MHD owns the socket from here: MHD_stop_daemon closes it.
+  struct stat ours {};
+  fstat(fd, &ours);
   server->daemon_ = MHD_start_daemon(
       MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC, 0, nullptr, nullptr, &Handle, server.get(),
       MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, kIdleSeconds, MHD_OPTION_CONNECTION_LIMIT,
-      kMaxConnections, MHD_OPTION_PER_IP_CONNECTION_LIMIT, kMaxPerAddress, MHD_OPTION_END);
+      ConnectionLimit(), MHD_OPTION_PER_IP_CONNECTION_LIMIT, kMaxPerAddress, MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
-    close(fd);
+    // Some of MHD's failures close the socket and some do not: it is closed
+    // here only if the descriptor still is that socket (another thread may
+    // have been given the number since).
+    struct stat now {};
+    if (fstat(fd, &now) == 0 && now.st_dev == ours.st_dev && now.st_ino == ours.st_ino) close(fd);
     return absl::UnavailableError(absl::StrCat("metrics: cannot start the HTTP server on ", listen));
   }
+  // From here MHD owns the socket: MHD_stop_daemon closes it.
   return server;
 }
 

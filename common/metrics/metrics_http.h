@@ -12,9 +12,10 @@
 // `authorization` scrape setting) or is answered 401. Pages and handlers run
 // on the server's one polling thread, so everything they read must be
 // thread-safe; SetBearerTokens may be called at any time. Connections cost
-// no thread: idle ones close after 10 s, and at most 1024 (64 from one
-// address) are open at once, so idle or slow clients cannot hold a scrape
-// up. The server stops, and waits for the request in progress, when
+// no thread: idle ones close after 10 s, and at most 1024 (or an eighth of
+// the descriptor limit) are open at once, 8 from one address, so idle or
+// slow clients can neither hold a scrape up nor take the process's
+// descriptors. Every response closes its connection. The server stops, and waits for the request in progress, when
 // destroyed.
 #pragma once
 

@@ -100,10 +100,10 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> ConnectGloo(const c10::intru
     }
     if (probe != nullptr) {
       const std::vector<comm::UnreachablePeer> cut = probe->Unreachable();
+      absl::MutexLock lock(&c->mu);
+      if (c->result.has_value()) continue;  // it ended during the probe: its result stands
       if (!cut.empty()) {
-        absl::MutexLock lock(&c->mu);
         c->abandoned = true;
-        c->result.reset();
         return CutLink(absl::UnavailableError(absl::StrCat("[rank ", job_ranks.empty() ? rank : job_ranks[rank],
                                                            "] group ", name, ": Gloo rendezvous stopped")),
                        cut.front(), rank, job_ranks);

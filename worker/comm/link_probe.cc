@@ -35,7 +35,7 @@ int Listen(const std::string& ip, std::string* published) {
   }
   const int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || listen(fd, 128) != 0 ||
+  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || listen(fd, SOMAXCONN) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
     close(fd);
     return -1;
@@ -110,7 +110,11 @@ LinkProbe::LinkProbe(c10::intrusive_ptr<c10d::Store> store, int rank, int size, 
       pollfd p{listener_, POLLIN, 0};
       if (poll(&p, 1, 50) == 1) {
         const int c = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (c >= 0) close(c);
+        if (c >= 0) {
+          close(c);
+        } else if (errno != EAGAIN && errno != EINTR) {
+          absl::SleepFor(absl::Milliseconds(50));  // out of descriptors: no spinning on the pending one
+        }
       }
     }
   });

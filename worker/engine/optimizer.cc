@@ -151,7 +151,9 @@ void FusedUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::T
 // path, on each decay and no-decay run of the shard. Each op rounds to bf16
 // as torch's do (its lerp contracts into an FMA on vectorized CPUs, which a
 // hand-written loop would have to match machine by machine), so the update
-// equals torch's bitwise wherever the two run on one kind of device. The
+// equals torch's single-tensor path (its default on the CPU) bitwise. On
+// CUDA torch defaults to its foreach path, whose division by the bias
+// correction may round differently by one ulp. `clip_coef` is 0-dim. The
 // gradient is clipped as clip_grad_norm_ clips a bf16 gradient: multiplied
 // by the fp32 coefficient, rounded to bf16 (a copy: the gradient buffer
 // itself is left as it is).
