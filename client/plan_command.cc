@@ -96,6 +96,10 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--reduce-dtype", f->reduce_dtype, "gradient reduction dtype, bf16 or fp32 (default: the job "
                                                      "file's, else fp32; fp32 with --dtype fp32)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
+  cmd->add_option("--optimizer-state", f->optimizer_state,
+                  "AdamW's master and moments: fp32, or bf16 (no master: bf16 parameters updated in place, "
+                  "with --dtype bf16) (default: the job file's, else fp32)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
   cmd->add_option("--lora-rank", f->lora_rank, "LoRA: adapters of this rank on a frozen base (default: the job "
                                                "file's [lora], else none)")
       ->check(CLI::Range(1, 65536));
@@ -301,6 +305,9 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     if (in.param_dtype == DType::kFloat32) in.reduce_dtype = DType::kFloat32;
   }
   if (!f.reduce_dtype.empty()) in.reduce_dtype = f.reduce_dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
+  if (!f.optimizer_state.empty()) {
+    in.master_dtype = in.moments_dtype = f.optimizer_state == "fp32" ? DType::kFloat32 : DType::kBFloat16;
+  }
   SL_RETURN_IF_ERROR(ApplyLoraFlags(f, &in));
   absl::StatusOr<Plan> made = MakePlan(in);
   if (!made.ok() && f.job_file.empty() && absl::StartsWith(made.status().message(), "plan: [model] ")) {

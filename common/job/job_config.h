@@ -147,6 +147,13 @@ struct OptimizerConfig {
   int decay_steps = 0;  // kWsd only: the decay phase's length
   std::array<double, 2> betas{0.9, 0.95};
   double eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;  // grad_clip 0 disables
+  // The dtypes of the weights the update reads and writes (the master) and
+  // of Adam's two moments. fp32/fp32: an fp32 master (the parameters
+  // themselves where param_dtype is fp32). bf16/bf16 (param_dtype bf16): no
+  // master, the bf16 parameters updated in place with bf16 moments, as
+  // torch.optim.AdamW does on a model loaded in bfloat16 (8 bytes a parameter
+  // with bf16 gradients instead of 16).
+  DType master_dtype = DType::kFloat32, moments_dtype = DType::kFloat32;
 };
 struct ParallelismConfig {
   Strategy strategy = Strategy::kFullShard;

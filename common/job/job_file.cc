@@ -309,6 +309,8 @@ void ReadDataAndTraining(SectionReaders& r, JobConfig& c) {
   opt.Double("eps", &c.optimizer.eps);
   opt.Double("weight_decay", &c.optimizer.weight_decay);
   opt.Double("grad_clip", &c.optimizer.grad_clip);
+  opt.Enum<DType>("master_dtype", &c.optimizer.master_dtype, ParseDType);
+  opt.Enum<DType>("moments_dtype", &c.optimizer.moments_dtype, ParseDType);
 }
 
 void ReadExecution(SectionReaders& r, JobConfig& c) {

@@ -53,7 +53,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, steps, batch_size, micro_batch_s
                                    log_interval,
                                    max_nonfinite_skips)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimizerConfig, lr, min_lr, warmup_steps, schedule, decay_steps, betas, eps,
-                                   weight_decay, grad_clip)
+                                   weight_decay, grad_clip, master_dtype, moments_dtype)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelismConfig, strategy, auto_strategy, shard_group_size, sparse_embedding,
                                    auto_sparse_embedding, shard_optimizer_across_replicas)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PrecisionConfig, param_dtype, reduce_dtype, buffer_dtype, allow_tf32)

@@ -35,19 +35,35 @@ constexpr int64_t kMaxBatch = 1 << 24;
 // The most layers, as a job file's n_layer.
 constexpr int kMaxLayers = 10000;
 
+// What every strategy's plan shares: one step's shape and its compute.
+struct StepShape {
+  int world = 1, b = 1;       // ranks, sequences per micro-batch
+  int p = 4, r = 4;           // parameter and reduction bytes per element
+  int master = 4, moments = 4;  // the optimizer's: master and each moment's bytes per element
+  int micro_batches = 1;
+  // Seconds of compute per micro-batch per rank: one block's, and the
+  // head's (with the tied table's matmul); the token lookup counts none.
+  double block_forward = 0, block_backward = 0, head_forward = 0, head_backward = 0;
+  double layer_act = 0, head_act = 0, layer_input = 0;  // activation bytes
+};
+
 // Per-rank state bytes by kind from the ownership map at the strategy's shard
 // group (units padded as ShardLayout pads them): the engine's formula,
-// tests/integration/formulas.py's state_bytes.
-void StateBytes(const std::vector<ShardLayout>& layouts, Strategy s, int p, int r, StrategyPlan* out) {
+// tests/integration/formulas.py's state_bytes. Where the master's dtype is
+// the parameters' (fp32, or bf16 updated in place) the master is the
+// parameters' own shard or chunk (FlatParam).
+void StateBytes(const std::vector<ShardLayout>& layouts, Strategy s, const StepShape& x, StrategyPlan* out) {
+  const int p = x.p, r = x.r;
+  const bool master_is_params = x.master == p;
   int64_t full = 0;
   for (const ShardLayout& l : layouts) full += l.padded_numel;
   const int64_t shard = full / layouts.front().group_size;
   out->params_bytes = p * (ShardsParams(s) ? shard : full);
-  if (p == 4 && ShardsParams(s)) out->params_bytes = 0;  // the fp32 shard is the master itself
+  if (master_is_params && ShardsParams(s)) out->params_bytes = 0;  // the shard is the master itself
   out->grads_bytes = ShardsGrads(s) ? r * shard : p * full;
   if (!ShardsGrads(s) && r != p) out->grads_bytes += r * shard;
-  out->master_bytes = (p == 4 && !ShardsParams(s)) ? 0 : 4 * shard;
-  out->optimizer_bytes = 8 * shard;
+  out->master_bytes = (master_is_params && !ShardsParams(s)) ? 0 : x.master * shard;
+  out->optimizer_bytes = 2 * x.moments * shard;
   out->state_bytes = out->params_bytes + out->grads_bytes + out->master_bytes + out->optimizer_bytes;
 }
 
@@ -91,6 +107,8 @@ PlanInput PlanInputForJob(const JobConfig& c, int workers) {
   in.grad_accumulation = c.train.grad_accumulation;
   in.param_dtype = c.precision.param_dtype;
   in.reduce_dtype = c.precision.reduce_dtype;
+  in.master_dtype = c.optimizer.master_dtype;
+  in.moments_dtype = c.optimizer.moments_dtype;
   in.max_inflight_all_gathers = c.prefetch.max_inflight_all_gathers;
   in.shard_group_size = c.parallelism.shard_group_size;
   in.lora = c.lora;
@@ -109,6 +127,12 @@ absl::Status CheckPlanInput(const PlanInput& in) {
   const ModelConfig& m = in.model;
   if (c.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   if (c.gpus_per_node < 1) return absl::InvalidArgumentError("--gpus-per-node must be at least 1");
+  if (in.master_dtype != in.moments_dtype) {
+    return absl::InvalidArgumentError("the optimizer's master and moments must share a dtype (--optimizer-state)");
+  }
+  if (in.master_dtype == DType::kBFloat16 && in.param_dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError("--optimizer-state bf16 updates bf16 parameters in place: it needs --dtype bf16");
+  }
   // Written so that a NaN fails too; infinities would make every time 0.
   auto positive = [](double x) { return x > 0 && std::isfinite(x); };
   if (!positive(c.flops)) return absl::InvalidArgumentError("--flops must be positive");
@@ -148,16 +172,6 @@ absl::Status CheckPlanInput(const PlanInput& in) {
   return absl::OkStatus();
 }
 
-// What every strategy's plan shares: one step's shape and its compute.
-struct StepShape {
-  int world = 1, b = 1;       // ranks, sequences per micro-batch
-  int p = 4, r = 4;           // parameter and reduction bytes per element
-  int micro_batches = 1;
-  // Seconds of compute per micro-batch per rank: one block's, and the
-  // head's (with the tied table's matmul); the token lookup counts none.
-  double block_forward = 0, block_backward = 0, head_forward = 0, head_backward = 0;
-  double layer_act = 0, head_act = 0, layer_input = 0;  // activation bytes
-};
 
 // What one strategy moves: the units' sizes as it trains them (t; `whole`
 // keeps the untied sparse table's, which t zeroes) and the frozen base's (f,
@@ -208,15 +222,16 @@ int64_t PieceOf(const Movement& mv, int64_t shard) { return (shard + mv.replicas
 // buffers (fp32: the master is the parameters' piece; the reduced piece
 // is the gradient buffer's own).
 // `trained` is model::TrainableOwnershipMap's, of the units `units`.
-void PieceStateBytes(const std::vector<ShardLayout>& trained, const std::vector<int>& units, const Movement& mv, int p,
-                     int r, StrategyPlan* sp) {
+void PieceStateBytes(const std::vector<ShardLayout>& trained, const std::vector<int>& units, const Movement& mv,
+                     const StepShape& x, StrategyPlan* sp) {
+  const int p = x.p, r = x.r, mb = x.master, ob = 2 * x.moments;
   for (size_t i = 0; i < trained.size(); ++i) {
     if (!mv.piece_units[units[i]]) continue;
     const int64_t shard = trained[i].shard_numel, c = PieceOf(mv, shard), all = c * mv.replicas;
-    sp->params_bytes += p * all - (p == 4 ? 0 : p * shard);
-    sp->master_bytes += (p == 4 ? 0 : 4 * c) - 4 * shard;
+    sp->params_bytes += p * all - (mb == p ? 0 : p * shard);
+    sp->master_bytes += (mb == p ? 0 : mb * c) - mb * shard;
     sp->grads_bytes += r * all - r * shard;
-    sp->optimizer_bytes += 8 * c - 8 * shard;
+    sp->optimizer_bytes += ob * c - ob * shard;
   }
   sp->state_bytes = sp->params_bytes + sp->grads_bytes + sp->master_bytes + sp->optimizer_bytes;
 }
@@ -335,7 +350,7 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
   // What trains (every unit, or the blocks' adapters under LoRA) and, under
   // LoRA, the frozen base: sharded over the group or whole on every rank.
   SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> trained, model::TrainableOwnershipMap(m, in.lora, g));
-  StateBytes(trained, s, p, r, sp);
+  StateBytes(trained, s, x, sp);
   mv.t = lora ? UnitSizes{0, 0, trained.front().padded_numel} : SizesOf(trained);
   mv.whole = mv.t;  // (t's embed is zeroed below where the table is sparse)
   mv.base_sharded = lora && in.lora.base == LoraBase::kSharded && g > 1;
@@ -361,7 +376,7 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
     mv.piece_units.push_back(model::OptimizerInPieces(par, m, g, mv.replicas, u));
     mv.pieces = mv.pieces || mv.piece_units.back();
   }
-  if (mv.pieces) PieceStateBytes(trained, model::TrainableUnits(m, in.lora), mv, p, r, sp);
+  if (mv.pieces) PieceStateBytes(trained, model::TrainableUnits(m, in.lora), mv, x, sp);
   if (!mv.sparse) return std::optional<Movement>(mv);
   // Every parameter of the embed unit is a table looked up (SparseEmbedding's).
   const int64_t tables = static_cast<int64_t>(model::UnitParams(m, 0).size());
@@ -484,7 +499,7 @@ void PlanTime(const PlanInput& in, const StepShape& x, const Movement& mv, int64
   const ModelConfig& m = in.model;
   ScheduleInput sch = ScheduleOf(in, x, mv);
   const int64_t full_p = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
-  // AdamW reads and writes master, m, v (fp32), reads the gradient, writes the parameter.
+  // AdamW reads and writes master, m, v, reads the gradient, writes the parameter.
   int64_t owned = ShardsGrads(mv.s) || mv.s == Strategy::kZero1 ? full_p / mv.g : full_p;
   for (int u = 0; u < model::NumUnits(m); ++u) {
     if (!mv.piece_units[u]) continue;
@@ -492,7 +507,7 @@ void PlanTime(const PlanInput& in, const StepShape& x, const Movement& mv, int64
     const int64_t shard = (u == 0 ? mv.t.embed : block ? mv.t.block : mv.t.head) / mv.g;
     owned -= shard - PieceOf(mv, shard);
   }
-  sp->optimizer_s = owned * (3 * 4 * 2 + x.r + x.p) / in.cluster.memory_bw;
+  sp->optimizer_s = owned * (2 * (x.master + 2 * x.moments) + x.r + x.p) / in.cluster.memory_bw;
   sch.carried_gather_s = sp->optimizer_s;  // (a step of a job's steady state)
   const ScheduleTimes times = SimulateStep(sch);
   sp->comm_bytes = Saturated(times.bytes);
@@ -576,6 +591,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
 
   StepShape x;
   x.world = world, x.b = b, x.p = p, x.r = r, x.micro_batches = plan.micro_batches;
+  x.master = Bytes(in.master_dtype), x.moments = Bytes(in.moments_dtype);
   x.block_forward = block.forward * seconds_per_flop, x.block_backward = block.backward * seconds_per_flop;
   x.head_forward = head_forward * seconds_per_flop, x.head_backward = (head - head_forward) * seconds_per_flop;
   x.layer_act = layer_act, x.head_act = head_act, x.layer_input = layer_input;

@@ -126,6 +126,25 @@ absl::Status ValidateData(const JobConfig& c, const std::string& src) {
   return absl::OkStatus();
 }
 
+// The optimizer state's dtypes: fp32 master and moments, or bf16 both on
+// bf16 parameters (the update then runs torch.optim.AdamW's bf16 ops on the
+// parameters themselves: worker/engine/optimizer.h).
+absl::Status ValidateOptimizerState(const JobConfig& c, const std::string& src) {
+  const auto bad = Refusal(src);
+  const OptimizerConfig& o = c.optimizer;
+  const bool bf16_master = o.master_dtype == DType::kBFloat16, bf16_moments = o.moments_dtype == DType::kBFloat16;
+  if (bf16_master && c.precision.param_dtype != DType::kBFloat16) {
+    return bad("optimizer", "master_dtype = \"bf16\" updates the parameters in place and needs [precision] "
+                            "param_dtype = \"bf16\"");
+  }
+  if (bf16_master != bf16_moments) {
+    return bad("optimizer", absl::StrCat("moments_dtype = \"", bf16_moments ? "bf16" : "fp32",
+                                         "\" with master_dtype = \"", bf16_master ? "bf16" : "fp32",
+                                         "\" is not supported: give both \"fp32\" or both \"bf16\""));
+  }
+  return absl::OkStatus();
+}
+
 // Batches, workers, restarts, the optimizer, sharding, prefetch and memory.
 absl::Status ValidateTraining(const JobConfig& c, int world, const std::string& src) {
   const auto bad = Refusal(src);
@@ -168,6 +187,7 @@ absl::Status ValidateTraining(const JobConfig& c, int world, const std::string& 
   if (!(o.eps > 0)) return bad("optimizer", "eps must be > 0");
   if (!(o.weight_decay >= 0)) return bad("optimizer", "weight_decay must be >= 0");
   if (!(o.grad_clip >= 0)) return bad("optimizer", "grad_clip must be >= 0 (0 disables clipping)");
+  SL_RETURN_IF_ERROR(ValidateOptimizerState(c, src));
   const int g = c.parallelism.shard_group_size;
   if (IsHybrid(c.parallelism.strategy)) {
     if (g < 0 || (g > 0 && world % g != 0)) {

@@ -314,15 +314,18 @@ def state_bytes(cfg, world):
     sizes = [padded(n, G) for n in cfg.get("adapters") or unit_sizes(cfg["model"])]
     full = sum(sizes)
     shard = full // G
+    opt = cfg.get("optimizer", {})
+    mb = DTYPE_BYTES[opt.get("master_dtype", "fp32")]
+    ob = DTYPE_BYTES[opt.get("moments_dtype", "fp32")]
     params = p * (shard if strategy in SHARDS_PARAMS else full)
-    if p == 4 and strategy in SHARDS_PARAMS:
-        params = 0  # the fp32 parameter shard is the master itself (counted there)
+    if mb == p and strategy in SHARDS_PARAMS:
+        params = 0  # the parameter shard is the master itself (counted there)
     grads = r * shard if strategy in SHARDS_GRADS else max(p * full, 0)
     if strategy not in SHARDS_GRADS and r != p:
         grads += r * shard
-    # In fp32 the master copy is the parameters themselves (no duplicate).
-    master = 0 if p == 4 and strategy not in SHARDS_PARAMS else 4 * shard
-    return {"params": params, "grads": grads, "master": master, "optimizer": 8 * shard}
+    # A master of the parameters' dtype is the parameters themselves (no duplicate).
+    master = 0 if mb == p and strategy not in SHARDS_PARAMS else mb * shard
+    return {"params": params, "grads": grads, "master": master, "optimizer": 2 * ob * shard}
 
 
 def lora_table(strategy, base, P_base, P_adapters, N, G):

@@ -179,6 +179,27 @@ TEST(Plan, LlamaWithBf16ReductionHoldsSixteenBytesPerParameter) {
                    std::floor(m.n_layer * layer + 2.0 * sb * m.vocab_size * 4 + 4.0 * m.vocab_size * h));
 }
 
+// [optimizer] master_dtype = moments_dtype = "bf16": no master, 2-byte
+// moments; with bf16 parameters and reduction, 8 bytes a parameter.
+TEST(Plan, Bf16OptimizerStateHoldsEightBytesPerParameter) {
+  PlanInput in = Llama1BOnEight();
+  in.master_dtype = in.moments_dtype = DType::kBFloat16;
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const double P = static_cast<double>(plan->params);
+  const double pad = 8.0 * 7 * model::NumUnits(in.model);
+  for (Strategy s : {Strategy::kNoShard, Strategy::kFullShard}) {
+    const StrategyPlan& sp = Of(*plan, s);
+    EXPECT_NEAR(sp.state_bytes, 8 * P / (s == Strategy::kNoShard ? 1 : 8), pad) << StrategyName(s);
+    EXPECT_NEAR(sp.optimizer_bytes, 4 * P / (s == Strategy::kNoShard ? 1 : 8), pad) << StrategyName(s);
+  }
+  EXPECT_EQ(Of(*plan, Strategy::kNoShard).master_bytes, 0);  // the parameters are the master
+  EXPECT_EQ(Of(*plan, Strategy::kFullShard).params_bytes, 0);  // the shard is the master
+  in.param_dtype = in.reduce_dtype = DType::kFloat32;
+  EXPECT_EQ(MakePlan(in).status().message(),
+            "--optimizer-state bf16 updates bf16 parameters in place: it needs --dtype bf16");
+}
+
 TEST(Plan, LoraHoldsTheFrozenBaseAndTheAdaptersState) {
   // A 1B llama at N=8 with rank-16 adapters on every projection: the base in
   // bf16, sharded over the group or whole, plus the strategy's state for the

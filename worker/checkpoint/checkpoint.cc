@@ -121,8 +121,11 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfi
     const int64_t end = std::min(begin + engine.ShardStateNumel(u), now.numel);  // padding stays zero
     const at::Tensor* targets[] = {&dst.master, &dst.exp_avg, &dst.exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
-      // Read on the host; a device's shard is then copied in one piece.
-      at::Tensor host = targets[k]->is_cpu() ? *targets[k] : at::empty(targets[k]->sizes(), at::kFloat);
+      // Read on the host as fp32; then copied in one piece into a device's
+      // shard or a bf16 one (rounded to nearest even where the file holds
+      // fp32 values, as Optimizer.load_state_dict casts state).
+      const bool direct = targets[k]->is_cpu() && targets[k]->scalar_type() == at::kFloat;
+      at::Tensor host = direct ? *targets[k] : at::empty(targets[k]->sizes(), at::kFloat);
       host.zero_();
       if (end > begin) SL_RETURN_IF_ERROR(ckpt->Read(u, kKinds[k], begin, end, host.data_ptr<float>()));
       if (!host.is_same(*targets[k])) targets[k]->copy_(host);

@@ -1,8 +1,9 @@
 // Sharded checkpoints of the engine's state (docs/design.md, "Checkpoints").
 //
 // Each rank writes `rank-<5 digits>.safetensors` holding, for every unit,
-// its shard of the fp32 parameters and of Adam's m and v ("<unit>.param",
-// "<unit>.exp_avg", "<unit>.exp_avg_sq"). Loading reads, for each unit, only
+// its shard of the master parameters and of Adam's m and v ("<unit>.param",
+// "<unit>.exp_avg", "<unit>.exp_avg_sq"), each in its [optimizer] dtype
+// (F32 or BF16). Loading reads, for each unit, only
 // the pieces of the old ranks' shards that overlap this rank's new shard, so
 // a checkpoint resumes at any world size and any strategy and no process ever
 // holds the whole model. Files are verified against the manifest's SHA-256

@@ -119,6 +119,8 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
   FlatParamOptions opts;
   opts.param_dtype = TorchDType(config_.precision.param_dtype);
   opts.reduce_dtype = TorchDType(config_.precision.reduce_dtype);
+  opts.master_dtype = TorchDType(config_.optimizer.master_dtype);
+  opts.moments_dtype = TorchDType(config_.optimizer.moments_dtype);
   opts.persistent_params = !ShardsParams(s);
   opts.persistent_grads = !ShardsGrads(s);
   const int G = comms_.shard->size();

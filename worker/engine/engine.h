@@ -138,12 +138,12 @@ class Engine {
   comm::CommStats ShardCommStats() const { return comms_.shard->Stats(); }
   comm::CommStats ReplicateCommStats() const { return comms_.replicate->Stats(); }
 
-  // The full fp32 parameters of trainable unit `i` (padded, on the host),
-  // gathered from the shard group. Every rank of the shard group must call
+  // The full master parameters of trainable unit `i` (padded, on the host,
+  // as fp32 whatever the master dtype), gathered from the shard group. Every rank of the shard group must call
   // it, in the same order.
   absl::StatusOr<at::Tensor> GatherUnitMaster(int i);
-  // This rank's optimizer state of trainable unit `i`: fp32 master, Adam m
-  // and v, on the engine's device (views of the live state), which a
+  // This rank's optimizer state of trainable unit `i`: master, Adam m and
+  // v (in the [optimizer] dtypes), on the engine's device (views of the live state), which a
   // checkpoint loads into. They hold the unit's flat elements from
   // ShardStateOffset(i), trainable_layouts()[i].shard_numel of them, or,
   // with the optimizer sharded across the replicas, this rank's piece of

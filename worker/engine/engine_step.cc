@@ -292,14 +292,14 @@ absl::StatusOr<at::Tensor> Engine::GatherUnitMaster(int i) {
   const Device::ComputeScope on_device(*device_);
   FlatParam& f = *trainable_[i];
   SL_ASSIGN_OR_RETURN(const at::Tensor master, WholeShardOf(f, f.master()));
-  at::Tensor out = device_->Zeros(f.layout().padded_numel, at::kFloat);
+  at::Tensor out = device_->Zeros(f.layout().padded_numel, master.scalar_type());
   SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.shard->AllGather(out, master), comm::Op::kAllGather));
-  return out.to(at::kCPU);
+  return out.to(at::kCPU).to(at::kFloat);
 }
 
 absl::StatusOr<at::Tensor> Engine::WholeShardOf(const FlatParam& f, const at::Tensor& piece) {
   if (!f.replica_sharded()) return piece;
-  at::Tensor all = device_->Empty(f.owned_numel() * comms_.replicate->size(), at::kFloat);
+  at::Tensor all = device_->Empty(f.owned_numel() * comms_.replicate->size(), piece.scalar_type());
   SL_RETURN_IF_ERROR(waiter_.OnHost(*comms_.replicate->AllGather(all, piece), comm::Op::kAllGather));
   return all.narrow(0, 0, f.layout().shard_numel);
 }

@@ -87,27 +87,28 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
   const int pieces = options_.optimizer_shards;
   owned_numel_ = (shard + pieces - 1) / pieces;
   owned_offset_ = options_.optimizer_rank * owned_numel_;
-  at::Tensor exp_avg = NewTensor(owned_numel_, at::kFloat, MemKind::kOptimizer).zero_();
-  at::Tensor exp_avg_sq = NewTensor(owned_numel_, at::kFloat, MemKind::kOptimizer).zero_();
+  at::Tensor exp_avg = NewTensor(owned_numel_, options_.moments_dtype, MemKind::kOptimizer).zero_();
+  at::Tensor exp_avg_sq = NewTensor(owned_numel_, options_.moments_dtype, MemKind::kOptimizer).zero_();
   optimizer_ = std::make_unique<AdamWState>(std::move(exp_avg), std::move(exp_avg_sq),
                                             OwnedDecayRanges(DecayRanges(layout_, shard_rank_)));
-  // Where parameters are fp32 the master copy would hold the same values, so
-  // it is this rank's chunk of the parameters themselves (ZeRO 0-2) or the
-  // parameter shard (ZeRO-3), as DDP and DeepSpeed do without mixed precision.
-  const bool fp32 = options_.param_dtype == at::kFloat;
+  // Where the master would hold the parameters' own values (fp32 parameters,
+  // or bf16 ones updated in place) it is this rank's chunk of the parameters
+  // themselves (ZeRO 0-2) or the parameter shard (ZeRO-3), as DDP and
+  // DeepSpeed do without mixed precision and torch.optim.AdamW does on bf16.
+  const bool master_is_params = options_.master_dtype == options_.param_dtype;
   if (replica_sharded()) {
     InitReplicaPieces(init_full);
-  } else if (fp32 && options_.persistent_params) {
+  } else if (master_is_params && options_.persistent_params) {
     master_ = OwnChunk(unsharded_);
   } else {
-    master_ = NewTensor(shard, at::kFloat, MemKind::kMaster);
+    master_ = NewTensor(shard, options_.master_dtype, MemKind::kMaster);
     master_.copy_(init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard));
   }
   if (options_.persistent_params) {
     state_ = UnshardState::kUnsharded;
   } else {
     if (!param_shard_.defined()) {
-      param_shard_ = fp32 ? master_ : NewTensor(shard, options_.param_dtype, MemKind::kParams);
+      param_shard_ = master_is_params ? master_ : NewTensor(shard, options_.param_dtype, MemKind::kParams);
       if (!param_shard_.is_same(master_)) param_shard_.copy_(master_);
     }
     FreeUnsharded();
@@ -142,10 +143,10 @@ void FlatParam::InitReplicaPieces(const at::Tensor& init_full) {
   param_pieces_ = NewTensor(all, options_.param_dtype, MemKind::kParams);
   param_pieces_.copy_(init);
   param_shard_ = param_pieces_.narrow(0, 0, shard);
-  if (options_.param_dtype == at::kFloat) {
+  if (options_.master_dtype == options_.param_dtype) {
     master_ = param_pieces_.narrow(0, owned_offset_, owned_numel_);
   } else {
-    master_ = NewTensor(owned_numel_, at::kFloat, MemKind::kMaster);
+    master_ = NewTensor(owned_numel_, options_.master_dtype, MemKind::kMaster);
     master_.copy_(init.narrow(0, owned_offset_, owned_numel_));
   }
   grad_pieces_ = NewTensor(all, options_.reduce_dtype, MemKind::kGrads).zero_();

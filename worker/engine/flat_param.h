@@ -1,11 +1,13 @@
 // FlatParam: every tensor the engine keeps for one unit, and the explicit
 // state of its unsharded parameters.
 //
-//   master                        fp32 [shard]   this rank's master parameters
-//                                 (in fp32, master aliases the parameters)
-//   optimizer                     AdamWState: Adam's m and v, fp32 [shard]
+//   master                        master dtype [shard]   this rank's master
+//                                 parameters (where the master dtype is the
+//                                 param dtype, master aliases the parameters)
+//   optimizer                     AdamWState: Adam's m and v, moments dtype [shard]
 //   param_shard                   param dtype [shard]   all-gather input
-//                                 (ZeRO-3 family only; aliases master in fp32)
+//                                 (ZeRO-3 family only; aliases master where
+//                                 their dtypes agree)
 //   unsharded                     param dtype [padded]  the gathered unit
 //   grad_full                     param dtype [padded]  autograd's target
 //   grad_shard                    reduce dtype [shard]  the shard group's reduction
@@ -97,6 +99,10 @@ enum class UnshardState { kSharded, kGathering, kUnsharded };
 struct FlatParamOptions {
   at::ScalarType param_dtype = at::kFloat;
   at::ScalarType reduce_dtype = at::kFloat;
+  // The optimizer's state ([optimizer] master_dtype / moments_dtype): fp32
+  // both, or bf16 both with a bf16 param dtype (then master is the params).
+  at::ScalarType master_dtype = at::kFloat;
+  at::ScalarType moments_dtype = at::kFloat;
   bool persistent_params = true;  // unsharded kept between steps (ZeRO 0-2)
   bool persistent_grads = true;   // grad_full kept between steps (ZeRO 0-1)
   bool trainable = true;          // false: frozen (see above)
@@ -109,7 +115,8 @@ class FlatParam {
   // Allocates the persistent state for `shard_rank` of layout.group_size on
   // `device` and fills master (and param_shard / unsharded) from `init_full`
   // (fp32, layout.padded_numel, on any device), which the caller may free
-  // afterwards. `device` and `ledger` must outlive the FlatParam.
+  // afterwards. `device` and `ledger` must outlive the FlatParam. The state
+  // dtypes are a pair AdamWUpdate runs (ValidateJobConfig refuses others).
   FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options, const Device& device,
             MemoryLedger* ledger, const at::Tensor& init_full);
   ~FlatParam();

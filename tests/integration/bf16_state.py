@@ -1,0 +1,186 @@
+"""Optimizer state in bf16: [optimizer] master_dtype = moments_dtype = "bf16"
+on bf16 parameters with bf16 reduction, what torch.optim.AdamW holds for a
+model loaded in bfloat16 (no fp32 master, bf16 moments).
+
+1. One process against PyTorch: the nanoGPT reference in bfloat16
+   (model.to(torch.bfloat16), its loss in fp32 as the engine's head computes
+   it, clip_grad_norm_, torch.optim.AdamW(foreach=False), the same schedule)
+   on the engine's batches; ten steps.
+2. Every strategy at N = 2, 3, 4 (and hybrid_shard with its optimizer across
+   the replicas) against the engine's one process.
+3. Bytes by kind: no master, moments of 2 bytes an element (formulas.
+   state_bytes), 8 bytes a parameter under no_shard where fp32 state holds 16.
+4. Checkpoints keep the dtype (BF16 in every rank file) and resume: at the
+   same world size and strategy bitwise, at another within the tolerance.
+5. Bad input: bf16 state on fp32 parameters, and moments and master of
+   different dtypes, refused naming the key.
+
+Tolerance. Without a master, each update is rounded into the bf16 weight
+itself: two runs whose gradients differ by rounding (another kernel, another
+split of the batch; O(u) relative, u = 2^-8) can round a weight's update to
+neighbouring bf16 values, one ulp apart, at any step, and stay apart from then
+on. A bf16 weight's ulp is at most 2^-7 |w|, so S steps can part a weight by
+S * 2^-7 |w| through rounding alone. Adam's normalised step also turns
+gradient noise into an update of up to ~lr of either sign where the true
+gradient is near zero, 2 * lr a step at worst; as in bf16.py, a tenth of that,
+0.2 * lr * S, still separates any real error (a wrong reduction or a stale
+shard moves every element by ~lr every step). Each element is held to
+S * (2^-7 |w_ref| + 0.2 * lr); the key third of c_attn.bias (true gradient
+exactly zero: harness.param_diffs) to S * (2^-7 |w_ref| + 2 * lr). Losses: the
+fp32 mean over every token of bf16 logits, within u / 4 relative, as bf16.py
+argues.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import formulas
+import harness
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "oracle"))
+from nanogpt import model_from, train_reference  # noqa: E402
+
+torch.set_num_threads(1)
+
+STEPS = 10
+LR = harness.TINY["optimizer"]["lr"]
+BF16_STATE = {"precision__param_dtype": "bf16", "precision__reduce_dtype": "bf16",
+              "optimizer__master_dtype": "bf16", "optimizer__moments_dtype": "bf16"}
+LOSS_TOL = 2 ** -8 / 4
+
+
+def within(got, want, steps, checks, name):
+    """Every element within steps * (2^-7 |want| + 0.2 lr) (the key bias
+    third within steps * (2^-7 |want| + 2 lr)); reports the worst ratio."""
+    C = harness.TINY["model"]["n_embd"]
+    worst, where = 0.0, ""
+    for k, w in want.items():
+        w = np.asarray(w, dtype=np.float64)
+        d = np.abs(np.asarray(got[k], dtype=np.float64) - w)
+        lr_share = np.full(w.shape, 0.2 * LR)
+        if k.endswith("attn.c_attn.bias"):
+            lr_share[C:2 * C] = 2 * LR
+        ratio = float(np.max(d / (steps * (2.0 ** -7 * np.abs(w) + lr_share))))
+        if ratio > worst:
+            worst, where = ratio, k
+    checks.check(worst <= 1.0, f"{name} params", f"worst element at {worst:.2f} of its tolerance ({where})")
+
+
+def losses_within(got, want, checks, name):
+    rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    checks.check(rel <= LOSS_TOL, f"{name} losses", f"max rel diff {rel:.3e} (tol {LOSS_TOL:.1e})")
+
+
+def against_torch(checks):
+    cfg = harness.config("no_shard", 1, **BF16_STATE)
+    out = os.path.join(harness.scratch_dir("shardline-bf16-state-"), "dump.safetensors")
+    path = os.path.join(os.path.dirname(out), "job.toml")
+    harness.write_toml(cfg, path)
+    subprocess.run([harness.TRAIN, "--config", path, "--dump-grads", out], check=True, timeout=120)
+    dump = load_file(out)
+    model = model_from(dump, cfg["model"]).to(torch.bfloat16)
+
+    def loss_of(net, x, y):
+        logits, _ = net(x)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+
+    ref, torch_losses = train_reference(dump, cfg, model=model, loss_of=loss_of)
+    ref = {k: v.float().numpy() for k, v in ref.items() if k != "lm_head.weight"}
+    run_out, ranks = harness.run(cfg, 1)
+    within(harness.load_params(run_out), ref, STEPS, checks, "N=1 vs torch.optim.AdamW on bf16 parameters")
+    losses_within([s["loss"] for s in ranks[0]["steps"]], torch_losses, checks,
+                  "N=1 vs torch.optim.AdamW on bf16 parameters")
+
+
+def strategies(checks, ref_params, ref_losses):
+    pieces = {"parallelism__shard_optimizer_across_replicas": True}
+    runs = [(s, w, {}) for s in harness.STRATEGIES for w in (2, 3, 4)] + [("hybrid_shard", 4, pieces)]
+    for strategy, world, kw in runs:
+        if strategy.startswith("hybrid") and world == 3:
+            continue  # (no grouping of 3 with replicas)
+        cfg = harness.config(strategy, world, micro_batches=1 if world == 3 else 2, **BF16_STATE, **kw)
+        out, ranks = harness.run(cfg, world)
+        name = f"{strategy}{' (optimizer across replicas)' if kw else ''} N={world}"
+        within(harness.load_params(out), ref_params, STEPS, checks, name)
+        losses_within([s["loss"] for s in ranks[0]["steps"]], ref_losses, checks, name)
+        expected = formulas.state_bytes(cfg, world)
+        if not kw:
+            got = {k: ranks[0]["memory"][k] for k in expected}
+            checks.check(got == expected, f"{name}: bytes by kind", f"{got}" + ("" if got == expected
+                                                                                 else f" expected {expected}"))
+
+
+def checkpoints(checks):
+    steps, save = 10, 5
+    base = harness.config("full_shard", 2, **BF16_STATE)
+    ref_out, ref = harness.run(base, 2)
+    ref_params = harness.load_params(ref_out)
+    ckpt = harness.scratch_dir("shardline-bf16-ckpt-")
+    harness.run(base, 2, extra_args=["--ckpt-dir", ckpt, "--save-at", str(save), "--stop-after", str(save)])
+    step_dir = os.path.join(ckpt, "tiny", "step-%08d" % save)
+    dtypes = set()
+    for r in range(2):
+        with open(os.path.join(step_dir, f"rank-{r:05d}.safetensors"), "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        dtypes |= {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+    checks.check(dtypes == {"BF16"}, "the checkpoint holds bf16 master and moments", str(sorted(dtypes)))
+    for strategy, world in (("full_shard", 2), ("shard_grad_op", 3), ("hybrid_shard", 4)):
+        cfg = harness.config(strategy, world, micro_batches=1 if world == 3 else 2, **BF16_STATE)
+        out, ranks = harness.run(cfg, world, extra_args=["--resume", step_dir])
+        params = harness.load_params(out)
+        name = f"resume at N={world} {strategy}"
+        checks.check(ranks[0]["steps"][0]["step"] == save, f"{name} continues at step {save}")
+        if world == 2:
+            diff = max(float(np.max(np.abs(params[k] - ref_params[k]))) for k in ref_params)
+            checks.check(diff == 0.0, f"{name} is bitwise equal at step {steps}", f"max abs diff {diff:.3e}")
+        else:
+            within(params, ref_params, steps - save, checks, name)
+        losses_within([s["loss"] for s in ranks[0]["steps"]], [s["loss"] for s in ref[0]["steps"]][save:], checks,
+                      name)
+
+
+def bad_input(checks):
+    cases = [({"optimizer__master_dtype": "bf16", "optimizer__moments_dtype": "bf16"},
+              '[optimizer] master_dtype = "bf16" updates the parameters in place and needs [precision] '
+              'param_dtype = "bf16"'),
+             ({"precision__param_dtype": "bf16", "optimizer__master_dtype": "bf16"},
+              '[optimizer] moments_dtype = "fp32" with master_dtype = "bf16" is not supported')]
+    for overrides, expected in cases:
+        try:
+            harness.run(harness.config("no_shard", 1, **overrides), 1)
+            err = "accepted"
+        except harness.RunError as e:
+            err = str(e)
+        checks.check(expected in err, f"refused: {expected[:60]}...", err[-200:])
+
+
+def main():
+    checks = harness.Checks()
+    against_torch(checks)
+    ref_out, ref = harness.run(harness.config("no_shard", 1, **BF16_STATE), 1)
+    ref_params = harness.load_params(ref_out)
+    fp32_state = harness.load_params(harness.run(harness.config(
+        "no_shard", 1, precision__param_dtype="bf16", precision__reduce_dtype="bf16"), 1)[0])
+    moved = max(float(np.max(np.abs(fp32_state[k] - ref_params[k]))) for k in ref_params)
+    checks.check(moved > 0, "bf16 state differs from fp32 state (the setting took effect)", f"{moved:.2e}")
+    mem = ref[0]["memory"]
+    P = sum(formulas.unit_sizes(harness.TINY["model"]))
+    per_param = (mem["params"] + mem["grads"] + mem["master"] + mem["optimizer"]) / P
+    checks.check(mem["master"] == 0 and per_param == 8, "no_shard N=1: 8 bytes a parameter, no master",
+                 f"{per_param} bytes a parameter, master {mem['master']}")
+    strategies(checks, ref_params, [s["loss"] for s in ref[0]["steps"]])
+    checkpoints(checks)
+    bad_input(checks)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
