@@ -2,13 +2,15 @@
 # Pinned: torch 2.11.0 (its Linux wheel is built for CUDA 13.0; the GPU
 # machines run the 2.11 series), safetensors and numpy for the Python oracle,
 # transformers 5.17.0 (the GPU machines' version) as the llama family's oracle,
-# peft 0.21.2 as LoRA's, tensorboard 2.20.0 (its own event reader checks shardctl's
+# peft 0.21.2 as LoRA's, bitsandbytes 0.50.2 as 8-bit AdamW's (its CPU backend;
+# installed without its dependencies, which torch's already are), tensorboard 2.20.0 (its own event reader checks shardctl's
 # event files), kubernetes-validate 1.37.0 (its Kubernetes schemas, 1.30
 # among them) for deploy/kubernetes; zsh to check shardctl's zsh completion (tests/e2e/cli.py);
 # docker.io and debootstrap for deploy/docker, slurm-wlm, munge and shellcheck for deploy/slurm.
 SHARDLINE_TORCH_VERSION="2.11.0"
 SHARDLINE_TRANSFORMERS_VERSION="5.17.0"
 SHARDLINE_PEFT_VERSION="0.21.2"
+SHARDLINE_BITSANDBYTES_VERSION="0.50.2"
 SHARDLINE_KUBERNETES_VALIDATE_VERSION="1.37.0"
 SHARDLINE_TENSORBOARD_VERSION="2.20.0"
 SHARDLINE_APT_PACKAGES=(build-essential cmake ninja-build pkg-config python3-venv
@@ -42,6 +44,10 @@ shardline_install_deps() {
   if ! "$venv/bin/python" -c "import peft,sys; sys.exit(peft.__version__ != '$SHARDLINE_PEFT_VERSION')" 2>/dev/null; then
     echo "installing peft==$SHARDLINE_PEFT_VERSION into $venv"
     "$venv/bin/pip" install -q "peft==$SHARDLINE_PEFT_VERSION"
+  fi
+  if ! "$venv/bin/python" -c "import bitsandbytes,sys; sys.exit(bitsandbytes.__version__ != '$SHARDLINE_BITSANDBYTES_VERSION')" 2>/dev/null; then
+    echo "installing bitsandbytes==$SHARDLINE_BITSANDBYTES_VERSION into $venv"
+    "$venv/bin/pip" install -q --no-deps "bitsandbytes==$SHARDLINE_BITSANDBYTES_VERSION"
   fi
   if ! "$venv/bin/python" -c "import tensorboard,sys; sys.exit(tensorboard.__version__ != '$SHARDLINE_TENSORBOARD_VERSION')" 2>/dev/null; then
     echo "installing tensorboard==$SHARDLINE_TENSORBOARD_VERSION into $venv"

@@ -12,7 +12,12 @@ model loaded in bfloat16 (no fp32 master, bf16 moments).
    state_bytes), 8 bytes a parameter under no_shard where fp32 state holds 16.
 4. Checkpoints keep the dtype (BF16 in every rank file) and resume: at the
    same world size and strategy bitwise, at another within the tolerance.
-5. Bad input: bf16 state on fp32 parameters, and moments and master of
+5. DCP: `ckpt export --format dcp` of that checkpoint loads into a bfloat16
+   nanoGPT and torch.optim.AdamW as a user loads it (get_state_dict,
+   dcp.load, set_state_dict): its weights bitwise the checkpoint's, its
+   moments bf16 and, as a multiset of values, bitwise the checkpoint's;
+   `ckpt import` of that export resumes bitwise as the checkpoint itself did.
+6. Bad input: bf16 state on fp32 parameters, and moments and master of
    different dtypes, refused naming the key.
 
 Tolerance. Without a master, each update is rounded into the bf16 weight
@@ -45,7 +50,9 @@ import formulas
 import harness
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "oracle"))
-from nanogpt import model_from, train_reference  # noqa: E402
+from nanogpt import GPT, model_from, train_reference  # noqa: E402
+
+SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
 
 torch.set_num_threads(1)
 
@@ -123,7 +130,8 @@ def checkpoints(checks):
     ref_out, ref = harness.run(base, 2)
     ref_params = harness.load_params(ref_out)
     ckpt = harness.scratch_dir("shardline-bf16-ckpt-")
-    harness.run(base, 2, extra_args=["--ckpt-dir", ckpt, "--save-at", str(save), "--stop-after", str(save)])
+    saved_out, _ = harness.run(base, 2, extra_args=["--ckpt-dir", ckpt, "--save-at", str(save),
+                                                    "--stop-after", str(save)])
     step_dir = os.path.join(ckpt, "tiny", "step-%08d" % save)
     dtypes = set()
     for r in range(2):
@@ -132,19 +140,76 @@ def checkpoints(checks):
             header = json.loads(f.read(n))
         dtypes |= {v["dtype"] for k, v in header.items() if k != "__metadata__"}
     checks.check(dtypes == {"BF16"}, "the checkpoint holds bf16 master and moments", str(sorted(dtypes)))
-    for strategy, world in (("full_shard", 2), ("shard_grad_op", 3), ("hybrid_shard", 4)):
+    imported = dcp_round_trip(checks, base, step_dir, harness.load_params(saved_out))
+    for strategy, world, src in (("full_shard", 2, step_dir), ("shard_grad_op", 3, step_dir),
+                                 ("hybrid_shard", 4, step_dir), ("full_shard", 2, imported)):
         cfg = harness.config(strategy, world, micro_batches=1 if world == 3 else 2, **BF16_STATE)
-        out, ranks = harness.run(cfg, world, extra_args=["--resume", step_dir])
+        out, ranks = harness.run(cfg, world, extra_args=["--resume", src])
         params = harness.load_params(out)
-        name = f"resume at N={world} {strategy}"
+        name = f"resume at N={world} {strategy}" + (" from the DCP export's import" if src == imported else "")
         checks.check(ranks[0]["steps"][0]["step"] == save, f"{name} continues at step {save}")
-        if world == 2:
+        if strategy == "full_shard":
             diff = max(float(np.max(np.abs(params[k] - ref_params[k]))) for k in ref_params)
             checks.check(diff == 0.0, f"{name} is bitwise equal at step {steps}", f"max abs diff {diff:.3e}")
         else:
             within(params, ref_params, steps - save, checks, name)
         losses_within([s["loss"] for s in ranks[0]["steps"]], [s["loss"] for s in ref[0]["steps"]][save:], checks,
                       name)
+
+
+def checkpoint_moments(step_dir):
+    """Every moment value of a checkpoint (padding left out), sorted, as fp32."""
+    with open(os.path.join(step_dir, "manifest.json")) as f:
+        man = json.load(f)
+    ranks = sorted((r for r in man["ranks"] if r["rank"] < man["shard_group_size"]), key=lambda r: r["rank"])
+    files = [load_file(os.path.join(step_dir, r["file"])) for r in ranks]
+    values = []
+    for u in man["ownership"]:
+        for kind in ("exp_avg", "exp_avg_sq"):
+            flat = torch.cat([f[f"{u['unit']}.{kind}"].float() for f in files])
+            values.append(flat[:u["numel"]])
+    return torch.sort(torch.cat(values)).values
+
+
+def dcp_round_trip(checks, cfg, step_dir, saved):
+    """Exports `step_dir` as DCP, loads it into torch as a user does (the
+    weights must be `saved`, the run's own at the save), and imports it
+    back; returns the import's step folder."""
+    from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    scratch = harness.scratch_dir("shardline-bf16-dcp-")
+    job = os.path.join(scratch, "job.toml")
+    harness.write_toml(cfg, job)
+    exported = os.path.join(scratch, "dcp")
+    r = subprocess.run([SHARDCTL, "ckpt", "export", step_dir, "--format", "dcp", "--job", job, "--out", exported],
+                       capture_output=True, text=True, timeout=120)
+    checks.check(r.returncode == 0, "ckpt export --format dcp of a bf16-state checkpoint", r.stderr.strip())
+    m, o = cfg["model"], cfg["optimizer"]
+    model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"]).to(torch.bfloat16)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]))
+    msd, osd = get_state_dict(model, opt)
+    dcp_load({"model": msd, "optim": osd}, checkpoint_id=exported, no_dist=True)
+    set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
+    got = {k: v.float() for k, v in model.state_dict().items()}
+    same = all(torch.equal(got[k], torch.from_numpy(saved[k])) for k in saved)
+    checks.check(same and sorted(saved) == sorted(k for k in got if k != "lm_head.weight") and
+                 all(p.dtype == torch.bfloat16 for p in model.parameters()),
+                 "torch dcp.loads the export's bf16 weights bitwise", f"{len(saved)} tensors")
+    states = list(opt.state.values())
+    moments = [t for st in states for t in (st["exp_avg"], st["exp_avg_sq"])]
+    mine = torch.sort(torch.cat([t.float().flatten() for t in moments])).values
+    theirs = checkpoint_moments(step_dir)
+    checks.check(all(t.dtype == torch.bfloat16 for t in moments) and len(states) == len(list(model.parameters()))
+                 and mine.shape == theirs.shape and torch.equal(mine, theirs),
+                 "torch.optim.AdamW's loaded moments are bf16 and the checkpoint's values, bitwise",
+                 f"{mine.numel()} values")
+    r = subprocess.run([SHARDCTL, "--json", "ckpt", "import", exported, "--job", job, "--out",
+                        os.path.join(scratch, "imported")], capture_output=True, text=True, timeout=120)
+    checks.check(r.returncode == 0, "ckpt import of the export", r.stderr.strip())
+    return json.loads(r.stdout)["step_dir"]
 
 
 def bad_input(checks):
