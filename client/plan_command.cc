@@ -97,9 +97,10 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
                                                      "file's, else fp32; fp32 with --dtype fp32)")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   cmd->add_option("--optimizer-state", f->optimizer_state,
-                  "AdamW's master and moments: fp32, or bf16 (no master: bf16 parameters updated in place, "
-                  "with --dtype bf16) (default: the job file's, else fp32)")
-      ->check(CLI::IsMember({"bf16", "fp32"}));
+                  "AdamW's master and moments: fp32, bf16 (no master: bf16 parameters updated in place, "
+                  "with --dtype bf16), or 8bit (an fp32 master, bitsandbytes' 8-bit moments) (default: the job "
+                  "file's, else fp32)")
+      ->check(CLI::IsMember({"bf16", "fp32", "8bit"}));
   cmd->add_option("--lora-rank", f->lora_rank, "LoRA: adapters of this rank on a frozen base (default: the job "
                                                "file's [lora], else none)")
       ->check(CLI::Range(1, 65536));
@@ -306,7 +307,10 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
   }
   if (!f.reduce_dtype.empty()) in.reduce_dtype = f.reduce_dtype == "fp32" ? DType::kFloat32 : DType::kBFloat16;
   if (!f.optimizer_state.empty()) {
-    in.master_dtype = in.moments_dtype = f.optimizer_state == "fp32" ? DType::kFloat32 : DType::kBFloat16;
+    in.master_dtype = f.optimizer_state == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+    in.moments_dtype = f.optimizer_state == "bf16"   ? MomentsDType::kBFloat16
+                       : f.optimizer_state == "8bit" ? MomentsDType::kDynamic8Bit
+                                                     : MomentsDType::kFloat32;
   }
   SL_RETURN_IF_ERROR(ApplyLoraFlags(f, &in));
   absl::StatusOr<Plan> made = MakePlan(in);

@@ -24,7 +24,7 @@ struct PlanFlags {
   bool tied = false;                // llama: tie the head to the embedding
   bool qk_norm = false;             // llama: RMSNorm over each head of q and k (Qwen3)
   std::string reduce_dtype;         // bf16 | fp32; default: the job file's, else fp32
-  std::string optimizer_state;      // bf16 | fp32: master and moments; default: the job file's, else fp32
+  std::string optimizer_state;      // fp32 | bf16 | 8bit: master and moments; default: the job file's, else fp32
   int workers = 0, batch = 0, micro_batch = 0, shard_group = 0;
   std::string dtype;  // bf16 | fp32; default: the job file's, else bf16
   std::string grad_accumulation;  // sharded | unsharded; default: the job file's, else sharded

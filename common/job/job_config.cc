@@ -49,6 +49,15 @@ const char* LrScheduleName(LrSchedule s) {
   return "?";
 }
 
+const char* MomentsDTypeName(MomentsDType d) {
+  switch (d) {
+    case MomentsDType::kFloat32: return "fp32";
+    case MomentsDType::kBFloat16: return "bf16";
+    case MomentsDType::kDynamic8Bit: return "8bit";
+  }
+  return "?";
+}
+
 const char* LoraBaseName(LoraBase b) { return b == LoraBase::kSharded ? "sharded" : "replicated"; }
 
 bool ShardsParams(Strategy s) { return s == Strategy::kFullShard || s == Strategy::kHybridShard; }

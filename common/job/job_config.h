@@ -17,6 +17,10 @@ namespace shardline {
 
 enum class Strategy { kNoShard, kZero1, kShardGradOp, kFullShard, kHybridShard, kHybridShardZero2 };
 enum class DType { kFloat32, kBFloat16 };
+// Adam's moments: in a DType, or in 8 bits as bitsandbytes' AdamW8bit keeps
+// them (blockwise dynamic quantization: common/model/moment_blocks.h).
+enum class MomentsDType { kFloat32, kBFloat16, kDynamic8Bit };
+const char* MomentsDTypeName(MomentsDType d);
 enum class BackwardPrefetch { kPre, kPost, kNone };
 enum class DataFormat { kLlmc, kText, kSynthetic };
 
@@ -152,8 +156,10 @@ struct OptimizerConfig {
   // themselves where param_dtype is fp32). bf16/bf16 (param_dtype bf16): no
   // master, the bf16 parameters updated in place with bf16 moments, as
   // torch.optim.AdamW does on a model loaded in bfloat16 (8 bytes a parameter
-  // with bf16 gradients instead of 16).
-  DType master_dtype = DType::kFloat32, moments_dtype = DType::kFloat32;
+  // with bf16 gradients instead of 16). 8bit with either master:
+  // bitsandbytes' AdamW8bit (worker/engine/adamw_8bit.h), on CPU devices.
+  DType master_dtype = DType::kFloat32;
+  MomentsDType moments_dtype = MomentsDType::kFloat32;
 };
 struct ParallelismConfig {
   Strategy strategy = Strategy::kFullShard;

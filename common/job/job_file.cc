@@ -170,6 +170,12 @@ absl::StatusOr<DType> ParseDType(const std::string& s) {
   if (s == "bf16" || s == "bfloat16") return DType::kBFloat16;
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", Quoted(s), " (expected fp32 or bf16)"));
 }
+absl::StatusOr<MomentsDType> ParseMomentsDType(const std::string& s) {
+  if (s == "fp32" || s == "float32") return MomentsDType::kFloat32;
+  if (s == "bf16" || s == "bfloat16") return MomentsDType::kBFloat16;
+  if (s == "8bit") return MomentsDType::kDynamic8Bit;
+  return absl::InvalidArgumentError(absl::StrCat("unknown moments dtype ", Quoted(s), " (expected fp32, bf16 or 8bit)"));
+}
 absl::StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& s) {
   if (s == "pre") return BackwardPrefetch::kPre;
   if (s == "post") return BackwardPrefetch::kPost;
@@ -310,7 +316,7 @@ void ReadDataAndTraining(SectionReaders& r, JobConfig& c) {
   opt.Double("weight_decay", &c.optimizer.weight_decay);
   opt.Double("grad_clip", &c.optimizer.grad_clip);
   opt.Enum<DType>("master_dtype", &c.optimizer.master_dtype, ParseDType);
-  opt.Enum<DType>("moments_dtype", &c.optimizer.moments_dtype, ParseDType);
+  opt.Enum<MomentsDType>("moments_dtype", &c.optimizer.moments_dtype, ParseMomentsDType);
 }
 
 void ReadExecution(SectionReaders& r, JobConfig& c) {

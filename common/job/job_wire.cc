@@ -30,6 +30,7 @@ void EnumFromJson(const nlohmann::json& j, E& e) {
 
 SHARDLINE_WIRE_ENUM(Strategy, Strategy::kHybridShardZero2)
 SHARDLINE_WIRE_ENUM(DType, DType::kBFloat16)
+SHARDLINE_WIRE_ENUM(MomentsDType, MomentsDType::kDynamic8Bit)
 SHARDLINE_WIRE_ENUM(BackwardPrefetch, BackwardPrefetch::kNone)
 SHARDLINE_WIRE_ENUM(DataFormat, DataFormat::kSynthetic)
 SHARDLINE_WIRE_ENUM(LoraBase, LoraBase::kReplicated)

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/ring_bytes.h"
 #include "common/base/status_macros.h"
+#include "common/model/moment_blocks.h"
 #include "common/model/model_shapes.h"
 #include "common/model/table_shard.h"
 #include "common/plan/step_schedule.h"
@@ -40,12 +41,20 @@ struct StepShape {
   int world = 1, b = 1;       // ranks, sequences per micro-batch
   int p = 4, r = 4;           // parameter and reduction bytes per element
   int master = 4, moments = 4;  // the optimizer's: master and each moment's bytes per element
+  bool moments_8bit = false;    // (then moments is 1, for the update's time; bytes: MomentBytes)
   int micro_batches = 1;
   // Seconds of compute per micro-batch per rank: one block's, and the
   // head's (with the tied table's matmul); the token lookup counts none.
   double block_forward = 0, block_backward = 0, head_forward = 0, head_backward = 0;
   double layer_act = 0, head_act = 0, layer_input = 0;  // activation bytes
 };
+
+// The optimizer's bytes for `count` elements of `layout` from its shard 0:
+// dense moments, or 8-bit ones as rank 0 holds them (MomentBlocks).
+int64_t MomentBytes(const ShardLayout& layout, int64_t count, const StepShape& x) {
+  if (!x.moments_8bit) return 2 * x.moments * count;
+  return CutMomentBlocks(layout, 0, count).bytes();
+}
 
 // Per-rank state bytes by kind from the ownership map at the strategy's shard
 // group (units padded as ShardLayout pads them): the engine's formula,
@@ -63,7 +72,8 @@ void StateBytes(const std::vector<ShardLayout>& layouts, Strategy s, const StepS
   out->grads_bytes = ShardsGrads(s) ? r * shard : p * full;
   if (!ShardsGrads(s) && r != p) out->grads_bytes += r * shard;
   out->master_bytes = (master_is_params && !ShardsParams(s)) ? 0 : x.master * shard;
-  out->optimizer_bytes = 2 * x.moments * shard;
+  out->optimizer_bytes = 0;
+  for (const ShardLayout& l : layouts) out->optimizer_bytes += MomentBytes(l, l.shard_numel, x);
   out->state_bytes = out->params_bytes + out->grads_bytes + out->master_bytes + out->optimizer_bytes;
 }
 
@@ -127,8 +137,11 @@ absl::Status CheckPlanInput(const PlanInput& in) {
   const ModelConfig& m = in.model;
   if (c.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   if (c.gpus_per_node < 1) return absl::InvalidArgumentError("--gpus-per-node must be at least 1");
-  if (in.master_dtype != in.moments_dtype) {
-    return absl::InvalidArgumentError("the optimizer's master and moments must share a dtype (--optimizer-state)");
+  const bool dense_mismatch = in.moments_dtype == MomentsDType::kBFloat16 ? in.master_dtype != DType::kBFloat16
+                              : in.moments_dtype == MomentsDType::kFloat32 ? in.master_dtype != DType::kFloat32
+                                                                           : false;
+  if (dense_mismatch) {
+    return absl::InvalidArgumentError("the optimizer's master and dense moments must share a dtype (--optimizer-state)");
   }
   if (in.master_dtype == DType::kBFloat16 && in.param_dtype != DType::kBFloat16) {
     return absl::InvalidArgumentError("--optimizer-state bf16 updates bf16 parameters in place: it needs --dtype bf16");
@@ -224,14 +237,14 @@ int64_t PieceOf(const Movement& mv, int64_t shard) { return (shard + mv.replicas
 // `trained` is model::TrainableOwnershipMap's, of the units `units`.
 void PieceStateBytes(const std::vector<ShardLayout>& trained, const std::vector<int>& units, const Movement& mv,
                      const StepShape& x, StrategyPlan* sp) {
-  const int p = x.p, r = x.r, mb = x.master, ob = 2 * x.moments;
+  const int p = x.p, r = x.r, mb = x.master;
   for (size_t i = 0; i < trained.size(); ++i) {
     if (!mv.piece_units[units[i]]) continue;
     const int64_t shard = trained[i].shard_numel, c = PieceOf(mv, shard), all = c * mv.replicas;
     sp->params_bytes += p * all - (mb == p ? 0 : p * shard);
     sp->master_bytes += (mb == p ? 0 : mb * c) - mb * shard;
     sp->grads_bytes += r * all - r * shard;
-    sp->optimizer_bytes += ob * c - ob * shard;
+    sp->optimizer_bytes += MomentBytes(trained[i], c, x) - MomentBytes(trained[i], shard, x);
   }
   sp->state_bytes = sp->params_bytes + sp->grads_bytes + sp->master_bytes + sp->optimizer_bytes;
 }
@@ -591,7 +604,9 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& in) {
 
   StepShape x;
   x.world = world, x.b = b, x.p = p, x.r = r, x.micro_batches = plan.micro_batches;
-  x.master = Bytes(in.master_dtype), x.moments = Bytes(in.moments_dtype);
+  x.master = Bytes(in.master_dtype);
+  x.moments_8bit = in.moments_dtype == MomentsDType::kDynamic8Bit;
+  x.moments = x.moments_8bit ? 1 : in.moments_dtype == MomentsDType::kFloat32 ? 4 : 2;
   x.block_forward = block.forward * seconds_per_flop, x.block_backward = block.backward * seconds_per_flop;
   x.head_forward = head_forward * seconds_per_flop, x.head_backward = (head - head_forward) * seconds_per_flop;
   x.layer_act = layer_act, x.head_act = head_act, x.layer_input = layer_input;

@@ -56,9 +56,11 @@ struct PlanInput {
   // or unsharded (every unit's whole gradient held until the last one).
   GradAccumulation grad_accumulation = GradAccumulation::kSharded;
   DType param_dtype = DType::kBFloat16, reduce_dtype = DType::kFloat32;
-  // AdamW's state ([optimizer] master_dtype / moments_dtype): fp32 both, or
-  // bf16 both on bf16 parameters (no master: 4 bytes a parameter, not 12).
-  DType master_dtype = DType::kFloat32, moments_dtype = DType::kFloat32;
+  // AdamW's state ([optimizer] master_dtype / moments_dtype): fp32 both,
+  // bf16 both on bf16 parameters (no master: 4 bytes a parameter, not 12),
+  // or 8-bit moments (about 2 bytes a parameter: common/model/moment_blocks.h).
+  DType master_dtype = DType::kFloat32;
+  MomentsDType moments_dtype = MomentsDType::kFloat32;
   int max_inflight_all_gathers = 2;
   int shard_group_size = 0;  // hybrid strategies; 0 = gpus_per_node
   // LoRA: the state is the frozen base in the param dtype (sharded over the

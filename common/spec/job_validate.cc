@@ -126,21 +126,26 @@ absl::Status ValidateData(const JobConfig& c, const std::string& src) {
   return absl::OkStatus();
 }
 
-// The optimizer state's dtypes: fp32 master and moments, or bf16 both on
-// bf16 parameters (the update then runs torch.optim.AdamW's bf16 ops on the
-// parameters themselves: worker/engine/optimizer.h).
+// The optimizer state's dtypes: fp32 master and moments, bf16 both on bf16
+// parameters (the update then runs torch.optim.AdamW's bf16 ops on the
+// parameters themselves: worker/engine/optimizer.h), or 8-bit moments with
+// either master (bitsandbytes' AdamW8bit: worker/engine/adamw_8bit.h).
 absl::Status ValidateOptimizerState(const JobConfig& c, const std::string& src) {
   const auto bad = Refusal(src);
   const OptimizerConfig& o = c.optimizer;
-  const bool bf16_master = o.master_dtype == DType::kBFloat16, bf16_moments = o.moments_dtype == DType::kBFloat16;
+  const bool bf16_master = o.master_dtype == DType::kBFloat16;
   if (bf16_master && c.precision.param_dtype != DType::kBFloat16) {
     return bad("optimizer", "master_dtype = \"bf16\" updates the parameters in place and needs [precision] "
                             "param_dtype = \"bf16\"");
   }
-  if (bf16_master != bf16_moments) {
-    return bad("optimizer", absl::StrCat("moments_dtype = \"", bf16_moments ? "bf16" : "fp32",
+  const bool dense_mismatch = o.moments_dtype == MomentsDType::kBFloat16 ? !bf16_master
+                              : o.moments_dtype == MomentsDType::kFloat32 ? bf16_master
+                                                                          : false;
+  if (dense_mismatch) {
+    return bad("optimizer", absl::StrCat("moments_dtype = \"", MomentsDTypeName(o.moments_dtype),
                                          "\" with master_dtype = \"", bf16_master ? "bf16" : "fp32",
-                                         "\" is not supported: give both \"fp32\" or both \"bf16\""));
+                                         "\" is not supported: give both \"fp32\" or both \"bf16\", or "
+                                         "moments_dtype = \"8bit\""));
   }
   return absl::OkStatus();
 }

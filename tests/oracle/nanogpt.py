@@ -69,20 +69,24 @@ def model_from(dump, m):
     return model
 
 
-def train_reference(dump, cfg, device="cpu", model=None, loss_of=None):
+def train_reference(dump, cfg, device="cpu", model=None, loss_of=None, optimizer=None):
     """cfg's steps with torch.optim.AdamW (weight decay on 2-D tensors only),
     clip_grad_norm_ and the warmup+cosine schedule, on the dump's batches,
     from `model` (default: this GPT with the dump's weights) and its
-    loss_of(model, inputs, targets) (default: the GPT's own). Returns (the
-    final parameters by state-dict name, on the host; the losses)."""
+    loss_of(model, inputs, targets) (default: the GPT's own). `optimizer`,
+    where given, makes the optimizer instead: optimizer(param_groups, lr,
+    betas, eps). Returns (the final parameters by state-dict name, on the
+    host; the losses)."""
     m, o = cfg["model"], cfg["optimizer"]
     model = (model if model is not None else model_from(dump, m)).to(device)
     loss_of = loss_of or (lambda net, x, y: net(x, y)[1])
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]),
-                            eps=o["eps"], foreach=False)
+    groups = [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    if optimizer is None:
+        opt = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], foreach=False)
+    else:
+        opt = optimizer(groups, o["lr"], tuple(o["betas"]), o["eps"])
     steps = cfg["train"]["steps"]
     losses = []
     for s in range(steps):

@@ -77,7 +77,7 @@ JobConfig EveryFieldSet() {
   c.data.train = {{"/d/a-*.bin", "/d/b.bin"}, {"/d/a.mask"}, {"/d/a.docs"}};
   c.data.val = {{"/d/val.bin"}, {"/d/val.mask"}, {"/d/val.docs"}};
   c.train = {17, 12, 3, 2.5, 999, GradAccumulation::kUnsharded, true, 0xFFFFFFFFFFFFFFF1ull, 5, 4, 2, 3};
-  c.optimizer = {3e-4, 1e-5, 7, LrSchedule::kWsd, 4, {0.8, 0.99}, 1e-7, 0.01, 0.5, DType::kBFloat16, DType::kBFloat16};
+  c.optimizer = {3e-4, 1e-5, 7, LrSchedule::kWsd, 4, {0.8, 0.99}, 1e-7, 0.01, 0.5, DType::kBFloat16, MomentsDType::kDynamic8Bit};
   c.parallelism = {Strategy::kHybridShardZero2, true, 2, true, true, true};
   c.precision = {DType::kBFloat16, DType::kBFloat16, DType::kBFloat16, true};
   c.memory = {true, true, false};

@@ -183,7 +183,8 @@ TEST(Plan, LlamaWithBf16ReductionHoldsSixteenBytesPerParameter) {
 // moments; with bf16 parameters and reduction, 8 bytes a parameter.
 TEST(Plan, Bf16OptimizerStateHoldsEightBytesPerParameter) {
   PlanInput in = Llama1BOnEight();
-  in.master_dtype = in.moments_dtype = DType::kBFloat16;
+  in.master_dtype = DType::kBFloat16;
+  in.moments_dtype = MomentsDType::kBFloat16;
   auto plan = MakePlan(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const double P = static_cast<double>(plan->params);
@@ -198,6 +199,21 @@ TEST(Plan, Bf16OptimizerStateHoldsEightBytesPerParameter) {
   in.param_dtype = in.reduce_dtype = DType::kFloat32;
   EXPECT_EQ(MakePlan(in).status().message(),
             "--optimizer-state bf16 updates bf16 parameters in place: it needs --dtype bf16");
+}
+
+// [optimizer] moments_dtype = "8bit": a byte a moment and an fp32 scale a
+// block of 256 for every tensor of 4096 elements or more (a Llama's are all
+// but its norms, whose fp32 moments are under 0.1% of the elements here).
+TEST(Plan, EightBitMomentsHoldAboutTwoBytesPerParameter) {
+  PlanInput in = Llama1BOnEight();
+  in.moments_dtype = MomentsDType::kDynamic8Bit;
+  auto plan = MakePlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const double P = static_cast<double>(plan->params);
+  const StrategyPlan& sp = Of(*plan, Strategy::kFullShard);
+  EXPECT_GE(sp.optimizer_bytes, (2 + 8.0 / 256) * P / 8);
+  EXPECT_LE(sp.optimizer_bytes, (2 + 8.0 / 256) * P / 8 * 1.001 + 2 * 8 * 2 * 256 * model::NumUnits(in.model));
+  EXPECT_EQ(sp.master_bytes, 4 * sp.grads_bytes / 2);  // the fp32 master beside bf16 gradients
 }
 
 TEST(Plan, LoraHoldsTheFrozenBaseAndTheAdaptersState) {

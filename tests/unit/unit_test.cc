@@ -137,7 +137,7 @@ TEST(FlatParamOptimizer, StepUpdatesMasterAndMomentsAndPublishes) {
   std::unique_ptr<FlatParam> p = f.Base(/*trainable=*/true);
   ASSERT_NE(p->optimizer(), nullptr);
   EXPECT_EQ(f.Base(/*trainable=*/false)->optimizer(), nullptr);
-  const AdamWState& opt = *p->optimizer();
+  const auto& opt = dynamic_cast<const DenseAdamWState&>(*p->optimizer());
   EXPECT_EQ(opt.exp_avg().numel(), 10);
   EXPECT_TRUE(opt.exp_avg().equal(at::zeros({10})));
   EXPECT_EQ(f.ledger.current(MemKind::kOptimizer), 2 * 10 * 4);
@@ -163,9 +163,11 @@ TEST(FlatParamOptimizer, StepUpdatesMasterAndMomentsAndPublishes) {
   ASSERT_TRUE(p->WaitForUnshard(waiter).ok());
   EXPECT_TRUE(p->unsharded().equal(want));
 
-  // A checkpoint loads by copying into the live moments.
-  opt.exp_avg().fill_(3.0f);
-  EXPECT_TRUE(p->optimizer()->exp_avg().equal(at::full({10}, 3.0f)));
+  // A checkpoint's values load into the live master and moments.
+  p->LoadState(at::full({10}, 2.0f), at::full({10}, 3.0f), at::full({10}, 4.0f));
+  EXPECT_TRUE(p->master().equal(at::full({10}, 2.0f)));
+  EXPECT_TRUE(opt.exp_avg().equal(at::full({10}, 3.0f)));
+  EXPECT_TRUE(opt.exp_avg_sq().equal(at::full({10}, 4.0f)));
 }
 
 }  // namespace

@@ -115,21 +115,20 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfi
                                                      m.units[u].numel, " elements there, ", now.unit, " with ",
                                                      now.numel, " here"));
     }
-    // This rank's new shard, read from whichever old shards overlap it.
-    const Engine::ShardState dst = engine.Shard(u);
+    // This rank's new shard, read from whichever old shards overlap it, on
+    // the host as fp32; then set in one piece (rounded to nearest even into
+    // bf16 state, as Optimizer.load_state_dict casts state; quantized into
+    // 8-bit moments).
+    const int64_t numel = engine.Shard(u).master.numel();
     const int64_t begin = engine.ShardStateOffset(u);
     const int64_t end = std::min(begin + engine.ShardStateNumel(u), now.numel);  // padding stays zero
-    const at::Tensor* targets[] = {&dst.master, &dst.exp_avg, &dst.exp_avg_sq};
+    Engine::ShardState values{at::zeros({numel}, at::kFloat), at::zeros({numel}, at::kFloat),
+                              at::zeros({numel}, at::kFloat)};
+    at::Tensor* read[] = {&values.master, &values.exp_avg, &values.exp_avg_sq};
     for (int k = 0; k < 3; ++k) {
-      // Read on the host as fp32; then copied in one piece into a device's
-      // shard or a bf16 one (rounded to nearest even where the file holds
-      // fp32 values, as Optimizer.load_state_dict casts state).
-      const bool direct = targets[k]->is_cpu() && targets[k]->scalar_type() == at::kFloat;
-      at::Tensor host = direct ? *targets[k] : at::empty(targets[k]->sizes(), at::kFloat);
-      host.zero_();
-      if (end > begin) SL_RETURN_IF_ERROR(ckpt->Read(u, kKinds[k], begin, end, host.data_ptr<float>()));
-      if (!host.is_same(*targets[k])) targets[k]->copy_(host);
+      if (end > begin) SL_RETURN_IF_ERROR(ckpt->Read(u, kKinds[k], begin, end, read[k]->data_ptr<float>()));
     }
+    engine.LoadShardState(u, values);
   }
   SL_RETURN_IF_ERROR(engine.PublishLoadedState());
   return m;

@@ -19,6 +19,10 @@
 namespace shardline {
 
 at::ScalarType TorchDType(DType d) { return d == DType::kFloat32 ? at::kFloat : at::kBFloat16; }
+// FlatParamOptions' name for 8-bit moments is kByte.
+at::ScalarType MomentsTorchDType(MomentsDType d) {
+  return d == MomentsDType::kFloat32 ? at::kFloat : d == MomentsDType::kBFloat16 ? at::kBFloat16 : at::kByte;
+}
 
 Engine::Engine(const JobConfig& config, int rank, int world, std::shared_ptr<const Device> device,
                Communicators comms, absl::Duration timeout)
@@ -47,6 +51,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const JobConfig& config, 
 
 absl::Status Engine::Init() {
   const Device::ComputeScope on_device(*device_);
+  if (config_.optimizer.moments_dtype == MomentsDType::kDynamic8Bit && device_->is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat("[rank ", rank_, "] [optimizer] moments_dtype = \"8bit\" runs on ",
+                                                   "CPU devices only; this rank's device is CUDA"));
+  }
   // TF32 changes fp32 matrix products on CUDA; the numerics contract is
   // fp32's, so it is on only where the job asks.
   at::globalContext().setAllowTF32CuBLAS(config_.precision.allow_tf32);
@@ -120,7 +128,7 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
   opts.param_dtype = TorchDType(config_.precision.param_dtype);
   opts.reduce_dtype = TorchDType(config_.precision.reduce_dtype);
   opts.master_dtype = TorchDType(config_.optimizer.master_dtype);
-  opts.moments_dtype = TorchDType(config_.optimizer.moments_dtype);
+  opts.moments_dtype = MomentsTorchDType(config_.optimizer.moments_dtype);
   opts.persistent_params = !ShardsParams(s);
   opts.persistent_grads = !ShardsGrads(s);
   const int G = comms_.shard->size();

@@ -143,8 +143,8 @@ class Engine {
   // it, in the same order.
   absl::StatusOr<at::Tensor> GatherUnitMaster(int i);
   // This rank's optimizer state of trainable unit `i`: master, Adam m and
-  // v (in the [optimizer] dtypes), on the engine's device (views of the live state), which a
-  // checkpoint loads into. They hold the unit's flat elements from
+  // v, on the engine's device: views of the live state in the [optimizer]
+  // dtypes, or (8-bit moments) their values in fp32 copies. They hold the unit's flat elements from
   // ShardStateOffset(i), trainable_layouts()[i].shard_numel of them, or,
   // with the optimizer sharded across the replicas, this rank's piece of
   // them (FlatParam::owned_numel() long, of which ShardStateNumel(i) lie
@@ -155,6 +155,11 @@ class Engine {
   ShardState Shard(int i) const {
     const FlatParam& f = *trainable_[i];
     return {f.master(), f.optimizer()->exp_avg(), f.optimizer()->exp_avg_sq()};
+  }
+  // Sets that state to a checkpoint's `values` (fp32, Shard(i)'s lengths,
+  // on any device). Then PublishLoadedState.
+  void LoadShardState(int i, const ShardState& values) {
+    trainable_[i]->LoadState(values.master, values.exp_avg, values.exp_avg_sq);
   }
   int64_t ShardStateOffset(int i) const;
   int64_t ShardStateNumel(int i) const;

@@ -1,6 +1,7 @@
 #include "worker/engine/flat_param.h"
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/adamw_8bit.h"
 
 namespace shardline {
 
@@ -87,10 +88,16 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
   const int pieces = options_.optimizer_shards;
   owned_numel_ = (shard + pieces - 1) / pieces;
   owned_offset_ = options_.optimizer_rank * owned_numel_;
-  at::Tensor exp_avg = NewTensor(owned_numel_, options_.moments_dtype, MemKind::kOptimizer).zero_();
-  at::Tensor exp_avg_sq = NewTensor(owned_numel_, options_.moments_dtype, MemKind::kOptimizer).zero_();
-  optimizer_ = std::make_unique<AdamWState>(std::move(exp_avg), std::move(exp_avg_sq),
-                                            OwnedDecayRanges(DecayRanges(layout_, shard_rank_)));
+  if (options_.moments_dtype == at::kByte) {
+    optimizer_ = std::make_unique<AdamW8BitState>(
+        layout_, layout_.ShardOffset(shard_rank_) + owned_offset_, owned_numel_,
+        [this](int64_t numel, at::ScalarType dtype) { return NewTensor(numel, dtype, MemKind::kOptimizer).zero_(); });
+  } else {
+    at::Tensor exp_avg = NewTensor(owned_numel_, options_.moments_dtype, MemKind::kOptimizer).zero_();
+    at::Tensor exp_avg_sq = NewTensor(owned_numel_, options_.moments_dtype, MemKind::kOptimizer).zero_();
+    optimizer_ = std::make_unique<DenseAdamWState>(std::move(exp_avg), std::move(exp_avg_sq),
+                                                   OwnedDecayRanges(DecayRanges(layout_, shard_rank_)));
+  }
   // Where the master would hold the parameters' own values (fp32 parameters,
   // or bf16 ones updated in place) it is this rank's chunk of the parameters
   // themselves (ZeRO 0-2) or the parameter shard (ZeRO-3), as DDP and
@@ -262,6 +269,12 @@ void FlatParam::OptimizerStep(const AdamWStep& s, const at::Tensor& clip_coef) {
   if (!trainable()) return;
   optimizer_->Update(s, master_, optimizer_grad(), clip_coef);
   PublishMaster();
+}
+
+void FlatParam::LoadState(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  if (!trainable()) return;
+  master_.copy_(master);
+  optimizer_->Load(exp_avg, exp_avg_sq);
 }
 
 void FlatParam::PublishMaster() {

@@ -5,6 +5,7 @@
 //                                 parameters (where the master dtype is the
 //                                 param dtype, master aliases the parameters)
 //   optimizer                     AdamWState: Adam's m and v, moments dtype [shard]
+//                                 (or 8 bits in blocks: AdamW8BitState)
 //   param_shard                   param dtype [shard]   all-gather input
 //                                 (ZeRO-3 family only; aliases master where
 //                                 their dtypes agree)
@@ -100,7 +101,8 @@ struct FlatParamOptions {
   at::ScalarType param_dtype = at::kFloat;
   at::ScalarType reduce_dtype = at::kFloat;
   // The optimizer's state ([optimizer] master_dtype / moments_dtype): fp32
-  // both, or bf16 both with a bf16 param dtype (then master is the params).
+  // both, bf16 both with a bf16 param dtype (then master is the params), or
+  // kByte moments: 8 bits in blocks (AdamW8BitState, host memory only).
   at::ScalarType master_dtype = at::kFloat;
   at::ScalarType moments_dtype = at::kFloat;
   bool persistent_params = true;  // unsharded kept between steps (ZeRO 0-2)
@@ -153,6 +155,10 @@ class FlatParam {
   // param_shard (ZeRO-3) or this rank's chunk of the persistent unsharded
   // buffer (ZeRO 0-2).
   void PublishMaster();
+  // A checkpoint's values of this rank's master and moments (the owned
+  // range's length, any device), converted into their dtypes (the engine
+  // then publishes them: Engine::PublishLoadedState). Trainable only.
+  void LoadState(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
   // One AdamW step of this rank's shard from optimizer_grad() (times
   // `clip_coef`, an fp32 scalar on the device), then PublishMaster.
   // Trainable only; sharded across replicas, after WaitForReplicaGather.

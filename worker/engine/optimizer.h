@@ -4,7 +4,8 @@
 // pass over the shard. Clipping enters as a scale on the gradient.
 //
 // AdamWState holds one shard's moments privately: Update steps them, and
-// checkpoints reach them through exp_avg() / exp_avg_sq().
+// checkpoints reach them through exp_avg() / exp_avg_sq() and Load. Dense
+// moments are DenseAdamWState's; 8-bit ones AdamW8BitState's (adamw_8bit.h).
 //
 // LearningRate: [optimizer] schedule at 0-based step s of total_steps
 // (LrSchedule in common/job/job_config.h; the default is docs/design.md's linear
@@ -49,29 +50,47 @@ struct AdamWStep {
 void AdamWUpdate(const AdamWStep& s, const std::vector<DecayRange>& decay, at::Tensor param,
                  at::Tensor exp_avg, at::Tensor exp_avg_sq, const at::Tensor& grad, const at::Tensor& clip_coef);
 
-// The AdamW state of one flat shard: its first and second moments (fp32,
-// the shard's length) and the ranges of it that get weight decay. The
-// moments change only through Update and a checkpoint load (a copy into the
-// tensors exp_avg() / exp_avg_sq() return); nobody can replace them.
-// Not thread-safe: owned by a FlatParam, driven by the engine's step thread.
+// The AdamW state of one flat shard: Adam's two moments over the range of
+// the shard this rank updates, in one of the [optimizer] moments dtypes.
+// The moments change only through Update and Load (a checkpoint's values);
+// nobody can replace them. Not thread-safe: owned by a FlatParam, driven by
+// the engine's step thread.
 class AdamWState {
+ public:
+  virtual ~AdamWState() = default;
+  // One AdamW step of `param` (the master shard) from `grad` times
+  // `clip_coef` (an fp32 scalar on the same device).
+  virtual void Update(const AdamWStep& s, const at::Tensor& param, const at::Tensor& grad,
+                      const at::Tensor& clip_coef) = 0;
+  // The moments' values, the range's length, for checkpoints: the live
+  // tensors where they are dense, fp32 copies where they are quantized.
+  virtual at::Tensor exp_avg() const = 0;
+  virtual at::Tensor exp_avg_sq() const = 0;
+  // Sets the moments to these values (fp32 or their dtype, the range's
+  // length, on the state's device): a checkpoint's, rounded or quantized
+  // into the state's representation.
+  virtual void Load(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) = 0;
+};
+
+// Dense moments (fp32, or bf16 beside a bf16 master): AdamWUpdate.
+class DenseAdamWState final : public AdamWState {
  public:
   // `exp_avg` and `exp_avg_sq`: the shard's zeroed moments, allocated (and
   // counted) by the owner; `decay`: DecayRanges of the shard.
-  AdamWState(at::Tensor exp_avg, at::Tensor exp_avg_sq, std::vector<DecayRange> decay)
+  DenseAdamWState(at::Tensor exp_avg, at::Tensor exp_avg_sq, std::vector<DecayRange> decay)
       : exp_avg_(std::move(exp_avg)), exp_avg_sq_(std::move(exp_avg_sq)), decay_(std::move(decay)) {}
 
-  // One AdamW step of `param` (the fp32 master shard) from `grad` times
-  // `clip_coef` (AdamWUpdate).
-  void Update(const AdamWStep& s, const at::Tensor& param, const at::Tensor& grad, const at::Tensor& clip_coef) {
+  void Update(const AdamWStep& s, const at::Tensor& param, const at::Tensor& grad,
+              const at::Tensor& clip_coef) override {
     AdamWUpdate(s, decay_, param, exp_avg_, exp_avg_sq_, grad, clip_coef);
   }
-
-  // The live moments, for checkpoints: saving reads them, loading copies
-  // into them (in place; the tensors themselves are never replaced).
-  const at::Tensor& exp_avg() const { return exp_avg_; }
-  const at::Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+  at::Tensor exp_avg() const override { return exp_avg_; }
+  at::Tensor exp_avg_sq() const override { return exp_avg_sq_; }
   const std::vector<DecayRange>& decay() const { return decay_; }
+  void Load(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) override {
+    exp_avg_.copy_(exp_avg);
+    exp_avg_sq_.copy_(exp_avg_sq);
+  }
 
  private:
   const at::Tensor exp_avg_, exp_avg_sq_;
