@@ -71,6 +71,12 @@ absl::Status CheckpointReader::Read(int unit, const std::string& kind, int64_t l
   return absl::OkStatus();
 }
 
+absl::Status CheckpointReader::ReadRankTensor(int rank, int unit, const std::string& name, const std::string& dtype,
+                                              std::string* out) {
+  SL_ASSIGN_OR_RETURN(const SafetensorsReader* f, RankFile(rank));
+  return f->ReadRaw(absl::StrCat(manifest_.units.at(unit).unit, ".", name), dtype, out);
+}
+
 namespace {
 
 // The checkpoint at step_dir, whose manifest lists what the model trains.

@@ -56,6 +56,11 @@ class CheckpointReader {
   // Elements [lo, hi) of unit `unit`'s flat `kind` ("param", "exp_avg" or
   // "exp_avg_sq") into dst; hi must not exceed the unit's numel.
   absl::Status Read(int unit, const std::string& kind, int64_t lo, int64_t hi, float* dst);
+  // Tensor "<unit>.<name>" of rank `rank`'s file whole, as raw bytes of
+  // `dtype` (SafetensorsReader::ReadRaw): what a state saved beside its
+  // values (8-bit moments' codes) for a resume over the same shards.
+  absl::Status ReadRankTensor(int rank, int unit, const std::string& name, const std::string& dtype,
+                              std::string* out);
 
  private:
   absl::StatusOr<const SafetensorsReader*> RankFile(int rank);

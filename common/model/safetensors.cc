@@ -229,6 +229,22 @@ absl::StatusOr<std::string> SafetensorsReader::Fingerprint(int blocks) const {
   return Sha256Hex(out);
 }
 
+absl::Status SafetensorsReader::ReadRaw(const std::string& name, const std::string& dtype, std::string* out) const {
+  auto it = header_.entries.find(name);
+  if (it == header_.entries.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", Shown(name)));
+  const Entry& e = it->second;
+  if (e.dtype != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": tensor ", Shown(name), " is ", Shown(e.dtype, 16), " (expected ", dtype, ")"));
+  }
+  out->resize(static_cast<size_t>(e.end - e.begin));  // (the header was checked against the file's size)
+  if (absl::Status s = ReadExactlyAt(fd_.get(), path_, header_.data_start + e.begin, e.end - e.begin, out->data());
+      !s.ok()) {
+    return absl::DataLossError(absl::StrCat(s.message(), " (tensor ", Shown(name), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SafetensorsReader::ReadFloats(const std::string& name, int64_t first, int64_t count, float* dst) const {
   auto it = header_.entries.find(name);
   if (it == header_.entries.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", Shown(name)));

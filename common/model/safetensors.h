@@ -73,6 +73,9 @@ class SafetensorsReader {
   // Elements [first, first + count) of the F32, BF16 or F16 tensor `name`
   // into dst as fp32.
   absl::Status ReadFloats(const std::string& name, int64_t first, int64_t count, float* dst) const;
+  // Every element of tensor `name`, whose dtype must be `dtype`, as its raw
+  // bytes (NotFound without the tensor, InvalidArgument for another dtype).
+  absl::Status ReadRaw(const std::string& name, const std::string& dtype, std::string* out) const;
   // What identifies the file's contents without reading them whole: the hex
   // SHA-256 of its size, its header bytes and `blocks` blocks of 4 KiB spread
   // evenly over its data section (the first and the last among them). Two files that

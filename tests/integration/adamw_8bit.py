@@ -8,10 +8,13 @@ fp32 moments), with an fp32 master; a GPT whose matrices and tied table are
    the same schedule, on the engine's batches; ten steps.
 2. Every strategy at N = 2, 3, 4 (and hybrid_shard with its optimizer across
    the replicas) against the engine's one process.
-3. Bytes: the optimizer's bytes on each rank are shardctl plan's for it
-   (rank 0) and about 2 + 8/256 bytes an 8-bit element; a checkpoint holds
-   the moments' values and a resume (at N=2 and at N=3) continues.
-4. Bad input: 8-bit moments with a bf16 master on fp32 parameters refused
+3. Bytes: the optimizer's bytes on rank 0 are shardctl plan's.
+4. Checkpoints: each rank file holds the moments' values (fp32) and its
+   codes and scales (U8, F32); a resume over the same shards (N=2
+   full_shard) reads the codes back and is bitwise the uninterrupted run; at
+   N=3 the values are quantized again into the new shards' blocks, and the
+   run continues within the bound below.
+5. Bad input: 8-bit moments with a bf16 master on fp32 parameters refused
    naming the key.
 
 Tolerance. Quantizing a moment picks its 16-bit cell's code: two runs whose
@@ -25,7 +28,11 @@ absmax wide, most elements see no flip at all: the median element is held to
 the fp32 reorder bound (harness.reorder_param_tol), which a wrong block, a
 wrong map or a stale shard (that move every element of it) fail. Losses: a
 flipped element's update moves the loss by |g| * 2 lr at most; within 1e-4
-relative over ten steps (their curves, not their bits).
+relative over ten steps (their curves, not their bits). A resume at another
+world size quantizes every moment once more, into new blocks: each moves by
+up to a quantization step (about 1% of its block's scale), so every update
+of the steps after it may move by about 1% too, and the loss by about 1% of
+what those steps moved it (~10% here): 1e-3 relative.
 """
 import json
 import os
@@ -48,10 +55,11 @@ EIGHT_BIT = {"optimizer__moments_dtype": "8bit", "model__n_embd": 64}
 MEDIAN_TOL = harness.reorder_param_tol(LR, STEPS)
 MAX_TOL = 2 * LR * STEPS
 LOSS_TOL = 1e-4
+REQUANTIZED_LOSS_TOL = 1e-3
 SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
 
 
-def within(checks, name, got, want, losses, want_losses, steps=STEPS):
+def within(checks, name, got, want, losses, want_losses, steps=STEPS, loss_tol=LOSS_TOL):
     diffs = np.concatenate([np.abs(np.asarray(got[k], np.float64) - np.asarray(want[k], np.float64)).ravel()
                             for k in want])
     median, worst = float(np.median(diffs)), float(diffs.max())
@@ -59,7 +67,7 @@ def within(checks, name, got, want, losses, want_losses, steps=STEPS):
                  f"median {median:.2e} (tol {harness.reorder_param_tol(LR, steps):.1e}), max {worst:.2e} "
                  f"(tol {2 * LR * steps:.1e}), {float(np.mean(diffs > 1e-5)):.3%} of elements beyond 1e-5")
     rel = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses))
-    checks.check(rel <= LOSS_TOL, f"{name} losses", f"max rel diff {rel:.2e} (tol {LOSS_TOL:.0e})")
+    checks.check(rel <= loss_tol, f"{name} losses", f"max rel diff {rel:.2e} (tol {loss_tol:.0e})")
 
 
 def against_bitsandbytes(checks):
@@ -115,16 +123,30 @@ def strategies(checks, ref_params, ref_losses):
 def checkpoints(checks, ref_params, ref_losses):
     save = 5
     base = harness.config("full_shard", 2, **EIGHT_BIT)
+    two_out, two = harness.run(base, 2)
+    two_params = harness.load_params(two_out)
     ckpt = harness.scratch_dir("shardline-8bit-ckpt-")
     harness.run(base, 2, extra_args=["--ckpt-dir", ckpt, "--save-at", str(save), "--stop-after", str(save)])
     step_dir = os.path.join(ckpt, "tiny", "step-%08d" % save)
+    with open(os.path.join(step_dir, "rank-00001.safetensors"), "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    kinds = {k[len("h.0."):]: v["dtype"] for k, v in header.items() if k.startswith("h.0.")}
+    checks.check(kinds == {"param": "F32", "exp_avg": "F32", "exp_avg_sq": "F32", "exp_avg.q8": "U8",
+                           "exp_avg_sq.q8": "U8", "exp_avg.absmax": "F32", "exp_avg_sq.absmax": "F32"},
+                 "a rank file holds the moments' values and their codes and scales", str(kinds))
     for strategy, world in (("full_shard", 2), ("shard_grad_op", 3)):
         cfg = harness.config(strategy, world, micro_batches=1 if world == 3 else 2, **EIGHT_BIT)
         out, ranks = harness.run(cfg, world, extra_args=["--resume", step_dir])
+        params = harness.load_params(out)
         name = f"resume at N={world} {strategy}"
         checks.check(ranks[0]["steps"][0]["step"] == save, f"{name} continues at step {save}")
-        within(checks, name, harness.load_params(out), ref_params, [s["loss"] for s in ranks[0]["steps"]],
-               ref_losses[save:])
+        if world == 2:
+            diff = max(float(np.max(np.abs(params[k] - two_params[k]))) for k in two_params)
+            same = [s["loss"] for s in ranks[0]["steps"]] == [s["loss"] for s in two[0]["steps"]][save:]
+            checks.check(diff == 0.0 and same, f"{name} is bitwise the uninterrupted run", f"max abs diff {diff:.2e}")
+        else:
+            within(checks, name, params, ref_params, [s["loss"] for s in ranks[0]["steps"]], ref_losses[save:],
+                   loss_tol=REQUANTIZED_LOSS_TOL)
 
 
 def bad_input(checks):

@@ -25,12 +25,40 @@ namespace {
 
 constexpr const char* kKinds[] = {"param", "exp_avg", "exp_avg_sq"};
 
+// The moments' codes that the old rank whose shard was exactly this rank's
+// range saved beside their values (Engine::ShardState::encoded), so that a
+// resume over the same shards continues bitwise; empty where no old shard
+// is this range or the state keeps none (then the values are requantized).
+absl::StatusOr<AdamWState::Encoded> ReadEncoded(CheckpointReader& ckpt, const Engine& engine, int u, int64_t begin) {
+  const AdamWState::Encoded live = engine.Shard(u).encoded;
+  const ManifestUnit& old = ckpt.manifest().units[u];
+  const int64_t numel = engine.Shard(u).master.numel();
+  if (live.empty() || old.shard != numel || begin % old.shard != 0) return AdamWState::Encoded();
+  const int rank = static_cast<int>(begin / old.shard);
+  AdamWState::Encoded out;
+  for (const auto& [name, t] : live) {
+    const bool codes = t.scalar_type() == at::kByte;
+    std::string bytes;
+    absl::Status s = ckpt.ReadRankTensor(rank, u, name, codes ? "U8" : "F32", &bytes);
+    if (absl::IsNotFound(s)) return AdamWState::Encoded();  // (saved with dense moments)
+    SL_RETURN_IF_ERROR(s);
+    if (static_cast<int64_t>(bytes.size()) != t.nbytes()) return AdamWState::Encoded();  // (another layout)
+    at::Tensor v = at::empty({t.numel()}, t.options().device(at::kCPU));
+    std::memcpy(v.data_ptr(), bytes.data(), bytes.size());
+    out.emplace_back(name, std::move(v));
+  }
+  return out;
+}
+
 
 }  // namespace
 
 int64_t ShardSnapshot::bytes() const {
   int64_t n = 0;
-  for (const auto& s : shards) n += s.master.nbytes() + s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+  for (const auto& s : shards) {
+    n += s.master.nbytes() + s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+    for (const auto& [name, t] : s.encoded) n += t.nbytes();
+  }
   return n;
 }
 
@@ -43,7 +71,9 @@ absl::StatusOr<ShardSnapshot> SnapshotShards(Engine& engine, bool copy) {
     // Files are written from host memory: a device's shards are always
     // copied (synchronously, on the caller's stream); a host's only if asked.
     auto host = [copy](const at::Tensor& t) { return t.is_cpu() ? (copy ? t.clone() : t) : t.to(at::kCPU); };
-    s = {host(s.master), host(s.exp_avg), host(s.exp_avg_sq)};
+    AdamWState::Encoded encoded;
+    for (auto& [name, t] : s.encoded) encoded.emplace_back(name, host(t));
+    s = {host(s.master), host(s.exp_avg), host(s.exp_avg_sq), std::move(encoded)};
     snap.units.push_back(engine.trainable_layouts()[u].unit);
     snap.shards.push_back(std::move(s));
   }
@@ -71,6 +101,7 @@ absl::StatusOr<ManifestRankFile> WriteRankShards(const ShardSnapshot& snap, cons
     tensors.emplace_back(snap.units[u] + ".param", snap.shards[u].master);
     tensors.emplace_back(snap.units[u] + ".exp_avg", snap.shards[u].exp_avg);
     tensors.emplace_back(snap.units[u] + ".exp_avg_sq", snap.shards[u].exp_avg_sq);
+    for (const auto& [name, t] : snap.shards[u].encoded) tensors.emplace_back(snap.units[u] + "." + name, t);
   }
   ManifestRankFile f;
   f.rank = snap.rank;
@@ -128,7 +159,8 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfi
     for (int k = 0; k < 3; ++k) {
       if (end > begin) SL_RETURN_IF_ERROR(ckpt->Read(u, kKinds[k], begin, end, read[k]->data_ptr<float>()));
     }
-    engine.LoadShardState(u, values);
+    SL_ASSIGN_OR_RETURN(values.encoded, ReadEncoded(*ckpt, engine, u, begin));
+    SL_RETURN_IF_ERROR(engine.LoadShardState(u, values));
   }
   SL_RETURN_IF_ERROR(engine.PublishLoadedState());
   return m;

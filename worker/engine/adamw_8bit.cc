@@ -165,4 +165,23 @@ void AdamW8BitState::Load(const at::Tensor& exp_avg, const at::Tensor& exp_avg_s
   }
 }
 
+AdamWState::Encoded AdamW8BitState::Encode() const {
+  return {{"exp_avg.q8", codes_[0]}, {"exp_avg.absmax", absmax_[0]},
+          {"exp_avg_sq.q8", codes_[1]}, {"exp_avg_sq.absmax", absmax_[1]}};
+}
+
+bool AdamW8BitState::LoadEncoded(const Encoded& encoded) {
+  const Encoded mine = Encode();
+  if (encoded.size() != mine.size()) return false;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const at::Tensor& t = encoded[i].second;
+    if (encoded[i].first != mine[i].first || t.scalar_type() != mine[i].second.scalar_type() ||
+        t.numel() != mine[i].second.numel()) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < mine.size(); ++i) mine[i].second.copy_(encoded[i].second.reshape({-1}));
+  return true;
+}
+
 }  // namespace shardline

@@ -69,6 +69,10 @@ class AdamW8BitState final : public AdamWState {
   at::Tensor exp_avg() const override { return Values(0); }
   at::Tensor exp_avg_sq() const override { return Values(1); }
   void Load(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) override;
+  // "exp_avg.q8" and "exp_avg_sq.q8" (uint8, the quantized elements' codes,
+  // in range order), "exp_avg.absmax" and "exp_avg_sq.absmax" (fp32, per block).
+  Encoded Encode() const override;
+  bool LoadEncoded(const Encoded& encoded) override;
 
   const MomentBlocks& blocks() const { return blocks_; }
 

@@ -149,17 +149,23 @@ class Engine {
   // with the optimizer sharded across the replicas, this rank's piece of
   // them (FlatParam::owned_numel() long, of which ShardStateNumel(i) lie
   // in the shard: the rest is padding).
+  // `encoded`: the moments' own representation where it is not their
+  // values (AdamWState::Encode: 8-bit codes), on the host; empty for dense
+  // moments and where the optimizer is sharded across the replicas.
   struct ShardState {
     at::Tensor master, exp_avg, exp_avg_sq;
+    AdamWState::Encoded encoded;
   };
   ShardState Shard(int i) const {
     const FlatParam& f = *trainable_[i];
-    return {f.master(), f.optimizer()->exp_avg(), f.optimizer()->exp_avg_sq()};
+    const AdamWState& o = *f.optimizer();
+    return {f.master(), o.exp_avg(), o.exp_avg_sq(), f.replica_sharded() ? AdamWState::Encoded() : o.Encode()};
   }
   // Sets that state to a checkpoint's `values` (fp32, Shard(i)'s lengths,
-  // on any device). Then PublishLoadedState.
-  void LoadShardState(int i, const ShardState& values) {
-    trainable_[i]->LoadState(values.master, values.exp_avg, values.exp_avg_sq);
+  // on any device; `encoded`, where given, Shard(i)'s of a state over the
+  // same range, read back exactly). Then PublishLoadedState.
+  absl::Status LoadShardState(int i, const ShardState& values) {
+    return trainable_[i]->LoadState(values.master, values.exp_avg, values.exp_avg_sq, values.encoded);
   }
   int64_t ShardStateOffset(int i) const;
   int64_t ShardStateNumel(int i) const;

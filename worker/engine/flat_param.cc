@@ -271,10 +271,15 @@ void FlatParam::OptimizerStep(const AdamWStep& s, const at::Tensor& clip_coef) {
   PublishMaster();
 }
 
-void FlatParam::LoadState(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
-  if (!trainable()) return;
+absl::Status FlatParam::LoadState(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                  const AdamWState::Encoded& encoded) {
+  if (!trainable()) return absl::OkStatus();
   master_.copy_(master);
   optimizer_->Load(exp_avg, exp_avg_sq);
+  if (!encoded.empty() && !optimizer_->LoadEncoded(encoded)) {
+    return absl::InvalidArgumentError(absl::StrCat(layout_.unit, ": the saved moments' codes do not fit this shard"));
+  }
+  return absl::OkStatus();
 }
 
 void FlatParam::PublishMaster() {

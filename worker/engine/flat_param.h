@@ -158,7 +158,11 @@ class FlatParam {
   // A checkpoint's values of this rank's master and moments (the owned
   // range's length, any device), converted into their dtypes (the engine
   // then publishes them: Engine::PublishLoadedState). Trainable only.
-  void LoadState(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+  // `encoded` (if not empty): the moments' own representation, as
+  // AdamWState::LoadEncoded takes it; refused (InvalidArgument) if it does
+  // not fit this state.
+  absl::Status LoadState(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                         const AdamWState::Encoded& encoded = {});
   // One AdamW step of this rank's shard from optimizer_grad() (times
   // `clip_coef`, an fp32 scalar on the device), then PublishMaster.
   // Trainable only; sharded across replicas, after WaitForReplicaGather.

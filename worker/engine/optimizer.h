@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -70,6 +71,19 @@ class AdamWState {
   // length, on the state's device): a checkpoint's, rounded or quantized
   // into the state's representation.
   virtual void Load(const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) = 0;
+  // Where the moments are not their values (8-bit codes and their blocks'
+  // scales): that representation, by name, on the host, for a checkpoint
+  // that a resume over the same range reads back exactly. None for dense
+  // moments.
+  using Encoded = std::vector<std::pair<std::string, at::Tensor>>;
+  virtual Encoded Encode() const { return {}; }
+  // Sets the moments from Encode()'s tensors of a state over the same range
+  // (after Load of its values); false, changing nothing, where a name,
+  // dtype or length differs.
+  virtual bool LoadEncoded(const Encoded& encoded) {
+    (void)encoded;
+    return false;
+  }
 };
 
 // Dense moments (fp32, or bf16 beside a bf16 master): AdamWUpdate.
