@@ -1,13 +1,14 @@
-"""Full fine-tuning with the optimizer state in bf16 beside fp32 state: the
-loss curve over a few hundred steps of a small GPT (full_shard at N=2, bf16
-parameters and reduction), and the bytes a parameter each holds against the
-plan's.
+"""Full fine-tuning with the optimizer state in bf16 and in 8 bits beside fp32
+state: the loss curve over a few hundred steps of a small GPT (full_shard at
+N=2, bf16 parameters and reduction), and the bytes a parameter each holds
+against the plan's.
 
     .venv/bin/python bench/optimizer_state_curve.py [--steps 300] [--lr 1e-3,1e-4]
 
 Rows: for each learning rate, fp32 state (an fp32 master and fp32 moments,
-[optimizer] master_dtype = moments_dtype = "fp32") and bf16 state (no
-master, bf16 moments: torch.optim.AdamW on a bfloat16 model). The loss is the
+[optimizer] master_dtype = moments_dtype = "fp32"), bf16 state (no master,
+bf16 moments: torch.optim.AdamW on a bfloat16 model) and 8-bit moments (an
+fp32 master, moments_dtype = "8bit": bitsandbytes' AdamW8bit). The loss is the
 mean over a window of 10 steps ending at each column's step (the data is the
 engine's synthetic stream, which has structure to learn). State bytes are the
 engine's ledger on rank 0 (params + grads + master + optimizer) over the
@@ -34,10 +35,15 @@ WORLD, BATCH = 2, 16
 WINDOW = 10
 
 
+# name: (master_dtype, moments_dtype)
+STATES = {"fp32": ("fp32", "fp32"), "bf16": ("bf16", "bf16"), "8bit": ("fp32", "8bit")}
+
+
 def job(steps, lr, state):
+    master, moments = STATES[state]
     cfg = harness.config("full_shard", WORLD, micro_batches=1, precision__param_dtype="bf16",
-                         precision__reduce_dtype="bf16", optimizer__master_dtype=state,
-                         optimizer__moments_dtype=state, optimizer__lr=lr, optimizer__min_lr=lr / 10,
+                         precision__reduce_dtype="bf16", optimizer__master_dtype=master,
+                         optimizer__moments_dtype=moments, optimizer__lr=lr, optimizer__min_lr=lr / 10,
                          optimizer__warmup_steps=20)
     cfg["model"] = dict(MODEL)
     cfg["train"].update(steps=steps, batch_size=BATCH, micro_batch_size=BATCH // WORLD, log_interval=0)
@@ -69,7 +75,7 @@ def main():
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     for lr in (float(x) for x in args.lr.split(",")):
-        for state in ("fp32", "bf16"):
+        for state in STATES:
             cfg = job(args.steps, lr, state)
             _, ranks = harness.run(cfg, WORLD, timeout=3600)
             steps = ranks[0]["steps"]

@@ -66,13 +66,13 @@ LOSS_TOL = 2 ** -8 / 4
 def within(got, want, steps, checks, name):
     """Every element within steps * (2^-7 |want| + 0.2 lr) (the key bias
     third within steps * (2^-7 |want| + 2 lr)); reports the worst ratio."""
-    C = harness.TINY["model"]["n_embd"]
     worst, where = 0.0, ""
     for k, w in want.items():
         w = np.asarray(w, dtype=np.float64)
         d = np.abs(np.asarray(got[k], dtype=np.float64) - w)
         lr_share = np.full(w.shape, 0.2 * LR)
         if k.endswith("attn.c_attn.bias"):
+            C = w.shape[0] // 3  # [q | k | v]
             lr_share[C:2 * C] = 2 * LR
         ratio = float(np.max(d / (steps * (2.0 ** -7 * np.abs(w) + lr_share))))
         if ratio > worst:
@@ -157,18 +157,34 @@ def checkpoints(checks):
                       name)
 
 
-def checkpoint_moments(step_dir):
-    """Every moment value of a checkpoint (padding left out), sorted, as fp32."""
+def gpt2_unit_params(m):
+    """nanoGPT's parameters by unit, in the order a unit's flat buffer holds
+    them (common/model/model_shapes.cc): (name, numel) lists."""
+    C, V, T = m["n_embd"], m["vocab_size"], m["block_size"]
+    block = [("ln_1.weight", C), ("ln_1.bias", C), ("attn.c_attn.weight", 3 * C * C), ("attn.c_attn.bias", 3 * C),
+             ("attn.c_proj.weight", C * C), ("attn.c_proj.bias", C), ("ln_2.weight", C), ("ln_2.bias", C),
+             ("mlp.c_fc.weight", 4 * C * C), ("mlp.c_fc.bias", 4 * C), ("mlp.c_proj.weight", 4 * C * C),
+             ("mlp.c_proj.bias", C)]
+    return ([[("transformer.wte.weight", V * C), ("transformer.wpe.weight", T * C)]] +
+            [[(f"transformer.h.{i}.{n}", k) for n, k in block] for i in range(m["n_layer"])] +
+            [[("transformer.ln_f.weight", C), ("transformer.ln_f.bias", C)]])
+
+
+def checkpoint_moments(step_dir, m):
+    """Each parameter's (exp_avg, exp_avg_sq) in a checkpoint, by name, as fp32."""
     with open(os.path.join(step_dir, "manifest.json")) as f:
         man = json.load(f)
     ranks = sorted((r for r in man["ranks"] if r["rank"] < man["shard_group_size"]), key=lambda r: r["rank"])
     files = [load_file(os.path.join(step_dir, r["file"])) for r in ranks]
-    values = []
-    for u in man["ownership"]:
-        for kind in ("exp_avg", "exp_avg_sq"):
-            flat = torch.cat([f[f"{u['unit']}.{kind}"].float() for f in files])
-            values.append(flat[:u["numel"]])
-    return torch.sort(torch.cat(values)).values
+    out = {}
+    for u, params in zip(man["ownership"], gpt2_unit_params(m)):
+        flats = [torch.cat([f[f"{u['unit']}.{kind}"].float() for f in files]) for kind in ("exp_avg", "exp_avg_sq")]
+        at = 0
+        for name, n in params:
+            out[name] = tuple(flat[at:at + n] for flat in flats)
+            at += n
+        assert at == u["numel"], (u, at)
+    return out
 
 
 def dcp_round_trip(checks, cfg, step_dir, saved):
@@ -198,14 +214,17 @@ def dcp_round_trip(checks, cfg, step_dir, saved):
     checks.check(same and sorted(saved) == sorted(k for k in got if k != "lm_head.weight") and
                  all(p.dtype == torch.bfloat16 for p in model.parameters()),
                  "torch dcp.loads the export's bf16 weights bitwise", f"{len(saved)} tensors")
-    states = list(opt.state.values())
-    moments = [t for st in states for t in (st["exp_avg"], st["exp_avg_sq"])]
-    mine = torch.sort(torch.cat([t.float().flatten() for t in moments])).values
-    theirs = checkpoint_moments(step_dir)
-    checks.check(all(t.dtype == torch.bfloat16 for t in moments) and len(states) == len(list(model.parameters()))
-                 and mine.shape == theirs.shape and torch.equal(mine, theirs),
-                 "torch.optim.AdamW's loaded moments are bf16 and the checkpoint's values, bitwise",
-                 f"{mine.numel()} values")
+    theirs = checkpoint_moments(step_dir, m)
+    bad = []
+    for name, param in model.named_parameters():
+        st = opt.state.get(param, {})
+        for kind, want in zip(("exp_avg", "exp_avg_sq"), theirs[name]):
+            t = st.get(kind)
+            if t is None or t.dtype != torch.bfloat16 or not torch.equal(t.float().flatten(), want):
+                bad.append(f"{name}.{kind}")
+    checks.check(not bad and sorted(theirs) == sorted(n for n, _ in model.named_parameters()),
+                 "torch.optim.AdamW's loaded moments are bf16 and each parameter's in the checkpoint, bitwise",
+                 f"{len(theirs)} parameters" + (f"; differ: {bad[:4]}" if bad else ""))
     r = subprocess.run([SHARDCTL, "--json", "ckpt", "import", exported, "--job", job, "--out",
                         os.path.join(scratch, "imported")], capture_output=True, text=True, timeout=120)
     checks.check(r.returncode == 0, "ckpt import of the export", r.stderr.strip())

@@ -316,6 +316,8 @@ def state_bytes(cfg, world):
     shard = full // G
     opt = cfg.get("optimizer", {})
     mb = DTYPE_BYTES[opt.get("master_dtype", "fp32")]
+    if opt.get("moments_dtype", "fp32") not in DTYPE_BYTES:
+        raise ValueError("8-bit moments: their bytes are per tensor and block (shardctl plan counts them)")
     ob = DTYPE_BYTES[opt.get("moments_dtype", "fp32")]
     params = p * (shard if strategy in SHARDS_PARAMS else full)
     if mb == p and strategy in SHARDS_PARAMS:

@@ -124,6 +124,82 @@ TEST(AdamW8Bit, OneProcessEqualsBitsandbytesBitwise) {
   }
 }
 
+// Three shards of a, b and c against one process, five recorded steps:
+// every op is elementwise or a block's max, so an element whose block no
+// shard edge cuts (and every fp32-moment element) ends bitwise as in one
+// process; a cut block quantizes each part with its own absmax, which after
+// the first step (the moments then (1 - b1) g and (1 - b2) g^2, the same
+// values on both sides) leaves the two within two quantization steps.
+TEST(AdamW8Bit, ShardsEqualOneProcessExceptInTheBlocksTheirEdgesCut) {
+  const Recorded read;
+  const ShardLayout one = Layout(1), three = Layout(3);
+  const int64_t total = one.numel;
+  for (const int64_t steps : {int64_t{1}, int64_t{5}}) {
+    AdamW8BitState whole(one, 0, one.padded_numel, HostZeros());
+    at::Tensor p = read("p0");
+    for (int64_t s = 1; s <= steps; ++s) {
+      whole.Update(RecordedStep(s), p, read("g" + std::to_string(s)), read("clip" + std::to_string(s)).reshape({}));
+    }
+    const at::Tensor m_one = whole.exp_avg();
+    int64_t cut_blocks = 0;
+    for (int r = 0; r < 3; ++r) {
+      const int64_t first = three.ShardOffset(r), n = three.shard_numel;
+      const int64_t real = std::max<int64_t>(0, std::min(n, total - first));
+      AdamW8BitState part(three, first, n, HostZeros());
+      at::Tensor shard = at::zeros({n});
+      shard.narrow(0, 0, real).copy_(read("p0").narrow(0, first, real));
+      for (int64_t s = 1; s <= steps; ++s) {
+        at::Tensor g = at::zeros({n});
+        g.narrow(0, 0, real).copy_(read("g" + std::to_string(s)).narrow(0, first, real));
+        part.Update(RecordedStep(s), shard, g, read("clip" + std::to_string(s)).reshape({}));
+      }
+      const at::Tensor m = part.exp_avg();
+      for (const MomentSegment& seg : part.blocks().segments) {
+        // The tensor's length: its slot in the layout.
+        int64_t numel = 0;
+        for (const ParamSlot& slot : three.params) {
+          if (first + seg.begin >= slot.offset && first + seg.begin < slot.offset + slot.spec.numel()) {
+            numel = slot.spec.numel();
+          }
+        }
+        auto same = [&](int64_t lo, int64_t hi) {
+          EXPECT_TRUE(at::equal(shard.narrow(0, lo, hi - lo), p.narrow(0, first + lo, hi - lo)))
+              << "rank " << r << " [" << lo << ", " << hi << ") after " << steps << " steps";
+          EXPECT_TRUE(at::equal(m.narrow(0, lo, hi - lo), m_one.narrow(0, first + lo, hi - lo)));
+        };
+        if (!seg.quantized) {
+          same(seg.begin, seg.end);
+          continue;
+        }
+        for (int64_t b = seg.first_block; b < seg.first_block + seg.blocks; ++b) {
+          int64_t lo = 0, hi = 0;
+          MomentBlocks::BlockBounds(seg, b, &lo, &hi);
+          const int64_t t0 = seg.tensor_first + (lo - seg.begin);
+          if (t0 % MomentBlocks::kBlockNumel == 0 && (hi - lo == MomentBlocks::kBlockNumel || t0 + hi - lo == numel)) {
+            same(lo, hi);
+          } else if (steps == 1) {
+            ++cut_blocks;
+            // Each side is within half the widest gap of the signed map
+            // plus a cell of the value, times its own absmax, which the
+            // whole block's bounds: twice that apart at most.
+            const int64_t w0 = first + lo - t0 % MomentBlocks::kBlockNumel;
+            const at::Tensor block = m_one.narrow(0, w0, std::min<int64_t>(MomentBlocks::kBlockNumel, total - w0));
+            float gap = 0;
+            for (int i = 1; i < 256; ++i) {
+              gap = std::max(gap, DynamicMap::Signed().codes()[i] - DynamicMap::Signed().codes()[i - 1]);
+            }
+            const float bound = 2 * (gap / 2 + 2.0f / 65535) * block.abs().max().item<float>() / 0.99f;
+            EXPECT_LE((m.narrow(0, lo, hi - lo) - m_one.narrow(0, first + lo, hi - lo)).abs().max().item<float>(),
+                      bound)
+                << "rank " << r << " cut block at " << lo;
+          }
+        }
+      }
+    }
+    if (steps == 1) EXPECT_GT(cut_blocks, 0);  // (the test's premise: the shard edges cut blocks)
+  }
+}
+
 // A checkpoint holds the moments' values; a resume quantizes them again,
 // into its own blocks. Each value comes back within half the widest gap
 // between two codes plus a cell's width (2/65535), times its block's absmax:

@@ -164,7 +164,7 @@ TEST(FlatParamOptimizer, StepUpdatesMasterAndMomentsAndPublishes) {
   EXPECT_TRUE(p->unsharded().equal(want));
 
   // A checkpoint's values load into the live master and moments.
-  p->LoadState(at::full({10}, 2.0f), at::full({10}, 3.0f), at::full({10}, 4.0f));
+  ASSERT_TRUE(p->LoadState(at::full({10}, 2.0f), at::full({10}, 3.0f), at::full({10}, 4.0f)).ok());
   EXPECT_TRUE(p->master().equal(at::full({10}, 2.0f)));
   EXPECT_TRUE(opt.exp_avg().equal(at::full({10}, 3.0f)));
   EXPECT_TRUE(opt.exp_avg_sq().equal(at::full({10}, 4.0f)));

@@ -33,8 +33,9 @@ absl::StatusOr<AdamWState::Encoded> ReadEncoded(CheckpointReader& ckpt, const En
   const AdamWState::Encoded live = engine.Shard(u).encoded;
   const ManifestUnit& old = ckpt.manifest().units[u];
   const int64_t numel = engine.Shard(u).master.numel();
-  if (live.empty() || old.shard != numel || begin % old.shard != 0) return AdamWState::Encoded();
+  if (live.empty() || old.shard != numel || begin % old.shard != 0 || begin >= old.numel) return AdamWState::Encoded();
   const int rank = static_cast<int>(begin / old.shard);
+  if (rank >= ckpt.manifest().shard_group_size) return AdamWState::Encoded();
   AdamWState::Encoded out;
   for (const auto& [name, t] : live) {
     const bool codes = t.scalar_type() == at::kByte;

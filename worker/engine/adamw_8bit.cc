@@ -82,61 +82,80 @@ AdamW8BitState::AdamW8BitState(const ShardLayout& layout, int64_t first, int64_t
   }
 }
 
-void AdamW8BitState::Dequantize(int k, const MomentSegment& s, float* out) const {
+int64_t AdamW8BitState::ChunkEnd(const MomentSegment& s, int64_t pos) {
+  if (!s.quantized) return std::min(s.end, pos + kChunkBlocks * MomentBlocks::kBlockNumel);
+  int64_t lo = 0, hi = 0;
+  MomentBlocks::BlockBounds(s, std::min(MomentBlocks::BlockOf(s, pos) + kChunkBlocks - 1, s.first_block + s.blocks - 1),
+                            &lo, &hi);
+  return hi;
+}
+
+void AdamW8BitState::Dequantize(int k, const MomentSegment& s, int64_t from, int64_t to, float* out) const {
   const DynamicMap& map = k == 0 ? DynamicMap::Signed() : DynamicMap::Unsigned();
-  const uint8_t* codes = codes_[k].data_ptr<uint8_t>() + s.storage;
+  const uint8_t* codes = codes_[k].data_ptr<uint8_t>() + s.storage - s.begin;
   const float* absmax = absmax_[k].data_ptr<float>();
-  for (int64_t b = s.first_block; b < s.first_block + s.blocks; ++b) {
+  for (int64_t b = MomentBlocks::BlockOf(s, from); from < to; ++b) {
     int64_t lo = 0, hi = 0;
     MomentBlocks::BlockBounds(s, b, &lo, &hi);
-    map.DequantizeBlock(codes + (lo - s.begin), hi - lo, absmax[b], out + (lo - s.begin));
+    map.DequantizeBlock(codes + lo, hi - lo, absmax[b], out);
+    out += hi - lo;
+    from = hi;
   }
 }
 
-void AdamW8BitState::Quantize(int k, const MomentSegment& s, const float* in) {
+void AdamW8BitState::Quantize(int k, const MomentSegment& s, int64_t from, int64_t to, const float* in) {
   const DynamicMap& map = k == 0 ? DynamicMap::Signed() : DynamicMap::Unsigned();
-  uint8_t* codes = codes_[k].data_ptr<uint8_t>() + s.storage;
+  uint8_t* codes = codes_[k].data_ptr<uint8_t>() + s.storage - s.begin;
   float* absmax = absmax_[k].data_ptr<float>();
-  for (int64_t b = s.first_block; b < s.first_block + s.blocks; ++b) {
+  for (int64_t b = MomentBlocks::BlockOf(s, from); from < to; ++b) {
     int64_t lo = 0, hi = 0;
     MomentBlocks::BlockBounds(s, b, &lo, &hi);
-    map.QuantizeBlock(in + (lo - s.begin), hi - lo, codes + (lo - s.begin), &absmax[b]);
+    map.QuantizeBlock(in, hi - lo, codes + lo, &absmax[b]);
+    in += hi - lo;
+    from = hi;
   }
 }
 
 void AdamW8BitState::Update(const AdamWStep& s, const at::Tensor& param, const at::Tensor& grad,
                             const at::Tensor& clip_coef) {
-  // clip_grad_norm_'s multiply (in the gradient's dtype), then bitsandbytes'
-  // g.float() (its gnorm_scale is 1).
-  const at::Tensor g_all = grad.mul(clip_coef).to(at::kFloat);
   const double step = static_cast<double>(s.step);
   const double bc1 = 1.0 - std::pow(s.beta1, step), bc2 = std::sqrt(1.0 - std::pow(s.beta2, step));
+  // Every op is elementwise, so a segment goes in chunks (whole blocks of
+  // quantized ones): the fp32 temporaries stay a few hundred KiB whatever
+  // the tensor, with the same results as bitsandbytes' whole-tensor ops.
   for (const MomentSegment& seg : blocks_.segments) {
-    const int64_t n = seg.end - seg.begin;
-    at::Tensor p = param.narrow(0, seg.begin, n);
-    at::Tensor pf = p.scalar_type() == at::kFloat ? p : p.to(at::kFloat);
-    const at::Tensor g = g_all.narrow(0, seg.begin, n);
-    const double wd = seg.decay ? s.weight_decay : 0.0;
-    if (seg.quantized) {
-      at::Tensor m = at::empty({n}, at::kFloat), v = at::empty({n}, at::kFloat);
-      Dequantize(0, seg, m.data_ptr<float>());
-      Dequantize(1, seg, v.data_ptr<float>());
-      m.mul_(s.beta1).add_(g, 1.0 - s.beta1);
-      v.mul_(s.beta2).addcmul_(g, g, 1.0 - s.beta2);
-      const at::Tensor denom = v.sqrt().div(bc2).add_(s.eps);
-      if (wd > 0.0) pf.mul_(1.0 - s.lr * wd);
-      pf.addcdiv_(m, denom, -s.lr / bc1);
-      Quantize(0, seg, m.data_ptr<float>());
-      Quantize(1, seg, v.data_ptr<float>());
-    } else {
-      at::Tensor m = dense_[0].narrow(0, seg.storage, n), v = dense_[1].narrow(0, seg.storage, n);
-      m.mul_(s.beta1).add_(g, 1.0 - s.beta1);
-      v.mul_(s.beta2).addcmul_(g, g, 1.0 - s.beta2);
-      const double step_size = -s.lr * bc2 / bc1;
-      if (wd > 0.0) pf.mul_(1.0 - s.lr * wd);
-      pf.add_(m.div(v.sqrt().add(s.eps * bc2)), step_size);
+    for (int64_t pos = seg.begin; pos < seg.end;) {
+      const int64_t end = ChunkEnd(seg, pos);
+      const int64_t n = end - pos;
+      at::Tensor p = param.narrow(0, pos, n);
+      at::Tensor pf = p.scalar_type() == at::kFloat ? p : p.to(at::kFloat);
+      // clip_grad_norm_'s multiply (in the gradient's dtype), then
+      // bitsandbytes' g.float() (its gnorm_scale is 1).
+      const at::Tensor g = grad.narrow(0, pos, n).mul(clip_coef).to(at::kFloat);
+      const double wd = seg.decay ? s.weight_decay : 0.0;
+      if (seg.quantized) {
+        at::Tensor m = at::empty({n}, at::kFloat), v = at::empty({n}, at::kFloat);
+        Dequantize(0, seg, pos, end, m.data_ptr<float>());
+        Dequantize(1, seg, pos, end, v.data_ptr<float>());
+        m.mul_(s.beta1).add_(g, 1.0 - s.beta1);
+        v.mul_(s.beta2).addcmul_(g, g, 1.0 - s.beta2);
+        const at::Tensor denom = v.sqrt().div(bc2).add_(s.eps);
+        if (wd > 0.0) pf.mul_(1.0 - s.lr * wd);
+        pf.addcdiv_(m, denom, -s.lr / bc1);
+        Quantize(0, seg, pos, end, m.data_ptr<float>());
+        Quantize(1, seg, pos, end, v.data_ptr<float>());
+      } else {
+        const int64_t k = seg.storage + (pos - seg.begin);
+        at::Tensor m = dense_[0].narrow(0, k, n), v = dense_[1].narrow(0, k, n);
+        m.mul_(s.beta1).add_(g, 1.0 - s.beta1);
+        v.mul_(s.beta2).addcmul_(g, g, 1.0 - s.beta2);
+        const double step_size = -s.lr * bc2 / bc1;
+        if (wd > 0.0) pf.mul_(1.0 - s.lr * wd);
+        pf.add_(m.div(v.sqrt().add(s.eps * bc2)), step_size);
+      }
+      if (!pf.is_same(p)) p.copy_(pf);
+      pos = end;
     }
-    if (!pf.is_same(p)) p.copy_(pf);
   }
 }
 
@@ -144,7 +163,7 @@ at::Tensor AdamW8BitState::Values(int k) const {
   at::Tensor out = at::zeros({count_}, at::kFloat);
   for (const MomentSegment& s : blocks_.segments) {
     if (s.quantized) {
-      Dequantize(k, s, out.data_ptr<float>() + s.begin);
+      Dequantize(k, s, s.begin, s.end, out.data_ptr<float>() + s.begin);
     } else {
       out.narrow(0, s.begin, s.end - s.begin).copy_(dense_[k].narrow(0, s.storage, s.end - s.begin));
     }
@@ -157,7 +176,7 @@ void AdamW8BitState::Load(const at::Tensor& exp_avg, const at::Tensor& exp_avg_s
   for (int k = 0; k < 2; ++k) {
     for (const MomentSegment& s : blocks_.segments) {
       if (s.quantized) {
-        Quantize(k, s, in[k].data_ptr<float>() + s.begin);
+        Quantize(k, s, s.begin, s.end, in[k].data_ptr<float>() + s.begin);
       } else {
         dense_[k].narrow(0, s.storage, s.end - s.begin).copy_(in[k].narrow(0, s.begin, s.end - s.begin));
       }

@@ -44,7 +44,8 @@ class DynamicMap {
   static const DynamicMap& Unsigned();
 
   const std::array<float, 256>& codes() const { return codes_; }
-  // The code index of x in [-1, 1] (clamped; NaN maps to 0's cell).
+  // The code index of x in [-1, 1] (clamped; NaN to -1's, so that a block of
+  // zeros, whose values are 0 * (1 / 0), reads back as -0.0 * 0).
   uint8_t Index(float x) const;
   // Quantizes x[0, n) as one block: writes its absmax and each element's index.
   void QuantizeBlock(const float* x, int64_t n, uint8_t* q, float* absmax) const;
@@ -77,10 +78,15 @@ class AdamW8BitState final : public AdamWState {
   const MomentBlocks& blocks() const { return blocks_; }
 
  private:
-  // Moment k (0: m, 1: v) of a segment into `out` (fp32, the segment's length),
-  // and back.
-  void Dequantize(int k, const MomentSegment& s, float* out) const;
-  void Quantize(int k, const MomentSegment& s, const float* in);
+  // Blocks an Update step takes at once (of a dense segment, as many elements).
+  static constexpr int64_t kChunkBlocks = 64;
+  // Where the chunk of quantized segment `s` (or dense one) that starts at
+  // range element `pos` (a block's start) ends.
+  static int64_t ChunkEnd(const MomentSegment& s, int64_t pos);
+  // Moment k (0: m, 1: v) of the range elements [from, to) of a quantized
+  // segment, on its blocks' bounds, into `out` (fp32, to - from), and back.
+  void Dequantize(int k, const MomentSegment& s, int64_t from, int64_t to, float* out) const;
+  void Quantize(int k, const MomentSegment& s, int64_t from, int64_t to, const float* in);
   at::Tensor Values(int k) const;
 
   const int64_t count_;
