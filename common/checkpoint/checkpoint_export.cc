@@ -71,6 +71,14 @@ absl::Status CheckpointReader::Read(int unit, const std::string& kind, int64_t l
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> CheckpointReader::StoredDType(int unit, const std::string& kind) {
+  SL_ASSIGN_OR_RETURN(const SafetensorsReader* f, RankFile(0));
+  const std::string name = absl::StrCat(manifest_.units.at(unit).unit, ".", kind);
+  auto it = f->entries().find(name);
+  if (it == f->entries().end()) return absl::DataLossError(absl::StrCat(f->path(), ": no tensor ", name));
+  return it->second.dtype;
+}
+
 absl::Status CheckpointReader::ReadRankTensor(int rank, int unit, const std::string& name, const std::string& dtype,
                                               std::string* out) {
   SL_ASSIGN_OR_RETURN(const SafetensorsReader* f, RankFile(rank));

@@ -61,6 +61,9 @@ class CheckpointReader {
   // values (8-bit moments' codes) for a resume over the same shards.
   absl::Status ReadRankTensor(int rank, int unit, const std::string& name, const std::string& dtype,
                               std::string* out);
+  // The safetensors dtype ("F32", "BF16") the checkpoint stores unit
+  // `unit`'s `kind` in (its first rank's file).
+  absl::StatusOr<std::string> StoredDType(int unit, const std::string& kind);
 
  private:
   absl::StatusOr<const SafetensorsReader*> RankFile(int rank);

@@ -43,16 +43,17 @@ class DcpWriter {
     return w;
   }
 
-  // A tensor of `shape`, fp32, in chunks of whole rows along dimension 0.
+  // A tensor of `shape`, fp32 (or, with `bf16`, bf16: the values must be
+  // bf16's), in chunks of whole rows along dimension 0.
   absl::Status Tensor(const std::string& fqn, std::vector<DcpPathPart> path, const std::vector<int64_t>& shape,
-                      const float* values) {
+                      const float* values, bool bf16 = false) {
     DcpTensorMeta& t = meta_.tensors[fqn];
-    t.dtype = "float32";
+    t.dtype = bf16 ? "bfloat16" : "float32";
     t.size = shape;
     int64_t row = 1;
     for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
     const int64_t rows = shape.empty() ? 1 : shape[0];  // a scalar is one chunk
-    const int64_t per_chunk = std::max<int64_t>(1, kChunkBytes / 4 / std::max<int64_t>(row, 1));
+    const int64_t per_chunk = std::max<int64_t>(1, kChunkBytes / (bf16 ? 2 : 4) / std::max<int64_t>(row, 1));
     for (int64_t r = 0; r < rows; r += per_chunk) {
       DcpChunk c;
       c.offsets.assign(shape.size(), 0);
@@ -61,7 +62,7 @@ class DcpWriter {
         c.offsets[0] = r;
         c.sizes[0] = std::min(per_chunk, rows - r);
       }
-      absl::StatusOr<std::string> archive = TorchSaveFloatTensor(c.sizes, values + r * row);
+      absl::StatusOr<std::string> archive = TorchSaveFloatTensor(c.sizes, values + r * row, bf16);
       if (!archive.ok()) return absl::InvalidArgumentError(absl::StrCat(fqn, ": ", archive.status().message()));
       SL_ASSIGN_OR_RETURN(DcpStorage s, Append(*archive));
       s.fqn = fqn;
@@ -163,23 +164,29 @@ absl::StatusOr<DcpExportReport> ExportDcp(const std::string& step_dir, const Job
   for (int u = 0; u < model::NumUnits(man.model); ++u) {
     SL_ASSIGN_OR_RETURN(ShardLayout layout,
                         MakeShardLayout(model::UnitName(man.model, u), model::UnitParams(man.model, u), 1));
+    // bf16 state (no master) is written as torch holds it on a bf16 model.
+    SL_ASSIGN_OR_RETURN(const std::string param_dtype, ckpt->StoredDType(u, "param"));
+    SL_ASSIGN_OR_RETURN(const std::string moments_dtype, ckpt->StoredDType(u, "exp_avg"));
+    const bool bf16_params = param_dtype == "BF16", bf16_moments = moments_dtype == "BF16";
     for (const ParamSlot& slot : layout.params) {
       const std::string& name = slot.spec.name;
       const int64_t n = slot.spec.numel();
       values.resize(static_cast<size_t>(n));
       SL_RETURN_IF_ERROR(ckpt->Read(u, "param", slot.offset, slot.offset + n, values.data()));
-      SL_RETURN_IF_ERROR(w->Tensor("model." + name, Path({"model", name}), slot.spec.shape, values.data()));
+      SL_RETURN_IF_ERROR(
+          w->Tensor("model." + name, Path({"model", name}), slot.spec.shape, values.data(), bf16_params));
       // A tied embedding is also the head, which state_dict lists too.
       const bool tied_head = man.model.tied() && (name == "transformer.wte.weight" ||
                                                   name == "model.embed_tokens.weight");
       if (tied_head) {
         SL_RETURN_IF_ERROR(w->Tensor("model.lm_head.weight", Path({"model", "lm_head.weight"}), slot.spec.shape,
-                                     values.data()));
+                                     values.data(), bf16_params));
       }
       for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
         SL_RETURN_IF_ERROR(ckpt->Read(u, kind, slot.offset, slot.offset + n, values.data()));
         SL_RETURN_IF_ERROR(w->Tensor(absl::StrCat("optim.state.", name, ".", kind),
-                                     Path({"optim", "state", name, kind}), slot.spec.shape, values.data()));
+                                     Path({"optim", "state", name, kind}), slot.spec.shape, values.data(),
+                                     bf16_moments));
       }
       const float step = static_cast<float>(man.step);
       SL_RETURN_IF_ERROR(

@@ -17,7 +17,9 @@
 // lr the peak, which a training loop's schedule sets each step).
 //
 // Files: `.metadata` (written last, atomically) and one `__0_0.distcp`, every
-// tensor stored float32 in chunks of at most 64 MiB along its first
+// tensor stored float32 (bfloat16 where the checkpoint holds bf16 state, as
+// torch.optim.AdamW holds it on a bf16 model; the step stays float32) in
+// chunks of at most 64 MiB along its first
 // dimension, each a torch.save archive. One unit is read at a time. A LoRA
 // checkpoint (adapters only) is refused: export it with --format peft.
 // The folder is prepared as the hf export's (PrepareExportDir, ExportKind::kDcp).

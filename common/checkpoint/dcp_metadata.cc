@@ -246,7 +246,7 @@ void TensorMeta(PickleWriter& p, const DcpTensorMeta& t) {
     // TensorProperties pickles its state as a tuple (its __getstate__):
     // (dtype, layout, requires_grad, memory_format, pin_memory).
     p.String("properties").Global(kMetaModule, "TensorProperties").EmptyTuple().NewObj().Mark();
-    p.Global("torch", "float32");
+    p.Global("torch", t.dtype);
     p.Global("torch.serialization", "_get_layout").Mark().String("torch.strided").Tuple().Reduce();
     p.Bool(false);
     p.Global(kMetaModule, "_MEM_FORMAT_ENCODING").Mark().Int(0).Tuple().Reduce();  // TORCH_CONTIGUOUS

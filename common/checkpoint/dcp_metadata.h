@@ -11,7 +11,7 @@
 // (file, byte offset, length) from storage_data.
 //
 // WriteDcpMetadata is the inverse: the pickle of a Metadata as torch 2.11
-// writes it (every tensor float32, strided, contiguous; a value a
+// writes it (every tensor float32 or bfloat16, strided, contiguous; a value a
 // BytesStorageMetadata), which Python's pickle loads into DCP's own classes.
 //
 // Errors: a malformed pickle, a foreign global, an entry of an unexpected
@@ -66,7 +66,7 @@ struct DcpMetadata {
 
 absl::StatusOr<DcpMetadata> ParseDcpMetadata(absl::string_view data, const std::string& source);
 
-// The `.metadata` pickle of `m` (its tensors must be float32).
+// The `.metadata` pickle of `m` (its tensors must be float32 or bfloat16).
 std::string WriteDcpMetadata(const DcpMetadata& m);
 
 }  // namespace shardline

@@ -416,23 +416,23 @@ class StoredZipWriter {
 
 // The archive around `data_pkl` (and the tensor data, where given), with the
 // records torch.save writes beside them.
-std::string TorchSaveArchive(const std::string& data_pkl, bool has_data, const float* data, int64_t numel) {
+std::string TorchSaveArchive(const std::string& data_pkl, bool has_data, absl::string_view data) {
   StoredZipWriter zip;
   zip.Add("archive/data.pkl", data_pkl);
   zip.Add("archive/.format_version", "1");
   zip.Add("archive/.storage_alignment", "64");
   zip.Add("archive/byteorder", "little");
-  if (has_data) zip.Add("archive/data/0", absl::string_view(reinterpret_cast<const char*>(data), numel * 4));
+  if (has_data) zip.Add("archive/data/0", data);
   zip.Add("archive/version", "3\n");
   return zip.Finish();
 }
 
 }  // namespace
 
-absl::StatusOr<std::string> TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values) {
+absl::StatusOr<std::string> TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values, bool bf16) {
   int64_t numel = 1;
   for (int64_t d : shape) {
-    if (d < 0 || (d > 0 && numel > kMaxTorchSaveBytes / 4 / d)) {
+    if (d < 0 || (d > 0 && numel > kMaxTorchSaveBytes / (bf16 ? 2 : 4) / d)) {
       return absl::InvalidArgumentError(absl::StrCat("a tensor chunk over ", kMaxTorchSaveBytes, " bytes"));
     }
     numel *= d;
@@ -441,13 +441,20 @@ absl::StatusOr<std::string> TorchSaveFloatTensor(const std::vector<int64_t>& sha
   for (size_t d = shape.size(); d-- > 1;) stride[d - 1] = stride[d] * std::max<int64_t>(shape[d], 1);
   PickleWriter p;
   p.Global("torch._utils", "_rebuild_tensor_v2").Mark();
-  p.Mark().String("storage").Global("torch", "FloatStorage").String("0").String("cpu").Int(numel).Tuple();
+  p.Mark().String("storage").Global("torch", bf16 ? "BFloat16Storage" : "FloatStorage").String("0").String("cpu");
+  p.Int(numel).Tuple();
   p.PersistentId().Int(0).IntTuple(shape.data(), shape.size()).IntTuple(stride.data(), stride.size()).Bool(false);
   p.Global("collections", "OrderedDict").EmptyTuple().Reduce();
   p.Tuple().Reduce();
-  return TorchSaveArchive(p.Finish(), true, values, numel);
+  if (!bf16) {
+    return TorchSaveArchive(p.Finish(), true, absl::string_view(reinterpret_cast<const char*>(values), numel * 4));
+  }
+  std::string halves;  // little-endian, as the archive's byteorder says
+  halves.reserve(static_cast<size_t>(numel) * 2);
+  for (int64_t i = 0; i < numel; ++i) AppendLittleEndian(&halves, FloatToBf16Bits(values[i]), 2);
+  return TorchSaveArchive(p.Finish(), true, halves);
 }
 
-std::string TorchSaveValue(const std::string& data_pkl) { return TorchSaveArchive(data_pkl, false, nullptr, 0); }
+std::string TorchSaveValue(const std::string& data_pkl) { return TorchSaveArchive(data_pkl, false, {}); }
 
 }  // namespace shardline

@@ -64,8 +64,11 @@ absl::Status ReadTorchSavedFloats(int fd, const std::string& path, const TorchSa
 inline constexpr int64_t kMaxTorchSaveBytes = int64_t{1} << 30;
 
 // torch.save(t) of the fp32 tensor of `shape` whose row-major elements are
-// `values` (numel of them); InvalidArgument past kMaxTorchSaveBytes.
-absl::StatusOr<std::string> TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values);
+// `values` (numel of them), or with `bf16` of the bf16 tensor of their values
+// rounded to nearest even (exact for values that are bf16 already);
+// InvalidArgument past kMaxTorchSaveBytes.
+absl::StatusOr<std::string> TorchSaveFloatTensor(const std::vector<int64_t>& shape, const float* values,
+                                                 bool bf16 = false);
 // torch.save(v) of a value without tensors, whose pickle (PickleWriter) is `data_pkl`.
 std::string TorchSaveValue(const std::string& data_pkl);
 

@@ -14,8 +14,8 @@ model loaded in bfloat16 (no fp32 master, bf16 moments).
    same world size and strategy bitwise, at another within the tolerance.
 5. DCP: `ckpt export --format dcp` of that checkpoint loads into a bfloat16
    nanoGPT and torch.optim.AdamW as a user loads it (get_state_dict,
-   dcp.load, set_state_dict): its weights bitwise the checkpoint's, its
-   moments bf16 and, as a multiset of values, bitwise the checkpoint's;
+   dcp.load, set_state_dict): stored in bfloat16, its weights bitwise the
+   checkpoint's, each parameter's moments bf16 and bitwise the checkpoint's;
    `ckpt import` of that export resumes bitwise as the checkpoint itself did.
 6. Bad input: bf16 state on fp32 parameters, and moments and master of
    different dtypes, refused naming the key.
@@ -200,6 +200,16 @@ def dcp_round_trip(checks, cfg, step_dir, saved):
     r = subprocess.run([SHARDCTL, "ckpt", "export", step_dir, "--format", "dcp", "--job", job, "--out", exported],
                        capture_output=True, text=True, timeout=120)
     checks.check(r.returncode == 0, "ckpt export --format dcp of a bf16-state checkpoint", r.stderr.strip())
+    from torch.distributed.checkpoint import FileSystemReader
+    md = FileSystemReader(exported).read_metadata().state_dict_metadata
+    kinds = {}
+    for k, v in md.items():
+        if hasattr(v, "properties"):
+            kind = "model" if k.startswith("model.") else k.rsplit(".", 1)[-1]
+            kinds.setdefault(kind, set()).add(v.properties.dtype)
+    checks.check(kinds == {"model": {torch.bfloat16}, "exp_avg": {torch.bfloat16}, "exp_avg_sq": {torch.bfloat16},
+                           "step": {torch.float32}},
+                 "the DCP export holds bf16 weights and moments, as torch.optim.AdamW on a bf16 model", str(kinds))
     m, o = cfg["model"], cfg["optimizer"]
     model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"]).to(torch.bfloat16)
     decay = [p for p in model.parameters() if p.dim() >= 2]
