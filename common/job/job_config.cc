@@ -58,6 +58,15 @@ const char* MomentsDTypeName(MomentsDType d) {
   return "?";
 }
 
+bool MomentsPairWithMaster(MomentsDType moments, DType master) {
+  switch (moments) {
+    case MomentsDType::kFloat32: return master == DType::kFloat32;
+    case MomentsDType::kBFloat16: return master == DType::kBFloat16;
+    case MomentsDType::kDynamic8Bit: return true;
+  }
+  return false;
+}
+
 const char* LoraBaseName(LoraBase b) { return b == LoraBase::kSharded ? "sharded" : "replicated"; }
 
 bool ShardsParams(Strategy s) { return s == Strategy::kFullShard || s == Strategy::kHybridShard; }

@@ -21,6 +21,9 @@ enum class DType { kFloat32, kBFloat16 };
 // them (blockwise dynamic quantization: common/model/moment_blocks.h).
 enum class MomentsDType { kFloat32, kBFloat16, kDynamic8Bit };
 const char* MomentsDTypeName(MomentsDType d);
+// Whether the optimizer runs these moments beside a master of this dtype:
+// dense moments share the master's dtype; 8-bit ones take either.
+bool MomentsPairWithMaster(MomentsDType moments, DType master);
 enum class BackwardPrefetch { kPre, kPost, kNone };
 enum class DataFormat { kLlmc, kText, kSynthetic };
 

@@ -137,10 +137,7 @@ absl::Status CheckPlanInput(const PlanInput& in) {
   const ModelConfig& m = in.model;
   if (c.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   if (c.gpus_per_node < 1) return absl::InvalidArgumentError("--gpus-per-node must be at least 1");
-  const bool dense_mismatch = in.moments_dtype == MomentsDType::kBFloat16 ? in.master_dtype != DType::kBFloat16
-                              : in.moments_dtype == MomentsDType::kFloat32 ? in.master_dtype != DType::kFloat32
-                                                                           : false;
-  if (dense_mismatch) {
+  if (!MomentsPairWithMaster(in.moments_dtype, in.master_dtype)) {
     return absl::InvalidArgumentError("the optimizer's master and dense moments must share a dtype (--optimizer-state)");
   }
   if (in.master_dtype == DType::kBFloat16 && in.param_dtype != DType::kBFloat16) {

@@ -138,10 +138,7 @@ absl::Status ValidateOptimizerState(const JobConfig& c, const std::string& src) 
     return bad("optimizer", "master_dtype = \"bf16\" updates the parameters in place and needs [precision] "
                             "param_dtype = \"bf16\"");
   }
-  const bool dense_mismatch = o.moments_dtype == MomentsDType::kBFloat16 ? !bf16_master
-                              : o.moments_dtype == MomentsDType::kFloat32 ? bf16_master
-                                                                          : false;
-  if (dense_mismatch) {
+  if (!MomentsPairWithMaster(o.moments_dtype, o.master_dtype)) {
     return bad("optimizer", absl::StrCat("moments_dtype = \"", MomentsDTypeName(o.moments_dtype),
                                          "\" with master_dtype = \"", bf16_master ? "bf16" : "fp32",
                                          "\" is not supported: give both \"fp32\" or both \"bf16\", or "

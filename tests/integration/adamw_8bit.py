@@ -48,7 +48,7 @@ import torch
 import harness
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "oracle"))
-from nanogpt import model_from, train_reference  # noqa: E402
+from nanogpt import fp32_loss, model_from, train_reference  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -74,12 +74,7 @@ def within(checks, name, got, want, losses, want_losses, steps=STEPS, loss_tol=L
 def against_bitsandbytes(checks):
     import bitsandbytes as bnb
     cfg = harness.config("no_shard", 1, **EIGHT_BIT)
-    out = os.path.join(harness.scratch_dir("shardline-8bit-"), "dump.safetensors")
-    path = os.path.join(os.path.dirname(out), "job.toml")
-    harness.write_toml(cfg, path)
-    subprocess.run([harness.TRAIN, "--config", path, "--dump-grads", out], check=True, timeout=120)
-    from safetensors.torch import load_file
-    dump = load_file(out)
+    dump = harness.step0_dump(cfg, "shardline-8bit-")
     made = []
 
     def adamw8bit(groups, lr, betas, eps):
@@ -98,23 +93,12 @@ def against_bitsandbytes(checks):
 
 def bf16_master_against_bitsandbytes(checks):
     import bitsandbytes as bnb
-    import torch.nn.functional as F
     import bf16_state
     cfg = harness.config("no_shard", 1, precision__param_dtype="bf16", precision__reduce_dtype="bf16",
                          optimizer__master_dtype="bf16", **EIGHT_BIT)
-    out = os.path.join(harness.scratch_dir("shardline-8bit-bf16-"), "dump.safetensors")
-    path = os.path.join(os.path.dirname(out), "job.toml")
-    harness.write_toml(cfg, path)
-    subprocess.run([harness.TRAIN, "--config", path, "--dump-grads", out], check=True, timeout=120)
-    from safetensors.torch import load_file
-    dump = load_file(out)
+    dump = harness.step0_dump(cfg, "shardline-8bit-bf16-")
     model = model_from(dump, cfg["model"]).to(torch.bfloat16)
-
-    def loss_of(net, x, y):
-        logits, _ = net(x)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
-
-    ref, bnb_losses = train_reference(dump, cfg, model=model, loss_of=loss_of,
+    ref, bnb_losses = train_reference(dump, cfg, model=model, loss_of=fp32_loss,
                                       optimizer=lambda g, lr, betas, eps: bnb.optim.AdamW8bit(g, lr=lr, betas=betas,
                                                                                               eps=eps))
     ref = {k: v.float().numpy() for k, v in ref.items() if k != "lm_head.weight"}

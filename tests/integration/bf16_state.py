@@ -42,15 +42,13 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 import formulas
 import harness
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "oracle"))
-from nanogpt import GPT, model_from, train_reference  # noqa: E402
+from nanogpt import GPT, fp32_loss, model_from, train_reference  # noqa: E402
 
 SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
 
@@ -87,18 +85,9 @@ def losses_within(got, want, checks, name):
 
 def against_torch(checks):
     cfg = harness.config("no_shard", 1, **BF16_STATE)
-    out = os.path.join(harness.scratch_dir("shardline-bf16-state-"), "dump.safetensors")
-    path = os.path.join(os.path.dirname(out), "job.toml")
-    harness.write_toml(cfg, path)
-    subprocess.run([harness.TRAIN, "--config", path, "--dump-grads", out], check=True, timeout=120)
-    dump = load_file(out)
+    dump = harness.step0_dump(cfg, "shardline-bf16-state-")
     model = model_from(dump, cfg["model"]).to(torch.bfloat16)
-
-    def loss_of(net, x, y):
-        logits, _ = net(x)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
-
-    ref, torch_losses = train_reference(dump, cfg, model=model, loss_of=loss_of)
+    ref, torch_losses = train_reference(dump, cfg, model=model, loss_of=fp32_loss)
     ref = {k: v.float().numpy() for k, v in ref.items() if k != "lm_head.weight"}
     run_out, ranks = harness.run(cfg, 1)
     within(harness.load_params(run_out), ref, STEPS, checks, "N=1 vs torch.optim.AdamW on bf16 parameters")

@@ -206,6 +206,18 @@ def param_diffs(got, want):
     return rest, key
 
 
+def step0_dump(cfg, prefix):
+    """shardline-train --dump-grads of `cfg` (one process) in a scratch
+    directory: its step-0 weights, gradients and every step's batches, as
+    torch tensors by name."""
+    from safetensors.torch import load_file
+    out = os.path.join(scratch_dir(prefix), "dump.safetensors")
+    path = os.path.join(os.path.dirname(out), "job.toml")
+    write_toml(cfg, path)
+    subprocess.run([TRAIN, "--config", path, "--dump-grads", out], check=True, timeout=120)
+    return load_file(out)
+
+
 def scratch_dir(prefix):
     """A temporary directory removed when the test's process exits (SHARDLINE_KEEP_SCRATCH=1 keeps them)."""
     d = tempfile.mkdtemp(prefix=prefix)

@@ -9,7 +9,6 @@
    ranks with full_shard) match.
 """
 import os
-import subprocess
 import sys
 
 import torch
@@ -28,11 +27,7 @@ def main():
     for ckpt in (False, True):
         tag = " +ckpt" if ckpt else ""
         cfg = harness.config("no_shard", 1, micro_batches=2, memory__activation_checkpointing=ckpt)
-        out = os.path.join(harness.scratch_dir("shardline-oracle-"), "dump.safetensors")
-        path = os.path.join(os.path.dirname(out), "job.toml")
-        harness.write_toml(cfg, path)
-        subprocess.run([harness.TRAIN, "--config", path, "--dump-grads", out], check=True, timeout=120)
-        dump = load_file(out)
+        dump = harness.step0_dump(cfg, "shardline-oracle-")
         m = cfg["model"]
         model = model_from(dump, m)
         logits, loss = model(dump["batch.inputs"], dump["batch.targets"])

@@ -15,7 +15,6 @@ covers, each padding at N=3:
 Equivalence across strategies and world sizes is equivalence.py --family.
 """
 import os
-import subprocess
 import sys
 
 import torch
@@ -70,11 +69,7 @@ def main():
         cfg = llama_config(name)
         m = cfg["model"]
         m.setdefault("head_dim", m["n_embd"] // m["n_head"])
-        out = os.path.join(harness.scratch_dir("shardline-llama-"), "dump.safetensors")
-        job = os.path.join(os.path.dirname(out), "job.toml")
-        harness.write_toml(cfg, job)
-        subprocess.run([harness.TRAIN, "--config", job, "--dump-grads", out], check=True, timeout=120)
-        dump = load_file(out)
+        dump = harness.step0_dump(cfg, "shardline-llama-")
         model = hf_model(name, m)
         state = {k: v for k, v in dump.items() if k.startswith(("model.", "lm_head."))}
         missing, unexpected = model.load_state_dict(state, strict=False)

@@ -60,6 +60,13 @@ def lr_at(step, total, lr, min_lr, warmup):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
+def fp32_loss(net, x, y):
+    """The model's cross-entropy over its logits in fp32, as the engine's head
+    computes it whatever the parameters' dtype (train_reference's loss_of)."""
+    logits, _ = net(x)
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+
+
 def model_from(dump, m):
     """The GPT with the weights of an engine dump (shardline-train --dump-grads)."""
     model = GPT(m["n_layer"], m["n_head"], m["n_embd"], m["vocab_size"], m["block_size"])

@@ -4,45 +4,18 @@
 
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
+#include <utility>
 
-#include "common/model/safetensors.h"
+#include "tests/unit/recorded_data.h"
 
 namespace shardline {
 namespace {
 
-// A recorded tensor as fp32 (its values exactly: the file's uint8 as
-// integers, bf16 widened).
-class Nf4Recorded {
- public:
-  Nf4Recorded() {
-    auto file = SafetensorsReader::Open(std::string(SHARDLINE_TEST_DATA) + "/nf4.safetensors");
-    EXPECT_TRUE(file.ok()) << file.status();
-    file_ = std::move(*file);
-  }
-  at::Tensor Floats(const std::string& name) const {
-    const int64_t n = file_->entries().at(name).numel();
-    at::Tensor t = at::empty({n}, at::kFloat);
-    EXPECT_TRUE(file_->ReadFloats(name, 0, n, t.data_ptr<float>()).ok()) << name;
-    return t;
-  }
-  at::Tensor Bytes(const std::string& name) const {
-    std::string raw;
-    EXPECT_TRUE(file_->ReadRaw(name, "U8", &raw).ok()) << name;
-    at::Tensor t = at::empty({static_cast<int64_t>(raw.size())}, at::kByte);
-    std::memcpy(t.data_ptr(), raw.data(), raw.size());
-    return t;
-  }
-
- private:
-  std::unique_ptr<SafetensorsReader> file_;
-};
-
 // An fp32 tensor of 19237 values (a partial last block, an odd count) and a
 // bf16 one: codes, scales, offset and the dequantized values all bitwise.
 TEST(Nf4, QuantizesAndDequantizesAsBitsandbytes) {
-  const Nf4Recorded read;
+  const RecordedFile read("nf4.safetensors");
   for (const auto& [name, dtype] : {std::pair<std::string, at::ScalarType>{"f32", at::kFloat}, {"bf16", at::kBFloat16}}) {
     const at::Tensor in = read.Floats(name + ".in").to(dtype);
     const Nf4Tensor q = QuantizeNf4(in);

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/model/moment_blocks.h"
-#include "common/model/safetensors.h"
+#include "tests/unit/recorded_data.h"
 
 namespace shardline {
 namespace {
@@ -57,26 +57,9 @@ TEST(MomentBlocks, TensorsAreCutIntoBlocksFromTheirFirstElementAndAtTheRangesEdg
   EXPECT_EQ(elements, three.numel);
 }
 
-class Recorded {
- public:
-  Recorded() {
-    auto file = SafetensorsReader::Open(std::string(SHARDLINE_TEST_DATA) + "/adamw_8bit.safetensors");
-    EXPECT_TRUE(file.ok()) << file.status();
-    file_ = std::move(*file);
-  }
-  at::Tensor operator()(const std::string& name) const {
-    const int64_t n = file_->entries().at(name).numel();
-    at::Tensor t = at::empty({n}, at::kFloat);
-    EXPECT_TRUE(file_->ReadFloats(name, 0, n, t.data_ptr<float>()).ok()) << name;
-    return t;
-  }
-
- private:
-  std::unique_ptr<SafetensorsReader> file_;
-};
-
 TEST(DynamicMap, EqualsBitsandbytesMaps) {
-  const Recorded read;
+  const RecordedFile file("adamw_8bit.safetensors");
+  auto read = [&](const std::string& name) { return file.Floats(name); };
   const at::Tensor q1 = read("qmap1"), q2 = read("qmap2");
   for (int i = 0; i < 256; ++i) {
     EXPECT_EQ(DynamicMap::Signed().codes()[i], q1[i].item<float>()) << i;
@@ -91,17 +74,6 @@ TEST(DynamicMap, EqualsBitsandbytesMaps) {
   EXPECT_EQ(DynamicMap::Unsigned().codes()[DynamicMap::Unsigned().Index(1.0f)], 1.0f);
 }
 
-AdamWStep RecordedStep(int64_t step) {  // make_adamw_8bit.py's hyperparameters
-  AdamWStep s;
-  s.lr = 3e-3;
-  s.beta1 = 0.9;
-  s.beta2 = 0.95;
-  s.eps = 1e-8;
-  s.weight_decay = 0.1;
-  s.step = step;
-  return s;
-}
-
 AdamW8BitState::Allocate HostZeros() {
   return [](int64_t n, at::ScalarType t) { return at::zeros({n}, at::TensorOptions().dtype(t)); };
 }
@@ -110,13 +82,14 @@ AdamW8BitState::Allocate HostZeros() {
 // moments bitwise bitsandbytes' CPU AdamW8bit (the same ops on the same
 // tensors; the quantizer is its cell table's).
 TEST(AdamW8Bit, OneProcessEqualsBitsandbytesBitwise) {
-  const Recorded read;
+  const RecordedFile file("adamw_8bit.safetensors");
+  auto read = [&](const std::string& name) { return file.Floats(name); };
   const ShardLayout layout = Layout(1);
   AdamW8BitState state(layout, 0, layout.padded_numel, HostZeros());
   at::Tensor p = read("p0");
   for (int64_t step = 1; step <= 5; ++step) {
     const std::string k = std::to_string(step);
-    state.Update(RecordedStep(step), p, read("g" + k), read("clip" + k).reshape({}));
+    state.Update(RecordedAdamWStep(step), p, read("g" + k), read("clip" + k).reshape({}));
     EXPECT_TRUE(at::equal(p, read("p" + k))) << "params after step " << step << ": max diff "
                                              << (p - read("p" + k)).abs().max().item<float>();
     EXPECT_TRUE(at::equal(state.exp_avg(), read("m" + k))) << "exp_avg after step " << step;
@@ -131,14 +104,15 @@ TEST(AdamW8Bit, OneProcessEqualsBitsandbytesBitwise) {
 // the first step (the moments then (1 - b1) g and (1 - b2) g^2, the same
 // values on both sides) leaves the two within two quantization steps.
 TEST(AdamW8Bit, ShardsEqualOneProcessExceptInTheBlocksTheirEdgesCut) {
-  const Recorded read;
+  const RecordedFile file("adamw_8bit.safetensors");
+  auto read = [&](const std::string& name) { return file.Floats(name); };
   const ShardLayout one = Layout(1), three = Layout(3);
   const int64_t total = one.numel;
   for (const int64_t steps : {int64_t{1}, int64_t{5}}) {
     AdamW8BitState whole(one, 0, one.padded_numel, HostZeros());
     at::Tensor p = read("p0");
     for (int64_t s = 1; s <= steps; ++s) {
-      whole.Update(RecordedStep(s), p, read("g" + std::to_string(s)), read("clip" + std::to_string(s)).reshape({}));
+      whole.Update(RecordedAdamWStep(s), p, read("g" + std::to_string(s)), read("clip" + std::to_string(s)).reshape({}));
     }
     const at::Tensor m_one = whole.exp_avg();
     int64_t cut_blocks = 0;
@@ -151,7 +125,7 @@ TEST(AdamW8Bit, ShardsEqualOneProcessExceptInTheBlocksTheirEdgesCut) {
       for (int64_t s = 1; s <= steps; ++s) {
         at::Tensor g = at::zeros({n});
         g.narrow(0, 0, real).copy_(read("g" + std::to_string(s)).narrow(0, first, real));
-        part.Update(RecordedStep(s), shard, g, read("clip" + std::to_string(s)).reshape({}));
+        part.Update(RecordedAdamWStep(s), shard, g, read("clip" + std::to_string(s)).reshape({}));
       }
       const at::Tensor m = part.exp_avg();
       for (const MomentSegment& seg : part.blocks().segments) {
@@ -207,7 +181,8 @@ TEST(AdamW8Bit, ShardsEqualOneProcessExceptInTheBlocksTheirEdgesCut) {
 // absmax, so its new absmax is that and every value is picked anew, which
 // can move it by no more than that.
 TEST(AdamW8Bit, LoadedValuesComeBackWithinAQuantizationStep) {
-  const Recorded read;
+  const RecordedFile file("adamw_8bit.safetensors");
+  auto read = [&](const std::string& name) { return file.Floats(name); };
   const ShardLayout three = Layout(3);
   const at::Tensor p = read("p0");
   for (const DynamicMap* map : {&DynamicMap::Signed(), &DynamicMap::Unsigned()}) {
@@ -223,7 +198,7 @@ TEST(AdamW8Bit, LoadedValuesComeBackWithinAQuantizationStep) {
       for (int64_t s = 1; s <= 3; ++s) {
         at::Tensor g = at::zeros({n});
         g.narrow(0, 0, real).copy_(read("g" + std::to_string(s)).narrow(0, first, real));
-        state.Update(RecordedStep(s), shard, g, at::scalar_tensor(1.0f));
+        state.Update(RecordedAdamWStep(s), shard, g, at::scalar_tensor(1.0f));
       }
       const bool is_m = map == &DynamicMap::Signed();
       const at::Tensor want = is_m ? state.exp_avg() : state.exp_avg_sq();

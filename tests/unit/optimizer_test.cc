@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "common/model/safetensors.h"
+#include "tests/unit/recorded_data.h"
 
 namespace shardline {
 namespace {
@@ -70,18 +70,6 @@ TEST(AdamW, DecayedAndUndecayedElementsFollowTorch) {
   EXPECT_NEAR(v[0].item<float>(), 0.05f * 0.25f, 1e-8);
 }
 
-// The hyperparameters of a training run (make_adamw_bf16.py's too) at `step`.
-AdamWStep TrainingStep(int64_t step) {
-  AdamWStep s;
-  s.lr = 3e-3;
-  s.beta1 = 0.9;
-  s.beta2 = 0.95;
-  s.eps = 1e-8;
-  s.weight_decay = 0.1;
-  s.step = step;
-  return s;
-}
-
 TEST(AdamW, AVectorizedShardUpdatesBitForBitAsElementByElement) {
   // The engine's update loop is vectorized (worker/CMakeLists.txt's flags);
   // one-element calls run its scalar remainder. Every lane must round as the
@@ -96,7 +84,7 @@ TEST(AdamW, AVectorizedShardUpdatesBitForBitAsElementByElement) {
     for (int64_t step = 1; step <= 3; ++step) {
       const at::Tensor g = (at::randn({n}) * 1e-2).to(grad_type);
       const at::Tensor clip = at::scalar_tensor(0.75f);
-      const AdamWStep s = TrainingStep(step);
+      const AdamWStep s = RecordedAdamWStep(step);
       AdamWUpdate(s, {{0, decayed}}, p, m, v, g, clip);
       for (int64_t i = 0; i < n; ++i) {
         const std::vector<DecayRange> decay = i < decayed ? std::vector<DecayRange>{{0, 1}} : std::vector<DecayRange>{};
@@ -115,19 +103,13 @@ TEST(AdamW, AVectorizedShardUpdatesBitForBitAsElementByElement) {
 // own op sequence, so nothing but the ops' rounding enters, and that is the
 // same on both sides.
 TEST(AdamW, Bf16StateEqualsTorchsAdamWOnBf16ParametersBitwise) {
-  auto file = SafetensorsReader::Open(std::string(SHARDLINE_TEST_DATA) + "/adamw_bf16.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status();
-  auto read = [&](const std::string& name) {
-    const int64_t n = (*file)->entries().at(name).numel();
-    at::Tensor t = at::empty({n}, at::kFloat);
-    EXPECT_TRUE((*file)->ReadFloats(name, 0, n, t.data_ptr<float>()).ok()) << name;
-    return t;
-  };
+  const RecordedFile file("adamw_bf16.safetensors");
+  auto read = [&](const std::string& name) { return file.Floats(name); };
   at::Tensor p = read("p0").to(at::kBFloat16);  // exact: the file's values are bf16
   at::Tensor m = at::zeros_like(p), v = at::zeros_like(p);
   for (int64_t step = 1; step <= 5; ++step) {
     const std::string k = std::to_string(step);
-    const AdamWStep s = TrainingStep(step);
+    const AdamWStep s = RecordedAdamWStep(step);
     AdamWUpdate(s, {{0, 600}}, p, m, v, read("g" + k).to(at::kBFloat16), read("clip" + k).reshape({}));
     EXPECT_TRUE(at::equal(p.to(at::kFloat), read("p" + k))) << "params after step " << step;
     EXPECT_TRUE(at::equal(m.to(at::kFloat), read("m" + k))) << "exp_avg after step " << step;

@@ -30,9 +30,9 @@ constexpr const char* kKinds[] = {"param", "exp_avg", "exp_avg_sq"};
 // resume over the same shards continues bitwise; empty where no old shard
 // is this range or the state keeps none (then the values are requantized).
 absl::StatusOr<AdamWState::Encoded> ReadEncoded(CheckpointReader& ckpt, const Engine& engine, int u, int64_t begin) {
-  const AdamWState::Encoded live = engine.Shard(u).encoded;
+  const AdamWState::Encoded live = engine.ShardEncoding(u);
   const ManifestUnit& old = ckpt.manifest().units[u];
-  const int64_t numel = engine.Shard(u).master.numel();
+  const int64_t numel = engine.ShardLength(u);
   if (live.empty() || old.shard != numel || begin % old.shard != 0 || begin >= old.numel) return AdamWState::Encoded();
   const int rank = static_cast<int>(begin / old.shard);
   if (rank >= ckpt.manifest().shard_group_size) return AdamWState::Encoded();
@@ -151,7 +151,7 @@ absl::StatusOr<CheckpointManifest> LoadCheckpoint(Engine& engine, const JobConfi
     // the host as fp32; then set in one piece (rounded to nearest even into
     // bf16 state, as Optimizer.load_state_dict casts state; quantized into
     // 8-bit moments).
-    const int64_t numel = engine.Shard(u).master.numel();
+    const int64_t numel = engine.ShardLength(u);
     const int64_t begin = engine.ShardStateOffset(u);
     const int64_t end = std::min(begin + engine.ShardStateNumel(u), now.numel);  // padding stays zero
     Engine::ShardState values{at::zeros({numel}, at::kFloat), at::zeros({numel}, at::kFloat),

@@ -158,8 +158,14 @@ class Engine {
   };
   ShardState Shard(int i) const {
     const FlatParam& f = *trainable_[i];
-    const AdamWState& o = *f.optimizer();
-    return {f.master(), o.exp_avg(), o.exp_avg_sq(), f.replica_sharded() ? AdamWState::Encoded() : o.Encode()};
+    return {f.master(), f.optimizer()->exp_avg(), f.optimizer()->exp_avg_sq(), ShardEncoding(i)};
+  }
+  // Shard(i)'s length and its `encoded`, without the moments' values (which
+  // 8-bit moments dequantize).
+  int64_t ShardLength(int i) const { return trainable_[i]->owned_numel(); }
+  AdamWState::Encoded ShardEncoding(int i) const {
+    const FlatParam& f = *trainable_[i];
+    return f.replica_sharded() ? AdamWState::Encoded() : f.optimizer()->Encode();
   }
   // Sets that state to a checkpoint's `values` (fp32, Shard(i)'s lengths,
   // on any device; `encoded`, where given, Shard(i)'s of a state over the
