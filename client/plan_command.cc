@@ -108,6 +108,10 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
                                                      "PEFT's, q_proj,v_proj for llama, c_attn for gpt2)");
   cmd->add_option("--lora-base", f->lora_base, "LoRA: the frozen base sharded (default) or replicated")
       ->check(CLI::IsMember({"sharded", "replicated"}));
+  cmd->add_option("--lora-base-dtype", f->lora_base_dtype,
+                  "LoRA: the frozen base in the parameter dtype (param_dtype, default) or, QLoRA, its blocks' "
+                  "matrices in 4-bit NF4 (nf4)")
+      ->check(CLI::IsMember({"param_dtype", "nf4"}));
 }
 
 namespace {
@@ -115,13 +119,21 @@ namespace {
 // --lora-* over the job file's [lora] (if any), validated as a job's would be.
 absl::Status ApplyLoraFlags(const PlanFlags& f, PlanInput* in) {
   LoraConfig& l = in->lora;
-  if (f.lora_rank == 0 && f.lora_targets.empty() && f.lora_base.empty()) return absl::OkStatus();
+  if (f.lora_rank == 0 && f.lora_targets.empty() && f.lora_base.empty() && f.lora_base_dtype.empty()) {
+    return absl::OkStatus();
+  }
   if (f.lora_rank < 0) return absl::InvalidArgumentError("plan: --lora-rank must be at least 1");
-  if (!l.enabled && f.lora_rank == 0) return absl::InvalidArgumentError("plan: --lora-targets and --lora-base need --lora-rank");
+  if (!l.enabled && f.lora_rank == 0) {
+    return absl::InvalidArgumentError(
+        "plan: --lora-targets, --lora-base and --lora-base-dtype need --lora-rank (a frozen base is LoRA's)");
+  }
   l.enabled = true;
   if (f.lora_rank > 0) l.rank = f.lora_rank;
   if (!f.lora_targets.empty()) l.target_modules = absl::StrSplit(f.lora_targets, ',', absl::SkipEmpty());
   if (!f.lora_base.empty()) l.base = f.lora_base == "replicated" ? LoraBase::kReplicated : LoraBase::kSharded;
+  if (!f.lora_base_dtype.empty()) {
+    l.base_dtype = f.lora_base_dtype == "nf4" ? LoraBaseDType::kNf4 : LoraBaseDType::kParamDType;
+  }
   JobConfig c;
   c.model = in->model;
   c.lora = l;

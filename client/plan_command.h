@@ -33,7 +33,7 @@ struct PlanFlags {
   // (comma-separated, or all-linear; default PEFT's) over a --lora-base
   // (sharded | replicated) frozen base.
   int lora_rank = 0;
-  std::string lora_targets, lora_base;
+  std::string lora_targets, lora_base, lora_base_dtype;
   ClusterSpec cluster;
 };
 

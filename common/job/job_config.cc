@@ -68,6 +68,7 @@ bool MomentsPairWithMaster(MomentsDType moments, DType master) {
 }
 
 const char* LoraBaseName(LoraBase b) { return b == LoraBase::kSharded ? "sharded" : "replicated"; }
+const char* LoraBaseDTypeName(LoraBaseDType d) { return d == LoraBaseDType::kNf4 ? "nf4" : "param_dtype"; }
 
 bool ShardsParams(Strategy s) { return s == Strategy::kFullShard || s == Strategy::kHybridShard; }
 bool ShardsGrads(Strategy s) {

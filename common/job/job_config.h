@@ -224,6 +224,12 @@ struct PrefetchConfig {
 // [out, in] gets lora_A [rank, in] and lora_B [out, rank], and computes
 // x W^T + (alpha / rank) (x A^T) B^T.
 enum class LoraBase { kSharded, kReplicated };
+// How the frozen base is stored: in [precision] param_dtype, or (QLoRA) its
+// blocks' projection matrices in NF4, 4 bits a weight in blocks of 64 with
+// double-quantized scales, dequantized to param_dtype for each use (the
+// norms, biases, embedding and head stay in param_dtype, as bitsandbytes'
+// Linear4bit leaves them).
+enum class LoraBaseDType { kParamDType, kNf4 };
 struct LoraConfig {
   bool enabled = false;  // the job file has a [lora] table
   int rank = 8;          // PEFT's defaults: r = 8, lora_alpha = 8
@@ -236,6 +242,7 @@ struct LoraConfig {
   // The frozen base: sharded (gathered per unit, as full_shard does) or
   // replicated (every rank holds it whole; no communication for it).
   LoraBase base = LoraBase::kSharded;
+  LoraBaseDType base_dtype = LoraBaseDType::kParamDType;
   std::set<std::string> explicit_keys;
   // Not a job-file key: BaseWeightsDigest of the frozen base, filled by
   // whoever first opens it (the coordinator at submit, shardline-train at
@@ -244,6 +251,7 @@ struct LoraConfig {
   double scaling() const { return alpha / rank; }
 };
 const char* LoraBaseName(LoraBase b);
+const char* LoraBaseDTypeName(LoraBaseDType d);
 
 struct CheckpointConfig {
   std::string dir;

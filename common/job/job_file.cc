@@ -205,6 +205,13 @@ absl::StatusOr<LoraBase> ParseLoraBase(const std::string& s) {
   if (s == "replicated") return LoraBase::kReplicated;
   return absl::InvalidArgumentError(absl::StrCat("unknown value ", Quoted(s), " (expected sharded or replicated)"));
 }
+absl::StatusOr<LoraBaseDType> ParseLoraBaseDType(const std::string& s) {
+  for (LoraBaseDType d : {LoraBaseDType::kParamDType, LoraBaseDType::kNf4}) {
+    if (s == LoraBaseDTypeName(d)) return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown value ", Quoted(s), " (expected nf4, or param_dtype: the base in [precision] param_dtype)"));
+}
 
 // The sections in the order their errors are reported.
 constexpr const char* kSections[] = {"job",         "model",     "data",   "train",    "optimizer", "parallelism",
@@ -353,6 +360,7 @@ void ReadLoraAndCheckpoint(SectionReaders& r, JobConfig& c) {
   lora.Double("dropout", &c.lora.dropout);
   lora.String("init_from", &c.lora.init_from);
   lora.Enum<LoraBase>("base", &c.lora.base, ParseLoraBase);
+  lora.Enum<LoraBaseDType>("base_dtype", &c.lora.base_dtype, ParseLoraBaseDType);
   c.lora.explicit_keys = lora.Present();
   TableReader& ck = r["checkpoint"];
   ck.String("dir", &c.checkpoint.dir);

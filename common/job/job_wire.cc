@@ -34,6 +34,7 @@ SHARDLINE_WIRE_ENUM(MomentsDType, MomentsDType::kDynamic8Bit)
 SHARDLINE_WIRE_ENUM(BackwardPrefetch, BackwardPrefetch::kNone)
 SHARDLINE_WIRE_ENUM(DataFormat, DataFormat::kSynthetic)
 SHARDLINE_WIRE_ENUM(LoraBase, LoraBase::kReplicated)
+SHARDLINE_WIRE_ENUM(LoraBaseDType, LoraBaseDType::kNf4)
 SHARDLINE_WIRE_ENUM(GradAccumulation, GradAccumulation::kUnsharded)
 SHARDLINE_WIRE_ENUM(LrSchedule, LrSchedule::kWsd)
 #undef SHARDLINE_WIRE_ENUM
@@ -61,7 +62,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PrecisionConfig, param_dtype, reduce_dtype, b
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MemoryConfig, activation_checkpointing, cpu_offload, recompute_cheap_ops)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PrefetchConfig, forward, backward, max_inflight_all_gathers)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LoraConfig, enabled, rank, alpha, target_modules, dropout, init_from, base,
-                                   explicit_keys, base_digest)
+                                   base_dtype, explicit_keys, base_digest)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CheckpointConfig, dir, interval, keep_latest, interval_seconds, async,
                                                 at_end)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RestartConfig, max_restarts, min_workers, restart_timeout)

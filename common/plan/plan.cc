@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/ring_bytes.h"
 #include "common/base/status_macros.h"
+#include "common/model/nf4_layout.h"
 #include "common/model/moment_blocks.h"
 #include "common/model/model_shapes.h"
 #include "common/model/table_shard.h"
@@ -191,6 +192,16 @@ struct Movement {
   int g = 1, replicas = 1;
   UnitSizes t, whole, f;
   bool lora = false, base_sharded = false;
+  // [lora] base_dtype = "nf4": a block's frozen matrices in NF4 over the
+  // base's group (nf4_block), its other parameters (dense_block elements,
+  // padded to the group) in the param dtype.
+  bool nf4 = false;
+  Nf4Layout nf4_block;
+  int64_t dense_block = 0;
+  // A frozen block as an all-gather leaves it, in bytes.
+  int64_t FrozenBlockGatheredBytes(int p) const {
+    return nf4 ? p * dense_block + nf4_block.gathered_bytes() : p * f.block;
+  }
   // The sparse embedding's (per micro-batch): whether it applies, to a tied
   // table, whose rows' gradients are gathered across replicas (instead of
   // the shard's all-reduce: world_rows); the bytes of its lookup, of its
@@ -274,7 +285,9 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     w.forward_s = u == 0 ? 0 : block ? x.block_forward : x.head_forward;
     w.backward_s = u == 0 ? 0 : block ? x.block_backward : x.head_backward;
     if (ShardsParams(mv.s)) w.gather_bytes += comm::RingAllGatherBytes(size(mv.t) * p, g);
-    if (mv.base_sharded) w.gather_bytes += comm::RingAllGatherBytes(size(mv.f) * p, g);
+    if (mv.base_sharded) {
+      w.gather_bytes += comm::RingAllGatherBytes(block ? mv.FrozenBlockGatheredBytes(p) : size(mv.f) * p, g);
+    }
     // The last block stays gathered from its forward to its backward.
     w.gather_in_backward = block && u != units - 2 && w.gather_bytes > 0;
     w.has_backward = !(mv.lora && u == 0);
@@ -331,7 +344,9 @@ ScheduleInput ScheduleOf(const PlanInput& in, const StepShape& x, const Movement
     // (After the last micro-batch's head, not waited on until the end.)
     head.replica_bytes += mv.head_parts_bytes + mv.replica_prefix_bytes;
   }
-  if (mv.base_sharded && m.n_layer > 0) sch.first_block_frozen_bytes = comm::RingAllGatherBytes(mv.f.block * p, g);
+  if (mv.base_sharded && m.n_layer > 0) {
+    sch.first_block_frozen_bytes = comm::RingAllGatherBytes(mv.FrozenBlockGatheredBytes(p), g);
+  }
   const int64_t full = mv.whole.embed + mv.whole.head + m.n_layer * mv.whole.block;
   if (!ShardsParams(mv.s) && g > 1) sch.after_step_gather_bytes = comm::RingAllGatherBytes(full * p, g);
   return sch;
@@ -367,7 +382,25 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
   if (lora) {
     SL_ASSIGN_OR_RETURN(const std::vector<ShardLayout> base, model::OwnershipMap(m, mv.base_sharded ? g : 1));
     mv.f = SizesOf(base);
-    const int64_t frozen = p * (mv.f.embed + mv.f.head + m.n_layer * mv.f.block) / (mv.base_sharded ? g : 1);
+    const int gb = mv.base_sharded ? g : 1;
+    int64_t block_bytes = p * mv.f.block / gb;
+    if (in.lora.base_dtype == LoraBaseDType::kNf4 && m.n_layer > 0) {
+      // (Nf4Base's layout, and the dense rest's FlatParam.)
+      mv.nf4 = true;
+      std::vector<int64_t> matrices;
+      int64_t dense = 0;
+      for (const ParamSpec& q : model::UnitParams(m, 1)) {
+        if (IsNf4Matrix(q)) {
+          matrices.push_back(q.numel());
+        } else {
+          dense += q.numel();
+        }
+      }
+      mv.nf4_block = MakeNf4Layout(matrices, gb);
+      mv.dense_block = (dense + gb - 1) / gb * gb;
+      block_bytes = p * mv.dense_block / gb + mv.nf4_block.resident_bytes();
+    }
+    const int64_t frozen = p * (mv.f.embed + mv.f.head) / gb + m.n_layer * block_bytes;
     sp->params_bytes += frozen;
     sp->state_bytes += frozen;
   }
@@ -466,7 +499,12 @@ void PlanMemory(const PlanInput& in, const StepShape& x, const Movement& mv, Str
   }
   const int live_blocks = std::min(m.n_layer, 1 + in.max_inflight_all_gathers);
   if (ShardsParams(mv.s)) sp->transient_bytes += p * (t.embed + t.head + live_blocks * t.block);
-  if (mv.base_sharded) sp->transient_bytes += p * (mv.f.embed + mv.f.head + live_blocks * mv.f.block);
+  if (mv.base_sharded) {
+    sp->transient_bytes += p * (mv.f.embed + mv.f.head) + live_blocks * mv.FrozenBlockGatheredBytes(p);
+  }
+  // An NF4 block in use holds its matrices dequantized (one block at a time:
+  // each is resharded before the next is waited for).
+  if (mv.nf4) sp->transient_bytes += p * mv.nf4_block.numel;
   sp->transient_bytes -= p * table;  // (counted just above, and never gathered)
   // Unsharded gradients: under sharded accumulation (or one micro-batch)
   // the unit in compute and the one being reduced (two blocks, or the head

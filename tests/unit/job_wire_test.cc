@@ -87,6 +87,7 @@ JobConfig EveryFieldSet() {
   c.lora.target_modules = {"q_proj", "v_proj"};
   c.lora.init_from = "/w/adapter";
   c.lora.base = LoraBase::kReplicated;
+  c.lora.base_dtype = LoraBaseDType::kNf4;
   c.lora.explicit_keys = {"rank"};
   c.lora.base_digest = std::string(64, 'a');
   c.checkpoint = {"/ck", 9, 1, 30.5, false, false};

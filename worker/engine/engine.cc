@@ -163,7 +163,12 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
     base.persistent_params = lora.base == LoraBase::kReplicated || G == 1;
     if (base.persistent_params) base_group = 1, base_rank = 0;
   }
-  SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(model::UnitName(m, u), model::UnitParams(m, u), base_group));
+  std::vector<ParamSpec> dense = model::UnitParams(m, u);
+  std::unique_ptr<Nf4Base> quantized;
+  if (lora.enabled && lora.base_dtype == LoraBaseDType::kNf4 && model::IsBlock(m, u)) {
+    SL_ASSIGN_OR_RETURN(quantized, QuantizeBlockBase(u, weights, base_group, base_rank, &dense));
+  }
+  SL_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(model::UnitName(m, u), std::move(dense), base_group));
   SL_ASSIGN_OR_RETURN(std::unique_ptr<FlatParam> unit, make(std::move(layout), base, base_rank, weights, init_base));
   std::vector<model::LoraTarget> targets = model::LoraTargets(m, lora, u);
   std::unique_ptr<FlatParam> unit_adapters;
@@ -173,8 +178,39 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
     auto init_adapters = [&](const ShardLayout& al, at::Tensor full) { InitAdapterUnit(al, config_.train.seed, full); };
     SL_ASSIGN_OR_RETURN(unit_adapters, make(std::move(l), opts, shard_rank, adapters, init_adapters));
   }
-  units_.emplace_back(std::move(unit), std::move(unit_adapters), std::move(targets), lora.scaling());
+  units_.emplace_back(std::move(unit), std::move(unit_adapters), std::move(targets), lora.scaling(),
+                      std::move(quantized));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Nf4Base>> Engine::QuantizeBlockBase(int u, const WeightSource* weights, int group,
+                                                                   int rank, std::vector<ParamSpec>* params) {
+  // The matrices (bitsandbytes quantizes the linear layers' weights; the
+  // norms and biases stay dense), each read whole: its offset is the mean
+  // over all its blocks.
+  std::vector<Nf4Base::Matrix> matrices;
+  std::vector<ParamSpec> dense, specs;
+  for (size_t i = 0; i < params->size(); ++i) {
+    ParamSpec& p = (*params)[i];
+    if (IsNf4Matrix(p)) {
+      specs.push_back(p);
+      matrices.push_back({std::move(p), static_cast<int>(i)});
+    } else {
+      dense.push_back(std::move(p));
+    }
+  }
+  *params = std::move(dense);
+  SL_ASSIGN_OR_RETURN(ShardLayout whole, MakeShardLayout(model::UnitName(config_.model, u), std::move(specs), 1));
+  at::Tensor full = at::zeros({whole.padded_numel}, at::kFloat);
+  if (weights) {
+    SL_RETURN_IF_ERROR(ReadUnitWeights(*weights, whole, /*shard_only=*/false, 0, full.data_ptr<float>()));
+  } else {
+    family_->InitUnit(whole, config_.train.seed, full);
+  }
+  std::vector<at::Tensor> values;
+  for (const ParamSlot& slot : whole.params) values.push_back(full.narrow(0, slot.offset, slot.spec.numel()));
+  return std::make_unique<Nf4Base>(whole.unit, std::move(matrices), values, group, rank,
+                                   TorchDType(config_.precision.param_dtype), *device_, &ledger_);
 }
 
 // ---- prefetch -------------------------------------------------------------

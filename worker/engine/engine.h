@@ -280,6 +280,11 @@ class Engine {
   // head); leaves the gradient of its input in *grad.
   absl::Status Backward(int u, at::Tensor* grad);
   absl::Status InitUnit(int u, const WeightSource* weights, const WeightSource* adapters);
+  // A block's projection matrices in NF4 ([lora] base_dtype = "nf4"): takes
+  // them out of `params` (the unit's, which keeps the dense rest) and
+  // quantizes them for `rank` of a shard group of `group`.
+  absl::StatusOr<std::unique_ptr<Nf4Base>> QuantizeBlockBase(int u, const WeightSource* weights, int group, int rank,
+                                                             std::vector<ParamSpec>* params);
 
   // Starts unit u's all-gathers unless max_inflight_all_gathers are in flight.
   void Prefetch(int u);

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/adamw_8bit.h"
+#include "worker/engine/storage_views.h"
 
 namespace shardline {
 
@@ -24,36 +25,11 @@ void MemoryLedger::Add(MemKind k, int64_t bytes) {
   peak_ = std::max(peak_, total_);
 }
 
-namespace {
-
-// Releases a storage's memory but keeps the StorageImpl every view shares.
-void ReleaseStorage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  s->set_nbytes(0);
-}
-// Gives a released storage fresh memory of its full size.
-void ReacquireStorage(const at::Tensor& t, int64_t nbytes) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
-  s->set_nbytes(nbytes);
-}
-
-}  // namespace
 
 at::Tensor FlatParam::NewTensor(int64_t numel, at::ScalarType dtype, MemKind kind) {
   at::Tensor t = device_.Empty(numel, dtype);
   ledger_->Add(kind, t.nbytes());
   return t;
-}
-
-at::Tensor FlatParam::ViewOf(const at::Tensor& flat, int64_t offset, const std::vector<int64_t>& shape) {
-  // A fresh TensorImpl over the same storage: its own version counter.
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
-  at::Tensor v = at::empty({0}, flat.options());
-  v.set_(flat.storage(), flat.storage_offset() + offset, shape, strides);
-  return v;
 }
 
 FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options, const Device& device,
@@ -69,10 +45,10 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
     grad_full_.zero_();
   }
   for (const ParamSlot& slot : layout_.params) {
-    at::Tensor w = ViewOf(unsharded_, slot.offset, slot.spec.shape);
+    at::Tensor w = StorageView(unsharded_, slot.offset, slot.spec.shape);
     if (trainable) {
       w.requires_grad_(true);
-      w.mutable_grad() = ViewOf(grad_full_, slot.offset, slot.spec.shape);
+      w.mutable_grad() = StorageView(grad_full_, slot.offset, slot.spec.shape);
     }
     weights_.push_back(std::move(w));
   }

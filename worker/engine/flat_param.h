@@ -206,7 +206,6 @@ class FlatParam {
 
  private:
   at::Tensor NewTensor(int64_t numel, at::ScalarType dtype, MemKind kind);
-  static at::Tensor ViewOf(const at::Tensor& flat, int64_t offset, const std::vector<int64_t>& shape);
   void AllocUnsharded();
   void FreeUnsharded();
   // Replica-sharded: the pieces' buffers, master and grad_owned from the

@@ -51,25 +51,44 @@ Nf4Tensor QuantizeNf4(const at::Tensor& values) {
   return out;
 }
 
-at::Tensor DequantizeNf4(const Nf4Tensor& t, at::ScalarType dtype) {
-  const int64_t nb = t.qabsmax.numel();
-  at::Tensor absmax = at::empty({nb}, at::kFloat);
-  for (int64_t lo = 0; lo < nb; lo += Nf4Tensor::kScaleBlock) {
-    DynamicMap::Signed().DequantizeBlock(t.qabsmax.data_ptr<uint8_t>() + lo, std::min(Nf4Tensor::kScaleBlock, nb - lo),
-                                         t.absmax2.data_ptr<float>()[lo / Nf4Tensor::kScaleBlock],
-                                         absmax.data_ptr<float>() + lo);
-  }
-  absmax.add_(at::scalar_tensor(t.offset, at::kFloat));
-  at::Tensor out = at::empty({t.numel}, at::kFloat);
-  const uint8_t* packed = t.packed.data_ptr<uint8_t>();
-  const float* scale = absmax.data_ptr<float>();
-  float* x = out.data_ptr<float>();
+Nf4Tables::Nf4Tables(const at::Device& device) {
   const std::array<float, 16>& code = Nf4Codes();
-  for (int64_t i = 0; i < t.numel; ++i) {
-    const uint8_t byte = packed[i / 2];
-    x[i] = code[i % 2 == 0 ? byte >> 4 : byte & 0x0F] * scale[i / Nf4Tensor::kBlockNumel];
+  at::Tensor pairs = at::empty({256, 2}, at::kFloat);
+  float* p = pairs.data_ptr<float>();
+  for (int b = 0; b < 256; ++b) p[2 * b] = code[b >> 4], p[2 * b + 1] = code[b & 0x0F];
+  const std::array<float, 256>& scales = DynamicMap::Signed().codes();
+  pairs_ = pairs.to(device);
+  scale_codes_ = at::from_blob(const_cast<float*>(scales.data()), {256}, at::kFloat).clone().to(device);
+}
+
+void DequantizeNf4Into(const Nf4Tensor& t, const Nf4Tables& tables, at::Tensor out) {
+  const int64_t nb = t.qabsmax.numel(), k = Nf4Tensor::kBlockNumel;
+  // The blocks' absmax: code8[q] * scale, then + offset (dequantize_blockwise,
+  // then the offset), one fp32 rounding each.
+  const at::Tensor scale = t.absmax2.repeat_interleave(Nf4Tensor::kScaleBlock).narrow(0, 0, nb);
+  at::Tensor absmax = tables.scale_codes().index_select(0, t.qabsmax.to(at::kInt)).mul_(scale);
+  absmax.add_(at::scalar_tensor(t.offset, at::kFloat).to(absmax.device()));
+  // Each value: nf4[code] * its block's absmax, one fp32 product, in chunks
+  // of blocks so that the fp32 temporaries stay small beside the matrix.
+  constexpr int64_t kChunkBlocks = 4096;
+  for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
+    const int64_t first = b0 * k, numel = std::min(t.numel, (b0 + kChunkBlocks) * k) - first;
+    const at::Tensor bytes = t.packed.narrow(0, first / 2, (numel + 1) / 2).to(at::kInt);
+    const at::Tensor x = tables.pairs().index_select(0, bytes).view({-1});
+    const int64_t full = numel / k * k, rem = numel - full;
+    at::Tensor o = out.narrow(0, first, numel);
+    if (full > 0) {
+      o.narrow(0, 0, full).view({full / k, k}).copy_(x.narrow(0, 0, full).view({full / k, k}) *
+                                                     absmax.narrow(0, b0, full / k).unsqueeze(1));
+    }
+    if (rem > 0) o.narrow(0, full, rem).copy_(x.narrow(0, full, rem) * absmax.narrow(0, nb - 1, 1));
   }
-  return out.to(dtype);
+}
+
+at::Tensor DequantizeNf4(const Nf4Tensor& t, at::ScalarType dtype) {
+  at::Tensor out = at::empty({t.numel}, t.packed.options().dtype(dtype));
+  DequantizeNf4Into(t, Nf4Tables(t.packed.device()), out);
+  return out;
 }
 
 }  // namespace shardline

@@ -17,8 +17,9 @@
 //
 // The offset is the mean over the whole tensor's blocks, so quantizing needs
 // the whole tensor's block maxima (a rank quantizing only its range needs the
-// others' maxima to equal bitsandbytes). Pure functions of host tensors; any
-// thread.
+// others' maxima to equal bitsandbytes). Quantizing runs on the host;
+// dequantizing is tensor ops on the tensors' device (the same fp32 products
+// on every device). Pure functions; any thread.
 #pragma once
 
 #include <array>
@@ -26,11 +27,13 @@
 
 #include <ATen/ATen.h>
 
+#include "common/model/nf4_layout.h"
+
 namespace shardline {
 
 struct Nf4Tensor {
-  static constexpr int64_t kBlockNumel = 64;
-  static constexpr int64_t kScaleBlock = 256;  // blocks per scale of the second quantization
+  static constexpr int64_t kBlockNumel = Nf4Layout::kBlockNumel;
+  static constexpr int64_t kScaleBlock = Nf4Layout::kScaleBlock;  // blocks per scale of the second quantization
   int64_t numel = 0;
   at::Tensor packed;   // uint8 [ceil(numel / 2)]
   at::Tensor qabsmax;  // uint8 [blocks]: the blocks' absmax less `offset`, 8-bit
@@ -44,7 +47,24 @@ const std::array<float, 16>& Nf4Codes();
 
 // `values`: any floating dtype, any shape (flattened), on the host.
 Nf4Tensor QuantizeNf4(const at::Tensor& values);
-// [numel] in `dtype`.
+
+// The lookup tables dequantizing reads, on one device.
+class Nf4Tables {
+ public:
+  explicit Nf4Tables(const at::Device& device);
+  // fp32 [256, 2]: a packed byte's two values, high nibble first.
+  const at::Tensor& pairs() const { return pairs_; }
+  // fp32 [256]: the signed dynamic map the scales are quantized over.
+  const at::Tensor& scale_codes() const { return scale_codes_; }
+
+ private:
+  at::Tensor pairs_, scale_codes_;
+};
+
+// Writes t's values into `out` ([t.numel], any floating dtype, on the tables'
+// and t's device), rounded from fp32 as bitsandbytes' dequantize_4bit does.
+void DequantizeNf4Into(const Nf4Tensor& t, const Nf4Tables& tables, at::Tensor out);
+// [numel] in `dtype`, on t's device.
 at::Tensor DequantizeNf4(const Nf4Tensor& t, at::ScalarType dtype);
 
 }  // namespace shardline

@@ -3,6 +3,8 @@
 // together, and what its forward kept for its backward.
 //
 //   base        every parameter of the unit; frozen under LoRA
+//   quantized   a block's projection matrices in NF4 under [lora] base_dtype
+//               = "nf4" (then `base` holds its other parameters); else null
 //   adapters    the unit's LoRA adapters, trainable; null without LoRA and
 //               for a unit LoRA does not target
 //   targets     which base weights the adapters apply to (empty without)
@@ -12,12 +14,13 @@
 // Unshard life cycle, of both FlatParams together (FlatParam's, see
 // flat_param.h, and FSDP2's unshard / wait_for_unshard / reshard):
 //
-//   Unshard   issues the all-gathers, base first, on the shard group (its
-//             all-gather stream on a device-ordered backend)
-//   Wait      makes the compute stream wait for them (never the host)
+//   Unshard   issues the all-gathers, base first, then quantized, on the
+//             shard group (its all-gather stream on a device-ordered backend)
+//   Wait      makes the compute stream wait for them (never the host), and
+//             dequantizes the quantized matrices on it
 //   Reshard   frees the unsharded storage where the strategy shards
 //             parameters; a no-op where they persist (ZeRO 0-2, a
-//             replicated LoRA base)
+//             replicated LoRA base); the dequantized matrices always
 //
 // Each transition is a no-op when repeated; Wait without Unshard and Reshard
 // while a gather is in flight are errors (FlatParam's). The schedule decides
@@ -38,6 +41,7 @@
 #include "worker/comm/comm_waiter.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/flat_param.h"
+#include "worker/engine/nf4_base.h"
 #include "worker/model/family.h"
 
 namespace shardline {
@@ -54,14 +58,17 @@ class Unit {
 
   // `base` must be non-null; `adapters` is null without LoRA adapters, and
   // then `targets` is empty. `lora_scaling` is LoRA's alpha / rank.
+  // `quantized` (may be null) holds the unit's parameters at its matrices'
+  // unit indices, `base` the others in order.
   Unit(std::unique_ptr<FlatParam> base, std::unique_ptr<FlatParam> adapters, std::vector<model::LoraTarget> targets,
-       double lora_scaling);
+       double lora_scaling, std::unique_ptr<Nf4Base> quantized = nullptr);
   Unit(Unit&&) = default;
   Unit& operator=(Unit&&) = default;
 
   const std::string& name() const { return base_->layout().unit; }
   FlatParam& base() const { return *base_; }
   FlatParam* adapters() const { return adapters_.get(); }
+  Nf4Base* quantized() const { return quantized_.get(); }
   // The FlatParam that trains: the base without LoRA, the adapters with it;
   // null where nothing of the unit trains (a block LoRA does not target).
   FlatParam* trainable() const;
@@ -77,9 +84,10 @@ class Unit {
   // [prefetch] max_inflight_all_gathers).
   bool gathering() const;
 
-  // The weights a family computes with, valid while unsharded: the base's,
-  // and for a block its adapters mapped onto the base weights they target.
-  const Weights& weights() const { return base_->weights(); }
+  // The weights a family computes with, valid while unsharded: the base's
+  // (and the quantized matrices', in the unit's order), and for a block its
+  // adapters mapped onto the base weights they target.
+  const Weights& weights() const { return quantized_ ? merged_ : base_->weights(); }
   BlockWeights block_weights() const;
 
   // Allocates the gradient storage of both FlatParams (zeroed) where it is
@@ -94,6 +102,8 @@ class Unit {
  private:
   std::unique_ptr<FlatParam> base_;
   std::unique_ptr<FlatParam> adapters_;
+  std::unique_ptr<Nf4Base> quantized_;
+  Weights merged_;  // with `quantized`: every weight in the unit's order
   std::vector<model::LoraTarget> targets_;
   double lora_scaling_ = 0;
   Activation activation_;
