@@ -4,6 +4,19 @@ namespace shardline {
 
 bool IsNf4Matrix(const ParamSpec& p) { return p.shape.size() == 2; }
 
+Nf4Split SplitNf4Matrices(std::vector<ParamSpec> params) {
+  Nf4Split out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (IsNf4Matrix(params[i])) {
+      out.matrices.push_back(std::move(params[i]));
+      out.matrix_index.push_back(static_cast<int>(i));
+    } else {
+      out.dense.push_back(std::move(params[i]));
+    }
+  }
+  return out;
+}
+
 Nf4Layout MakeNf4Layout(const std::vector<int64_t>& numels, int group_size) {
   Nf4Layout l;
   l.group_size = group_size;

@@ -50,6 +50,14 @@ struct Nf4Layout {
 };
 
 bool IsNf4Matrix(const ParamSpec& p);
+// A unit's parameters parted as an NF4 base holds them: its matrices (with
+// each one's index among the unit's parameters) and the dense rest, each in
+// the unit's order.
+struct Nf4Split {
+  std::vector<ParamSpec> matrices, dense;
+  std::vector<int> matrix_index;
+};
+Nf4Split SplitNf4Matrices(std::vector<ParamSpec> params);
 // `numels`: each matrix's, in the unit's order.
 Nf4Layout MakeNf4Layout(const std::vector<int64_t>& numels, int group_size);
 

@@ -387,15 +387,11 @@ absl::StatusOr<std::optional<Movement>> MovementOf(const PlanInput& in, const St
     if (in.lora.base_dtype == LoraBaseDType::kNf4 && m.n_layer > 0) {
       // (Nf4Base's layout, and the dense rest's FlatParam.)
       mv.nf4 = true;
+      const Nf4Split split = SplitNf4Matrices(model::UnitParams(m, 1));
       std::vector<int64_t> matrices;
       int64_t dense = 0;
-      for (const ParamSpec& q : model::UnitParams(m, 1)) {
-        if (IsNf4Matrix(q)) {
-          matrices.push_back(q.numel());
-        } else {
-          dense += q.numel();
-        }
-      }
+      for (const ParamSpec& q : split.matrices) matrices.push_back(q.numel());
+      for (const ParamSpec& q : split.dense) dense += q.numel();
       mv.nf4_block = MakeNf4Layout(matrices, gb);
       mv.dense_block = (dense + gb - 1) / gb * gb;
       block_bytes = p * mv.dense_block / gb + mv.nf4_block.resident_bytes();

@@ -188,19 +188,12 @@ absl::StatusOr<std::unique_ptr<Nf4Base>> Engine::QuantizeBlockBase(int u, const 
   // The matrices (bitsandbytes quantizes the linear layers' weights; the
   // norms and biases stay dense), each read whole: its offset is the mean
   // over all its blocks.
+  Nf4Split split = SplitNf4Matrices(std::move(*params));
+  *params = std::move(split.dense);
   std::vector<Nf4Base::Matrix> matrices;
-  std::vector<ParamSpec> dense, specs;
-  for (size_t i = 0; i < params->size(); ++i) {
-    ParamSpec& p = (*params)[i];
-    if (IsNf4Matrix(p)) {
-      specs.push_back(p);
-      matrices.push_back({std::move(p), static_cast<int>(i)});
-    } else {
-      dense.push_back(std::move(p));
-    }
-  }
-  *params = std::move(dense);
-  SL_ASSIGN_OR_RETURN(ShardLayout whole, MakeShardLayout(model::UnitName(config_.model, u), std::move(specs), 1));
+  for (size_t i = 0; i < split.matrices.size(); ++i) matrices.push_back({split.matrices[i], split.matrix_index[i]});
+  SL_ASSIGN_OR_RETURN(ShardLayout whole,
+                      MakeShardLayout(model::UnitName(config_.model, u), std::move(split.matrices), 1));
   at::Tensor full = at::zeros({whole.padded_numel}, at::kFloat);
   if (weights) {
     SL_RETURN_IF_ERROR(ReadUnitWeights(*weights, whole, /*shard_only=*/false, 0, full.data_ptr<float>()));
