@@ -1,5 +1,6 @@
 #include "worker/comm/gloo_communicator.h"
 
+#include <csignal>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -531,11 +532,22 @@ class GlooCommunicator : public Communicator {
   CommStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
+// Gloo's TCP pairs write to their sockets with writev, which raises SIGPIPE
+// when the peer has died: its default action would kill this process, where
+// the ring step should see EPIPE and fail the collective naming the peer
+// (as Python-hosted Gloo does: CPython ignores SIGPIPE at start). Set once
+// per process, before the first pair connects.
+void IgnoreSigpipe() {
+  static const bool ignored = std::signal(SIGPIPE, SIG_IGN) != SIG_ERR;
+  (void)ignored;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     c10::intrusive_ptr<c10d::Store> store, const std::string& group_name, int rank, int size,
     const GlooOptions& options) {
+  IgnoreSigpipe();
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("group ", group_name, ": rank ", rank,
                                                    " is outside a group of size ", size));
