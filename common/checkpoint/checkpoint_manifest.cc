@@ -130,7 +130,8 @@ std::string ManifestText(const CheckpointManifest& m) {
   if (!m.model.special_token_ids.empty()) j["model"]["special_token_ids"] = json::parse(m.model.special_token_ids);
   if (m.lora.enabled) {
     j["lora"] = {{"rank", m.lora.rank}, {"alpha", m.lora.alpha}, {"target_modules", m.lora.target_modules},
-                 {"base", LoraBaseName(m.lora.base)}, {"base_weights", m.base_weights}};
+                 {"base", LoraBaseName(m.lora.base)}, {"base_weights", m.base_weights},
+                 {"base_dtype", LoraBaseDTypeName(m.lora.base_dtype)}};
     if (!m.lora.base_digest.empty()) j["lora"]["base_digest"] = m.lora.base_digest;
   }
   j["strategy"] = m.strategy;
@@ -319,6 +320,11 @@ absl::StatusOr<CheckpointManifest> ParseManifest(const std::string& text, const 
       if (base != "sharded" && base != "replicated") throw std::runtime_error("lora.base must be sharded or replicated");
       m.lora.base = base == "sharded" ? LoraBase::kSharded : LoraBase::kReplicated;
       m.base_weights = l.at("base_weights").get<std::string>();
+      if (l.contains("base_dtype")) {  // manifests before QLoRA have none: a base in param_dtype
+        const std::string d = l.at("base_dtype").get<std::string>();
+        if (d != "nf4" && d != "param_dtype") throw std::runtime_error("lora.base_dtype must be nf4 or param_dtype");
+        m.lora.base_dtype = d == "nf4" ? LoraBaseDType::kNf4 : LoraBaseDType::kParamDType;
+      }
       if (l.contains("base_digest")) {  // manifests before it have none
         m.lora.base_digest = l.at("base_digest").get<std::string>();
         if (m.lora.base_digest.size() != 64 || m.lora.base_digest.find_first_not_of("0123456789abcdef") != std::string::npos) {
