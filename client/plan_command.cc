@@ -12,11 +12,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "common/base/plural.h"
 #include "common/base/status_macros.h"
 #include "common/job/job_config.h"
 #include "common/model/model_shapes.h"
 #include "common/plan/strategy_choice.h"
+#include "common/plan/ways_to_fit.h"
 #include "common/spec/job_spec.h"
 
 namespace shardline::ctl {
@@ -165,85 +165,6 @@ void ApplyFlagsToJob(const PlanFlags& f, JobConfig* c) {
   if (f.micro_batch > 0) c->train.micro_batch_size = f.micro_batch;
 }
 
-// Where nothing fits: the smallest world size at which each strategy would
-// (checkpointing allowed), and whether LoRA would on the given one.
-struct WhatFits {
-  static constexpr int kMaxWorld = 65536;
-  std::vector<std::pair<Strategy, int>> smallest_world;  // 0: not up to kMaxWorld
-  std::string lora_strategy;  // the strategy LoRA (rank 16, all-linear) fits with; empty: none, or LoRA already
-
-  std::string Describe(const PlanInput& in) const {
-    std::vector<std::string> parts;
-    for (const auto& [strategy, world] : smallest_world) {
-      parts.push_back(world > 0 ? absl::StrCat(StrategyName(strategy), " at ", world)
-                                : absl::StrCat(StrategyName(strategy), " at none up to ", kMaxWorld));
-    }
-    std::string out = absl::StrCat("on ", Plural(in.cluster.workers, "worker"), " of ", absl::StrFormat("%.3g", in.cluster.device_memory_bytes),
-                                   " bytes; the fewest workers that fit (each with this rank's micro-batches): ", absl::StrJoin(parts, ", "), "\n");
-    if (!lora_strategy.empty()) {
-      absl::StrAppend(&out, "LoRA (rank 16 on every projection, the base frozen) fits on these workers: ",
-                      lora_strategy, " (--lora-rank 16 --lora-targets all-linear)\n");
-    } else if (!in.lora.enabled) {
-      absl::StrAppend(&out, "LoRA (rank 16 on every projection) does not fit on these workers either\n");
-    }
-    return out;
-  }
-};
-
-bool StrategyFits(PlanInput in, Strategy s, int64_t per_rank) {
-  in.batch_size = per_rank * in.cluster.workers;
-  absl::StatusOr<Plan> p = MakePlan(in);
-  if (!p.ok()) return false;
-  for (const StrategyPlan& sp : p->strategies) {
-    if (sp.strategy == s) return sp.fits || sp.fits_checkpointed;
-  }
-  return false;
-}
-
-WhatFits FindWhatFits(const PlanInput& in) {
-  WhatFits out;
-  absl::StatusOr<Plan> here = MakePlan(in);
-  if (!here.ok()) return out;
-  for (const StrategyPlan& sp : here->strategies) {
-    // Doubling to the first world that fits, then the smallest between:
-    // memory per rank falls as the world grows (no_shard's never does).
-    // Each rank keeps its micro-batches (the global batch grows with the
-    // world, as adding GPUs to an FSDP job does), so that the world is the
-    // one thing that changes.
-    PlanInput at = in;
-    const int64_t per_rank = here->micro_batches * static_cast<int64_t>(std::max(1, in.micro_batch_size));
-    int lo = in.cluster.workers, hi = 0;
-    for (int w = std::max(2, 2 * lo); w <= WhatFits::kMaxWorld; w *= 2) {
-      at.cluster.workers = w;
-      if (StrategyFits(at, sp.strategy, per_rank)) {
-        hi = w;
-        break;
-      }
-      lo = w;
-    }
-    while (hi > 0 && hi - lo > 1) {
-      const int mid = lo + (hi - lo) / 2;
-      at.cluster.workers = mid;
-      if (StrategyFits(at, sp.strategy, per_rank)) {
-        hi = mid;
-      } else {
-        lo = mid;
-      }
-    }
-    out.smallest_world.push_back({sp.strategy, hi});
-  }
-  if (!in.lora.enabled) {
-    PlanInput lora = in;
-    lora.lora.enabled = true;
-    lora.lora.rank = 16;
-    lora.lora.alpha = 32;
-    lora.lora.target_modules = {"all-linear"};
-    absl::StatusOr<Plan> p = MakePlan(lora);
-    if (p.ok()) out.lora_strategy = p->recommended;
-  }
-  return out;
-}
-
 // For a job file that says strategy = "auto": what the coordinator would
 // pick on the flags' cluster, had its ranks measured the flags' bandwidth
 // (between nodes where the world spans several), from the job file's keys.
@@ -333,18 +254,11 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
                                                           {{"plan: [model] ", absl::StrCat("plan: ", flags, ": ")}}));
   }
   SL_ASSIGN_OR_RETURN(Plan plan, std::move(made));
-  const std::optional<WhatFits> fits = plan.recommended.empty() ? std::optional<WhatFits>(FindWhatFits(in))
-                                                                : std::nullopt;
+  const std::optional<WaysToFit> fits = plan.recommended.empty() ? std::optional<WaysToFit>(FindWaysToFit(in))
+                                                                 : std::nullopt;
   if (json) {
     nlohmann::ordered_json out = nlohmann::ordered_json::parse(PlanJson(plan));
-    if (fits) {
-      nlohmann::ordered_json at = nlohmann::ordered_json::object();
-      for (const auto& [strategy, world] : fits->smallest_world) {
-        at[StrategyName(strategy)] = world > 0 ? nlohmann::ordered_json(world) : nlohmann::ordered_json();
-      }
-      out["fits_at_workers"] = at;  // the smallest world size at which each fits (null: none up to the bound)
-      out["lora_fits"] = fits->lora_strategy.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(fits->lora_strategy);
-    }
+    if (fits) out.update(nlohmann::ordered_json::parse(WaysToFitJson(*fits)));
     if (auto_pick) {
       out["auto"] = {{"strategy", StrategyName(auto_pick->strategy)},
                      {"shard_group_size", auto_pick->shard_group_size},
@@ -368,7 +282,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
                               in.model.block_size, lora, "; ", in.cluster.workers, " workers, ",
                               in.cluster.gpus_per_node, " per node\n")
               << PlanTable(plan);
-    if (fits) std::cout << fits->Describe(in);
+    if (fits) std::cout << WaysToFitTable(*fits, in);
     if (auto_pick) std::cout << "strategy = \"auto\" here: " << auto_pick->why << "\n";
   }
   return absl::OkStatus();

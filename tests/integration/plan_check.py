@@ -60,7 +60,8 @@ def check_flags(c):
     """The model and batch flags replace the job file's keys before it is
     checked; --head-dim makes Qwen3-4B by flags 4.02e9 parameters (its
     config.json's count); where nothing fits, plan says at how many workers
-    each strategy would, and that LoRA would on these."""
+    each strategy would, and what the seeds' other ways of fitting would
+    plan to."""
     cfg = harness.small_gpt_config("full_shard", 2, STEPS, 2)  # batch_size 2: not divisible at 4 ranks
     job = os.path.join(harness.scratch_dir("shardline-plan-"), "job.toml")
     harness.write_toml(cfg, job)
@@ -81,9 +82,13 @@ def check_flags(c):
     r, plan = plan_json(*qwen3, "--workers", "2", "--gpu-memory", "24e9", "--batch", "2", "--micro-batch", "1",
                         "--dtype", "bf16")
     fits_at = plan.get("fits_at_workers", {})
-    c.check(r.returncode == 0 and not plan.get("recommended") and fits_at.get("full_shard", 0) > 2
-            and plan.get("lora_fits"), "nothing fits on two 24 GB GPUs: the fewest workers per strategy, and LoRA fits",
-            f"{fits_at} lora {plan.get('lora_fits')}")
+    ways = {o["option"]: o for o in plan.get("ways_to_fit", [])}
+    seeds = (ways.get("bf16 state (8 bytes a parameter)", {}).get("strategy") == "full_shard"
+             and ways.get("QLoRA (NF4 base), one worker", {}).get("strategy") == "no_shard"
+             and ways.get("CPU offload", {}).get("unsupported") == "not supported yet")
+    c.check(r.returncode == 0 and not plan.get("recommended") and fits_at.get("full_shard", 0) > 2 and seeds,
+            "nothing fits on two 24 GB GPUs: the fewest workers per strategy, and the seeds' ways to fit "
+            "(bf16 state under full_shard, QLoRA on one GPU, offload named)", f"{fits_at} {list(ways.values())}")
     if fits_at.get("full_shard"):
         w = fits_at["full_shard"]
         _, at = plan_json(*qwen3, "--workers", str(w), "--gpu-memory", "24e9", "--batch", str(w),
@@ -96,7 +101,7 @@ def check_flags(c):
                 f"full_shard fits at {w} workers and not at {w - 1}", "")
     r = subprocess.run([SHARDCTL, "plan", *qwen3, "--workers", "2", "--gpu-memory", "24e9", "--batch", "2",
                         "--micro-batch", "1"], capture_output=True, text=True, timeout=60)
-    c.check("the fewest workers that fit" in r.stdout and "LoRA (rank 16" in r.stdout,
+    c.check("the fewest workers that fit" in r.stdout and "QLoRA (NF4 base), one worker" in r.stdout,
             "the table says so too", r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip())
 
 
