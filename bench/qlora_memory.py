@@ -11,6 +11,8 @@ Columns (medians of --repeats runs, [min-max] where they vary):
                 for the same job, GiB, and peak_rss's error against it
     tensors     the larger rank's peak of live tensor bytes (LibTorch's CPU
                 allocations), GiB
+    reserved    the larger rank's peak of bytes held for them (malloc's and
+                the host block cache's mappings, live and cached), GiB
     base        the engine's ledger: the frozen base's bytes a rank keeps
                 (its shard, and for NF4 the replicated scales), GiB
     gathered    bytes a rank sent in all-gathers over the timed steps, per
@@ -73,6 +75,7 @@ def measure(a, base_dtype):
         "peak_rss": max(r["memory"]["peak_rss"] for r in ranks) / GIB,
         "plan": planned_peak(cfg) / GIB,
         "tensors": max(r["memory"]["tensor_peak"] for r in ranks) / GIB,
+        "reserved": max(r["memory"]["reserved_peak"] for r in ranks) / GIB,
         "base": max(r["memory"]["params"] for r in ranks) / GIB,
         "gathered": max(r["comm"]["shard"]["all_gather"]["bytes"] for r in ranks) / steps / GIB,
         "tok/s": statistics.median(s["tokens_per_s"] for s in timed),  # the global batch's tokens
@@ -99,7 +102,7 @@ def main():
             print(f"# repeat {i + 1} {b}: {json.dumps(runs[b][-1])}", flush=True)
     print(f"# qlora_memory: Qwen3-4B's shape at sequence {a.seq}, LoRA r16 all-linear, full_shard N={WORLD}, bf16, "
           f"activation checkpointing, {a.steps - 1} timed step(s) after 1, {a.repeats} repeats, {os.cpu_count()} cores")
-    cols = ("peak_rss", "plan", "tensors", "base", "gathered", "tok/s")
+    cols = ("peak_rss", "plan", "tensors", "reserved", "base", "gathered", "tok/s")
     print(f"{'base':<12}" + "".join(f"{c:>22}" for c in cols) + f"{'err':>8}")
     for b in bases:
         rs = runs[b]

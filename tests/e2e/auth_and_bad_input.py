@@ -88,8 +88,8 @@ def main():
                  coordinator_args=["--metrics-listen", "127.0.0.1:0", "--metrics-token-file", scrape_tokens])
     metrics_port = int(cl.coordinator.stdout.readline().split()[-1])  # "metrics on port N"
     cl.add_worker("host-a")
-    cl.wait_workers(1)
-    c.check(True, "a worker with the workers' token registers")
+    c.check(wait_for(lambda: len(cl.idle_workers()) >= 1, 20, "1 idle worker", fail=False),
+            "a worker with the workers' token registers")
 
     rc, _, err = cl.ctl("jobs", token=False)
     c.check(rc == 1 and "missing token" in err and one_line(err) and "--token-file" in err and

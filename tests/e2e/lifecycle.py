@@ -43,8 +43,8 @@ def main():
     rc, out, _ = cl.ctl("cancel", long_id)
     c.check(rc == 0 and "CANCELLED" in out, "cancel answers CANCELLED")
     t0 = time.time()
-    cl.wait_workers(2, timeout=20)
-    c.check(True, "workers idle after cancel", f"{time.time() - t0:.1f}s")
+    idle = wait_for(lambda: len(cl.idle_workers()) >= 2, 20, "2 idle workers", fail=False)
+    c.check(idle, "workers idle after cancel", f"{time.time() - t0:.1f}s")
     rc, _, err = cl.ctl("watch", long_id)
     c.check(rc != 0, "watch of a cancelled job exits non-zero", err.strip())
     rc, _, err = cl.ctl("cancel", long_id)
@@ -72,12 +72,12 @@ def main():
     rank1 = hosts[cl.job(victim)["worker_ids"][1]]
     cl.workers[rank1].send_signal(signal.SIGKILL)
     t0 = time.time()
-    wait_for(lambda: cl.job(victim)["state"] == "FAILED", 10, "the job to fail")
+    failed = wait_for(lambda: cl.job(victim)["state"] == "FAILED", 10, "the job to fail", fail=False)
     msg = cl.job(victim)["message"]
-    c.check(True, "job FAILED after kill -9", f"{time.time() - t0:.1f}s")
+    c.check(failed, "job FAILED after kill -9", f"{time.time() - t0:.1f}s")
     c.check("rank 1" in msg and rank1 in msg, "failure names the rank and host", msg)
-    cl.wait_workers(2, timeout=15)
-    c.check(True, "the other workers are idle again")
+    idle = wait_for(lambda: len(cl.idle_workers()) >= 2, 15, "2 idle workers", fail=False)
+    c.check(idle, "the other workers are idle again")
     check_log(c, cl, job_id, long_id, victim, rank1)
 
     # 5. kill -9 and restart of the coordinator keeps the job list.
@@ -86,8 +86,8 @@ def main():
     cl.start_coordinator()
     after = {j["id"]: j["state"] for j in cl.ctl_json("jobs")["jobs"]}
     c.check(after == before, "job list survives kill -9", str(after))
-    cl.wait_workers(2, timeout=20)
-    c.check(True, "workers reconnect to the new coordinator")
+    back = wait_for(lambda: len(cl.idle_workers()) >= 2, 20, "2 idle workers", fail=False)
+    c.check(back, "workers reconnect to the new coordinator")
     rc, _, _ = cl.ctl("submit", job_file(cl.dir, "again", steps=5), "--follow", timeout=120)
     c.check(rc == 0, "a job runs after the restart")
 
@@ -103,8 +103,8 @@ def main():
     codes = [p.wait(timeout=15) for p in running]
     c.check(time.time() - t0 < 8, "workers stop within the bound after SIGTERM",
             f"{time.time() - t0:.1f}s, exit codes {codes}")
-    wait_for(lambda: cl.job(doomed)["state"] == "FAILED", 10, "the job to fail when its workers left")
-    c.check(True, "the job fails when its workers stop", cl.job(doomed)["message"])
+    failed = wait_for(lambda: cl.job(doomed)["state"] == "FAILED", 10, "the job to fail", fail=False)
+    c.check(failed, "the job fails when its workers stop", cl.job(doomed)["message"])
 
     # 7. SIGTERM of the coordinator while a rank waits in rendezvous for a
     # peer that never comes (stopped): it answers the wait and exits at once,
