@@ -196,6 +196,18 @@ def llama(checks):
     r = max_rel(gpu_l, cpu_l)
     checks.check(r <= 1e-5, "qwen3 + LoRA fp32 cuda:0 vs CPU engine: losses", f"max rel diff {r:.2e} (tol 1e-5)")
 
+    # QLoRA's NF4 base: the dequantization is elementwise (a table lookup and
+    # fp32 products, exact in IEEE on either device), so the base is the CPU
+    # engine's bitwise and the bounds are the fp32 LoRA run's.
+    nf4 = tiny_qwen3_lora()
+    nf4["lora"]["base_dtype"] = "nf4"
+    cpu_out, cpu = harness.run(nf4, 1)
+    gpu_out, gpu = harness.run(nf4, 1, extra_args=GPU)
+    check_params(checks, "qwen3 + QLoRA (NF4 base) fp32 cuda:0 vs CPU engine", harness.load_params(gpu_out),
+                 harness.load_params(cpu_out), 1e-4)
+    r = max_rel(losses_of(gpu), losses_of(cpu))
+    checks.check(r <= 1e-5, "qwen3 + QLoRA (NF4 base) fp32 cuda:0 vs CPU engine: losses", f"max rel diff {r:.2e} (tol 1e-5)")
+
     bf16 = tiny_qwen3_lora(precision__param_dtype="bf16", precision__reduce_dtype="fp32")
     cpu_out, cpu = harness.run(bf16, 1)
     gpu_out, gpu = harness.run(bf16, 1, extra_args=GPU)
