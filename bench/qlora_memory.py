@@ -7,10 +7,13 @@ each repeat.
 
 Columns (medians of --repeats runs, [min-max] where they vary):
     peak_rss    the larger rank's peak RSS (VmHWM), GiB
-    plan        `shardctl plan`'s full_shard peak per rank with checkpointing
-                for the same job, GiB, and peak_rss's error against it
+    plan        `shardctl plan --device cpu`'s full_shard peak per rank with
+                checkpointing for the same job, its reserve included (what the
+                process holds beyond its tensors), GiB, and peak_rss's error
+                against it
+    plan_live   the plan's peak of live tensors alone, GiB
     tensors     the larger rank's peak of live tensor bytes (LibTorch's CPU
-                allocations), GiB
+                allocations), GiB: what plan_live predicts
     reserved    the larger rank's peak of bytes held for them (malloc's and
                 the host block cache's mappings, live and cached), GiB
     base        the engine's ledger: the frozen base's bytes a rank keeps
@@ -58,22 +61,24 @@ def planned_peak(cfg):
     with tempfile.TemporaryDirectory() as work:
         job = os.path.join(work, "job.toml")
         harness.write_toml(cfg, job)
-        r = subprocess.run([SHARDCTL, "--json", "plan", job, "--workers", str(WORLD)], capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run([SHARDCTL, "--json", "plan", job, "--workers", str(WORLD), "--device", "cpu"],
+                           capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise harness.RunError(f"shardctl plan: {r.stderr.strip()}")
     full = next(s for s in json.loads(r.stdout)["strategies"] if s["strategy"] == "full_shard")
-    return full["peak_bytes_checkpointed"]
+    return full["peak_bytes_checkpointed"], full["reserve_bytes_checkpointed"]
 
 
 def measure(a, base_dtype):
     cfg = job_config(a, base_dtype)
+    live, reserve = planned_peak(cfg)
     _, ranks = harness.run(cfg, WORLD, timeout=3600)
     timed = ranks[0]["steps"][1:]
     steps = len(ranks[0]["steps"])
     return {
         "peak_rss": max(r["memory"]["peak_rss"] for r in ranks) / GIB,
-        "plan": planned_peak(cfg) / GIB,
+        "plan": (live + reserve) / GIB,
+        "plan_live": live / GIB,
         "tensors": max(r["memory"]["tensor_peak"] for r in ranks) / GIB,
         "reserved": max(r["memory"]["reserved_peak"] for r in ranks) / GIB,
         "base": max(r["memory"]["params"] for r in ranks) / GIB,
@@ -102,7 +107,7 @@ def main():
             print(f"# repeat {i + 1} {b}: {json.dumps(runs[b][-1])}", flush=True)
     print(f"# qlora_memory: Qwen3-4B's shape at sequence {a.seq}, LoRA r16 all-linear, full_shard N={WORLD}, bf16, "
           f"activation checkpointing, {a.steps - 1} timed step(s) after 1, {a.repeats} repeats, {os.cpu_count()} cores")
-    cols = ("peak_rss", "plan", "tensors", "reserved", "base", "gathered", "tok/s")
+    cols = ("peak_rss", "plan", "plan_live", "tensors", "reserved", "base", "gathered", "tok/s")
     print(f"{'base':<12}" + "".join(f"{c:>22}" for c in cols) + f"{'err':>8}")
     for b in bases:
         rs = runs[b]

@@ -65,6 +65,9 @@ void AddPlanOptions(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--seq", f->seq, "sequence length (default: the job file's, else 2048)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--workers", f->workers, "world size (default: the job file's, else 8)")
       ->check(CLI::Range(1, kMaxRanks));
+  cmd->add_option("--device", f->device, "what a rank computes on, for what its allocator and process hold beyond "
+                                         "its tensors: cuda (default) or cpu")
+      ->check(CLI::IsMember({"cuda", "cpu"}));
   cmd->add_option("--gpus-per-node", f->cluster.gpus_per_node, "devices per node (hybrid groups stay in a node)")
       ->check(CLI::Range(1, kMaxRanks));
   cmd->add_option("--gpu-memory", f->cluster.device_memory_bytes, "bytes of memory per device, decimal (80e9 is 80 GB, 74.5 GiB)")
@@ -226,6 +229,7 @@ absl::Status RunPlan(const PlanFlags& f, bool json) {
     return absl::InvalidArgumentError("plan: give a JOB.toml, --params, or --layers/--hidden/--heads");
   }
   if (f.workers > 0) in.cluster.workers = f.workers;
+  if (f.device == "cpu") in.cluster.device = DeviceKind::kCpu;
   if (f.job_file.empty() && f.batch > 0) in.batch_size = f.batch;
   if (f.job_file.empty() && f.micro_batch > 0) in.micro_batch_size = f.micro_batch;
   if (!f.grad_accumulation.empty()) {

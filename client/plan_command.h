@@ -19,6 +19,7 @@ struct PlanFlags {
   // one, vocab defaults to 50304 and seq to 2048.
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   std::string family;               // for --params and --layers/--hidden/--heads (default gpt2)
+  std::string device;               // --device: cuda (default) or cpu
   int kv_heads = 0, intermediate = 0;  // llama; 0 = heads, 8/3 x hidden rounded to 256
   int head_dim = 0;                 // 0 = hidden / heads (Qwen3 sets its own)
   bool tied = false;                // llama: tie the head to the embedding

@@ -110,6 +110,12 @@ UnitSizes SizesOf(const std::vector<ShardLayout>& units) {
 
 }  // namespace
 
+int64_t AllocatorReserveBytes(DeviceKind device, double live_peak) {
+  if (device == DeviceKind::kCuda) return Saturated(live_peak / 8);
+  constexpr double kCpuProcessBytes = 138.0 * (1 << 20);
+  return Saturated(kCpuProcessBytes + live_peak / 10);
+}
+
 PlanInput PlanInputForJob(const JobConfig& c, int workers) {
   PlanInput in;
   in.model = c.model;
@@ -531,8 +537,11 @@ void PlanMemory(const PlanInput& in, const StepShape& x, const Movement& mv, Str
   sp->activation_bytes_checkpointed = Saturated(acts_checkpointed);
   sp->peak_bytes = Saturated(held + acts);
   sp->peak_bytes_checkpointed = Saturated(held + acts_checkpointed);
-  sp->fits = held + acts <= in.cluster.device_memory_bytes;
-  sp->fits_checkpointed = held + acts_checkpointed <= in.cluster.device_memory_bytes;
+  sp->reserve_bytes = AllocatorReserveBytes(in.cluster.device, held + acts);
+  sp->reserve_bytes_checkpointed = AllocatorReserveBytes(in.cluster.device, held + acts_checkpointed);
+  const double memory = in.cluster.device_memory_bytes;
+  sp->fits = held + acts + static_cast<double>(sp->reserve_bytes) <= memory;
+  sp->fits_checkpointed = held + acts_checkpointed + static_cast<double>(sp->reserve_bytes_checkpointed) <= memory;
 }
 
 // A strategy's communication and step time per rank: the engine's

@@ -28,11 +28,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/job/device_spec.h"
 #include "common/job/job_config.h"
 
 namespace shardline {
 
 struct ClusterSpec {
+  // What a rank computes on, for what its process holds beyond its live
+  // tensors (AllocatorReserveBytes).
+  DeviceKind device = DeviceKind::kCuda;
   int workers = 8;
   int gpus_per_node = 8;
   double device_memory_bytes = 80e9;
@@ -99,7 +103,10 @@ struct StrategyPlan {
   int64_t params_bytes = 0, grads_bytes = 0, master_bytes = 0, optimizer_bytes = 0, state_bytes = 0;
   int64_t transient_bytes = 0;  // unsharded units and gradients in flight
   int64_t activation_bytes = 0, activation_bytes_checkpointed = 0;
-  int64_t peak_bytes = 0, peak_bytes_checkpointed = 0;
+  int64_t peak_bytes = 0, peak_bytes_checkpointed = 0;  // live tensors
+  // What the rank's allocator and process hold beyond the live peak
+  // (AllocatorReserveBytes); `fits` judges peak + reserve.
+  int64_t reserve_bytes = 0, reserve_bytes_checkpointed = 0;
   bool fits = false, fits_checkpointed = false;
   int64_t comm_bytes = 0;  // sent per rank per step
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0, optimizer_s = 0;
@@ -121,6 +128,21 @@ struct Plan {
 };
 
 absl::StatusOr<Plan> MakePlan(const PlanInput& in);
+
+// What a rank holds beyond `live_peak` bytes of live tensors:
+//  - cuda: the caching allocator's blocks cached or split beyond what is
+//    allocated, an eighth of the peak (reserved over allocated was 1.09 to
+//    1.14 at the peaks of GPT-2 350M at N = 1, 2, 4 on an H200, Shardline's
+//    and FSDP2's alike: bench/results/gpu_compare_h200.md). The CUDA
+//    context and NCCL's buffers, outside the allocator, are not counted.
+//  - cpu: the process itself (LibTorch's code and heap: 138 MiB of peak RSS
+//    for a model of 1 MiB on the CPU workers here) and the host block
+//    cache's excess (host_block_cache.h: blocks rounded up to at most a
+//    sixteenth of their size class, and freed blocks kept for their class
+//    within a quarter of the high water), a tenth of the peak: 9.7% at the
+//    seeds' workload at full size (bench/results/qlora_memory.md), inside
+//    the cache's bound of 1/16 + 1/4.
+int64_t AllocatorReserveBytes(DeviceKind device, double live_peak);
 
 // What a job file says of the plan (model, batch, dtypes, prefetch, shard
 // group, LoRA) on `workers` ranks; the rest of the cluster keeps its defaults.

@@ -16,17 +16,18 @@ std::string PlanTable(const Plan& p) {
       static_cast<double>(p.params), static_cast<double>(p.trainable_params), p.flops_per_token, p.tokens_per_step,
       p.micro_batches);
   absl::StrAppend(&out, "memory per rank and comm (sent per rank per step) in GiB, 2^30 bytes; times in seconds; "
-                       "grp: the shard group\n");
-  absl::StrAppendFormat(&out, "%-19s %3s %9s %9s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %9s %s\n", "strategy", "grp",
-                        "state", "params", "grads", "master", "optim", "transnt", "acts", "acts_ckpt", "comm",
-                        "comp_s", "exp_cm_s", "step_s", "step_ckpt", "fits");
+                       "grp: the shard group; reserve: what the allocator and process hold beyond the live tensors "
+                       "(fits counts it)\n");
+  absl::StrAppendFormat(&out, "%-19s %3s %9s %9s %9s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s %9s %s\n", "strategy",
+                        "grp", "state", "params", "grads", "master", "optim", "transnt", "acts", "acts_ckpt",
+                        "reserve", "comm", "comp_s", "exp_cm_s", "step_s", "step_ckpt", "fits");
   for (const auto& s : p.strategies) {
     absl::StrAppendFormat(
-        &out, "%-19s %3d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %8.3f %8.3f %8.3f %9.3f %s\n",
+        &out, "%-19s %3d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %8.3f %8.3f %8.3f %9.3f %s\n",
         StrategyName(s.strategy), s.shard_group, s.state_bytes / gib, s.params_bytes / gib, s.grads_bytes / gib,
         s.master_bytes / gib, s.optimizer_bytes / gib, s.transient_bytes / gib, s.activation_bytes / gib,
-        s.activation_bytes_checkpointed / gib, s.comm_bytes / gib, s.compute_s, s.exposed_comm_s, s.step_s,
-        s.step_s_checkpointed, s.fits ? "yes" : (s.fits_checkpointed ? "with ckpt" : "no"));
+        s.activation_bytes_checkpointed / gib, s.reserve_bytes / gib, s.comm_bytes / gib, s.compute_s,
+        s.exposed_comm_s, s.step_s, s.step_s_checkpointed, s.fits ? "yes" : (s.fits_checkpointed ? "with ckpt" : "no"));
   }
   if (p.recommended.empty()) {
     absl::StrAppend(&out, "\nrecommended: none fits\n");
@@ -52,6 +53,8 @@ std::string PlanJson(const Plan& p) {
                     {"activation_bytes_checkpointed", s.activation_bytes_checkpointed},
                     {"peak_bytes", s.peak_bytes},
                     {"peak_bytes_checkpointed", s.peak_bytes_checkpointed},
+                    {"reserve_bytes", s.reserve_bytes},
+                    {"reserve_bytes_checkpointed", s.reserve_bytes_checkpointed},
                     {"fits", s.fits},
                     {"fits_checkpointed", s.fits_checkpointed},
                     {"comm_bytes", s.comm_bytes},

@@ -28,6 +28,7 @@ ClusterSpec ClusterOf(const AttemptCluster& a) {
   s.gpus_per_node = std::max(1, a.world / std::max(1, a.hosts));
   s.device_memory_bytes = static_cast<double>(std::max<int64_t>(a.min_memory_bytes, 1));
   const bool cuda = a.device_kind == "cuda";
+  s.device = cuda ? DeviceKind::kCuda : DeviceKind::kCpu;
   const bool measured = a.measured_bus_bandwidth > 0;
   // The world ring measures the slowest hop: between hosts where it spans
   // several, which leaves a host's own links to the default.

@@ -93,11 +93,11 @@ TEST(StrategyChoice, WeighsBothAccumulationModesUnlessTheFileNamesOne) {
     PlanInput in = PlanInputForJob(c, a.world);
     in.grad_accumulation = mode;
     for (const StrategyPlan& p : MakePlan(in)->strategies) {
-      if (p.strategy == s) return p.peak_bytes_checkpointed;
+      if (p.strategy == s) return p.peak_bytes_checkpointed + p.reserve_bytes_checkpointed;  // what fits judges
     }
     return int64_t{0};
   };
-  // (+1 KiB: a peak is its byte count rounded down.)
+  // (+1 KiB: a peak and its reserve are byte counts rounded down.)
   const int64_t fs_unsharded = peak(Strategy::kFullShard, GradAccumulation::kUnsharded) + 1024;
   const int64_t fs_sharded = peak(Strategy::kFullShard, GradAccumulation::kSharded) + 1024;
   ASSERT_LT(peak(Strategy::kShardGradOp, GradAccumulation::kSharded), fs_unsharded);

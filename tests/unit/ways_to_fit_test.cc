@@ -18,7 +18,7 @@ PlanInput Qwen3FourBOnTwo24GB() {
   m.head_dim_override = 128;
   m.intermediate_size = 9728;
   m.vocab_size = 151936;
-  m.block_size = 1024;
+  m.block_size = 512;
   m.tie_word_embeddings = true;
   m.qk_norm = true;
   in.batch_size = 2;
@@ -45,10 +45,11 @@ TEST(WaysToFit, TheSeedsThreeRunsSideBySide) {
   const WaysToFit w = FindWaysToFit(in);
 
   // bf16 weights, gradients and moments (8 bytes a parameter, 15 GiB a rank
-  // sharded over two): full_shard fits, with checkpointing at sequence 1024.
+  // sharded over two): full_shard fits, with checkpointing, at sequence 512
+  // (at 1024 its activations and the allocator's reserve pass 24 GB).
   const FitOption& bf16 = Named(w, "bf16 state");
   EXPECT_EQ(bf16.strategy, "full_shard");
-  EXPECT_LE(bf16.peak_bytes, 24e9);
+  EXPECT_LE(bf16.peak_bytes, 24e9 / (1 + 1.0 / 8));  // the caching allocator's reserve beside it
   EXPECT_GE(bf16.peak_bytes, 8 * 4.02e9 / 2);
   // 8-bit moments keep an fp32 master and fp32 gradients: 10 bytes a
   // parameter, 20 GB a rank before activations: none fits.
