@@ -24,7 +24,7 @@ Columns (medians of --repeats runs, [min-max] where they vary):
 The goal lines after the table: NF4's base bytes and gathered bytes as
 fractions of bf16's, and each run's peak RSS within 5% of its plan.
 
-    .venv/bin/python bench/qlora_memory.py [--repeats 3] [--seq 128] [--steps 2]
+    .venv/bin/python bench/qlora_memory.py [--repeats 3] [--seq 16] [--steps 2]
 """
 import argparse
 import json
@@ -96,7 +96,7 @@ def spread(values, fmt):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--steps", type=int, default=2)
     a = ap.parse_args()
     bases = ("param_dtype", "nf4")
