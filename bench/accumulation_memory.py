@@ -50,14 +50,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 
 import harness  # noqa: E402
+from harness import spread  # noqa: E402
 
 WORLD = 2
 SHARDCTL = os.path.join(harness.BUILD, "client", "shardctl")
-
-
-def spread(values, fmt):
-    lo, mid, hi = min(values), statistics.median(values), max(values)
-    return fmt.format(mid) if lo == hi else f"{fmt.format(mid)} [{fmt.format(lo)}-{fmt.format(hi)}]"
 
 
 def job_config(a, micro, mode):

@@ -39,6 +39,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 
 import harness  # noqa: E402
+from harness import spread  # noqa: E402
 from gpu_compare import QWEN3  # noqa: E402
 
 WORLD = 2
@@ -86,11 +87,6 @@ def measure(a, base_dtype):
         "tok/s": statistics.median(s["tokens_per_s"] for s in timed),  # the global batch's tokens
         "loss": ranks[0]["steps"][-1]["loss"],
     }
-
-
-def spread(values, fmt):
-    lo, mid, hi = min(values), statistics.median(values), max(values)
-    return fmt.format(mid) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(mid)} [{fmt.format(lo)}-{fmt.format(hi)}]"
 
 
 def main():

@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -216,6 +217,13 @@ def step0_dump(cfg, prefix):
     write_toml(cfg, path)
     subprocess.run([TRAIN, "--config", path, "--dump-grads", out], check=True, timeout=120)
     return load_file(out)
+
+
+def spread(values, fmt):
+    """A benchmark's figure: the median of `values` in `fmt`, with [min-max]
+    where they differ."""
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    return fmt.format(mid) if lo == hi else f"{fmt.format(mid)} [{fmt.format(lo)}-{fmt.format(hi)}]"
 
 
 def scratch_dir(prefix):

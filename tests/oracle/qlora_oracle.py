@@ -82,8 +82,8 @@ def run_params(cfg, world, **kw):
 
 def equivalence(checks, work, hf_dir, adapters, dump):
     lora = {**LORA, "init_from": adapters}
-    cfg, _ = job(work, hf_dir, lora)
-    ref, ref_losses = peft_run(dequantized_base(hf_dir), adapters, cfg, dump)
+    ref_cfg, _ = job(work, hf_dir, lora)
+    ref, ref_losses = peft_run(dequantized_base(hf_dir), adapters, ref_cfg, dump)
     for strategy, world, base in RUNS:
         cfg, _ = job(work, hf_dir, lora, strategy, world, base)
         params, ranks = run_params(cfg, world)
@@ -95,7 +95,7 @@ def equivalence(checks, work, hf_dir, adapters, dump):
         checks.check(diff < 2e-5, f"{label}: adapters", f"max abs diff {diff:.2e}")
         if world == 1:
             engine_step0 = losses[0]
-    _, dense_losses = peft_run(base_model(hf_dir), adapters, {**cfg, "train": {**cfg["train"], "steps": 1}}, dump)
+    _, dense_losses = peft_run(base_model(hf_dir), adapters, {**ref_cfg, "train": {**ref_cfg["train"], "steps": 1}}, dump)
     rel = abs(dense_losses[0] - engine_step0) / dense_losses[0]
     # Farther than the bound of (1): the check above could tell the two bases apart.
     checks.check(rel > 1e-5, "qlora: step 0 is the NF4 base's, not the bf16 base's", f"rel diff {rel:.2e}")
