@@ -139,7 +139,7 @@ class UnitValues {
     SL_ASSIGN_OR_RETURN(ShardLayout layout,
                         MakeShardLayout(model::UnitName(man.model, u), model::UnitParams(man.model, u), 1));
     buf->assign(layout.padded_numel, 0.0f);
-    SL_RETURN_IF_ERROR(ReadUnitWeights(*base_, layout, false, 0, buf->data()));
+    SL_RETURN_IF_ERROR(ReadUnitRange(*base_, layout, 0, layout.padded_numel, buf->data()));
     auto it = adapter_index_.find(u);
     if (it == adapter_index_.end()) return absl::OkStatus();
     const int64_t n = man.units[it->second].numel;

@@ -1,5 +1,7 @@
 #include "common/model/weight_source.h"
 
+#include <algorithm>
+
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
@@ -179,16 +181,13 @@ absl::Status WeightSource::Read(const ParamSpec& p, int64_t first, int64_t count
   return absl::OkStatus();
 }
 
-absl::Status ReadUnitWeights(const WeightSource& w, const ShardLayout& layout, bool shard_only, int shard_rank,
-                             float* flat) {
-  if (!shard_only) {
-    for (const ParamSlot& s : layout.params) SL_RETURN_IF_ERROR(w.Read(s.spec, 0, s.spec.numel(), flat + s.offset));
-    return absl::OkStatus();
-  }
-  for (const ShardPiece& piece : layout.PiecesOf(shard_rank)) {
-    const ParamSlot& s = layout.params[piece.param_index];
-    SL_RETURN_IF_ERROR(w.Read(s.spec, piece.param_begin, piece.param_end - piece.param_begin,
-                              flat + s.offset + piece.param_begin));
+absl::Status ReadUnitRange(const WeightSource& w, const ShardLayout& layout, int64_t begin, int64_t count,
+                           float* dst) {
+  std::fill(dst, dst + count, 0.0f);
+  const int64_t end = begin + count;
+  for (const ParamSlot& s : layout.params) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.spec.numel());
+    if (lo < hi) SL_RETURN_IF_ERROR(w.Read(s.spec, lo - s.offset, hi - lo, dst + (lo - begin)));
   }
   return absl::OkStatus();
 }

@@ -80,10 +80,9 @@ class WeightSource {
 // (the base is the engine's seeded initialisation).
 absl::StatusOr<std::string> BaseWeightsDigest(const ModelConfig& m);
 
-// Fills the flat fp32 buffer `flat` (layout.padded_numel elements) of a unit
-// from `w`: the whole unit, or only `shard_rank`'s shard of it when
-// `shard_only` (the rest stays as it was).
-absl::Status ReadUnitWeights(const WeightSource& w, const ShardLayout& layout, bool shard_only, int shard_rank,
-                             float* flat);
+// Writes elements [begin, begin + count) of a unit's flat fp32 buffer (the
+// layout's order, its padding zero) from `w` into `dst`.
+absl::Status ReadUnitRange(const WeightSource& w, const ShardLayout& layout, int64_t begin, int64_t count,
+                           float* dst);
 
 }  // namespace shardline

@@ -109,7 +109,7 @@ struct Fixture {
     o.param_dtype = at::kBFloat16;
     o.persistent_params = persistent_params;
     o.persistent_grads = persistent_params;
-    param = std::make_unique<FlatParam>(*layout, 0, o, *device, &ledger, init);
+    param = *FlatParam::Create(*layout, 0, o, *device, &ledger, FlatParam::ValuesOf(init));
   }
 };
 
@@ -188,7 +188,7 @@ std::vector<std::string> ReductionOrder(bool ordered_on_device, int micro_batche
   o.persistent_grads = false;
   std::vector<std::unique_ptr<FlatParam>> units;
   for (int i = 0; i < 2; ++i) {
-    units.push_back(std::make_unique<FlatParam>(*layout, 0, o, *device, &ledger, at::zeros({4})));
+    units.push_back(*FlatParam::Create(*layout, 0, o, *device, &ledger, FlatParam::ValuesOf(at::zeros({4}))));
     units.back()->EnsureGrad();
   }
   GradReduction reduction(&shard, &replicate, &waiter, &ledger);
@@ -251,8 +251,10 @@ TEST(GradReduction, AUnitIsReducedOnlyOnceItsAllReduceAcrossReplicasEnded) {
   CommWaiter waiter(absl::Seconds(1));
   auto layout = MakeShardLayout("unit", {{"w", {4}, true}}, 2);
   ASSERT_TRUE(layout.ok());
-  FlatParam unit(*layout, 0, FlatParamOptions{}, *device, &ledger, at::zeros({4}));
-  FlatParam other(*layout, 0, FlatParamOptions{}, *device, &ledger, at::zeros({4}));
+  auto unit_owner = *FlatParam::Create(*layout, 0, FlatParamOptions{}, *device, &ledger, FlatParam::ValuesOf(at::zeros({4})));
+  auto other_owner = *FlatParam::Create(*layout, 0, FlatParamOptions{}, *device, &ledger, FlatParam::ValuesOf(at::zeros({4})));
+  FlatParam& unit = *unit_owner;
+  FlatParam& other = *other_owner;
   unit.EnsureGrad();
   GradReduction reduction(&shard, &replicate, &waiter, &ledger);
   EXPECT_TRUE(reduction.Reduced(&unit)) << "nothing started";
@@ -279,7 +281,8 @@ TEST(GradReduction, AOneRankGroupCastsAsItCopiesWithNoCastBuffer) {
   o.param_dtype = at::kBFloat16;
   o.reduce_dtype = at::kFloat;
   o.persistent_grads = false;
-  FlatParam unit(*layout, 0, o, *device, &ledger, at::zeros({6}));
+  auto unit_owner = *FlatParam::Create(*layout, 0, o, *device, &ledger, FlatParam::ValuesOf(at::zeros({6})));
+  FlatParam& unit = *unit_owner;
   unit.EnsureGrad();
   unit.grad_full().copy_(at::arange(6, at::kFloat).mul_(0.5));
   const int64_t before = ledger.current(MemKind::kGrads);

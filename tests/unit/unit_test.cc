@@ -45,7 +45,7 @@ struct UnitFixture {
     o.persistent_params = false;
     o.persistent_grads = false;
     o.trainable = trainable;
-    return std::make_unique<FlatParam>(*layout, 0, o, *device, &ledger, at::arange(10, at::kFloat));
+    return *FlatParam::Create(*layout, 0, o, *device, &ledger, FlatParam::ValuesOf(at::arange(10, at::kFloat)));
   }
   // Rank-1 adapters of "v" (base index 1): lora_A [1, 2], lora_B [2, 1].
   std::unique_ptr<FlatParam> Adapters() {
@@ -54,7 +54,7 @@ struct UnitFixture {
     FlatParamOptions o;
     o.persistent_params = false;
     o.persistent_grads = false;
-    return std::make_unique<FlatParam>(*layout, 0, o, *device, &ledger, at::full({4}, 2.0f));
+    return *FlatParam::Create(*layout, 0, o, *device, &ledger, FlatParam::ValuesOf(at::full({4}, 2.0f)));
   }
   Unit LoraUnit() {
     model::LoraTarget v;

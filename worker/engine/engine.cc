@@ -137,22 +137,26 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
     opts.optimizer_shards = comms_.replicate->size();
     opts.optimizer_rank = comms_.replicate->rank();
   }
-  // One flat buffer at a time, on the host (the values are a function of
-  // the seed alone, whatever the device): the full fp32 values exist only
-  // while this rank's shard is cut from them. Where parameters stay sharded
-  // a rank reads only the ranges it owns from a file.
+  // Each rank asks only for the range it keeps (its shard where parameters
+  // stay sharded), a bounded piece at a time, on the host: the values are a
+  // function of the seed or the file alone, whatever the device.
   auto make = [&](ShardLayout layout, const FlatParamOptions& o, int rank, const WeightSource* from,
-                  const std::function<void(const ShardLayout&, at::Tensor)>& init)
-      -> absl::StatusOr<std::unique_ptr<FlatParam>> {
-    at::Tensor full = at::zeros({layout.padded_numel}, at::kFloat);
+                  const ParamInitOf& init_of) -> absl::StatusOr<std::unique_ptr<FlatParam>> {
+    InitValues values;
     if (from) {
-      SL_RETURN_IF_ERROR(ReadUnitWeights(*from, layout, !o.persistent_params, rank, full.data_ptr<float>()));
+      values = [from, layout](int64_t begin, at::Tensor out) {
+        return ReadUnitRange(*from, layout, begin, out.numel(), out.data_ptr<float>());
+      };
     } else {
-      init(layout, full);
+      auto seeded = std::make_shared<SeededUnitValues>(layout, config_.train.seed, init_of);
+      values = [seeded](int64_t begin, at::Tensor out) {
+        seeded->Fill(begin, out);
+        return absl::OkStatus();
+      };
     }
-    return std::make_unique<FlatParam>(std::move(layout), rank, o, *device_, &ledger_, full);
+    return FlatParam::Create(std::move(layout), rank, o, *device_, &ledger_, values);
   };
-  auto init_base = [&](const ShardLayout& l, at::Tensor full) { family_->InitUnit(l, config_.train.seed, full); };
+  auto init_base = [this](const ParamSpec& p) { return family_->InitOf(p); };
   FlatParamOptions base = opts;
   int base_group = G, base_rank = shard_rank;
   if (lora.enabled) {
@@ -175,8 +179,7 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
   if (lora.enabled && !targets.empty()) {
     SL_ASSIGN_OR_RETURN(ShardLayout l,
                         MakeShardLayout(model::UnitName(m, u) + ".lora", model::AdapterParams(m, lora, u), G));
-    auto init_adapters = [&](const ShardLayout& al, at::Tensor full) { InitAdapterUnit(al, config_.train.seed, full); };
-    SL_ASSIGN_OR_RETURN(unit_adapters, make(std::move(l), opts, shard_rank, adapters, init_adapters));
+    SL_ASSIGN_OR_RETURN(unit_adapters, make(std::move(l), opts, shard_rank, adapters, AdapterInitOf));
   }
   units_.emplace_back(std::move(unit), std::move(unit_adapters), std::move(targets), lora.scaling(),
                       std::move(quantized));
@@ -194,11 +197,12 @@ absl::StatusOr<std::unique_ptr<Nf4Base>> Engine::QuantizeBlockBase(int u, const 
   for (size_t i = 0; i < split.matrices.size(); ++i) matrices.push_back({split.matrices[i], split.matrix_index[i]});
   SL_ASSIGN_OR_RETURN(ShardLayout whole,
                       MakeShardLayout(model::UnitName(config_.model, u), std::move(split.matrices), 1));
-  at::Tensor full = at::zeros({whole.padded_numel}, at::kFloat);
+  at::Tensor full = at::empty({whole.padded_numel}, at::kFloat);
   if (weights) {
-    SL_RETURN_IF_ERROR(ReadUnitWeights(*weights, whole, /*shard_only=*/false, 0, full.data_ptr<float>()));
+    SL_RETURN_IF_ERROR(ReadUnitRange(*weights, whole, 0, whole.padded_numel, full.data_ptr<float>()));
   } else {
-    family_->InitUnit(whole, config_.train.seed, full);
+    SeededUnitValues(whole, config_.train.seed, [this](const ParamSpec& p) { return family_->InitOf(p); })
+        .Fill(0, full);
   }
   std::vector<at::Tensor> values;
   for (const ParamSlot& slot : whole.params) values.push_back(full.narrow(0, slot.offset, slot.spec.numel()));

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/adamw_8bit.h"
+#include "common/base/status_macros.h"
 #include "worker/engine/storage_views.h"
 
 namespace shardline {
@@ -32,14 +33,33 @@ at::Tensor FlatParam::NewTensor(int64_t numel, at::ScalarType dtype, MemKind kin
   return t;
 }
 
+absl::StatusOr<std::unique_ptr<FlatParam>> FlatParam::Create(ShardLayout layout, int shard_rank,
+                                                             const FlatParamOptions& options, const Device& device,
+                                                             MemoryLedger* ledger, const InitValues& init) {
+  std::unique_ptr<FlatParam> p(new FlatParam(std::move(layout), shard_rank, options, device, ledger));
+  SL_RETURN_IF_ERROR(p->LoadInitial(init));
+  if (!options.persistent_params) p->FreeUnsharded();
+  if (!options.persistent_grads) p->FreeGrad();
+  return p;
+}
+
+InitValues FlatParam::ValuesOf(at::Tensor full) {
+  return [full = full.to(at::kFloat).contiguous()](int64_t begin, at::Tensor out) {
+    out.zero_();
+    const int64_t n = std::min(out.numel(), full.numel() - begin);
+    if (n > 0) out.narrow(0, 0, n).copy_(full.narrow(0, begin, n));
+    return absl::OkStatus();
+  };
+}
+
 FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options, const Device& device,
-                     MemoryLedger* ledger, const at::Tensor& init_full)
+                     MemoryLedger* ledger)
     : layout_(std::move(layout)), shard_rank_(shard_rank), options_(options), device_(device), ledger_(ledger) {
   const int64_t shard = layout_.shard_numel, padded = layout_.padded_numel;
   const bool trainable = options_.trainable;
-  // Leaves and grad views are made while the storages hold memory.
+  // Leaves and grad views are made while the storages hold memory (Create
+  // frees what does not persist once the values are in).
   unsharded_ = NewTensor(padded, options_.param_dtype, MemKind::kParams);
-  unsharded_.copy_(init_full);
   if (trainable) {
     grad_full_ = NewTensor(padded, options_.param_dtype, MemKind::kGrads);
     grad_full_.zero_();
@@ -52,13 +72,9 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
     }
     weights_.push_back(std::move(w));
   }
+  state_ = options_.persistent_params ? UnshardState::kUnsharded : UnshardState::kSharded;
   if (!trainable) {
-    if (!options_.persistent_params) {
-      param_shard_ = NewTensor(shard, options_.param_dtype, MemKind::kParams);
-      param_shard_.copy_(OwnChunk(unsharded_));
-      FreeUnsharded();
-    }
-    state_ = options_.persistent_params ? UnshardState::kUnsharded : UnshardState::kSharded;
+    if (!options_.persistent_params) param_shard_ = NewTensor(shard, options_.param_dtype, MemKind::kParams);
     return;
   }
   const int pieces = options_.optimizer_shards;
@@ -80,21 +96,14 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
   // DeepSpeed do without mixed precision and torch.optim.AdamW does on bf16.
   const bool master_is_params = options_.master_dtype == options_.param_dtype;
   if (replica_sharded()) {
-    InitReplicaPieces(init_full);
+    AllocReplicaPieces();
   } else if (master_is_params && options_.persistent_params) {
     master_ = OwnChunk(unsharded_);
   } else {
     master_ = NewTensor(shard, options_.master_dtype, MemKind::kMaster);
-    master_.copy_(init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard));
   }
-  if (options_.persistent_params) {
-    state_ = UnshardState::kUnsharded;
-  } else {
-    if (!param_shard_.defined()) {
-      param_shard_ = master_is_params ? master_ : NewTensor(shard, options_.param_dtype, MemKind::kParams);
-      if (!param_shard_.is_same(master_)) param_shard_.copy_(master_);
-    }
-    FreeUnsharded();
+  if (!options_.persistent_params && !param_shard_.defined()) {
+    param_shard_ = master_is_params ? master_ : NewTensor(shard, options_.param_dtype, MemKind::kParams);
   }
   // The optimizer reads grad_shard (replica-sharded: grad_owned). Where
   // grad_full persists in the reduce dtype, the reduce-scatter leaves the
@@ -106,7 +115,37 @@ FlatParam::FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions&
   } else {
     grad_shard_ = NewTensor(shard, options_.reduce_dtype, MemKind::kGrads).zero_();
   }
-  if (!options_.persistent_grads) FreeGrad();
+}
+
+absl::Status FlatParam::LoadInitial(const InitValues& init) {
+  const int64_t shard_begin = layout_.ShardOffset(shard_rank_), shard = layout_.shard_numel;
+  const bool whole = options_.persistent_params;
+  const int64_t begin = whole ? 0 : shard_begin, end = whole ? layout_.padded_numel : shard_begin + shard;
+  at::Tensor chunk = at::empty({std::max<int64_t>(0, std::min(kInitChunk, end - begin))}, at::kFloat);
+  for (int64_t b = begin; b < end; b += chunk.numel()) {
+    const int64_t n = std::min(chunk.numel(), end - b);
+    at::Tensor values = chunk.narrow(0, 0, n);
+    SL_RETURN_IF_ERROR(init(b, values));
+    if (whole) unsharded_.narrow(0, b, n).copy_(values);
+    const int64_t lo = std::max(b, shard_begin), hi = std::min(b + n, shard_begin + shard);
+    if (lo < hi) CopyIntoShard(lo - shard_begin, values.narrow(0, lo - b, hi - lo));
+  }
+  return absl::OkStatus();
+}
+
+void FlatParam::CopyIntoShard(int64_t at, const at::Tensor& values) {
+  // `dst` holds the shard's [dst_begin, dst_begin + dst.numel()).
+  auto copy_overlap = [&](const at::Tensor& dst, int64_t dst_begin) {
+    const int64_t lo = std::max(at, dst_begin), hi = std::min(at + values.numel(), dst_begin + dst.numel());
+    if (lo < hi) dst.narrow(0, lo - dst_begin, hi - lo).copy_(values.narrow(0, lo - at, hi - lo));
+  };
+  if (param_shard_.defined()) copy_overlap(param_shard_, 0);
+  // The master from the fp32 values, not from their param-dtype rounding;
+  // where it aliases the parameters it was written with them.
+  if (!master_.defined()) return;
+  const bool aliased = (param_shard_.defined() && master_.is_alias_of(param_shard_)) ||
+                       (options_.persistent_params && master_.is_alias_of(unsharded_));
+  if (!aliased) copy_overlap(master_, owned_offset_);
 }
 
 std::vector<DecayRange> FlatParam::OwnedDecayRanges(const std::vector<DecayRange>& in_shard) const {
@@ -118,19 +157,15 @@ std::vector<DecayRange> FlatParam::OwnedDecayRanges(const std::vector<DecayRange
   return out;
 }
 
-void FlatParam::InitReplicaPieces(const at::Tensor& init_full) {
+void FlatParam::AllocReplicaPieces() {
   const int64_t shard = layout_.shard_numel, all = owned_numel_ * options_.optimizer_shards;
-  // This rank's shard in fp32, zero past its end up to R pieces.
-  at::Tensor init = at::zeros({all}, init_full.options());
-  init.narrow(0, 0, shard).copy_(init_full.narrow(0, layout_.ShardOffset(shard_rank_), shard));
-  param_pieces_ = NewTensor(all, options_.param_dtype, MemKind::kParams);
-  param_pieces_.copy_(init);
+  // The pieces past the shard's end (up to R pieces) stay zero.
+  param_pieces_ = NewTensor(all, options_.param_dtype, MemKind::kParams).zero_();
   param_shard_ = param_pieces_.narrow(0, 0, shard);
   if (options_.master_dtype == options_.param_dtype) {
     master_ = param_pieces_.narrow(0, owned_offset_, owned_numel_);
   } else {
-    master_ = NewTensor(owned_numel_, options_.master_dtype, MemKind::kMaster);
-    master_.copy_(init.narrow(0, owned_offset_, owned_numel_));
+    master_ = NewTensor(owned_numel_, options_.master_dtype, MemKind::kMaster).zero_();
   }
   grad_pieces_ = NewTensor(all, options_.reduce_dtype, MemKind::kGrads).zero_();
   grad_shard_ = grad_pieces_.narrow(0, 0, shard);

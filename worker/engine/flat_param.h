@@ -57,12 +57,14 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/job/job_config.h"
 #include "common/model/shard_layout.h"
 #include "worker/comm/comm_waiter.h"
@@ -112,15 +114,29 @@ struct FlatParamOptions {
   int optimizer_rank = 0;         // this rank's piece, in [0, R)
 };
 
+// A unit's initial fp32 values: writes flat[begin, begin + out.numel())
+// into `out` (fp32, contiguous, on the host), the padding zero. FlatParam
+// asks for the range it keeps in increasing, bounded pieces
+// (FlatParam::kInitChunk elements at most), so no rank holds a whole unit in
+// fp32 while it loads.
+using InitValues = std::function<absl::Status(int64_t begin, at::Tensor out)>;
+
 class FlatParam {
  public:
+  static constexpr int64_t kInitChunk = int64_t{16} << 20;
+
   // Allocates the persistent state for `shard_rank` of layout.group_size on
-  // `device` and fills master (and param_shard / unsharded) from `init_full`
-  // (fp32, layout.padded_numel, on any device), which the caller may free
-  // afterwards. `device` and `ledger` must outlive the FlatParam. The state
-  // dtypes are a pair AdamWUpdate runs (ValidateJobConfig refuses others).
-  FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options, const Device& device,
-            MemoryLedger* ledger, const at::Tensor& init_full);
+  // `device` and fills master (and param_shard / unsharded) from `init`,
+  // which is asked only for the range this rank keeps: the whole unit where
+  // parameters persist unsharded, else its shard. `device` and `ledger` must
+  // outlive the FlatParam. The state dtypes are a pair AdamWUpdate runs
+  // (ValidateJobConfig refuses others). Errors: those of `init`.
+  static absl::StatusOr<std::unique_ptr<FlatParam>> Create(ShardLayout layout, int shard_rank,
+                                                           const FlatParamOptions& options, const Device& device,
+                                                           MemoryLedger* ledger, const InitValues& init);
+  // InitValues from a whole unit's values already in memory (fp32,
+  // layout.padded_numel or shorter: the rest reads as zero).
+  static InitValues ValuesOf(at::Tensor full);
   ~FlatParam();
   FlatParam(const FlatParam&) = delete;
   FlatParam& operator=(const FlatParam&) = delete;
@@ -205,12 +221,18 @@ class FlatParam {
   const std::vector<at::Tensor>& weights() const { return weights_; }
 
  private:
+  FlatParam(ShardLayout layout, int shard_rank, const FlatParamOptions& options, const Device& device,
+            MemoryLedger* ledger);
+  // Fills the kept range from `init`, chunk by chunk (see InitValues).
+  absl::Status LoadInitial(const InitValues& init);
+  // Writes `values` (fp32) at `at` in the shard into the shard's own tensors.
+  void CopyIntoShard(int64_t at, const at::Tensor& values);
   at::Tensor NewTensor(int64_t numel, at::ScalarType dtype, MemKind kind);
   void AllocUnsharded();
   void FreeUnsharded();
-  // Replica-sharded: the pieces' buffers, master and grad_owned from the
-  // full values; and the decay ranges of the shard that fall in this piece.
-  void InitReplicaPieces(const at::Tensor& init_full);
+  // Replica-sharded: the pieces' buffers (zero), master and grad_owned; and
+  // the decay ranges of the shard that fall in this piece.
+  void AllocReplicaPieces();
   std::vector<DecayRange> OwnedDecayRanges(const std::vector<DecayRange>& in_shard) const;
 
   const ShardLayout layout_;

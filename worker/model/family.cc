@@ -1,9 +1,5 @@
 #include "worker/model/family.h"
 
-#include <cmath>
-
-#include <ATen/CPUGeneratorImpl.h>
-
 #include "worker/model/gpt.h"
 #include "worker/model/linear_cross_entropy.h"
 #include "worker/model/llama.h"
@@ -39,32 +35,6 @@ at::Tensor BlockWeights::Linear(const at::Tensor& x, size_t i, const at::Tensor&
 std::unique_ptr<ModelFamily> MakeModelFamily(const ModelConfig& m, bool recompute_cheap_ops) {
   if (m.is_llama()) return std::make_unique<LlamaFamily>(m, recompute_cheap_ops);
   return std::make_unique<GptFamily>(m, recompute_cheap_ops);
-}
-
-namespace {
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-at::Generator SeededGenerator(const std::string& name, uint64_t seed) {
-  return at::make_generator<at::CPUGeneratorImpl>(seed ^ (Fnv1a(name) * 0x9E3779B97F4A7C15ull));
-}
-
-}  // namespace
-
-void InitAdapterUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) {
-  flat.zero_();
-  for (const auto& slot : layout.params) {
-    if (slot.spec.name.find(".lora_A.") == std::string::npos) continue;  // lora_B stays zero
-    const double bound = 1.0 / std::sqrt(static_cast<double>(slot.spec.shape[1]));
-    flat.narrow(0, slot.offset, slot.spec.numel()).uniform_(-bound, bound, SeededGenerator(slot.spec.name, seed));
-  }
-}
-
-void SeededNormal(const std::string& name, uint64_t seed, double std, at::Tensor w) {
-  w.normal_(0.0, std, SeededGenerator(name, seed));
 }
 
 }  // namespace shardline

@@ -21,6 +21,7 @@
 #include "common/job/job_config.h"
 #include "common/model/shard_layout.h"
 #include "worker/model/document_attention.h"
+#include "worker/model/seeded_init.h"
 
 namespace shardline {
 
@@ -69,10 +70,9 @@ class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
 
-  // Writes the initial values of a unit into `flat` (fp32 on the host,
-  // layout.padded_numel, padding left zero): a function of (seed, parameter
-  // name) alone, never of world size or rank.
-  virtual void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const = 0;
+  // How a parameter starts when the job reads no weights (SeededUnitValues
+  // draws the values).
+  virtual ParamInit InitOf(const ParamSpec& p) const = 0;
   // Hidden states [B, T, C] of token ids [B, T].
   virtual at::Tensor Embed(const at::Tensor& idx, const Weights& embed, const Packing& packing) const = 0;
   virtual at::Tensor Block(const at::Tensor& x, const BlockWeights& block, const Packing& packing) const = 0;
@@ -95,15 +95,5 @@ class ModelFamily {
 // cheap ops again in backward or keeping their outputs ([memory]
 // recompute_cheap_ops).
 std::unique_ptr<ModelFamily> MakeModelFamily(const ModelConfig& m, bool recompute_cheap_ops);
-
-// PEFT's initialisation of a unit's adapters (model::AdapterParams) into
-// `flat` (fp32, layout.padded_numel): lora_A Kaiming-uniform with a = sqrt(5)
-// (U(-1/sqrt(in), 1/sqrt(in)), as nn.Linear's default), from a generator
-// seeded by (seed, name) alone; lora_B zero.
-void InitAdapterUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat);
-
-// Fills `w` with N(0, std) from a generator seeded by (seed, name) alone, so
-// values do not depend on which other tensors exist or on the order of init.
-void SeededNormal(const std::string& name, uint64_t seed, double std, at::Tensor w);
 
 }  // namespace shardline

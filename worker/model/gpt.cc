@@ -7,18 +7,13 @@
 
 namespace shardline {
 
-void GptFamily::InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const {
-  flat.zero_();
-  for (const auto& slot : layout.params) {
-    const std::string& name = slot.spec.name;
-    at::Tensor w = flat.narrow(0, slot.offset, slot.spec.numel());
-    if (absl::EndsWith(name, "ln_1.weight") || absl::EndsWith(name, "ln_2.weight") ||
-        absl::EndsWith(name, "ln_f.weight")) {
-      w.fill_(1.0);
-    } else if (slot.spec.shape.size() >= 2) {
-      SeededNormal(name, seed, absl::EndsWith(name, "c_proj.weight") ? 0.02 / std::sqrt(2.0 * m_.n_layer) : 0.02, w);
-    }  // biases stay zero
+ParamInit GptFamily::InitOf(const ParamSpec& p) const {
+  const std::string& name = p.name;
+  if (absl::EndsWith(name, "ln_1.weight") || absl::EndsWith(name, "ln_2.weight") || absl::EndsWith(name, "ln_f.weight")) {
+    return {ParamInit::Kind::kOnes};
   }
+  if (p.shape.size() < 2) return {};  // biases stay zero
+  return {ParamInit::Kind::kNormal, absl::EndsWith(name, "c_proj.weight") ? 0.02 / std::sqrt(2.0 * m_.n_layer) : 0.02};
 }
 
 at::Tensor GptFamily::Embed(const at::Tensor& idx, const Weights& w, const Packing& packing) const {

@@ -17,7 +17,7 @@ class GptFamily : public ModelFamily {
  public:
   // recompute_cheap_ops: [memory]'s (recomputed_linear.h).
   GptFamily(const ModelConfig& m, bool recompute_cheap_ops) : m_(m), recompute_(recompute_cheap_ops) {}
-  void InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const override;
+  ParamInit InitOf(const ParamSpec& p) const override;
   at::Tensor Embed(const at::Tensor& idx, const Weights& embed, const Packing& packing) const override;
   at::Tensor Block(const at::Tensor& x, const BlockWeights& block, const Packing& packing) const override;
   at::Tensor HeadHidden(const at::Tensor& x, const Weights& head) const override;

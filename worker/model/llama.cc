@@ -38,17 +38,11 @@ at::Tensor InvFreq(const ModelConfig& m) {
 LlamaFamily::LlamaFamily(const ModelConfig& m, bool recompute_cheap_ops)
     : m_(m), recompute_(recompute_cheap_ops), inv_freq_(InvFreq(m)) {}
 
-void LlamaFamily::InitUnit(const ShardLayout& layout, uint64_t seed, at::Tensor flat) const {
-  flat.zero_();
-  for (const auto& slot : layout.params) {
-    const std::string& name = slot.spec.name;
-    at::Tensor w = flat.narrow(0, slot.offset, slot.spec.numel());
-    if (absl::EndsWith(name, "norm.weight")) {
-      w.fill_(1.0);  // input_layernorm, post_attention_layernorm, q_norm, k_norm, model.norm
-    } else if (slot.spec.shape.size() >= 2) {
-      SeededNormal(name, seed, 0.02, w);
-    }  // biases stay zero
-  }
+ParamInit LlamaFamily::InitOf(const ParamSpec& p) const {
+  // input_layernorm, post_attention_layernorm, q_norm, k_norm, model.norm
+  if (absl::EndsWith(p.name, "norm.weight")) return {ParamInit::Kind::kOnes};
+  if (p.shape.size() < 2) return {};  // biases stay zero
+  return {ParamInit::Kind::kNormal, 0.02};
 }
 
 at::Tensor LlamaFamily::Embed(const at::Tensor& idx, const Weights& w, const Packing& /*packing*/) const {
