@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include <c10/core/GradMode.h>
@@ -189,24 +190,27 @@ absl::Status Engine::InitUnit(int u, const WeightSource* weights, const WeightSo
 absl::StatusOr<std::unique_ptr<Nf4Base>> Engine::QuantizeBlockBase(int u, const WeightSource* weights, int group,
                                                                    int rank, std::vector<ParamSpec>* params) {
   // The matrices (bitsandbytes quantizes the linear layers' weights; the
-  // norms and biases stay dense), each read whole: its offset is the mean
-  // over all its blocks.
+  // norms and biases stay dense), each read and quantized whole, one at a
+  // time: its offset is the mean over all its blocks.
   Nf4Split split = SplitNf4Matrices(std::move(*params));
   *params = std::move(split.dense);
   std::vector<Nf4Base::Matrix> matrices;
   for (size_t i = 0; i < split.matrices.size(); ++i) matrices.push_back({split.matrices[i], split.matrix_index[i]});
   SL_ASSIGN_OR_RETURN(ShardLayout whole,
                       MakeShardLayout(model::UnitName(config_.model, u), std::move(split.matrices), 1));
-  at::Tensor full = at::empty({whole.padded_numel}, at::kFloat);
-  if (weights) {
-    SL_RETURN_IF_ERROR(ReadUnitRange(*weights, whole, 0, whole.padded_numel, full.data_ptr<float>()));
-  } else {
-    SeededUnitValues(whole, config_.train.seed, [this](const ParamSpec& p) { return family_->InitOf(p); })
-        .Fill(0, full);
+  std::optional<SeededUnitValues> seeded;
+  if (!weights) seeded.emplace(whole, config_.train.seed, [this](const ParamSpec& p) { return family_->InitOf(p); });
+  std::vector<Nf4Tensor> quantized;
+  for (const ParamSlot& slot : whole.params) {
+    at::Tensor values = at::empty({slot.spec.numel()}, at::kFloat);
+    if (weights) {
+      SL_RETURN_IF_ERROR(ReadUnitRange(*weights, whole, slot.offset, values.numel(), values.data_ptr<float>()));
+    } else {
+      seeded->Fill(slot.offset, values);
+    }
+    quantized.push_back(QuantizeNf4(values));
   }
-  std::vector<at::Tensor> values;
-  for (const ParamSlot& slot : whole.params) values.push_back(full.narrow(0, slot.offset, slot.spec.numel()));
-  return std::make_unique<Nf4Base>(whole.unit, std::move(matrices), values, group, rank,
+  return std::make_unique<Nf4Base>(whole.unit, std::move(matrices), quantized, group, rank,
                                    TorchDType(config_.precision.param_dtype), *device_, &ledger_);
 }
 

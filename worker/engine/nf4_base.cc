@@ -17,18 +17,18 @@ Nf4Layout LayoutOf(const std::vector<Nf4Base::Matrix>& matrices, int group_size)
 
 }  // namespace
 
-Nf4Base::Nf4Base(std::string unit, std::vector<Matrix> matrices, const std::vector<at::Tensor>& values,
+Nf4Base::Nf4Base(std::string unit, std::vector<Matrix> matrices, const std::vector<Nf4Tensor>& quantized,
                  int group_size, int shard_rank, at::ScalarType param_dtype, const Device& device,
                  MemoryLedger* ledger)
     : unit_(std::move(unit)), matrices_(std::move(matrices)), layout_(LayoutOf(matrices_, group_size)),
       device_(device), ledger_(ledger), tables_(device.device()) {
-  // Each matrix whole, then its blocks into the unit's image on the host.
+  // Each matrix's blocks into the unit's image on the host.
   const int64_t G = group_size, P = layout_.piece_blocks, C = Nf4Layout::kCodeBytes;
   at::Tensor codes = at::zeros({G * P * C}, at::kByte), qabsmax = at::zeros({G * P}, at::kByte);
   at::Tensor absmax2 = at::empty({layout_.scales}, at::kFloat);
   for (size_t i = 0; i < matrices_.size(); ++i) {
     const Nf4Placement& p = layout_.matrices[i];
-    const Nf4Tensor q = QuantizeNf4(values[i]);
+    const Nf4Tensor& q = quantized[i];
     codes.narrow(0, p.first_block * C, q.packed.numel()).copy_(q.packed);
     qabsmax.narrow(0, p.first_block, p.blocks).copy_(q.qabsmax);
     absmax2.narrow(0, p.first_scale, p.scales).copy_(q.absmax2);

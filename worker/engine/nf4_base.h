@@ -60,10 +60,11 @@ class Nf4Base {
     ParamSpec spec;
     int unit_index = 0;
   };
-  // Quantizes `values[i]` (matrix i's whole values, fp32 on the host) and
-  // keeps `shard_rank`'s blocks of `group_size` on `device`, which must
-  // outlive this, as must `ledger`.
-  Nf4Base(std::string unit, std::vector<Matrix> matrices, const std::vector<at::Tensor>& values, int group_size,
+  // From `quantized[i]` (matrix i quantized whole, QuantizeNf4, on the
+  // host: the caller quantizes one matrix at a time, so no block is held
+  // whole in fp32), keeps `shard_rank`'s blocks of `group_size` on `device`,
+  // which must outlive this, as must `ledger`.
+  Nf4Base(std::string unit, std::vector<Matrix> matrices, const std::vector<Nf4Tensor>& quantized, int group_size,
           int shard_rank, at::ScalarType param_dtype, const Device& device, MemoryLedger* ledger);
   ~Nf4Base();
   Nf4Base(const Nf4Base&) = delete;
