@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "worker/checkpoint/checkpoint.h"
 
 namespace {
@@ -135,16 +136,33 @@ int main(int argc, char** argv) {
   // What an async save costs the step loop: the host copy, and the slowdown
   // of steps while the write runs beside them (they share this machine's cores).
   double plain = 0, overlapped = 0;
-  for (int s = 1; s <= 3; ++s) plain += e.Step(s)->seconds;
+  // A step's error ends the bench with it (a failed step has no time).
+  auto step_seconds = [&e](int s) -> absl::StatusOr<double> {
+    SL_ASSIGN_OR_RETURN(StepResult r, e.Step(s));
+    return r.seconds;
+  };
+  for (int s = 1; s <= 3; ++s) {
+    absl::StatusOr<double> sec = step_seconds(s);
+    if (!sec.ok()) return Fail(sec.status());
+    plain += *sec;
+  }
   auto t = Clock::now();
   absl::StatusOr<ShardSnapshot> snap_or = SnapshotShards(e, /*copy=*/true);
   if (!snap_or.ok()) return Fail(snap_or.status());
   const ShardSnapshot snap = *std::move(snap_or);
   const double copy = Since(t);
-  std::thread writer([&] { (void)WriteRankShards(snap, dir + "/step-async", 4); });
+  absl::Status written;
+  std::thread writer([&] { written = WriteRankShards(snap, dir + "/step-async", 4).status(); });
   t = Clock::now();
-  for (int s = 4; s <= 6; ++s) overlapped += e.Step(s)->seconds;
+  absl::Status stepped;
+  for (int s = 4; s <= 6 && stepped.ok(); ++s) {
+    absl::StatusOr<double> sec = step_seconds(s);
+    if (sec.ok()) overlapped += *sec;
+    stepped = sec.status();
+  }
   writer.join();
+  if (!stepped.ok()) return Fail(stepped);
+  if (!written.ok()) return Fail(written);
   std::printf("\n%-46s %8s\n", "step loop", "seconds");
   std::printf("%-46s %8.3f\n", "mean step, no save", plain / 3);
   std::printf("%-46s %8.3f\n", "sync save (the loop waits for all of it)", save);

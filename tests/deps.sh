@@ -5,7 +5,7 @@
 # peft 0.21.2 as LoRA's, bitsandbytes 0.50.2 as 8-bit AdamW's (its CPU backend;
 # installed without its dependencies, which torch's already are), tensorboard 2.20.0 (its own event reader checks shardctl's
 # event files), kubernetes-validate 1.37.0 (its Kubernetes schemas, 1.30
-# among them) for deploy/kubernetes; zsh to check shardctl's zsh completion (tests/e2e/cli.py);
+# among them) and kubectl (kubernetes-client where none is installed) for deploy/kubernetes; zsh to check shardctl's zsh completion (tests/e2e/cli.py);
 # docker.io and debootstrap for deploy/docker, slurm-wlm, munge and shellcheck for deploy/slurm.
 SHARDLINE_TORCH_VERSION="2.11.0"
 SHARDLINE_TRANSFORMERS_VERSION="5.17.0"
@@ -24,6 +24,8 @@ shardline_install_deps() {
   for p in "${SHARDLINE_APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  # kubectl (its built-in kustomize renders deploy/kubernetes): Debian's, where no other kubectl is installed.
+  command -v kubectl >/dev/null || missing+=(kubernetes-client)
   if ((${#missing[@]})); then
     echo "installing Debian packages: ${missing[*]}"
     local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"

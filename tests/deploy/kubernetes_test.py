@@ -185,10 +185,9 @@ def check_kustomization(c, d, files, docs_by_file):
 
 
 def check_rendered(c, d, n_docs):
-    """kubectl's built-in kustomize, where there is one: the rendered stream validates too."""
+    """kubectl's built-in kustomize (tests/deps.sh installs kubectl): the rendered stream validates too."""
     kubectl = shutil.which("kubectl")
-    if not kubectl:
-        print("note: no kubectl here: the kustomize rendering is not checked (the files are)")
+    if not c.check(kubectl is not None, "kubectl is installed (tests/deps.sh installs kubernetes-client)"):
         return
     r = subprocess.run([kubectl, "kustomize", d], capture_output=True, text=True, timeout=120)
     if not c.check(r.returncode == 0, "kubectl kustomize renders", r.stderr.strip()[-400:]):
